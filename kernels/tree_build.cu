@@ -1,0 +1,713 @@
+// DDTree draft-tree build on the GPU: one thread block per request, the whole batch in one launch.
+//
+// Output contract: byte-identical to SGLang's CPU `build_ddtree_tree_from_topk` (a heapq best-first search
+// over entries (-logw, ranks, parent, depth, rank, logw)), padded to the budget N (see ddtree_bench.tree).
+//
+// How the heap's pop sequence is reproduced without a sequential heap
+// -------------------------------------------------------------------
+// Every candidate path x = (r_1, ..., r_d) has a score E(x) that depends only on the path: the heap
+// computes it through the generator chain (first child: E(p) + lp[d-1][0]; next sibling:
+// E(x) - lp[d-1][r] + lp[d-1][r+1]), in float64 from float32 inputs, left to right. The kernel evaluates
+// exactly those operations (__dadd_rn/__dsub_rn: never contracted or reordered), so E is the heap's value.
+// With key(x) = (-E(x), ranks(x)), a child never precedes its parent and a sibling never precedes its elder
+// sibling unless E(sibling) > E(elder) (possible by one rounding when lp[r] == lp[r+1]: the "anomaly").
+// Without anomalies the heap pops the paths in global key order, so the tree is the N smallest keys in
+// sorted order. The kernel therefore
+//   1. grows, depth by depth, a candidate pool U that provably contains the first N pops: every pruned path
+//      is beaten by N pool paths by more than a rigorous rounding-error margin (see `margin` below);
+//   2. evaluates E exactly for every pool path (sibling chains evaluated in parallel where each step is
+//      exact -- checked with an error-free TwoSum -- and sequentially from the first inexact step on);
+//   3. sorts the pool by (-E, preorder rank in the ranks trie == Python tuple order) with a bitonic sort;
+//   4. writes the first N as the tree, with parents, depths, tokens, retrieve_next_token/sibling, the
+//      ancestor mask as packed bits and (optionally) as bool.
+// Where the fast path cannot prove its result -- an anomaly inside the pool, or a pool that would overflow
+// its shared-memory capacity (massive exact ties) -- the block runs the exact sequential heap instead
+// (thread 0, same entries and tie order as Python's heapq), and records that in `stats`.
+
+#include <cstdint>
+
+#define DDT_MAX_DEPTH 32
+#define DDT_FLAG_FORCE_HEAP 1
+#define DDT_FLAG_NO_BOOL_VIS 2
+
+#define DDT_STAT_FAST 0
+#define DDT_STAT_HEAP_ANOMALY 1
+#define DDT_STAT_HEAP_OVERFLOW 2
+#define DDT_STAT_HEAP_FORCED 3
+
+namespace {
+
+__device__ __forceinline__ unsigned long long ordered_key(double x) {
+    unsigned long long u = static_cast<unsigned long long>(__double_as_longlong(x));
+    return (u >> 63) ? ~u : (u | 0x8000000000000000ull);
+}
+
+__device__ __forceinline__ double key_to_double(unsigned long long k) {
+    unsigned long long u = (k >> 63) ? (k & 0x7fffffffffffffffull) : ~k;
+    return __longlong_as_double(static_cast<long long>(u));
+}
+
+// Exclusive scan of data[0, n) in place by the whole block; returns the total (to every thread).
+__device__ int block_exclusive_scan(int* data, int n, int* warp_buf) {
+    const int tid = threadIdx.x, nthreads = blockDim.x;
+    const int per = (n + nthreads - 1) / nthreads;
+    const int begin = min(n, tid * per), end = min(n, begin + per);
+    int local = 0;
+    for (int i = begin; i < end; ++i) local += data[i];
+    const int lane = tid & 31, warp = tid >> 5, nwarps = (nthreads + 31) >> 5;
+    int incl = local;
+    for (int off = 1; off < 32; off <<= 1) {
+        int v = __shfl_up_sync(0xffffffffu, incl, off);
+        if (lane >= off) incl += v;
+    }
+    if (lane == 31) warp_buf[warp] = incl;
+    __syncthreads();
+    if (warp == 0) {
+        int w = lane < nwarps ? warp_buf[lane] : 0;
+        int wi = w;
+        for (int off = 1; off < 32; off <<= 1) {
+            int v = __shfl_up_sync(0xffffffffu, wi, off);
+            if (lane >= off) wi += v;
+        }
+        if (lane < nwarps) warp_buf[lane] = wi - w;  // exclusive warp offsets
+        if (lane == 31) warp_buf[32] = wi;          // total
+    }
+    __syncthreads();
+    int run = warp_buf[warp] + incl - local;
+    for (int i = begin; i < end; ++i) {
+        int v = data[i];
+        data[i] = run;
+        run += v;
+    }
+    int total = warp_buf[32];
+    __syncthreads();
+    return total;
+}
+
+__device__ int block_sum(int v, int* warp_buf) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = (blockDim.x + 31) >> 5;
+    for (int off = 16; off > 0; off >>= 1) v += __shfl_down_sync(0xffffffffu, v, off);
+    if (lane == 0) warp_buf[warp] = v;
+    __syncthreads();
+    if (warp == 0) {
+        int w = lane < nwarps ? warp_buf[lane] : 0;
+        for (int off = 16; off > 0; off >>= 1) w += __shfl_down_sync(0xffffffffu, w, off);
+        if (lane == 0) warp_buf[32] = w;
+    }
+    __syncthreads();
+    int total = warp_buf[32];
+    __syncthreads();
+    return total;
+}
+
+// Number of r in [0, topk) with fl(base + row[r]) >= t (row sorted descending, so a prefix).
+__device__ __forceinline__ int count_at_least(const float* row, int topk, double base, double t) {
+    int lo = 0, hi = topk;
+    while (lo < hi) {
+        int mid = (lo + hi) >> 1;
+        if (__dadd_rn(base, static_cast<double>(__ldg(row + mid))) >= t) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo;
+}
+
+struct Pool {
+    double* E;        // exact heap score of the path
+    double* Q;        // monotone pruning score: min(fl(E(parent) + lp), Q(parent))
+    int* tmp;         // scan scratch [cap + 1]
+    int* aux;         // per-parent scratch [cap]
+    short* par;       // pool index of the parent, -1 = root
+    short* pre;       // preorder rank (tie order)
+    short* sz;        // subtree size / scratch
+    unsigned short* rnk;
+    unsigned short* order;
+    unsigned char* dep;
+};
+
+struct Nodes {  // node-indexed (0 = root), filled by either path, read by the output stage
+    short* parent;
+    short* prev;    // elder sibling's node index (rank > 0), unused for rank 0
+    unsigned short* rank;
+    unsigned char* depth;
+};
+
+// ---- the exact sequential heap (fallback) -----------------------------------------------------------
+// Entries mirror Python's (-logw, ranks, parent, depth, rank, logw); ranks are not stored but recovered
+// from the parent node chain when two scores tie.
+
+struct HeapView {
+    double* key;           // logw
+    short* parent;         // parent node index
+    short* prev;           // node that pushed this entry (elder sibling) or -1
+    unsigned short* rank;
+    unsigned char* depth;
+};
+
+__device__ int ranks_of(const Nodes& nodes, int parent, int rank, unsigned short* out) {
+    // ranks tuple of an entry whose parent node is `parent` and own rank `rank`, root first.
+    int len = 0;
+    unsigned short rev[DDT_MAX_DEPTH];
+    rev[len++] = static_cast<unsigned short>(rank);
+    for (int v = parent; v > 0; v = nodes.parent[v]) rev[len++] = nodes.rank[v];
+    for (int i = 0; i < len; ++i) out[i] = rev[len - 1 - i];
+    return len;
+}
+
+// true when entry a pops before entry b (a < b in Python's tuple order)
+__device__ bool heap_less(const HeapView& h, const Nodes& nodes, int a, int b) {
+    double ka = h.key[a], kb = h.key[b];
+    if (ka != kb) return ka > kb;  // -logw ascending
+    unsigned short ra[DDT_MAX_DEPTH], rb[DDT_MAX_DEPTH];
+    int la = ranks_of(nodes, h.parent[a], h.rank[a], ra);
+    int lb = ranks_of(nodes, h.parent[b], h.rank[b], rb);
+    int m = la < lb ? la : lb;
+    for (int i = 0; i < m; ++i)
+        if (ra[i] != rb[i]) return ra[i] < rb[i];
+    return la < lb;
+}
+
+__device__ void heap_swap(HeapView& h, int a, int b) {
+    double k = h.key[a]; h.key[a] = h.key[b]; h.key[b] = k;
+    short p = h.parent[a]; h.parent[a] = h.parent[b]; h.parent[b] = p;
+    short q = h.prev[a]; h.prev[a] = h.prev[b]; h.prev[b] = q;
+    unsigned short r = h.rank[a]; h.rank[a] = h.rank[b]; h.rank[b] = r;
+    unsigned char d = h.depth[a]; h.depth[a] = h.depth[b]; h.depth[b] = d;
+}
+
+__device__ void heap_push(HeapView& h, const Nodes& nodes, int& size, double key, int parent, int prev,
+                          int rank, int depth) {
+    int i = size++;
+    h.key[i] = key; h.parent[i] = static_cast<short>(parent); h.prev[i] = static_cast<short>(prev);
+    h.rank[i] = static_cast<unsigned short>(rank); h.depth[i] = static_cast<unsigned char>(depth);
+    while (i > 0) {
+        int up = (i - 1) >> 1;
+        if (!heap_less(h, nodes, i, up)) break;
+        heap_swap(h, i, up);
+        i = up;
+    }
+}
+
+__device__ void heap_pop_top(HeapView& h, const Nodes& nodes, int& size) {
+    --size;
+    if (size == 0) return;
+    heap_swap(h, 0, size);
+    int i = 0;
+    while (true) {
+        int l = 2 * i + 1, r = l + 1, best = i;
+        if (l < size && heap_less(h, nodes, l, best)) best = l;
+        if (r < size && heap_less(h, nodes, r, best)) best = r;
+        if (best == i) break;
+        heap_swap(h, i, best);
+        i = best;
+    }
+}
+
+// Runs on one thread; returns the node count.
+__device__ int sequential_heap(const float* lp, int L, int K, int topk, int budget, HeapView h,
+                               const Nodes& nodes) {
+    int size = 0, count = 0;
+    heap_push(h, nodes, size, static_cast<double>(lp[0]), 0, -1, 0, 1);
+    while (size > 0 && count < budget) {
+        double logw = h.key[0];
+        int parent = h.parent[0], prev = h.prev[0], rank = h.rank[0], depth = h.depth[0];
+        heap_pop_top(h, nodes, size);
+        int cur = ++count;
+        nodes.parent[cur] = static_cast<short>(parent);
+        nodes.prev[cur] = static_cast<short>(prev);
+        nodes.rank[cur] = static_cast<unsigned short>(rank);
+        nodes.depth[cur] = static_cast<unsigned char>(depth);
+        const float* row = lp + static_cast<long long>(depth - 1) * K;
+        if (rank + 1 < topk) {
+            double s = __dadd_rn(__dsub_rn(logw, static_cast<double>(row[rank])),
+                                 static_cast<double>(row[rank + 1]));
+            heap_push(h, nodes, size, s, parent, cur, rank + 1, depth);
+        }
+        if (depth < L) {
+            double c = __dadd_rn(logw, static_cast<double>(lp[static_cast<long long>(depth) * K]));
+            heap_push(h, nodes, size, c, cur, -1, 0, depth + 1);
+        }
+    }
+    return count;
+}
+
+// ---- the parallel path ------------------------------------------------------------------------------
+
+// Keep pool entries with keep[i] != 0 (in aux), preserving order and remapping parents. Returns new size.
+__device__ int compact_pool(Pool& p, int size, int* warp_buf) {
+    for (int i = threadIdx.x; i < size; i += blockDim.x) p.tmp[i] = p.aux[i];
+    __syncthreads();
+    int kept = block_exclusive_scan(p.tmp, size, warp_buf);  // tmp[i] = new index if kept
+    // move in chunks of blockDim so each thread holds one element in registers
+    for (int base = 0; base < size; base += blockDim.x) {
+        int i = base + threadIdx.x;
+        bool live = i < size && p.aux[i];
+        double e = 0, q = 0; short pr = -1; unsigned short rk = 0; unsigned char dp = 0; int dst = 0;
+        if (live) {
+            e = p.E[i]; q = p.Q[i]; pr = p.par[i]; rk = p.rnk[i]; dp = p.dep[i]; dst = p.tmp[i];
+            if (pr >= 0) pr = static_cast<short>(p.tmp[pr]);
+        }
+        __syncthreads();
+        if (live) { p.E[dst] = e; p.Q[dst] = q; p.par[dst] = pr; p.rnk[dst] = rk; p.dep[dst] = dp; }
+        __syncthreads();
+    }
+    return kept;
+}
+
+// Largest value t (as a bucket floor) such that at least `need` entries have Q >= t. Valid lower bound.
+__device__ double select_lower_bound(const Pool& p, int size, int need, int* hist, int* warp_buf) {
+    __shared__ unsigned long long s_prefix;
+    __shared__ int s_need;
+    if (threadIdx.x == 0) { s_prefix = 0; s_need = need; }
+    __syncthreads();
+    const int passes = 3;  // 24 most significant bits of the ordered key
+    for (int pass = 0; pass < passes; ++pass) {
+        const int shift = 56 - 8 * pass;
+        for (int i = threadIdx.x; i < 256; i += blockDim.x) hist[i] = 0;
+        __syncthreads();
+        const unsigned long long prefix = s_prefix;
+        const unsigned long long mask = pass == 0 ? 0ull : (~0ull << (64 - 8 * pass));
+        for (int i = threadIdx.x; i < size; i += blockDim.x) {
+            unsigned long long k = ordered_key(p.Q[i]);
+            if ((k & mask) == prefix) atomicAdd(&hist[(k >> shift) & 255], 1);
+        }
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            int acc = 0, want = s_need, digit = 0;
+            for (int d = 255; d >= 0; --d) {
+                if (acc + hist[d] >= want) { digit = d; break; }
+                acc += hist[d];
+            }
+            s_need = want - acc;
+            s_prefix = prefix | (static_cast<unsigned long long>(digit) << shift);
+        }
+        __syncthreads();
+    }
+    double t = key_to_double(s_prefix);
+    __syncthreads();
+    return t;
+}
+
+}  // namespace
+
+extern "C" __global__ void ddtree_empty_kernel() {}
+
+// Dynamic shared memory layout size, for the host (keep in sync with the carve-up below).
+// cap: pool capacity (power of two); budget: N.
+extern "C" __global__ void ddtree_build_tree(
+    const float* __restrict__ top_log_probs,       // [B, L, K]
+    const long long* __restrict__ top_token_ids,   // [B, L, K]
+    int batch, int L, int K, int budget, int cap, int flags,
+    int* __restrict__ node_count,                  // [B]
+    long long* __restrict__ node_token_ids,        // [B, N]
+    long long* __restrict__ node_depths,           // [B, N]
+    int* __restrict__ parents,                     // [B, N+1]
+    unsigned char* __restrict__ visibility,        // [B, N+1, N+1] or null
+    unsigned int* __restrict__ visibility_bits,    // [B, N+1, W]
+    long long* __restrict__ retrieve_next_token,   // [B, N+1]
+    long long* __restrict__ retrieve_next_sibling, // [B, N+1]
+    int* __restrict__ stats)                       // [B] path taken, or null
+{
+    extern __shared__ __align__(16) unsigned char smem[];
+    __shared__ int warp_buf[33];
+    __shared__ int hist[256];
+    __shared__ int s_flag;
+    __shared__ double s_margin;
+
+    const int b = blockIdx.x;
+    if (b >= batch) return;
+    const int N = budget;
+    const int N1 = N + 1;
+    const int topk = min(N, K);
+    const float* lp = top_log_probs + static_cast<long long>(b) * L * K;
+    const long long* ids = top_token_ids + static_cast<long long>(b) * L * K;
+
+    // ---- carve shared memory
+    unsigned char* sp = smem;
+    Pool pool;
+    pool.E = reinterpret_cast<double*>(sp); sp += sizeof(double) * cap;
+    pool.Q = reinterpret_cast<double*>(sp); sp += sizeof(double) * cap;
+    pool.tmp = reinterpret_cast<int*>(sp); sp += sizeof(int) * (cap + 1);
+    pool.aux = reinterpret_cast<int*>(sp); sp += sizeof(int) * cap;
+    pool.par = reinterpret_cast<short*>(sp); sp += sizeof(short) * cap;
+    pool.pre = reinterpret_cast<short*>(sp); sp += sizeof(short) * cap;
+    pool.sz = reinterpret_cast<short*>(sp); sp += sizeof(short) * cap;
+    pool.rnk = reinterpret_cast<unsigned short*>(sp); sp += sizeof(unsigned short) * cap;
+    pool.order = reinterpret_cast<unsigned short*>(sp); sp += sizeof(unsigned short) * cap;
+    pool.dep = sp; sp += cap;
+    sp = smem + ((sp - smem + 15) & ~static_cast<long long>(15));
+    Nodes nodes;
+    nodes.parent = reinterpret_cast<short*>(sp); sp += sizeof(short) * N1;
+    nodes.prev = reinterpret_cast<short*>(sp); sp += sizeof(short) * N1;
+    nodes.rank = reinterpret_cast<unsigned short*>(sp); sp += sizeof(unsigned short) * N1;
+    nodes.depth = sp; sp += N1;
+
+    // ---- rounding-error margin: every pool score is within delta of the exact real path sum.
+    // Bound: each float64 operation on the chain errs by at most 2^-53 |result| <= 2^-53 * smax, where smax
+    // bounds every intermediate (sum over depths of the row minimum, plus one more row minimum); a path
+    // passes through at most L * (2 * topk + 1) operations. Twice that, times 8 in the proof of pruning.
+    if (threadIdx.x < 32) {
+        double mins = 0.0, maxrow = 0.0;
+        for (int d = threadIdx.x; d < L; d += 32) {
+            double m = -static_cast<double>(lp[static_cast<long long>(d) * K + topk - 1]);
+            mins += m;
+            maxrow = fmax(maxrow, m);
+        }
+        for (int off = 16; off > 0; off >>= 1) {
+            mins += __shfl_down_sync(0xffffffffu, mins, off);
+            maxrow = fmax(maxrow, __shfl_down_sync(0xffffffffu, maxrow, off));
+        }
+        if (threadIdx.x == 0) {
+            double ops = static_cast<double>(L) * (2.0 * topk + 2.0) + 4.0;
+            double delta = 2.0 * ops * ldexp(1.0, -53) * (mins + maxrow) * 1.0000001;
+            s_margin = 8.0 * delta;
+            s_flag = (flags & DDT_FLAG_FORCE_HEAP) ? DDT_STAT_HEAP_FORCED : DDT_STAT_FAST;
+        }
+    }
+    __syncthreads();
+    const double margin = s_margin;
+
+    int n = 0;  // nodes in the tree
+    if (s_flag == DDT_STAT_FAST) {
+        // ================= fast path =================
+        int size = 0;                 // pool size
+        int front_begin = 0, front_end = 0;
+        double beta = -__longlong_as_double(0x7ff0000000000000ll);  // -inf: no bound yet
+        bool have_beta = false;
+        for (int d = 1; d <= L; ++d) {
+            const float* row = lp + static_cast<long long>(d - 1) * K;
+            const bool root = d == 1;
+            const int nparents = root ? 1 : front_end - front_begin;
+            if (nparents == 0) break;
+            // 1. children per parent above the pruning threshold
+            const double thr = have_beta ? beta - margin : beta;
+            for (int j = threadIdx.x; j < nparents; j += blockDim.x) {
+                int c;
+                if (root) c = have_beta ? count_at_least(row, topk, 0.0, thr) : topk;
+                else {
+                    int pidx = front_begin + j;
+                    c = (have_beta && pool.Q[pidx] < thr) ? 0
+                        : (have_beta ? count_at_least(row, topk, pool.E[pidx], thr) : topk);
+                }
+                pool.tmp[j] = c;
+            }
+            __syncthreads();
+            int total = block_exclusive_scan(pool.tmp, nparents, warp_buf);
+            if (total == 0) break;
+            if (size + total > cap) {
+                // 2. tighten: raise beta to the N-th best over pool + candidates, by bisection on the
+                //    ordered 64-bit key of the value (exact in at most 64 steps).
+                //    count(t) = #pool{Q >= t} + sum_p #{r: fl(E_p + lp[r]) >= t and Q_p >= t}.
+                unsigned long long lo = ordered_key(have_beta ? beta : -1e300);
+                unsigned long long hi = ordered_key(0.0) + 1;  // count(hi) < N or hi is above every score
+                while (hi - lo > 1) {
+                    unsigned long long midk = lo + ((hi - lo) >> 1);
+                    double mid = key_to_double(midk);
+                    int local = 0;
+                    for (int i = threadIdx.x; i < size; i += blockDim.x) local += pool.Q[i] >= mid;
+                    for (int j = threadIdx.x; j < nparents; j += blockDim.x) {
+                        double base = root ? 0.0 : pool.E[front_begin + j];
+                        bool ok = root || pool.Q[front_begin + j] >= mid;
+                        if (ok) local += count_at_least(row, topk, base, mid);
+                    }
+                    int cnt = block_sum(local, warp_buf);
+                    if (cnt >= N) lo = midk; else hi = midk;
+                }
+                {
+                    double t = key_to_double(lo);  // at least N known or candidate paths score >= t
+                    if (!have_beta || t > beta) { beta = t; have_beta = true; }
+                }
+                // prune the pool and recount
+                for (int i = threadIdx.x; i < size; i += blockDim.x) pool.aux[i] = pool.Q[i] >= beta - margin;
+                __syncthreads();
+                size = compact_pool(pool, size, warp_buf);
+                // the frontier (depth d-1) is the tail of the pool
+                if (threadIdx.x == 0) {
+                    int k = size;
+                    while (k > 0 && pool.dep[k - 1] == d - 1) --k;
+                    warp_buf[0] = k;
+                }
+                __syncthreads();
+                const int fb = warp_buf[0];
+                __syncthreads();
+                front_begin = root ? 0 : fb;
+                front_end = size;
+                const int np2 = root ? 1 : front_end - front_begin;
+                const double thr2 = beta - margin;
+                for (int j = threadIdx.x; j < np2; j += blockDim.x) {
+                    int c;
+                    if (root) c = count_at_least(row, topk, 0.0, thr2);
+                    else {
+                        int pidx = front_begin + j;
+                        c = pool.Q[pidx] < thr2 ? 0 : count_at_least(row, topk, pool.E[pidx], thr2);
+                    }
+                    pool.tmp[j] = c;
+                }
+                __syncthreads();
+                total = block_exclusive_scan(pool.tmp, np2, warp_buf);
+                if (size + total > cap) {  // too many near-ties to hold: exact heap instead
+                    if (threadIdx.x == 0) s_flag = DDT_STAT_HEAP_OVERFLOW;
+                    __syncthreads();
+                    break;
+                }
+                if (total == 0) break;
+            }
+            const int np = root ? 1 : front_end - front_begin;
+            if (threadIdx.x == 0) pool.tmp[np] = total;
+            // 3. expand: slot j -> (parent, rank); candidate score fl(E_p + lp[r]) and its exactness
+            for (int j = threadIdx.x; j < np; j += blockDim.x) pool.aux[j] = 0x7fffffff;  // first inexact
+            __syncthreads();
+            for (int j = threadIdx.x; j < total; j += blockDim.x) {
+                int lo = 0, hi = np;  // last parent with tmp[parent] <= j
+                while (hi - lo > 1) {
+                    int mid = (lo + hi) >> 1;
+                    if (pool.tmp[mid] <= j) lo = mid; else hi = mid;
+                }
+                // skip parents with zero children (equal offsets): lo is the last with offset <= j
+                int r = j - pool.tmp[lo];
+                int pidx = root ? -1 : front_begin + lo;
+                double base = root ? 0.0 : pool.E[pidx];
+                double a = static_cast<double>(__ldg(row + r));
+                double s = __dadd_rn(base, a);
+                // TwoSum: s == base + a exactly?
+                double bb = __dsub_rn(s, base);
+                double err = __dadd_rn(__dsub_rn(base, __dsub_rn(s, bb)), __dsub_rn(a, bb));
+                if (err != 0.0) atomicMin(&pool.aux[lo], r);
+                int at = size + j;
+                pool.E[at] = s;
+                double qp = root ? 0.0 : pool.Q[pidx];
+                pool.Q[at] = fmin(s, qp);
+                pool.par[at] = static_cast<short>(pidx);
+                pool.rnk[at] = static_cast<unsigned short>(r);
+                pool.dep[at] = static_cast<unsigned char>(d);
+            }
+            __syncthreads();
+            // 4. sibling chains past their first inexact step: sequential, exactly as the heap
+            for (int j = threadIdx.x; j < np; j += blockDim.x) {
+                int first = pool.aux[j];
+                int cnt = pool.tmp[j + 1] - pool.tmp[j];
+                if (first < cnt - 1) {
+                    int at = size + pool.tmp[j];
+                    double e = pool.E[at + first];
+                    for (int r = first + 1; r < cnt; ++r) {
+                        e = __dadd_rn(__dsub_rn(e, static_cast<double>(row[r - 1])),
+                                      static_cast<double>(row[r]));
+                        pool.E[at + r] = e;
+                    }
+                }
+            }
+            __syncthreads();
+            front_begin = size;
+            size += total;
+            front_end = size;
+            // 5. once N paths are known, prune what N known paths beat by more than the margin
+            if (size >= N && size > cap / 2) {
+                double t = select_lower_bound(pool, size, N, hist, warp_buf);
+                if (!have_beta || t > beta) { beta = t; have_beta = true; }
+                for (int i = threadIdx.x; i < size; i += blockDim.x) pool.aux[i] = pool.Q[i] >= beta - margin;
+                __syncthreads();
+                size = compact_pool(pool, size, warp_buf);
+                if (threadIdx.x == 0) {
+                    int k = size;
+                    while (k > 0 && pool.dep[k - 1] == d) --k;
+                    warp_buf[0] = k;
+                }
+                __syncthreads();
+                front_begin = warp_buf[0];
+                front_end = size;
+                __syncthreads();
+            } else if (size >= N && !have_beta) {
+                beta = select_lower_bound(pool, size, N, hist, warp_buf);
+                have_beta = true;
+            }
+        }
+        if (s_flag == DDT_STAT_FAST) {
+            // anomaly check: a younger sibling scoring above its elder breaks sorted order == pop order
+            int bad = 0;
+            for (int i = threadIdx.x; i < size; i += blockDim.x)
+                if (pool.rnk[i] > 0 && pool.E[i] > pool.E[i - 1]) bad = 1;
+            if (block_sum(bad, warp_buf) > 0) {
+                if (threadIdx.x == 0) s_flag = DDT_STAT_HEAP_ANOMALY;
+                __syncthreads();
+            }
+        }
+        if (s_flag == DDT_STAT_FAST) {
+            // subtree sizes (bottom-up by depth) and preorder ranks (top-down) in the pool trie
+            for (int i = threadIdx.x; i < size; i += blockDim.x) pool.aux[i] = 1;
+            __syncthreads();
+            for (int d = L; d >= 2; --d) {
+                for (int i = threadIdx.x; i < size; i += blockDim.x)
+                    if (pool.dep[i] == d) atomicAdd(&pool.aux[pool.par[i]], pool.aux[i]);
+                __syncthreads();
+            }
+            // preorder: pre[x] = pre[parent] + 1 + sum of elder siblings' subtree sizes (siblings are
+            // contiguous, elder first). Root has preorder -1 conceptually (its first child is 0).
+            for (int i = threadIdx.x; i < size; i += blockDim.x) pool.tmp[i] = pool.aux[i];
+            __syncthreads();
+            block_exclusive_scan(pool.tmp, size, warp_buf);  // tmp[i] = sum of sizes of pool[0, i)
+            for (int d = 1; d <= L; ++d) {
+                for (int i = threadIdx.x; i < size; i += blockDim.x) {
+                    if (pool.dep[i] != d) continue;
+                    int first = i - pool.rnk[i];
+                    int elder = pool.tmp[i] - pool.tmp[first];
+                    int base = pool.par[i] < 0 ? 0 : pool.pre[pool.par[i]] + 1;
+                    pool.pre[i] = static_cast<short>(base + elder);
+                }
+                __syncthreads();
+            }
+            // bitonic sort of pool indices by (E descending, preorder ascending)
+            int m = 1;
+            while (m < size) m <<= 1;
+            for (int i = threadIdx.x; i < m; i += blockDim.x) pool.order[i] = static_cast<unsigned short>(i);
+            __syncthreads();
+            for (int k = 2; k <= m; k <<= 1) {
+                for (int j = k >> 1; j > 0; j >>= 1) {
+                    for (int t = threadIdx.x; t < (m >> 1); t += blockDim.x) {
+                        int i = 2 * t - (t & (j - 1));
+                        int l = i + j;
+                        int a = pool.order[i], c = pool.order[l];
+                        bool a_first;
+                        if (a >= size) a_first = false;
+                        else if (c >= size) a_first = true;
+                        else {
+                            double ea = pool.E[a], ec = pool.E[c];
+                            a_first = ea > ec || (ea == ec && pool.pre[a] < pool.pre[c]);
+                        }
+                        bool ascending = (i & k) == 0;
+                        if (a_first != ascending) { pool.order[i] = c; pool.order[l] = a; }
+                    }
+                    __syncthreads();
+                }
+            }
+            n = min(N, size);
+            // node index of every pool entry (0 = not in the tree)
+            for (int i = threadIdx.x; i < size; i += blockDim.x) pool.sz[i] = 0;
+            __syncthreads();
+            for (int pos = threadIdx.x; pos < n; pos += blockDim.x) pool.sz[pool.order[pos]] = static_cast<short>(pos + 1);
+            __syncthreads();
+            for (int pos = threadIdx.x; pos < n; pos += blockDim.x) {
+                int x = pool.order[pos];
+                int i = pos + 1;
+                nodes.parent[i] = pool.par[x] < 0 ? 0 : pool.sz[pool.par[x]];
+                nodes.prev[i] = pool.rnk[x] > 0 ? pool.sz[x - 1] : -1;
+                nodes.rank[i] = pool.rnk[x];
+                nodes.depth[i] = pool.dep[x];
+            }
+            __syncthreads();
+        }
+    }
+    if (s_flag != DDT_STAT_FAST) {
+        if (threadIdx.x == 0) {
+            HeapView h;
+            h.key = pool.E;
+            h.parent = pool.par;
+            h.prev = pool.pre;
+            h.rank = pool.rnk;
+            h.depth = pool.dep;
+            warp_buf[0] = sequential_heap(lp, L, K, topk, N, h, nodes);
+        }
+        __syncthreads();
+        n = warp_buf[0];
+        __syncthreads();
+    }
+
+    // ================= outputs =================
+    if (threadIdx.x == 0) {
+        node_count[b] = n;
+        if (stats) stats[b] = s_flag;
+        nodes.parent[0] = -1;
+        nodes.depth[0] = 0;
+    }
+    long long* tok_out = node_token_ids + static_cast<long long>(b) * N;
+    long long* dep_out = node_depths + static_cast<long long>(b) * N;
+    int* par_out = parents + static_cast<long long>(b) * N1;
+    long long* nt_out = retrieve_next_token + static_cast<long long>(b) * N1;
+    long long* ns_out = retrieve_next_sibling + static_cast<long long>(b) * N1;
+    for (int i = threadIdx.x; i < N1; i += blockDim.x) {
+        nt_out[i] = -1;
+        ns_out[i] = -1;
+    }
+    __syncthreads();
+    for (int i = 1 + threadIdx.x; i <= N; i += blockDim.x) {
+        if (i <= n) {
+            int d = nodes.depth[i];
+            tok_out[i - 1] = ids[static_cast<long long>(d - 1) * K + nodes.rank[i]];
+            dep_out[i - 1] = d;
+            par_out[i] = nodes.parent[i];
+            if (nodes.rank[i] == 0) nt_out[nodes.parent[i]] = i;
+            else ns_out[nodes.prev[i]] = i;
+        } else {
+            tok_out[i - 1] = -1;
+            dep_out[i - 1] = 0;
+            par_out[i] = -1;
+        }
+    }
+    if (threadIdx.x == 0) par_out[0] = -1;
+
+    // packed ancestor bits: one thread per row, words written high to low
+    const int W = (N1 + 31) >> 5;
+    unsigned int* bits = visibility_bits + static_cast<long long>(b) * N1 * W;
+    __syncthreads();
+    for (int i = threadIdx.x; i < N1; i += blockDim.x) {
+        unsigned int* rowp = bits + static_cast<long long>(i) * W;
+        if (i > n) {
+            for (int w = 0; w < W; ++w) rowp[w] = 0u;
+            continue;
+        }
+        int top = i >> 5;
+        for (int w = W - 1; w > top; --w) rowp[w] = 0u;
+        int cur = top;
+        unsigned int acc = 0u;
+        for (int v = i;; v = nodes.parent[v]) {
+            int w = v >> 5;
+            while (cur > w) { rowp[cur] = acc; acc = 0u; --cur; }
+            acc |= 1u << (v & 31);
+            if (v == 0) break;
+        }
+        rowp[cur] = acc;
+        for (int w = cur - 1; w >= 0; --w) rowp[w] = 0u;
+    }
+    if (visibility == nullptr || (flags & DDT_FLAG_NO_BOOL_VIS)) return;
+    __syncthreads();  // bits of this tree are visible to the whole block from here
+
+    // bool visibility from the packed bits: 16-byte stores where aligned, bytes at the edges
+    const long long S = static_cast<long long>(N1) * N1;
+    unsigned char* vis = visibility + static_cast<long long>(b) * S;
+    const unsigned long long addr = reinterpret_cast<unsigned long long>(vis);
+    const long long head = min(S, static_cast<long long>((16 - (addr & 15)) & 15));
+    const long long nchunks = (S - head) >> 4;
+    const long long tail_begin = head + (nchunks << 4);
+    auto bit_at = [&](long long q) -> unsigned char {
+        int r = static_cast<int>(q / N1), c = static_cast<int>(q - static_cast<long long>(r) * N1);
+        return static_cast<unsigned char>((bits[static_cast<long long>(r) * W + (c >> 5)] >> (c & 31)) & 1u);
+    };
+    for (long long q = threadIdx.x; q < head; q += blockDim.x) vis[q] = bit_at(q);
+    for (long long q = tail_begin + threadIdx.x; q < S; q += blockDim.x) vis[q] = bit_at(q);
+    if (N1 < 32) {
+        for (long long q = head + threadIdx.x; q < tail_begin; q += blockDim.x) vis[q] = bit_at(q);
+        return;
+    }
+    uint4* chunks = reinterpret_cast<uint4*>(vis + head);
+    for (long long ci = threadIdx.x; ci < nchunks; ci += blockDim.x) {
+        long long q = head + (ci << 4);
+        int r = static_cast<int>(q / N1), c = static_cast<int>(q - static_cast<long long>(r) * N1);
+        const unsigned int* rw = bits + static_cast<long long>(r) * W;
+        auto bits16 = [&](const unsigned int* words, int col) -> unsigned int {
+            int w = col >> 5, s = col & 31;
+            unsigned int lo = words[w];
+            unsigned int hi = (w + 1 < W) ? words[w + 1] : 0u;
+            return __funnelshift_r(lo, hi, s) & 0xffffu;
+        };
+        unsigned int v = bits16(rw, c);
+        int in_row = N1 - c;
+        if (in_row < 16) {
+            v &= (1u << in_row) - 1u;
+            v |= (bits16(rw + W, 0) << in_row) & 0xffffu;
+        }
+        uint4 out;
+        out.x = ((v & 0xfu) * 0x00204081u) & 0x01010101u;
+        out.y = (((v >> 4) & 0xfu) * 0x00204081u) & 0x01010101u;
+        out.z = (((v >> 8) & 0xfu) * 0x00204081u) & 0x01010101u;
+        out.w = (((v >> 12) & 0xfu) * 0x00204081u) & 0x01010101u;
+        chunks[ci] = out;
+    }
+}

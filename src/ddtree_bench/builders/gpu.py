@@ -1,0 +1,199 @@
+"""``gpu``: the CUDA tree builder (kernels/tree_build.cu), one thread block per request, the whole batch in
+one launch, writing the padded TreeBatch (plus packed-bit visibility) into preallocated device buffers.
+
+``build()`` is the host-inclusive path (copy inputs in, build, copy the TreeBatch out); the benchmark uses
+``prepare``/``launch`` on device arrays directly (no allocation, no host sync: CUDA-graph capturable).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ddtree_bench.builders.base import Builder, BuilderUnavailable
+from ddtree_bench.tree import TreeBatch
+
+MAX_DEPTH = 32
+MAX_BUDGET = 4096
+FLAG_FORCE_HEAP = 1
+FLAG_NO_BOOL_VISIBILITY = 2
+STAT_NAMES = {0: "fast", 1: "heap (anomaly)", 2: "heap (pool overflow)", 3: "heap (forced)"}
+STATIC_SHARED_BYTES = 2048  # the kernel's static __shared__ arrays, rounded up
+
+
+def _next_pow2(x: int) -> int:
+    return 1 << max(0, int(x - 1).bit_length())
+
+
+def shared_bytes(cap: int, budget: int) -> int:
+    """Dynamic shared memory of one block (mirrors the carve-up in tree_build.cu)."""
+    pool = 8 * cap * 2 + 4 * (cap + 1) + 4 * cap + 2 * cap * 5 + cap
+    pool = (pool + 15) & ~15
+    return pool + 7 * (budget + 1)
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    batch: int
+    depth: int
+    k: int
+    budget: int
+    cap: int
+    threads: int
+    shared_bytes: int
+
+    @property
+    def words_per_row(self) -> int:
+        return (self.budget + 32) // 32
+
+
+def plan_launch(batch: int, depth: int, k: int, budget: int, max_shared_bytes: int) -> LaunchPlan:
+    """Pool capacity and block size for a shape; ValueError for a shape the kernel cannot take."""
+    if depth < 1 or depth > MAX_DEPTH:
+        raise ValueError(f"gpu builder: depth L={depth} outside 1..{MAX_DEPTH}")
+    if budget < 1 or budget > MAX_BUDGET:
+        raise ValueError(f"gpu builder: budget {budget} outside 1..{MAX_BUDGET}")
+    if k < 1:
+        raise ValueError("gpu builder: K must be >= 1")
+    if batch < 1 or batch > 2**31 - 1:
+        raise ValueError(f"gpu builder: batch {batch} outside 1..2^31-1")
+    limit = max_shared_bytes - STATIC_SHARED_BYTES
+    cap = _next_pow2(max(4 * budget, 512))
+    floor = _next_pow2(max(2 * budget, budget + 2, 256))
+    while shared_bytes(cap, budget) > limit and cap > floor:
+        cap //= 2
+    if shared_bytes(cap, budget) > limit or cap > 16384:
+        raise ValueError(
+            f"gpu builder: budget {budget} needs {shared_bytes(cap, budget)} bytes of shared memory per block; "
+            f"this GPU allows {limit}"
+        )
+    threads = min(1024, max(128, _next_pow2(budget)))
+    return LaunchPlan(batch, depth, k, budget, cap, threads, shared_bytes(cap, budget))
+
+
+class DeviceTrees:
+    """Preallocated device outputs for one (batch, budget)."""
+
+    def __init__(self, batch: int, budget: int):
+        import cupy as cp
+
+        n1 = budget + 1
+        words = (n1 + 31) // 32
+        self.node_count = cp.zeros(batch, cp.int32)
+        self.node_token_ids = cp.empty((batch, budget), cp.int64)
+        self.node_depths = cp.empty((batch, budget), cp.int64)
+        self.parents = cp.empty((batch, n1), cp.int32)
+        self.visibility = cp.empty((batch, n1, n1), cp.bool_)
+        self.visibility_bits = cp.empty((batch, n1, words), cp.uint32)
+        self.retrieve_next_token = cp.empty((batch, n1), cp.int64)
+        self.retrieve_next_sibling = cp.empty((batch, n1), cp.int64)
+        self.stats = cp.zeros(batch, cp.int32)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(
+            a.nbytes
+            for a in (
+                self.node_count, self.node_token_ids, self.node_depths, self.parents, self.visibility,
+                self.visibility_bits, self.retrieve_next_token, self.retrieve_next_sibling, self.stats,
+            )
+        )
+
+    def to_host(self) -> TreeBatch:
+        return TreeBatch(
+            node_count=self.node_count.get(),
+            node_token_ids=self.node_token_ids.get(),
+            node_depths=self.node_depths.get(),
+            parents=self.parents.get(),
+            visibility=self.visibility.get(),
+            retrieve_next_token=self.retrieve_next_token.get(),
+            retrieve_next_sibling=self.retrieve_next_sibling.get(),
+        )
+
+
+class GpuBuilder(Builder):
+    name = "gpu"
+    label = "gpu (ours, CUDA kernel)"
+    device = "cuda"
+
+    def __init__(self, fatbin: str | Path | None = None, archs=None, bool_visibility: bool = True,
+                 force_heap: bool = False):
+        self._fatbin = Path(fatbin) if fatbin else None
+        self._archs = tuple(archs) if archs else None
+        self.bool_visibility = bool_visibility
+        self.force_heap = force_heap
+        self._kernels = None
+
+    def unavailable_reason(self) -> str | None:
+        from ddtree_bench.cuda import gpu_unavailable_reason
+
+        return gpu_unavailable_reason()
+
+    @property
+    def kernels(self):
+        if self._kernels is None:
+            reason = self.unavailable_reason()
+            if reason:
+                raise BuilderUnavailable(f"gpu builder unavailable: {reason}")
+            from ddtree_bench import cuda
+
+            fatbin = self._fatbin or cuda.cached_fatbin(archs=self._archs or cuda.DEFAULT_ARCHS)
+            self._kernels = cuda.load_kernels(fatbin)
+        return self._kernels
+
+    def plan(self, batch: int, depth: int, k: int, budget: int) -> LaunchPlan:
+        return plan_launch(batch, depth, k, budget, self.kernels.max_shared_bytes)
+
+    def flags(self) -> int:
+        return (FLAG_FORCE_HEAP if self.force_heap else 0) | (0 if self.bool_visibility else FLAG_NO_BOOL_VISIBILITY)
+
+    def launch(self, plan: LaunchPlan, d_log_probs, d_token_ids, out: DeviceTrees, stream=None, flags=None):
+        """Enqueue one build of the whole batch on ``stream`` (no allocation, no sync)."""
+        import cupy as cp
+
+        kernel = self.kernels.build
+        if kernel.max_dynamic_shared_size_bytes < plan.shared_bytes:
+            kernel.max_dynamic_shared_size_bytes = plan.shared_bytes
+        args = (
+            d_log_probs, d_token_ids,
+            np.int32(plan.batch), np.int32(plan.depth), np.int32(plan.k), np.int32(plan.budget),
+            np.int32(plan.cap), np.int32(self.flags() if flags is None else flags),
+            out.node_count, out.node_token_ids, out.node_depths, out.parents,
+            out.visibility, out.visibility_bits, out.retrieve_next_token, out.retrieve_next_sibling,
+            out.stats,
+        )
+        kernel((plan.batch,), (plan.threads,), args, shared_mem=plan.shared_bytes,
+               stream=stream or cp.cuda.get_current_stream())
+
+    def build_device(self, top_log_probs, top_token_ids, budget: int, bool_visibility: bool | None = None
+                     ) -> tuple[DeviceTrees, LaunchPlan]:
+        import cupy as cp
+
+        batch, depth, k = top_log_probs.shape
+        plan = self.plan(batch, depth, k, budget)
+        d_lp = cp.ascontiguousarray(cp.asarray(top_log_probs, dtype=cp.float32))
+        d_ids = cp.ascontiguousarray(cp.asarray(top_token_ids, dtype=cp.int64))
+        out = DeviceTrees(batch, budget)
+        flags = self.flags()
+        if bool_visibility:
+            flags &= ~FLAG_NO_BOOL_VISIBILITY
+        self.launch(plan, d_lp, d_ids, out, flags=flags)
+        return out, plan
+
+    def build(self, top_log_probs, top_token_ids, budget) -> TreeBatch:
+        """Host-inclusive build of the full TreeBatch (the bool mask is always written here)."""
+        budget = self.check(top_log_probs, top_token_ids, budget)
+        out, _ = self.build_device(top_log_probs, top_token_ids, budget, bool_visibility=True)
+        trees = out.to_host()
+        self.last_stats = out.stats.get()
+        self.last_visibility_bits = out.visibility_bits.get()
+        return trees
+
+    def info(self) -> dict:
+        info = super().info()
+        if self.unavailable_reason() is None:
+            k = self.kernels
+            info.update(gpu=k.device_name, code_running=k.runs, fatbin=str(k.fatbin))
+        return info

@@ -1,0 +1,162 @@
+"""CUDA side: compile the kernels to a fatbin with nvcc, find out whether a GPU is usable, and load the
+fatbin with ``cupy.RawModule``.
+
+A fatbin holds machine code (SASS) for every configured architecture plus PTX of the newest one, so a newer
+GPU still runs it (the driver compiles the PTX at load). Next to each fatbin a JSON file records what it
+holds; ``load_kernels`` reports which of it runs on the current device.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+KERNEL_DIR = REPO_ROOT / "kernels"
+TREE_BUILD_SOURCE = KERNEL_DIR / "tree_build.cu"
+DEFAULT_ARCHS = ("sm_90", "sm_120")
+NVCC_FLAGS = ("-O3", "-std=c++17", "--fmad=false", "-lineinfo")
+
+
+def _arch_number(arch: str) -> int:
+    match = re.fullmatch(r"(?:sm|compute)_(\d+)[a-z]?", arch)
+    if not match:
+        raise ValueError(f"unknown CUDA architecture {arch!r}; expected e.g. sm_90 or sm_120")
+    return int(match.group(1))
+
+
+def find_nvcc() -> str | None:
+    for candidate in (os.environ.get("NVCC"), shutil.which("nvcc"), "/usr/local/cuda/bin/nvcc",
+                      "/usr/local/bin/nvcc"):
+        if candidate and Path(candidate).is_file() and os.access(candidate, os.X_OK):
+            return candidate
+    return None
+
+
+def gencode_flags(archs, ptx: bool = True) -> list[str]:
+    """``-gencode`` flags: SASS for every ``sm_XX`` plus PTX of the newest (when ``ptx``)."""
+    archs = list(archs)
+    if not archs:
+        raise ValueError("cuda_archs must name at least one architecture")
+    numbers = sorted({_arch_number(a) for a in archs})
+    flags = []
+    for arch in archs:
+        suffix = re.fullmatch(r"(?:sm|compute)_(\d+[a-z]?)", arch).group(1)
+        flags.append(f"-gencode=arch=compute_{suffix},code=sm_{suffix}")
+    if ptx:
+        flags.append(f"-gencode=arch=compute_{numbers[-1]},code=compute_{numbers[-1]}")
+    return flags
+
+
+def build_fatbin(source: Path, output: Path, archs=DEFAULT_ARCHS, ptx: bool = True) -> dict:
+    """Compile ``source`` to ``output`` (a fatbin) atomically; writes ``output + '.json'`` describing it.
+    Raises RuntimeError with nvcc's message when the compile fails."""
+    source, output = Path(source), Path(output)
+    nvcc = find_nvcc()
+    if nvcc is None:
+        raise RuntimeError("nvcc not found (set $NVCC or put CUDA's bin directory on PATH)")
+    output.parent.mkdir(parents=True, exist_ok=True)
+    flags = gencode_flags(archs, ptx)
+    with tempfile.TemporaryDirectory(dir=output.parent) as tmp:
+        tmp_out = Path(tmp) / output.name
+        cmd = [nvcc, *NVCC_FLAGS, "-fatbin", *flags, "-o", str(tmp_out), str(source)]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise RuntimeError(f"nvcc failed on {source}:\n{proc.stderr.strip()}")
+        version = subprocess.run([nvcc, "--version"], capture_output=True, text=True).stdout
+        info = {
+            "source": str(source),
+            "source_sha256": hashlib.sha256(source.read_bytes()).hexdigest(),
+            "archs": sorted({f"sm_{_arch_number(a)}" for a in archs}),
+            "ptx": f"compute_{max(_arch_number(a) for a in archs)}" if ptx else None,
+            "nvcc": version.strip().splitlines()[-1] if version else "unknown",
+            "command": " ".join(cmd[:-3] + ["-o", str(output), str(source)]),
+        }
+        os.replace(tmp_out, output)
+    Path(str(output) + ".json").write_text(json.dumps(info, indent=2) + "\n")
+    return info
+
+
+def cached_fatbin(source: Path = TREE_BUILD_SOURCE, archs=DEFAULT_ARCHS) -> Path:
+    """A fatbin of ``source`` in the cache directory, built on first use (keyed by source and archs)."""
+    source = Path(source)
+    digest = hashlib.sha256(source.read_bytes() + repr(sorted(archs)).encode()).hexdigest()[:16]
+    cache = Path(os.environ.get("DDTREE_CACHE", Path.home() / ".cache" / "ddtree-bench"))
+    output = cache / f"{source.stem}-{digest}.fatbin"
+    if not output.exists():
+        build_fatbin(source, output, archs)
+    return output
+
+
+@lru_cache(maxsize=1)
+def gpu_unavailable_reason() -> str | None:
+    """``None`` when CuPy imports and sees a CUDA device, else why not (no GPU is not a failure)."""
+    try:
+        import cupy
+    except Exception as exc:  # ImportError, or a broken CUDA install
+        return f"CuPy is not installed or does not import ({type(exc).__name__}: {exc}); pip install .[gpu]"
+    try:
+        count = cupy.cuda.runtime.getDeviceCount()
+    except Exception as exc:  # cudaErrorInsufficientDriver / NoDevice on machines without a GPU
+        return f"no usable CUDA device ({type(exc).__name__}: {str(exc).splitlines()[0]})"
+    if count < 1:
+        return "no CUDA device found"
+    return None
+
+
+@dataclass
+class LoadedKernels:
+    module: object
+    build: object
+    empty: object
+    device_name: str
+    compute_capability: int
+    runs: str  # e.g. "sm_90 SASS" or "PTX compute_120 compiled by the driver"
+    fatbin: Path
+    max_shared_bytes: int
+    sm_count: int
+    l2_bytes: int
+
+
+def load_kernels(fatbin: Path) -> LoadedKernels:
+    import cupy
+
+    fatbin = Path(fatbin)
+    module = cupy.RawModule(path=str(fatbin))
+    build = module.get_function("ddtree_build_tree")
+    empty = module.get_function("ddtree_empty_kernel")
+    dev = cupy.cuda.Device()
+    props = cupy.cuda.runtime.getDeviceProperties(dev.id)
+    cc = int(props["major"]) * 10 + int(props["minor"])
+    meta_path = Path(str(fatbin) + ".json")
+    meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
+    if f"sm_{cc}" in meta.get("archs", []):
+        runs = f"sm_{cc} SASS"
+    elif meta.get("ptx"):
+        runs = f"PTX {meta['ptx']} compiled by the driver for sm_{cc}"
+    else:
+        runs = f"unknown (no build record next to {fatbin.name})"
+    optin = cupy.cuda.runtime.deviceGetAttribute(
+        cupy.cuda.runtime.cudaDevAttrMaxSharedMemoryPerBlockOptin, dev.id
+    )
+    name = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
+    return LoadedKernels(
+        module=module,
+        build=build,
+        empty=empty,
+        device_name=name,
+        compute_capability=cc,
+        runs=runs,
+        fatbin=fatbin,
+        max_shared_bytes=int(optin),
+        sm_count=int(props["multiProcessorCount"]),
+        l2_bytes=int(props["l2CacheSize"]),
+    )

@@ -1,0 +1,49 @@
+"""Small top-k inputs for the GPU tests (self-contained: numpy only)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def _bf16(x: np.ndarray) -> np.ndarray:
+    u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    u = (u + 0x7FFF + ((u >> 16) & 1)) & 0xFFFF0000
+    return u.astype(np.uint32).view(np.float32)
+
+
+def topk_inputs(kind: str, batch: int, depth: int, k: int, vocab: int = 4096, seed: int = 0):
+    """``(top_log_probs float32 [B, L, K], top_token_ids int64 [B, L, K])``.
+
+    kinds: uniform (softmax of Gaussian logits), peaked (confident early positions), bf16 (logits and
+    log-probs rounded through bfloat16: many exact ties), equal (all-equal rows), tied (few distinct
+    values), tiny (log-probs near zero and very negative together: a wide span of magnitudes)."""
+    rng = np.random.default_rng(seed)
+    vocab = max(vocab, k)
+    if kind == "equal":
+        lp = np.full((batch, depth, k), -np.log(vocab), np.float32)
+        ids = np.tile(np.arange(k, dtype=np.int64), (batch, depth, 1))
+        return lp, ids
+    if kind == "tied":
+        lp = -np.sort(rng.choice([0.5, 1.0, 1.5, 2.0, 4.0], size=(batch, depth, k)), axis=-1).astype(np.float32)
+        ids = np.stack([rng.permutation(vocab)[:k] for _ in range(batch * depth)]).reshape(batch, depth, k)
+        return lp, ids.astype(np.int64)
+    logits = rng.standard_normal((batch, depth, vocab)).astype(np.float64)
+    if kind == "peaked":
+        boost = 12.0 * np.exp(-np.arange(depth) / 4.0)
+        top = rng.integers(0, vocab, size=(batch, depth))
+        np.put_along_axis(logits, top[..., None], boost[None, :, None] + 3.0, axis=-1)
+    elif kind == "tiny":
+        top = rng.integers(0, vocab, size=(batch, depth))
+        np.put_along_axis(logits, top[..., None], 40.0, axis=-1)
+    if kind == "bf16":
+        logits = _bf16(logits.astype(np.float32)).astype(np.float64)
+    logz = np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1, keepdims=True)) + logits.max(
+        -1, keepdims=True
+    )
+    logp = (logits - logz).astype(np.float32)
+    if kind == "bf16":
+        logp = _bf16(logp)
+    logp = np.minimum(logp, 0.0)
+    order = np.argsort(-logp, axis=-1, kind="stable")[..., :k]
+    lp = np.take_along_axis(logp, order, axis=-1).astype(np.float32)
+    return np.ascontiguousarray(lp), np.ascontiguousarray(order.astype(np.int64))

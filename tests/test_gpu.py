@@ -1,0 +1,136 @@
+"""The CUDA tree builder: compiles everywhere (CI has nvcc, no GPU); on a GPU it must build exactly the
+reference's trees, ties included, on every distribution and shape edge."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from gpu_inputs import topk_inputs
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from ddtree_bench import cuda
+from ddtree_bench.builders import get_builder
+from ddtree_bench.tree import first_difference, packed_visibility
+
+GPU_REASON = cuda.gpu_unavailable_reason()
+needs_gpu = pytest.mark.skipif(GPU_REASON is not None, reason=f"needs a CUDA GPU: {GPU_REASON}")
+
+
+@pytest.mark.skipif(cuda.find_nvcc() is None, reason="nvcc not found")
+def test_kernels_compile_for_configured_archs(tmp_path):
+    out = tmp_path / "tree_build.fatbin"
+    info = cuda.build_fatbin(cuda.TREE_BUILD_SOURCE, out, ["sm_90", "sm_120"])
+    assert out.stat().st_size > 10_000
+    assert info["archs"] == ["sm_120", "sm_90"] and info["ptx"] == "compute_120"
+    assert json.loads((tmp_path / "tree_build.fatbin.json").read_text())["archs"] == info["archs"]
+
+
+@pytest.mark.skipif(cuda.find_nvcc() is None, reason="nvcc not found")
+def test_compile_error_is_reported(tmp_path):
+    bad = tmp_path / "bad.cu"
+    bad.write_text('extern "C" __global__ void k() { this is not C++ }\n')
+    with pytest.raises(RuntimeError, match="nvcc failed"):
+        cuda.build_fatbin(bad, tmp_path / "bad.fatbin", ["sm_90"])
+    assert not (tmp_path / "bad.fatbin").exists()
+
+
+def test_unknown_arch_is_refused():
+    with pytest.raises(ValueError, match="unknown CUDA architecture"):
+        cuda.gencode_flags(["gfx90a"])
+
+
+def test_launch_plan_refuses_shapes_it_cannot_take():
+    from ddtree_bench.builders.gpu import plan_launch
+
+    with pytest.raises(ValueError, match="depth"):
+        plan_launch(1, 33, 8, 8, 232_448)
+    with pytest.raises(ValueError, match="budget"):
+        plan_launch(1, 16, 8, 5000, 232_448)
+    with pytest.raises(ValueError, match="shared memory"):
+        plan_launch(1, 16, 1024, 4096, 48 * 1024)
+    plan = plan_launch(64, 16, 1024, 1024, 232_448)
+    assert plan.cap >= 2 * 1024 and plan.shared_bytes <= 232_448 - 2048
+
+
+@pytest.fixture(scope="module")
+def gpu():
+    return get_builder("gpu")
+
+
+@pytest.fixture(scope="module")
+def gpu_heap():
+    return get_builder("gpu", force_heap=True)
+
+
+def assert_same(lp, ids, budget, builder):
+    expected = get_builder("reference").build(lp, ids, budget)
+    actual = builder.build(lp, ids, budget)
+    diff = first_difference(expected, actual)
+    assert diff is None, diff
+    np.testing.assert_array_equal(builder.last_visibility_bits, packed_visibility(expected.visibility))
+    return builder.last_stats
+
+
+@needs_gpu
+@pytest.mark.parametrize("kind", ["uniform", "peaked", "bf16", "equal", "tied", "tiny"])
+@pytest.mark.parametrize("budget", [1, 2, 3, 8, 16, 31, 64, 100, 256, 1024])
+def test_gpu_equals_reference(gpu, gpu_heap, kind, budget):
+    depth, k = 16, min(budget, 256) if budget > 256 else budget
+    batch = 2 if budget >= 256 else 4
+    lp, ids = topk_inputs(kind, batch, depth, max(k, 1), seed=budget)
+    stats = assert_same(lp, ids, budget, gpu)
+    assert stats.shape == (batch,)
+    if budget <= 256:
+        assert (assert_same(lp, ids, budget, gpu_heap) == 3).all()
+
+
+@needs_gpu
+@pytest.mark.parametrize(
+    "batch,depth,k,budget",
+    [(3, 1, 5, 8), (2, 1, 40, 8), (2, 2, 3, 64), (1, 3, 2, 100), (2, 16, 4, 64), (2, 4, 1024, 64),
+     (1, 32, 16, 512), (5, 8, 1, 8), (1, 1, 1, 1), (2, 16, 64, 1024)],
+)
+def test_gpu_shape_edges(gpu, batch, depth, k, budget):
+    """K < N, K > N, heap drain (n < N), L = 1, K = 1, deep trees."""
+    for kind in ("uniform", "bf16", "equal"):
+        lp, ids = topk_inputs(kind, batch, depth, k, vocab=max(k, 64), seed=k + depth)
+        assert_same(lp, ids, budget, gpu)
+
+
+@needs_gpu
+def test_fast_path_is_taken_on_ordinary_inputs(gpu):
+    lp, ids = topk_inputs("uniform", 8, 16, 256, seed=3)
+    stats = assert_same(lp, ids, 256, gpu)
+    assert (stats == 0).all(), stats
+
+
+@needs_gpu
+@settings(max_examples=2000, deadline=None, suppress_health_check=list(HealthCheck))
+@given(
+    batch=st.integers(1, 3),
+    depth=st.integers(1, 10),
+    k=st.integers(1, 48),
+    budget=st.integers(1, 160),
+    kind=st.sampled_from(["uniform", "peaked", "bf16", "equal", "tied", "tiny"]),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_gpu_property(gpu, batch, depth, k, budget, kind, seed):
+    lp, ids = topk_inputs(kind, batch, depth, k, vocab=max(64, k), seed=seed)
+    assert_same(lp, ids, budget, gpu)
+
+
+@needs_gpu
+@pytest.mark.skipif(shutil.which("compute-sanitizer") is None, reason="compute-sanitizer not installed")
+@pytest.mark.parametrize("tool", ["memcheck", "racecheck"])
+def test_sanitizer_clean(tool):
+    cmd = ["compute-sanitizer", f"--tool={tool}", "--error-exitcode=9", sys.executable, "-m",
+           "ddtree_bench.gpu_selftest", "--budgets", "8", "32", "256", "1024"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "ERROR SUMMARY: 0 errors" in proc.stdout + proc.stderr
