@@ -29,11 +29,16 @@
 #define DDT_MAX_DEPTH 32
 #define DDT_FLAG_FORCE_HEAP 1
 #define DDT_FLAG_NO_BOOL_VIS 2
+#define DDT_FLAG_ROWS_IN_SMEM 4
+#define DDT_SMALL_MAX_BUDGET 64
+#define DDT_SMALL_MAX_DEPTH 18
+#define DDT_SMALL_SLOTS 5
 
 #define DDT_STAT_FAST 0
 #define DDT_STAT_HEAP_ANOMALY 1
 #define DDT_STAT_HEAP_OVERFLOW 2
 #define DDT_STAT_HEAP_FORCED 3
+#define DDT_STAT_WARP_HEAP 4
 
 namespace {
 
@@ -105,7 +110,7 @@ __device__ __forceinline__ int count_at_least(const float* row, int topk, double
     int lo = 0, hi = topk;
     while (lo < hi) {
         int mid = (lo + hi) >> 1;
-        if (__dadd_rn(base, static_cast<double>(__ldg(row + mid))) >= t) lo = mid + 1;
+        if (__dadd_rn(base, static_cast<double>(row[mid])) >= t) lo = mid + 1;
         else hi = mid;
     }
     return lo;
@@ -230,6 +235,114 @@ __device__ int sequential_heap(const float* lp, int L, int K, int topk, int budg
     return count;
 }
 
+// ---- small budgets: the heap simulated by one warp ----------------------------------------------------
+// For N <= 64 and L <= 18 the whole candidate set (at most 2N + 1 entries) lives in registers, five slots
+// per lane; every pop is a warp-wide arg-min by (logw descending, ranks ascending). The ranks tuple is
+// encoded in 128 bits, 7 bits a level from the most significant end, each level holding rank + 1 (0 for
+// an absent level), so integer order is exactly Python's tuple order (a proper prefix first).
+
+struct PathKey {
+    unsigned long long hi, lo;
+};
+
+// Adds amount (1 here: rank + 1 per level, one increment at a time) to the level's field, as 128-bit add.
+__device__ __forceinline__ PathKey path_add_level(PathKey p, int level, unsigned long long amount) {
+    const int pos = 128 - 7 * level;  // lowest bit of the level's field
+    if (pos >= 64) {
+        p.hi += amount << (pos - 64);
+    } else {
+        unsigned long long inc = amount << pos;
+        unsigned long long lo = p.lo + inc;
+        p.hi += (lo < p.lo) ? 1ull : 0ull;  // carry into the high word (a field may straddle it)
+        p.lo = lo;
+    }
+    return p;
+}
+
+__device__ __forceinline__ bool pops_before(double ea, PathKey pa, double eb, PathKey pb) {
+    if (ea != eb) return ea > eb;
+    if (pa.hi != pb.hi) return pa.hi < pb.hi;
+    return pa.lo < pb.lo;
+}
+
+// meta: parent node (8 bits) | pusher node + 1 (8 bits) | rank (7 bits) | depth (5 bits)
+__device__ __forceinline__ int pack_meta(int parent, int prev, int rank, int depth) {
+    return parent | ((prev + 1) << 8) | (rank << 16) | (depth << 23);
+}
+
+__device__ int warp_heap(const float* rows, int rs, int L, int topk, int budget, const Nodes& nodes) {
+    const int lane = threadIdx.x & 31;
+    const double NEG_INF = -__longlong_as_double(0x7ff0000000000000ll);
+    double se[DDT_SMALL_SLOTS];
+    PathKey sp[DDT_SMALL_SLOTS];
+    int sm[DDT_SMALL_SLOTS];
+    bool live[DDT_SMALL_SLOTS];
+#pragma unroll
+    for (int k = 0; k < DDT_SMALL_SLOTS; ++k) { se[k] = NEG_INF; sp[k] = {~0ull, ~0ull}; sm[k] = 0; live[k] = false; }
+    int ncand = 0;
+    auto push = [&](double e, PathKey p, int meta) {
+        const int owner = ncand & 31, slot = ncand >> 5;
+        if (lane == owner) {
+#pragma unroll
+            for (int k = 0; k < DDT_SMALL_SLOTS; ++k)
+                if (k == slot) { se[k] = e; sp[k] = p; sm[k] = meta; live[k] = true; }
+        }
+        ++ncand;
+    };
+    PathKey root = {0ull, 0ull};
+    push(static_cast<double>(rows[0]), path_add_level(root, 1, 1ull), pack_meta(0, -1, 0, 1));
+    int count = 0;
+    while (count < budget) {
+        // lane-local best
+        double be = NEG_INF; PathKey bp = {~0ull, ~0ull}; int bm = 0, bslot = -1;
+#pragma unroll
+        for (int k = 0; k < DDT_SMALL_SLOTS; ++k)
+            if (live[k] && (bslot < 0 || pops_before(se[k], sp[k], be, bp))) {
+                be = se[k]; bp = sp[k]; bm = sm[k]; bslot = k;
+            }
+        int bid = bslot < 0 ? -1 : (bslot << 5) | lane;
+        // warp arg-min (butterfly: every lane ends with the winner)
+#pragma unroll
+        for (int off = 16; off > 0; off >>= 1) {
+            double oe = __shfl_xor_sync(0xffffffffu, be, off);
+            unsigned long long ohi = __shfl_xor_sync(0xffffffffu, bp.hi, off);
+            unsigned long long olo = __shfl_xor_sync(0xffffffffu, bp.lo, off);
+            int om = __shfl_xor_sync(0xffffffffu, bm, off);
+            int oid = __shfl_xor_sync(0xffffffffu, bid, off);
+            PathKey op = {ohi, olo};
+            bool take = oid >= 0 && (bid < 0 || pops_before(oe, op, be, bp));
+            if (take) { be = oe; bp = op; bm = om; bid = oid; }
+        }
+        if (bid < 0) break;  // heap drained
+        if (lane == (bid & 31)) {
+            const int slot = bid >> 5;
+#pragma unroll
+            for (int k = 0; k < DDT_SMALL_SLOTS; ++k)
+                if (k == slot) live[k] = false;
+        }
+        const int parent = bm & 0xff, prev = ((bm >> 8) & 0xff) - 1, rank = (bm >> 16) & 0x7f,
+                  depth = (bm >> 23) & 0x1f;
+        const int cur = ++count;
+        if (lane == 0) {
+            nodes.parent[cur] = static_cast<short>(parent);
+            nodes.prev[cur] = static_cast<short>(prev);
+            nodes.rank[cur] = static_cast<unsigned short>(rank);
+            nodes.depth[cur] = static_cast<unsigned char>(depth);
+        }
+        const float* row = rows + static_cast<long long>(depth - 1) * rs;
+        if (rank + 1 < topk) {
+            double e = __dadd_rn(__dsub_rn(be, static_cast<double>(row[rank])), static_cast<double>(row[rank + 1]));
+            push(e, path_add_level(bp, depth, 1ull), pack_meta(parent, cur, rank + 1, depth));
+        }
+        if (depth < L) {
+            double e = __dadd_rn(be, static_cast<double>(rows[static_cast<long long>(depth) * rs]));
+            push(e, path_add_level(bp, depth + 1, 1ull), pack_meta(cur, -1, 0, depth + 1));
+        }
+    }
+    __syncwarp();
+    return count;
+}
+
 // ---- the parallel path ------------------------------------------------------------------------------
 
 // Keep pool entries with keep[i] != 0 (in aux), preserving order and remapping parents. Returns new size.
@@ -271,14 +384,27 @@ __device__ double select_lower_bound(const Pool& p, int size, int need, int* his
             if ((k & mask) == prefix) atomicAdd(&hist[(k >> shift) & 255], 1);
         }
         __syncthreads();
-        if (threadIdx.x == 0) {
-            int acc = 0, want = s_need, digit = 0;
-            for (int d = 255; d >= 0; --d) {
-                if (acc + hist[d] >= want) { digit = d; break; }
-                acc += hist[d];
+        if (threadIdx.x < 32) {  // one warp finds the digit holding the want-th largest key
+            const int lane = threadIdx.x, top = 255 - 8 * lane;  // lane 0: digits 255..248
+            const int want = s_need;
+            int sum = 0;
+            for (int k = 0; k < 8; ++k) sum += hist[top - k];
+            int incl = sum;
+            for (int off = 1; off < 32; off <<= 1) {
+                int v = __shfl_up_sync(0xffffffffu, incl, off);
+                if (lane >= off) incl += v;
             }
-            s_need = want - acc;
-            s_prefix = prefix | (static_cast<unsigned long long>(digit) << shift);
+            unsigned int ball = __ballot_sync(0xffffffffu, incl >= want);
+            if (lane == __ffs(ball) - 1) {
+                int acc = incl - sum, digit = top;
+                for (int k = 0; k < 8; ++k) {
+                    digit = top - k;
+                    if (acc + hist[digit] >= want) break;
+                    acc += hist[digit];
+                }
+                s_need = want - acc;
+                s_prefix = prefix | (static_cast<unsigned long long>(digit) << shift);
+            }
         }
         __syncthreads();
     }
@@ -289,11 +415,9 @@ __device__ double select_lower_bound(const Pool& p, int size, int need, int* his
 
 }  // namespace
 
-extern "C" __global__ void ddtree_empty_kernel() {}
-
 // Dynamic shared memory layout size, for the host (keep in sync with the carve-up below).
 // cap: pool capacity (power of two); budget: N.
-extern "C" __global__ void ddtree_build_tree(
+extern "C" __global__ void __launch_bounds__(1024) ddtree_build_tree(
     const float* __restrict__ top_log_probs,       // [B, L, K]
     const long long* __restrict__ top_token_ids,   // [B, L, K]
     int batch, int L, int K, int budget, int cap, int flags,
@@ -305,7 +429,8 @@ extern "C" __global__ void ddtree_build_tree(
     unsigned int* __restrict__ visibility_bits,    // [B, N+1, W]
     long long* __restrict__ retrieve_next_token,   // [B, N+1]
     long long* __restrict__ retrieve_next_sibling, // [B, N+1]
-    int* __restrict__ stats)                       // [B] path taken, or null
+    int* __restrict__ stats,                       // [B] path taken, or null
+    long long* __restrict__ profile)               // [B, 8] clock64 stamps per phase, or null
 {
     extern __shared__ __align__(16) unsigned char smem[];
     __shared__ int warp_buf[33];
@@ -340,6 +465,18 @@ extern "C" __global__ void ddtree_build_tree(
     nodes.prev = reinterpret_cast<short*>(sp); sp += sizeof(short) * N1;
     nodes.rank = reinterpret_cast<unsigned short*>(sp); sp += sizeof(unsigned short) * N1;
     nodes.depth = sp; sp += N1;
+    sp = smem + ((sp - smem + 15) & ~static_cast<long long>(15));
+    const bool staged = (flags & DDT_FLAG_ROWS_IN_SMEM) != 0;
+    float* srows = reinterpret_cast<float*>(sp);
+    if (staged) {
+        sp += sizeof(float) * L * topk;
+        for (int i = threadIdx.x; i < L * topk; i += blockDim.x) {
+            int d = i / topk;
+            srows[i] = lp[static_cast<long long>(d) * K + (i - d * topk)];
+        }
+    }
+    const float* rowbase = staged ? srows : lp;
+    const long long rs = staged ? topk : K;  // row stride
 
     // ---- rounding-error margin: every pool score is within delta of the exact real path sum.
     // Bound: each float64 operation on the chain errs by at most 2^-53 |result| <= 2^-53 * smax, where smax
@@ -360,11 +497,15 @@ extern "C" __global__ void ddtree_build_tree(
             double ops = static_cast<double>(L) * (2.0 * topk + 2.0) + 4.0;
             double delta = 2.0 * ops * ldexp(1.0, -53) * (mins + maxrow) * 1.0000001;
             s_margin = 8.0 * delta;
-            s_flag = (flags & DDT_FLAG_FORCE_HEAP) ? DDT_STAT_HEAP_FORCED : DDT_STAT_FAST;
+            s_flag = (flags & DDT_FLAG_FORCE_HEAP) ? DDT_STAT_HEAP_FORCED
+                     : (blockDim.x == 32 && N <= DDT_SMALL_MAX_BUDGET && L <= DDT_SMALL_MAX_DEPTH && staged)
+                         ? DDT_STAT_WARP_HEAP : DDT_STAT_FAST;
         }
     }
     __syncthreads();
     const double margin = s_margin;
+    long long* prof = profile ? profile + static_cast<long long>(b) * 8 : nullptr;
+    if (prof && threadIdx.x == 0) prof[0] = clock64();
 
     int n = 0;  // nodes in the tree
     if (s_flag == DDT_STAT_FAST) {
@@ -374,7 +515,7 @@ extern "C" __global__ void ddtree_build_tree(
         double beta = -__longlong_as_double(0x7ff0000000000000ll);  // -inf: no bound yet
         bool have_beta = false;
         for (int d = 1; d <= L; ++d) {
-            const float* row = lp + static_cast<long long>(d - 1) * K;
+            const float* row = rowbase + static_cast<long long>(d - 1) * rs;
             const bool root = d == 1;
             const int nparents = root ? 1 : front_end - front_begin;
             if (nparents == 0) break;
@@ -466,7 +607,7 @@ extern "C" __global__ void ddtree_build_tree(
                 int r = j - pool.tmp[lo];
                 int pidx = root ? -1 : front_begin + lo;
                 double base = root ? 0.0 : pool.E[pidx];
-                double a = static_cast<double>(__ldg(row + r));
+                double a = static_cast<double>(row[r]);
                 double s = __dadd_rn(base, a);
                 // TwoSum: s == base + a exactly?
                 double bb = __dsub_rn(s, base);
@@ -500,7 +641,7 @@ extern "C" __global__ void ddtree_build_tree(
             size += total;
             front_end = size;
             // 5. once N paths are known, prune what N known paths beat by more than the margin
-            if (size >= N && size > cap / 2) {
+            if (size >= N && size > 2 * N) {
                 double t = select_lower_bound(pool, size, N, hist, warp_buf);
                 if (!have_beta || t > beta) { beta = t; have_beta = true; }
                 for (int i = threadIdx.x; i < size; i += blockDim.x) pool.aux[i] = pool.Q[i] >= beta - margin;
@@ -595,7 +736,10 @@ extern "C" __global__ void ddtree_build_tree(
             __syncthreads();
         }
     }
-    if (s_flag != DDT_STAT_FAST) {
+    if (s_flag == DDT_STAT_WARP_HEAP) {
+        n = warp_heap(rowbase, static_cast<int>(rs), L, topk, N, nodes);
+        __syncthreads();
+    } else if (s_flag != DDT_STAT_FAST) {
         if (threadIdx.x == 0) {
             HeapView h;
             h.key = pool.E;
@@ -611,6 +755,7 @@ extern "C" __global__ void ddtree_build_tree(
     }
 
     // ================= outputs =================
+    if (prof && threadIdx.x == 0) prof[1] = clock64();
     if (threadIdx.x == 0) {
         node_count[b] = n;
         if (stats) stats[b] = s_flag;
@@ -647,6 +792,7 @@ extern "C" __global__ void ddtree_build_tree(
     const int W = (N1 + 31) >> 5;
     unsigned int* bits = visibility_bits + static_cast<long long>(b) * N1 * W;
     __syncthreads();
+    if (prof && threadIdx.x == 0) prof[2] = clock64();
     for (int i = threadIdx.x; i < N1; i += blockDim.x) {
         unsigned int* rowp = bits + static_cast<long long>(i) * W;
         if (i > n) {
@@ -666,8 +812,9 @@ extern "C" __global__ void ddtree_build_tree(
         rowp[cur] = acc;
         for (int w = cur - 1; w >= 0; --w) rowp[w] = 0u;
     }
-    if (visibility == nullptr || (flags & DDT_FLAG_NO_BOOL_VIS)) return;
     __syncthreads();  // bits of this tree are visible to the whole block from here
+    if (prof && threadIdx.x == 0) prof[3] = clock64();
+    if (visibility == nullptr || (flags & DDT_FLAG_NO_BOOL_VIS)) return;
 
     // bool visibility from the packed bits: 16-byte stores where aligned, bytes at the edges
     const long long S = static_cast<long long>(N1) * N1;

@@ -104,10 +104,13 @@ def test_gpu_shape_edges(gpu, batch, depth, k, budget):
 
 
 @needs_gpu
-def test_fast_path_is_taken_on_ordinary_inputs(gpu):
-    lp, ids = topk_inputs("uniform", 8, 16, 256, seed=3)
-    stats = assert_same(lp, ids, 256, gpu)
-    assert (stats == 0).all(), stats
+@pytest.mark.parametrize("budget,path", [(8, 4), (32, 4), (64, 4), (65, 0), (256, 0), (1024, 0)])
+def test_fast_paths_are_taken_on_ordinary_inputs(gpu, budget, path):
+    """Small budgets: the warp heap (stat 4); larger: the parallel pool path (stat 0), no fallback."""
+    for kind in ("uniform", "peaked", "bf16"):
+        lp, ids = topk_inputs(kind, 4, 16, budget, seed=3)
+        stats = assert_same(lp, ids, budget, gpu)
+        assert (stats == path).all(), (kind, stats)
 
 
 @needs_gpu

@@ -22,6 +22,7 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parents[2]
 KERNEL_DIR = REPO_ROOT / "kernels"
 TREE_BUILD_SOURCE = KERNEL_DIR / "tree_build.cu"
+BENCH_UTIL_SOURCE = KERNEL_DIR / "bench_util.cu"
 DEFAULT_ARCHS = ("sm_90", "sm_120")
 NVCC_FLAGS = ("-O3", "-std=c++17", "--fmad=false", "-lineinfo")
 
@@ -117,6 +118,8 @@ class LoadedKernels:
     module: object
     build: object
     empty: object
+    spin: object
+    flush_l2: object
     device_name: str
     compute_capability: int
     runs: str  # e.g. "sm_90 SASS" or "PTX compute_120 compiled by the driver"
@@ -126,13 +129,14 @@ class LoadedKernels:
     l2_bytes: int
 
 
-def load_kernels(fatbin: Path) -> LoadedKernels:
+def load_kernels(fatbin: Path, util_fatbin: Path | None = None) -> LoadedKernels:
+    """Load the tree-build fatbin (and the benchmark utilities: empty, spin and L2-flush kernels)."""
     import cupy
 
     fatbin = Path(fatbin)
     module = cupy.RawModule(path=str(fatbin))
+    util = cupy.RawModule(path=str(util_fatbin or cached_fatbin(BENCH_UTIL_SOURCE)))
     build = module.get_function("ddtree_build_tree")
-    empty = module.get_function("ddtree_empty_kernel")
     dev = cupy.cuda.Device()
     props = cupy.cuda.runtime.getDeviceProperties(dev.id)
     cc = int(props["major"]) * 10 + int(props["minor"])
@@ -151,7 +155,9 @@ def load_kernels(fatbin: Path) -> LoadedKernels:
     return LoadedKernels(
         module=module,
         build=build,
-        empty=empty,
+        empty=util.get_function("ddtree_empty_kernel"),
+        spin=util.get_function("ddtree_spin_kernel"),
+        flush_l2=util.get_function("ddtree_flush_l2"),
         device_name=name,
         compute_capability=cc,
         runs=runs,

@@ -19,7 +19,10 @@ MAX_DEPTH = 32
 MAX_BUDGET = 4096
 FLAG_FORCE_HEAP = 1
 FLAG_NO_BOOL_VISIBILITY = 2
-STAT_NAMES = {0: "fast", 1: "heap (anomaly)", 2: "heap (pool overflow)", 3: "heap (forced)"}
+FLAG_ROWS_IN_SHARED = 4
+SMALL_MAX_BUDGET = 64
+SMALL_MAX_DEPTH = 18
+STAT_NAMES = {0: "parallel", 1: "heap (anomaly)", 2: "heap (pool overflow)", 3: "heap (forced)", 4: "warp heap"}
 STATIC_SHARED_BYTES = 2048  # the kernel's static __shared__ arrays, rounded up
 
 
@@ -27,11 +30,13 @@ def _next_pow2(x: int) -> int:
     return 1 << max(0, int(x - 1).bit_length())
 
 
-def shared_bytes(cap: int, budget: int) -> int:
+def shared_bytes(cap: int, budget: int, depth: int = 0, topk: int = 0, staged: bool = False) -> int:
     """Dynamic shared memory of one block (mirrors the carve-up in tree_build.cu)."""
     pool = 8 * cap * 2 + 4 * (cap + 1) + 4 * cap + 2 * cap * 5 + cap
-    pool = (pool + 15) & ~15
-    return pool + 7 * (budget + 1)
+    total = ((pool + 15) & ~15) + 7 * (budget + 1)
+    if staged:
+        total = ((total + 15) & ~15) + 4 * depth * topk
+    return total
 
 
 @dataclass(frozen=True)
@@ -43,14 +48,21 @@ class LaunchPlan:
     cap: int
     threads: int
     shared_bytes: int
+    rows_in_shared: bool
+    path: str  # "warp-heap" (small budgets) or "parallel"
 
     @property
     def words_per_row(self) -> int:
         return (self.budget + 32) // 32
 
+    @property
+    def flags(self) -> int:
+        return FLAG_ROWS_IN_SHARED if self.rows_in_shared else 0
+
 
 def plan_launch(batch: int, depth: int, k: int, budget: int, max_shared_bytes: int) -> LaunchPlan:
-    """Pool capacity and block size for a shape; ValueError for a shape the kernel cannot take."""
+    """Pool capacity, block size and shared-memory use for a shape; ValueError for a shape the kernel
+    cannot take (never a wrong tree)."""
     if depth < 1 or depth > MAX_DEPTH:
         raise ValueError(f"gpu builder: depth L={depth} outside 1..{MAX_DEPTH}")
     if budget < 1 or budget > MAX_BUDGET:
@@ -60,6 +72,12 @@ def plan_launch(batch: int, depth: int, k: int, budget: int, max_shared_bytes: i
     if batch < 1 or batch > 2**31 - 1:
         raise ValueError(f"gpu builder: batch {batch} outside 1..2^31-1")
     limit = max_shared_bytes - STATIC_SHARED_BYTES
+    topk = min(budget, k)
+    if budget <= SMALL_MAX_BUDGET and depth <= SMALL_MAX_DEPTH:
+        cap = _next_pow2(max(budget + 2, 64))
+        size = shared_bytes(cap, budget, depth, topk, True)
+        if size <= limit:
+            return LaunchPlan(batch, depth, k, budget, cap, 32, size, True, "warp-heap")
     cap = _next_pow2(max(4 * budget, 512))
     floor = _next_pow2(max(2 * budget, budget + 2, 256))
     while shared_bytes(cap, budget) > limit and cap > floor:
@@ -69,8 +87,10 @@ def plan_launch(batch: int, depth: int, k: int, budget: int, max_shared_bytes: i
             f"gpu builder: budget {budget} needs {shared_bytes(cap, budget)} bytes of shared memory per block; "
             f"this GPU allows {limit}"
         )
+    staged = shared_bytes(cap, budget, depth, topk, True) <= limit
     threads = min(1024, max(128, _next_pow2(budget)))
-    return LaunchPlan(batch, depth, k, budget, cap, threads, shared_bytes(cap, budget))
+    size = shared_bytes(cap, budget, depth, topk, staged)
+    return LaunchPlan(batch, depth, k, budget, cap, threads, size, staged, "parallel")
 
 
 class DeviceTrees:
@@ -118,13 +138,15 @@ class GpuBuilder(Builder):
     label = "gpu (ours, CUDA kernel)"
     device = "cuda"
 
-    def __init__(self, fatbin: str | Path | None = None, archs=None, bool_visibility: bool = True,
-                 force_heap: bool = False):
+    def __init__(self, fatbin: str | Path | None = None, util_fatbin: str | Path | None = None, archs=None,
+                 bool_visibility: bool = True, force_heap: bool = False):
         self._fatbin = Path(fatbin) if fatbin else None
+        self._util_fatbin = Path(util_fatbin) if util_fatbin else None
         self._archs = tuple(archs) if archs else None
         self.bool_visibility = bool_visibility
         self.force_heap = force_heap
         self._kernels = None
+        self._shared_set = 0
 
     def unavailable_reason(self) -> str | None:
         from ddtree_bench.cuda import gpu_unavailable_reason
@@ -139,8 +161,10 @@ class GpuBuilder(Builder):
                 raise BuilderUnavailable(f"gpu builder unavailable: {reason}")
             from ddtree_bench import cuda
 
-            fatbin = self._fatbin or cuda.cached_fatbin(archs=self._archs or cuda.DEFAULT_ARCHS)
-            self._kernels = cuda.load_kernels(fatbin)
+            archs = self._archs or cuda.DEFAULT_ARCHS
+            fatbin = self._fatbin or cuda.cached_fatbin(cuda.TREE_BUILD_SOURCE, archs)
+            util = self._util_fatbin or cuda.cached_fatbin(cuda.BENCH_UTIL_SOURCE, archs)
+            self._kernels = cuda.load_kernels(fatbin, util)
         return self._kernels
 
     def plan(self, batch: int, depth: int, k: int, budget: int) -> LaunchPlan:
@@ -149,20 +173,22 @@ class GpuBuilder(Builder):
     def flags(self) -> int:
         return (FLAG_FORCE_HEAP if self.force_heap else 0) | (0 if self.bool_visibility else FLAG_NO_BOOL_VISIBILITY)
 
-    def launch(self, plan: LaunchPlan, d_log_probs, d_token_ids, out: DeviceTrees, stream=None, flags=None):
+    def launch(self, plan: LaunchPlan, d_log_probs, d_token_ids, out: DeviceTrees, stream=None, flags=None,
+               profile=None):
         """Enqueue one build of the whole batch on ``stream`` (no allocation, no sync)."""
         import cupy as cp
 
         kernel = self.kernels.build
-        if kernel.max_dynamic_shared_size_bytes < plan.shared_bytes:
+        if plan.shared_bytes > self._shared_set:
             kernel.max_dynamic_shared_size_bytes = plan.shared_bytes
+            self._shared_set = plan.shared_bytes
         args = (
             d_log_probs, d_token_ids,
             np.int32(plan.batch), np.int32(plan.depth), np.int32(plan.k), np.int32(plan.budget),
-            np.int32(plan.cap), np.int32(self.flags() if flags is None else flags),
+            np.int32(plan.cap), np.int32((self.flags() if flags is None else flags) | plan.flags),
             out.node_count, out.node_token_ids, out.node_depths, out.parents,
             out.visibility, out.visibility_bits, out.retrieve_next_token, out.retrieve_next_sibling,
-            out.stats,
+            out.stats, profile if profile is not None else np.uint64(0),
         )
         kernel((plan.batch,), (plan.threads,), args, shared_mem=plan.shared_bytes,
                stream=stream or cp.cuda.get_current_stream())

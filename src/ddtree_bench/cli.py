@@ -1,0 +1,282 @@
+"""The ``ddtree-bench`` console script: ``trace``, ``build``, ``check`` and ``bench``, the same functions the
+Snakemake rules call.
+
+Bad input (a library ``ValueError``, an unknown builder, an unavailable builder for ``build``, an
+argument error) prints exactly one line ``ddtree-bench: error: <message>`` on stderr and exits with code 2.
+Every output file is written atomically, so a failed command never leaves a partial (or any new) output
+behind.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+PROG = "ddtree-bench"
+
+
+class _UsageError(Exception):
+    pass
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line (``main`` prints it and returns 2)."""
+
+    def error(self, message):  # noqa: D401 (argparse hook)
+        raise _UsageError(f"{message} (see {self.prog} --help)")
+
+
+def _integer(text: str) -> int:
+    try:
+        return int(text, 10)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
+
+
+def _number(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
+    if not np.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text!r}")
+    return value
+
+
+def _builder_options(pairs: list[str] | None) -> dict:
+    """``KEY=VALUE`` pairs; integer-looking values become ints."""
+    options = {}
+    for pair in pairs or []:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.isidentifier():
+            raise ValueError(f"--builder-option must be KEY=VALUE, got {pair!r}")
+        options[key] = int(value) if re.fullmatch(r"-?\d+", value) else value
+    return options
+
+
+def _one_line(error: BaseException) -> str:
+    return " ".join(str(error).split()) or type(error).__name__
+
+
+# ----------------------------------------------------------------------------------------- subcommands
+
+
+def cmd_trace(args) -> int:
+    from ddtree_bench.traces import check_distribution, generate, import_recorded, save_trace
+
+    distribution = args.distribution or ("recorded" if args.recorded else None)
+    if distribution is None:
+        raise ValueError("--distribution is required (or --recorded FILE)")
+    check_distribution(distribution)
+    if args.recorded is not None and distribution != "recorded":
+        raise ValueError(f"--recorded FILE goes with --distribution recorded, not {distribution!r}")
+    start = time.perf_counter()
+    if distribution == "recorded":
+        if args.recorded is None:
+            raise ValueError("--distribution recorded needs --recorded FILE")
+        trace = import_recorded(args.recorded, args.output, args.depth, args.topk, requests=args.requests)
+        device = "file"
+    else:
+        missing = [f"--{name}" for name in ("requests", "depth", "topk") if getattr(args, name) is None]
+        if missing:
+            raise ValueError(f"{', '.join(missing)} required for a generated trace")
+        trace = generate(
+            distribution,
+            args.requests,
+            args.depth,
+            args.topk,
+            args.vocab_size,
+            args.seed,
+            args.device,
+            threads=args.threads,
+        )
+        device = trace.metadata.get("device", "?")
+        save_trace(args.output, trace.top_log_probs, trace.top_token_ids, **trace.metadata)
+    seconds = time.perf_counter() - start
+    r, depth, k = trace.top_log_probs.shape
+    print(f"{PROG}: wrote {args.output}: {distribution}, R={r} L={depth} K={k}, {device}, {seconds:.2f} s")
+    return 0
+
+
+def cmd_build(args) -> int:
+    from ddtree_bench.builders import get_builder
+    from ddtree_bench.traces import atomic_output, load_trace
+    from ddtree_bench.validation import check_budget
+
+    budget = check_budget(args.budget)
+    builder = get_builder(args.builder, **_builder_options(args.builder_option))
+    reason = builder.unavailable_reason()
+    if reason is not None:
+        raise ValueError(f"builder {args.builder} is unavailable: {reason}")
+    lp, ids = load_trace(args.trace).batch(args.batch)
+    trees = builder.build(lp, ids, budget)
+    with atomic_output(args.output) as tmp, open(tmp, "wb") as handle:
+        np.savez_compressed(handle, **trees.as_dict())  # the TreeBatch.save format
+    print(
+        f"{PROG}: wrote {args.output}: {args.builder}, budget {budget}, {trees.batch_size} trees, "
+        f"{float(np.mean(trees.node_count)):.1f} nodes on average"
+    )
+    return 0
+
+
+def cmd_check(args) -> int:
+    from ddtree_bench.check import check_builder
+    from ddtree_bench.traces import atomic_output
+
+    summary = check_builder(
+        args.builder,
+        args.trace,
+        args.budget,
+        against=args.against,
+        batch=args.batch,
+        builder_options=_builder_options(args.builder_option),
+    )
+    if args.output is not None:
+        with atomic_output(args.output) as tmp:
+            tmp.write_text(json.dumps(summary, indent=2) + "\n")
+    if summary["status"] == "ok":
+        print(
+            f"{PROG}: ok: {summary['builder']} equals {summary['against']} on {args.trace}, budget "
+            f"{summary['budget']}, {summary['requests']} requests"
+        )
+    else:
+        print(f"{PROG}: {summary['status']}: {summary['reason']}", file=sys.stderr)
+    return 0
+
+
+def _trace_distribution(path) -> str | None:
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            if "distribution" in data.files:
+                return str(data["distribution"].item())
+    except Exception:  # the benchmark itself reports an unreadable trace
+        return None
+    return None
+
+
+def cmd_bench(args) -> int:
+    from ddtree_bench.traces import atomic_output
+    from ddtree_bench.validation import check_budget
+
+    budget = check_budget(args.budget)
+    if args.builder == "gpu":
+        from ddtree_bench.gpu_bench import run_gpu_benchmark as run
+    else:
+        from ddtree_bench.bench import run_benchmark as run
+    distribution = args.distribution or _trace_distribution(args.trace)
+    extra = {
+        name: getattr(args, name)
+        for name in ("max_seconds", "max_repeats")
+        if getattr(args, name) is not None
+    }
+    frame = run(
+        args.builder,
+        args.trace,
+        budget,
+        args.batch,
+        warmup=args.warmup,
+        repeats=args.repeats,
+        min_seconds=args.min_seconds,
+        machine=args.machine,
+        distribution=distribution,
+        builder_options=_builder_options(args.builder_option),
+        **extra,
+    )
+    with atomic_output(args.output) as tmp:
+        frame.to_parquet(tmp, index=False)
+    message = f"{PROG}: wrote {args.output}: {len(frame)} rows"
+    if {"phase", "per_tree_seconds"} <= set(frame.columns):
+        timed = frame.loc[frame["phase"] == "timed", "per_tree_seconds"].dropna()
+        if len(timed):
+            message += f", median {timed.median() * 1e6:.1f} us per tree"
+    if "status" in frame.columns and len(frame) and (frame["status"] != "ok").any():
+        message += f", status {frame['status'].iloc[0]}"
+    print(message)
+    return 0
+
+
+# ----------------------------------------------------------------------------------------- parser
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog=PROG, description="DDTree tree-build benchmark: traces, builders, checks, timings.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("trace", help="make a trace file (.npz)", description="Generate or import a trace.")
+    p.add_argument("--distribution", help="uniform, peaked, bf16 or recorded")
+    p.add_argument("--requests", type=_integer, help="R, number of requests")
+    p.add_argument("--depth", type=_integer, help="L, block positions per request")
+    p.add_argument("--topk", type=_integer, help="K, top-k columns per position")
+    p.add_argument("--vocab-size", type=_integer, default=163840, help="V (default 163840, Kimi K2.6)")
+    p.add_argument("--seed", type=_integer, default=0, help="random seed (default 0)")
+    p.add_argument("--device", default="auto", help="auto (GPU when one works), cpu or cuda")
+    p.add_argument("--threads", type=_integer, default=None, help="CPU threads (default: all cores)")
+    p.add_argument("--recorded", type=Path, help="import this recorded trace file (optionally sliced)")
+    p.add_argument("-o", "--output", type=Path, required=True, help="output .npz")
+    p.set_defaults(func=cmd_trace)
+
+    def common(p, *, batch_required=False):
+        p.add_argument("--builder", required=True, help="sglang, reference, native, native-mt or gpu")
+        p.add_argument("--trace", type=Path, required=True, help="trace file (.npz)")
+        p.add_argument("--budget", type=_integer, required=True, help="N, nodes per tree")
+        p.add_argument(
+            "--batch", type=_integer, required=batch_required, help="first b requests (default: all)"
+        )
+        p.add_argument(
+            "--builder-option", action="append", metavar="KEY=VALUE", help="builder option (repeatable)"
+        )
+
+    p = sub.add_parser("build", help="run one builder on a trace, write its trees (.npz)")
+    common(p)
+    p.add_argument("-o", "--output", type=Path, required=True, help="output trees .npz (TreeBatch)")
+    p.set_defaults(func=cmd_build)
+
+    p = sub.add_parser("check", help="compare a builder's trees with another's on a trace")
+    common(p)
+    p.add_argument("--against", default="reference", help="builder to compare with (default reference)")
+    p.add_argument("-o", "--output", type=Path, help="write the summary as JSON")
+    p.set_defaults(func=cmd_check)
+
+    p = sub.add_parser("bench", help="time one configuration, write one parquet file")
+    common(p, batch_required=True)
+    p.add_argument("--warmup", type=_integer, default=3, help="warm-up calls (default 3)")
+    p.add_argument("--repeats", type=_integer, default=20, help="timed calls, at least (default 20)")
+    p.add_argument("--min-seconds", type=_number, default=0.0, help="time at least this long (default 0)")
+    p.add_argument("--max-seconds", type=_number, help="stop a slow configuration after this long")
+    p.add_argument("--max-repeats", type=_integer, help="stop a fast configuration after this many calls")
+    p.add_argument("--machine", help="machine label (default: derived from host name and GPU)")
+    p.add_argument("--distribution", help="distribution label (default: from the trace's metadata)")
+    p.add_argument("-o", "--output", type=Path, required=True, help="output .parquet")
+    p.set_defaults(func=cmd_bench)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    from ddtree_bench.builders import BuilderUnavailable
+
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except _UsageError as error:
+        print(f"{PROG}: error: {_one_line(error)}", file=sys.stderr)
+        return 2
+    except SystemExit as done:  # --help
+        return int(done.code or 0)
+    try:
+        return args.func(args)
+    except (ValueError, BuilderUnavailable) as error:
+        print(f"{PROG}: error: {_one_line(error)}", file=sys.stderr)
+        return 2
+    except (OSError, ImportError) as error:  # an unwritable output, a missing optional module
+        print(f"{PROG}: error: {_one_line(error)}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

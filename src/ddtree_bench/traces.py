@@ -1,0 +1,511 @@
+"""Traces: the per-request top-K drafter outputs every builder is timed on.
+
+A trace holds ``R`` requests of ``L`` block positions each, and per position the top ``K`` entries of the
+full log-softmax over a vocabulary of ``V`` tokens:
+
+=================  ============  =======  ==================================================
+array              shape         dtype    meaning
+=================  ============  =======  ==================================================
+top_log_probs      [R, L, K]     float32  log-probabilities, each row sorted descending, <= 0
+top_token_ids      [R, L, K]     int64    the matching token ids (>= 0)
+=================  ============  =======  ==================================================
+
+Trace files are ``.npz`` archives with those two arrays plus optional 0-d metadata arrays
+(``distribution``, ``seed``, ``vocab_size``, ``generator_version``, ``device``, ...). A batch of size ``b``
+is the first ``b`` requests of a trace.
+
+Generated distributions (``generate_trace``), with ``z ~ N(0, 1)`` i.i.d. per (request, position, token):
+
+- ``uniform``: ``logits = z``.
+- ``peaked`` (the block-diffusion drafter shape: confident early positions, flatter later): one "hot" token
+  ``h[d]`` per position, drawn uniformly from the vocabulary, gets a boost::
+
+      logits[d, v] = z[d, v] + a[d] * (v == h[d])
+      p[d] = 0.9 * 0.85 ** d                              (d = 0 .. L-1, the block position)
+      a[d] = ln(p[d] / (1 - p[d])) + ln(V) + 1/2
+
+  so that the hot token's expected probability is about ``p[d]`` (``E[sum exp z] = V e^(1/2)``): 0.90 at the
+  first position, 0.29 at d = 7, 0.08 at d = 15.
+- ``bf16``: the ``peaked`` logits rounded to bfloat16, then the log-softmax (in float32) rounded to bfloat16
+  again, as a bf16 model's ``log_softmax`` output: many exact ties. Rounding is round-to-nearest-even.
+- ``recorded``: a user's file, imported with ``import_recorded`` (never generated).
+
+The log-softmax is ``logits - lse`` in float32 with ``lse = max + ln(sum(exp(logits - max)))`` (the sum in
+float64). The top K are chosen on those final values, canonically: largest value first, equal values by
+increasing token id (so the top-K' of a trace is the prefix of its top-K for K' < K).
+
+Determinism: request ``r`` draws its noise from ``PCG64(SeedSequence(seed, spawn_key=(r, 0)))`` and its hot
+tokens from ``spawn_key=(r, 1)``, so a trace is a function of its arguments only (not of chunking or
+threads), and the first ``b`` requests of a trace equal a trace of ``b`` requests. On a CUDA device the noise
+comes from CuPy's generator instead (the same seeds, different numbers); the metadata records the device.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import numbers
+import os
+import secrets
+import warnings
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from ddtree_bench.validation import check_topk_arrays
+
+DISTRIBUTIONS = ("uniform", "peaked", "bf16", "recorded")
+GENERATED_DISTRIBUTIONS = ("uniform", "peaked", "bf16")
+DEVICES = ("auto", "cpu", "cuda")
+DEFAULT_VOCAB_SIZE = 163840
+GENERATOR_VERSION = 1
+DEFAULT_CHUNK_BYTES = 64 << 20
+ARRAYS = ("top_log_probs", "top_token_ids")
+
+PEAKED_TOP1 = 0.9
+PEAKED_DECAY = 0.85
+
+
+@dataclass
+class Trace:
+    """A loaded (validated) trace: ``top_log_probs`` [R, L, K] float32, ``top_token_ids`` [R, L, K] int64."""
+
+    top_log_probs: np.ndarray
+    top_token_ids: np.ndarray
+    metadata: dict = field(default_factory=dict)
+    path: Path | None = None
+
+    @property
+    def requests(self) -> int:
+        return int(self.top_log_probs.shape[0])
+
+    @property
+    def depth(self) -> int:
+        return int(self.top_log_probs.shape[1])
+
+    @property
+    def topk(self) -> int:
+        return int(self.top_log_probs.shape[2])
+
+    def batch(self, size: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """The first ``size`` requests (all when ``None``)."""
+        if size is None:
+            return self.top_log_probs, self.top_token_ids
+        size = check_positive_int(size, "batch")
+        if size > self.requests:
+            where = f"trace {self.path}" if self.path else "trace"
+            raise ValueError(f"batch {size} is larger than the {self.requests} requests in {where}")
+        return self.top_log_probs[:size], self.top_token_ids[:size]
+
+
+# ----------------------------------------------------------------------------------------- validation
+
+
+def check_positive_int(value, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise ValueError(f"{name} must be an integer, got {value!r}")
+    if value < 1:
+        raise ValueError(f"{name} must be >= 1, got {value}")
+    return int(value)
+
+
+def check_distribution(distribution) -> str:
+    if distribution not in DISTRIBUTIONS:
+        raise ValueError(
+            f"unknown distribution {distribution!r}; known distributions: {', '.join(DISTRIBUTIONS)}"
+        )
+    return distribution
+
+
+# ----------------------------------------------------------------------------------------- bfloat16
+
+
+def bf16_round(x: np.ndarray, *, out: np.ndarray | None = None) -> np.ndarray:
+    """Round float32 values to the nearest bfloat16 (ties to even), returned as float32 (exactly
+    representable in bf16). Finite inputs only (NaN/inf are not special-cased)."""
+    x = np.asarray(x, dtype=np.float32)
+    if out is None:
+        out = np.array(x, dtype=np.float32, order="C", copy=True)
+    elif out is not x:
+        np.copyto(out, x)
+    bits = out.view(np.uint32)
+    bias = np.right_shift(bits, np.uint32(16))
+    np.bitwise_and(bias, np.uint32(1), out=bias)
+    np.add(bias, np.uint32(0x7FFF), out=bias)
+    np.add(bits, bias, out=bits)
+    np.bitwise_and(bits, np.uint32(0xFFFF0000), out=bits)
+    return out
+
+
+# ----------------------------------------------------------------------------------------- generation
+
+
+def peaked_boosts(depth: int, vocab_size: int) -> np.ndarray:
+    """The hot-token boost ``a[d]`` per block position (see the module docstring), float32 [depth]."""
+    d = np.arange(depth, dtype=np.float64)
+    p = PEAKED_TOP1 * PEAKED_DECAY**d
+    return (np.log(p / (1.0 - p)) + math.log(vocab_size) + 0.5).astype(np.float32)
+
+
+def _seed_sequence(seed: int, request: int, stream: int) -> np.random.SeedSequence:
+    return np.random.SeedSequence(seed, spawn_key=(request, stream))
+
+
+def _hot_tokens(seed: int, request: int, depth: int, vocab_size: int) -> np.ndarray:
+    rng = np.random.Generator(np.random.PCG64(_seed_sequence(seed, request, 1)))
+    return rng.integers(0, vocab_size, size=depth)
+
+
+def _topk_canonical(values: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Top ``k`` of each row of ``values`` [rows, V]: (values [rows, k] descending, ids [rows, k] int64),
+    equal values by increasing id, on exactly the k canonical survivors (ties at the cut included)."""
+    rows, vocab = values.shape
+    threshold = np.partition(values, vocab - k, axis=-1)[:, vocab - k]
+    row_of, cols = np.nonzero(values >= threshold[:, None])  # row-major: ids ascending within a row
+    vals = values[row_of, cols]
+    counts = np.bincount(row_of, minlength=rows)
+    if (counts != k).any():  # ties at the cut: keep everything above it, then the lowest ids equal to it
+        above = vals > threshold[row_of]
+        need = k - np.bincount(row_of, weights=above, minlength=rows).astype(np.int64)
+        at_cut = ~above
+        before = np.cumsum(at_cut) - at_cut  # how many at-cut entries precede each entry (overall)
+        row_start = np.concatenate(([0], np.cumsum(counts)[:-1]))
+        rank = before - before[row_start[row_of]]
+        keep = above | (rank < need[row_of])
+        cols, vals = cols[keep], vals[keep]
+    cols = cols.reshape(rows, k)
+    vals = vals.reshape(rows, k)
+    order = np.lexsort((cols, np.negative(vals)), axis=-1)
+    return np.take_along_axis(vals, order, -1), np.take_along_axis(cols, order, -1).astype(np.int64)
+
+
+def _log_softmax_inplace_cpu(x: np.ndarray) -> None:
+    """``x`` [rows, V] float32 becomes ``x - logsumexp(x)`` in place."""
+    peak = x.max(axis=-1, keepdims=True)
+    tmp = np.subtract(x, peak)
+    np.exp(tmp, out=tmp)
+    total = tmp.sum(axis=-1, dtype=np.float64)
+    del tmp
+    lse = (peak[:, 0].astype(np.float64) + np.log(total)).astype(np.float32)
+    np.subtract(x, lse[:, None], out=x)
+
+
+def _chunk_cpu(distribution, first, count, depth, topk, vocab_size, seed):
+    logits = np.empty((count, depth, vocab_size), np.float32)
+    boosts = peaked_boosts(depth, vocab_size) if distribution in ("peaked", "bf16") else None
+    positions = np.arange(depth)
+    for i in range(count):
+        rng = np.random.Generator(np.random.PCG64(_seed_sequence(seed, first + i, 0)))
+        rng.standard_normal(out=logits[i], dtype=np.float32)
+        if boosts is not None:
+            logits[i, positions, _hot_tokens(seed, first + i, depth, vocab_size)] += boosts
+    x = logits.reshape(count * depth, vocab_size)
+    if distribution == "bf16":
+        bf16_round(x, out=x)
+    _log_softmax_inplace_cpu(x)
+    if distribution == "bf16":
+        bf16_round(x, out=x)
+    vals, ids = _topk_canonical(x, topk)
+    return vals.reshape(count, depth, topk), ids.reshape(count, depth, topk)
+
+
+def _chunk_gpu(cp, distribution, first, count, depth, topk, vocab_size, seed):
+    logits = cp.empty((count, depth, vocab_size), cp.float32)
+    boosts = peaked_boosts(depth, vocab_size) if distribution in ("peaked", "bf16") else None
+    positions = np.arange(depth)
+    for i in range(count):
+        request_seed = int(_seed_sequence(seed, first + i, 0).generate_state(1, np.uint32)[0])
+        logits[i] = cp.random.RandomState(request_seed).standard_normal((depth, vocab_size), dtype=cp.float32)
+        if boosts is not None:
+            hot = _hot_tokens(seed, first + i, depth, vocab_size)
+            logits[i, cp.asarray(positions), cp.asarray(hot)] += cp.asarray(boosts)
+    x = logits.reshape(count * depth, vocab_size)
+
+    def round_bf16(a):
+        bits = a.view(cp.uint32)
+        bits += ((bits >> cp.uint32(16)) & cp.uint32(1)) + cp.uint32(0x7FFF)
+        bits &= cp.uint32(0xFFFF0000)
+
+    if distribution == "bf16":
+        round_bf16(x)
+    peak = x.max(axis=-1, keepdims=True)
+    total = cp.exp(x - peak).sum(axis=-1, dtype=cp.float64)
+    lse = (peak[:, 0].astype(cp.float64) + cp.log(total)).astype(cp.float32)
+    x -= lse[:, None]
+    if distribution == "bf16":
+        round_bf16(x)
+    # Candidates on the device (a stable sort), the canonical order of the k survivors on the host.
+    order = cp.argsort(-x, axis=-1)[:, :topk]
+    vals = cp.asnumpy(cp.take_along_axis(x, order, axis=-1))
+    cols = cp.asnumpy(order).astype(np.int64)
+    del logits, x, order
+    final = np.lexsort((cols, np.negative(vals)), axis=-1)
+    vals = np.take_along_axis(vals, final, -1)
+    cols = np.take_along_axis(cols, final, -1)
+    return vals.reshape(count, depth, topk), cols.reshape(count, depth, topk)
+
+
+def _cuda_module():
+    """CuPy when a CUDA device works here, else ``None`` (no CuPy, no driver, no device: all mean CPU)."""
+    try:
+        import cupy as cp  # noqa: PLC0415 (optional dependency)
+    except Exception:  # ImportError, or a broken CUDA install failing at import
+        return None
+    try:
+        if cp.cuda.runtime.getDeviceCount() < 1:
+            return None
+    except Exception:  # CUDARuntimeError, e.g. cudaErrorInsufficientDriver on machines without a GPU
+        return None
+    return cp
+
+
+def resolve_device(device: str = "auto") -> str:
+    """``"cuda"`` or ``"cpu"``: what ``device`` ("auto", "cpu", "cuda") means on this machine."""
+    if device not in DEVICES:
+        raise ValueError(f"unknown device {device!r}; known devices: {', '.join(DEVICES)}")
+    if device == "cpu":
+        return "cpu"
+    if _cuda_module() is not None:
+        return "cuda"
+    if device == "cuda":
+        raise ValueError("device 'cuda' requested but no working CUDA device (CuPy import or driver failed)")
+    return "cpu"
+
+
+def generate(
+    distribution: str,
+    requests: int,
+    depth: int,
+    topk: int,
+    vocab_size: int = DEFAULT_VOCAB_SIZE,
+    seed: int = 0,
+    device: str = "auto",
+    *,
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    threads: int | None = None,
+) -> Trace:
+    """Generate a trace (see the module docstring) and its metadata (including the device actually used).
+
+    Work is split into chunks of requests whose logits take at most ``chunk_bytes`` (at least one request
+    per chunk), run on ``threads`` threads (default: all cores); the result does not depend on either.
+    """
+    check_distribution(distribution)
+    if distribution == "recorded":
+        raise ValueError("distribution 'recorded' is not generated: import the file with import_recorded")
+    requests = check_positive_int(requests, "requests")
+    depth = check_positive_int(depth, "depth")
+    topk = check_positive_int(topk, "topk")
+    vocab_size = check_positive_int(vocab_size, "vocab_size")
+    if topk > vocab_size:
+        raise ValueError(f"topk {topk} is larger than the vocabulary size {vocab_size}")
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0:
+        raise ValueError(f"seed must be an integer >= 0, got {seed!r}")
+    seed = int(seed)
+    chunk_bytes = check_positive_int(chunk_bytes, "chunk_bytes")
+    resolved = resolve_device(device)
+
+    lp = np.empty((requests, depth, topk), np.float32)
+    ids = np.empty((requests, depth, topk), np.int64)
+    per_request = depth * vocab_size * 4
+    metadata = {
+        "distribution": distribution,
+        "seed": seed,
+        "vocab_size": vocab_size,
+        "generator_version": GENERATOR_VERSION,
+        "numpy": np.__version__,
+    }
+
+    if resolved == "cuda":
+        cp = _cuda_module()
+        try:
+            step = max(1, (1 << 30) // per_request)
+            for first in range(0, requests, step):
+                count = min(step, requests - first)
+                lp[first : first + count], ids[first : first + count] = _chunk_gpu(
+                    cp, distribution, first, count, depth, topk, vocab_size, seed
+                )
+            props = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)
+            name = props["name"]
+            metadata["device"] = "cuda"
+            metadata["device_name"] = name.decode() if isinstance(name, bytes) else str(name)
+            metadata["cupy"] = cp.__version__
+            return Trace(lp, ids, metadata)
+        except Exception as error:
+            if device == "cuda":
+                raise
+            warnings.warn(
+                f"trace generation on the GPU failed ({error}); generating on the CPU", stacklevel=2
+            )
+
+    step = max(1, chunk_bytes // per_request)
+    starts = list(range(0, requests, step))
+    workers = max(1, min(threads or os.cpu_count() or 1, len(starts)))
+
+    def run(first: int) -> None:
+        count = min(step, requests - first)
+        lp[first : first + count], ids[first : first + count] = _chunk_cpu(
+            distribution, first, count, depth, topk, vocab_size, seed
+        )
+
+    if workers == 1:
+        for first in starts:
+            run(first)
+    else:
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            list(pool.map(run, starts))  # numpy releases the GIL in the heavy loops
+    metadata["device"] = "cpu"
+    return Trace(lp, ids, metadata)
+
+
+def generate_trace(
+    distribution: str,
+    requests: int,
+    depth: int,
+    topk: int,
+    vocab_size: int = DEFAULT_VOCAB_SIZE,
+    seed: int = 0,
+    device: str = "auto",
+    **options,
+) -> tuple[np.ndarray, np.ndarray]:
+    """``(top_log_probs [R, L, K] float32, top_token_ids [R, L, K] int64)``; see ``generate``."""
+    trace = generate(distribution, requests, depth, topk, vocab_size, seed, device, **options)
+    return trace.top_log_probs, trace.top_token_ids
+
+
+# ----------------------------------------------------------------------------------------- files
+
+
+@contextlib.contextmanager
+def atomic_output(path):
+    """Yield a temporary path in ``path``'s directory (same suffix); on success it replaces ``path``
+    atomically, on any error it is removed, so a partial ``path`` never exists."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    while True:  # like mkstemp, but with the umask's permissions (mkstemp makes 0600 files)
+        tmp = path.parent / f".{path.name}.{secrets.token_hex(6)}.tmp{path.suffix}"
+        try:
+            os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+            break
+        except FileExistsError:
+            continue
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+        raise
+
+
+def _metadata_array(key: str, value) -> np.ndarray:
+    if isinstance(value, bool | np.bool_):
+        return np.asarray(bool(value))
+    if isinstance(value, numbers.Integral):
+        return np.asarray(int(value), np.int64)
+    if isinstance(value, numbers.Real):
+        return np.asarray(float(value), np.float64)
+    if isinstance(value, str | Path):
+        return np.asarray(str(value))
+    raise ValueError(f"trace metadata {key!r} must be a string or a number, got {type(value).__name__}")
+
+
+def save_trace(path, top_log_probs: np.ndarray, top_token_ids: np.ndarray, **metadata) -> None:
+    """Validate and write a trace file (``.npz``) atomically; metadata values are strings or numbers
+    (``None`` values are skipped)."""
+    check_topk_arrays(top_log_probs, top_token_ids, where=f"trace {path}")
+    arrays = {"top_log_probs": top_log_probs, "top_token_ids": top_token_ids}
+    for key, value in metadata.items():
+        if key in ARRAYS or not key.isidentifier():
+            raise ValueError(f"trace metadata key {key!r} is not allowed")
+        if value is not None:
+            arrays[key] = _metadata_array(key, value)
+    with atomic_output(path) as tmp, open(tmp, "wb") as handle:
+        np.savez(handle, **arrays)
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+def _read_npz(path: Path) -> dict[str, np.ndarray]:
+    if not path.is_file():
+        raise ValueError(f"trace {path}: file not found")
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            return {name: data[name] for name in data.files}
+    except Exception as error:  # not a zip, a bare .npy, pickled objects, a truncated archive, ...
+        raise ValueError(f"trace {path}: cannot read it as an .npz file ({_one_line(error)})") from None
+
+
+def _one_line(error) -> str:
+    return " ".join(str(error).split())
+
+
+def _metadata_value(array: np.ndarray):
+    if array.ndim == 0:
+        return array.item()
+    return array
+
+
+def load_trace(path) -> Trace:
+    """Read and validate a trace file; every problem is a one-line ``ValueError`` naming it and the file."""
+    path = Path(path)
+    data = _read_npz(path)
+    missing = [name for name in ARRAYS if name not in data]
+    if missing:
+        raise ValueError(f"trace {path}: missing array(s) {', '.join(missing)}")
+    lp, ids = data.pop("top_log_probs"), data.pop("top_token_ids")
+    check_topk_arrays(lp, ids, where=f"trace {path}")
+    metadata = {key: _metadata_value(value) for key, value in data.items()}
+    return Trace(lp, ids, metadata, path)
+
+
+_LOSSLESS_LP = (np.float16, np.float32)
+_LOSSLESS_IDS = (np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32)
+
+
+def import_recorded(src, dst, depth: int | None = None, topk: int | None = None, *, requests=None) -> Trace:
+    """Validate a recorded trace file ``src`` and write it to ``dst`` (atomically), optionally keeping only
+    the first ``requests`` requests, ``depth`` positions and ``topk`` columns. Lossless dtype widening is
+    applied (float16 log-probs to float32, smaller integer ids to int64); anything else must already match
+    the trace format. Returns the written trace."""
+    src = Path(src)
+    data = _read_npz(src)
+    missing = [name for name in ARRAYS if name not in data]
+    if missing:
+        raise ValueError(f"trace {src}: missing array(s) {', '.join(missing)}")
+    lp, ids = data.pop("top_log_probs"), data.pop("top_token_ids")
+    if lp.dtype in _LOSSLESS_LP:
+        lp = lp.astype(np.float32)
+    if ids.dtype in _LOSSLESS_IDS:
+        ids = ids.astype(np.int64)
+    check_topk_arrays(lp, ids, where=f"trace {src}")
+    for name, value, limit in (
+        ("requests", requests, lp.shape[0]),
+        ("depth", depth, lp.shape[1]),
+        ("topk", topk, lp.shape[2]),
+    ):
+        if value is not None and check_positive_int(value, name) > limit:
+            raise ValueError(f"trace {src}: {name} {value} requested but the file has only {limit}")
+    lp = np.ascontiguousarray(lp[:requests, :depth, :topk])
+    ids = np.ascontiguousarray(ids[:requests, :depth, :topk])
+    metadata = {key: _metadata_value(value) for key, value in data.items() if value.ndim == 0}
+    metadata.update(distribution="recorded", source=str(src))
+    save_trace(dst, lp, ids, **metadata)
+    return Trace(lp, ids, metadata, Path(dst))
+
+
+__all__ = [
+    "DEFAULT_VOCAB_SIZE",
+    "DISTRIBUTIONS",
+    "GENERATOR_VERSION",
+    "Trace",
+    "atomic_output",
+    "bf16_round",
+    "generate",
+    "generate_trace",
+    "import_recorded",
+    "load_trace",
+    "resolve_device",
+    "save_trace",
+]

@@ -1,0 +1,449 @@
+"""The ``ddtree-bench`` console script: subcommands, bad input (one line, exit 2, no output file)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import ddtree_bench.builders
+from ddtree_bench import check
+from ddtree_bench.builders import Builder, get_builder
+from ddtree_bench.cli import main
+from ddtree_bench.traces import generate_trace, load_trace
+from ddtree_bench.tree import TreeBatch
+
+V = 512
+
+
+def run(argv, capsys):
+    code = main([str(a) for a in argv])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def assert_one_line_error(code, err, *needles):
+    assert code == 2, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("ddtree-bench: error: "), lines[0]
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+
+
+@pytest.fixture
+def trace_path(tmp_path, capsys):
+    path = tmp_path / "trace.npz"
+    argv = ["trace", "--distribution", "bf16", "--requests", 5, "--depth", 4, "--topk", 8]
+    code, out, err = run([*argv, "--vocab-size", V, "--seed", 3, "-o", path], capsys)
+    assert code == 0, err
+    return path
+
+
+# ----------------------------------------------------------------------------------------- trace
+
+
+def test_trace_writes_a_valid_deterministic_file(trace_path, capsys):
+    trace = load_trace(trace_path)
+    lp, ids = generate_trace("bf16", 5, 4, 8, V, 3, device="cpu")
+    np.testing.assert_array_equal(trace.top_log_probs, lp)
+    np.testing.assert_array_equal(trace.top_token_ids, ids)
+    assert trace.metadata["distribution"] == "bf16"
+    assert trace.metadata["seed"] == 3 and trace.metadata["vocab_size"] == V
+    assert trace.metadata["device"] == "cpu"
+    assert sorted(p.name for p in trace_path.parent.iterdir()) == ["trace.npz"]
+
+
+def test_trace_imports_a_recorded_file(tmp_path, trace_path, capsys):
+    out = tmp_path / "rec" / "recorded.npz"
+    code, stdout, err = run(["trace", "--recorded", trace_path, "--depth", 2, "--topk", 4, "-o", out], capsys)
+    assert code == 0, err
+    trace = load_trace(out)
+    assert trace.top_log_probs.shape == (5, 2, 4)
+    assert trace.metadata["distribution"] == "recorded"
+    assert "recorded" in stdout
+
+
+# ----------------------------------------------------------------------------------------- build / check
+
+
+def test_build_writes_the_builders_trees(tmp_path, trace_path, capsys):
+    out = tmp_path / "trees.npz"
+    code, stdout, err = run(
+        ["build", "--builder", "reference", "--trace", trace_path, "--budget", 16, "--batch", 3, "-o", out],
+        capsys,
+    )
+    assert code == 0, err
+    trees = TreeBatch.load(out)
+    lp, ids = load_trace(trace_path).batch(3)
+    expected = get_builder("reference").build(lp, ids, 16)
+    assert trees.batch_size == 3
+    for name, value in expected.as_dict().items():
+        np.testing.assert_array_equal(getattr(trees, name), value)
+        assert getattr(trees, name).dtype == value.dtype
+
+
+def test_build_output_without_npz_suffix_is_written_where_asked(tmp_path, trace_path, capsys):
+    out = tmp_path / "trees"
+    code, _, err = run(
+        ["build", "--builder", "reference", "--trace", trace_path, "--budget", 4, "-o", out], capsys
+    )
+    assert code == 0, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["trace.npz", "trees"]
+    assert TreeBatch.load(out).batch_size == 5
+
+
+def test_check_ok_writes_a_summary(tmp_path, trace_path, capsys):
+    out = tmp_path / "check" / "summary.json"
+    code, stdout, err = run(
+        ["check", "--builder", "reference", "--trace", trace_path, "--budget", 8, "-o", out], capsys
+    )
+    assert code == 0, err
+    summary = json.loads(out.read_text())
+    assert summary["status"] == "ok" and summary["budget"] == 8 and summary["requests"] == 5
+    assert "ok" in stdout
+
+
+class _Wrong(Builder):
+    name = "wrong"
+
+    def build(self, lp, ids, budget):
+        trees = get_builder("reference").build(lp, ids, budget)
+        trees.parents[1, 2] += 1
+        return trees
+
+
+class _Missing(Builder):
+    name = "missing"
+
+    def unavailable_reason(self):
+        return "SGLang has no DDTree module here"
+
+
+def _fake_builders(monkeypatch, **fakes):
+    real = ddtree_bench.builders.get_builder
+
+    def fake(name, **options):
+        return fakes[name] if name in fakes else real(name, **options)
+
+    monkeypatch.setattr(check, "get_builder", fake)
+    monkeypatch.setattr(ddtree_bench.builders, "get_builder", fake)
+
+
+def test_check_mismatch_is_one_line_exit_2_and_no_summary(tmp_path, trace_path, capsys, monkeypatch):
+    _fake_builders(monkeypatch, wrong=_Wrong())
+    out = tmp_path / "summary.json"
+    code, _, err = run(
+        ["check", "--builder", "wrong", "--trace", trace_path, "--budget", 8, "-o", out], capsys
+    )
+    assert_one_line_error(code, err, "builder wrong differs from reference", "request 1", "field parents")
+    assert not out.exists()
+
+
+def test_check_unavailable_builder_is_reported_and_exits_0(tmp_path, trace_path, capsys, monkeypatch):
+    _fake_builders(monkeypatch, missing=_Missing())
+    out = tmp_path / "summary.json"
+    code, _, err = run(
+        ["check", "--builder", "missing", "--trace", trace_path, "--budget", 8, "-o", out], capsys
+    )
+    assert code == 0
+    assert "SGLang has no DDTree module here" in err
+    assert json.loads(out.read_text())["status"] == "unavailable"
+
+
+def test_build_unavailable_builder_is_one_line_exit_2(tmp_path, trace_path, capsys, monkeypatch):
+    _fake_builders(monkeypatch, missing=_Missing())
+    out = tmp_path / "trees.npz"
+    code, _, err = run(
+        ["build", "--builder", "missing", "--trace", trace_path, "--budget", 8, "-o", out], capsys
+    )
+    assert_one_line_error(code, err, "builder missing is unavailable", "SGLang has no DDTree module here")
+    assert not out.exists()
+
+
+def test_builder_options_are_passed(tmp_path, trace_path, capsys, monkeypatch):
+    seen = {}
+    real = ddtree_bench.builders.get_builder
+
+    def fake(name, **options):
+        seen[name] = options
+        return real("reference")
+
+    monkeypatch.setattr(ddtree_bench.builders, "get_builder", fake)
+    out = tmp_path / "trees.npz"
+    argv = ["build", "--builder", "native", "--trace", trace_path, "--budget", 4, "-o", out]
+    code, _, err = run(
+        [*argv, "--builder-option", "threads=1", "--builder-option", "library=/x/lib.so"], capsys
+    )
+    assert code == 0, err
+    assert seen["native"] == {"threads": 1, "library": "/x/lib.so"}
+    code, _, err = run([*argv, "--builder-option", "threads"], capsys)
+    assert_one_line_error(code, err, "KEY=VALUE")
+
+
+# ----------------------------------------------------------------------------------------- bad input
+
+
+TRACE_ARGS = [
+    "--distribution",
+    "uniform",
+    "--requests",
+    "2",
+    "--depth",
+    "2",
+    "--topk",
+    "4",
+    "--vocab-size",
+    "64",
+]
+
+
+def _replace(args, option, value):
+    args = list(args)
+    args[args.index(option) + 1] = value
+    return args
+
+
+@pytest.mark.parametrize(
+    "args, needles",
+    [
+        (_replace(TRACE_ARGS, "--distribution", "zipf"), ["unknown distribution 'zipf'"]),
+        (_replace(TRACE_ARGS, "--depth", "0"), ["depth must be >= 1, got 0"]),
+        (_replace(TRACE_ARGS, "--depth", "-2"), ["depth must be >= 1"]),
+        (_replace(TRACE_ARGS, "--requests", "0"), ["requests must be >= 1"]),
+        (_replace(TRACE_ARGS, "--topk", "0"), ["topk must be >= 1"]),
+        (_replace(TRACE_ARGS, "--topk", "65"), ["topk 65 is larger than the vocabulary size 64"]),
+        (_replace(TRACE_ARGS, "--topk", "1.5"), ["--topk", "must be an integer, got '1.5'"]),
+        ([*TRACE_ARGS, "--seed", "-1"], ["seed must be an integer >= 0"]),
+        (_replace(TRACE_ARGS, "--distribution", "recorded"), ["--recorded FILE"]),
+        (TRACE_ARGS[2:], ["--distribution is required"]),
+        (TRACE_ARGS[:6], ["--topk required"]),
+        ([*TRACE_ARGS, "--device", "tpu"], ["unknown device 'tpu'"]),
+        (
+            [*TRACE_ARGS, "--recorded", "/nonexistent/x.npz"],
+            ["--recorded FILE goes with --distribution recorded"],
+        ),
+        (["--distribution", "recorded", "--recorded", "/nonexistent/x.npz"], ["file not found"]),
+    ],
+)
+def test_trace_bad_input(tmp_path, capsys, args, needles):
+    out = tmp_path / "out" / "t.npz"
+    code, stdout, err = run(["trace", *args, "-o", out], capsys)
+    assert_one_line_error(code, err, *needles)
+    assert not out.exists()
+    assert stdout == ""
+
+
+@pytest.mark.parametrize(
+    "args, needles",
+    [
+        (["--budget", "0"], ["budget must be >= 1, got 0"]),
+        (["--budget", "-1"], ["budget must be >= 1, got -1"]),
+        (["--budget", "1.5"], ["--budget", "must be an integer, got '1.5'"]),
+        (["--budget", "eight"], ["--budget", "must be an integer, got 'eight'"]),
+        (["--budget", "4", "--batch", "6"], ["batch 6 is larger than the 5 requests"]),
+        (["--budget", "4", "--batch", "0"], ["batch must be >= 1"]),
+        (["--budget", "4", "--builder", "nonesuch"], ["unknown builder 'nonesuch'"]),
+    ],
+)
+@pytest.mark.parametrize("command", ["build", "check"])
+def test_build_and_check_bad_input(tmp_path, trace_path, capsys, command, args, needles):
+    out = tmp_path / "out" / "result"
+    argv = [command, "--builder", "reference", "--trace", trace_path, *args, "-o", out]
+    code, _, err = run(argv, capsys)  # a later --builder overrides the first
+    assert_one_line_error(code, err, *needles)
+    assert not out.exists()
+
+
+def test_missing_trace_file(tmp_path, capsys):
+    out = tmp_path / "trees.npz"
+    argv = ["build", "--builder", "reference", "--trace", tmp_path / "nope.npz", "--budget", 4, "-o", out]
+    code, _, err = run(argv, capsys)
+    assert_one_line_error(code, err, "file not found", "nope.npz")
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    "argv, needle",
+    [
+        ([], "required: COMMAND"),
+        (["frobnicate"], "invalid choice"),
+        (["build", "--builder", "reference"], "required"),
+        (["trace", "--distribution", "uniform"], "-o/--output"),
+        (
+            ["bench", "--builder", "reference", "--trace", "t.npz", "--budget", "4", "-o", "x.parquet"],
+            "--batch",
+        ),
+    ],
+)
+def test_usage_errors_are_one_line_exit_2(capsys, argv, needle):
+    code, _, err = run(argv, capsys)
+    assert_one_line_error(code, err, needle)
+
+
+def test_help_exits_0(capsys):
+    code, out, _ = run(["--help"], capsys)
+    assert code == 0
+    for command in ("trace", "build", "check", "bench"):
+        assert command in out
+
+
+def test_module_entry_point_in_a_subprocess(tmp_path):
+    out = tmp_path / "t.npz"
+    ok = subprocess.run(
+        [sys.executable, "-m", "ddtree_bench.cli", "trace", *TRACE_ARGS, "-o", str(out)],
+        capture_output=True,
+        text=True,
+    )
+    assert ok.returncode == 0, ok.stderr
+    assert load_trace(out).top_log_probs.shape == (2, 2, 4)
+    bad = tmp_path / "bad.npz"
+    failed = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ddtree_bench.cli",
+            "trace",
+            *_replace(TRACE_ARGS, "--depth", "0"),
+            "-o",
+            str(bad),
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert failed.returncode == 2
+    assert failed.stderr.strip().splitlines() == ["ddtree-bench: error: depth must be >= 1, got 0"]
+    assert not bad.exists()
+
+
+def test_console_script_is_installed():
+    script = Path(sys.executable).parent / "ddtree-bench"
+    if not script.exists():
+        pytest.skip(f"no console script next to {sys.executable} (package not installed in this environment)")
+    done = subprocess.run([str(script), "--help"], capture_output=True, text=True)
+    assert done.returncode == 0 and "bench" in done.stdout
+
+
+# ----------------------------------------------------------------------------------------- bench
+
+
+def _fake_bench_module(monkeypatch, module_name, function_name, calls):
+    def fake_run(builder, trace_path, budget, batch, **kwargs):
+        calls.append((builder, str(trace_path), budget, batch, kwargs))
+        return pd.DataFrame(
+            {
+                "builder": [builder] * 2,
+                "phase": ["warmup", "timed"],
+                "per_tree_seconds": [2e-6, 1e-6],
+                "seconds": [2e-6 * batch, 1e-6 * batch],
+                "status": ["ok", "ok"],
+            }
+        )
+
+    module = types.ModuleType(module_name)
+    setattr(module, function_name, fake_run)
+    monkeypatch.setitem(sys.modules, module_name, module)
+    monkeypatch.setattr(ddtree_bench, module_name.rsplit(".", 1)[1], module, raising=False)
+
+
+@pytest.mark.parametrize(
+    "builder, module_name, function_name",
+    [
+        ("native", "ddtree_bench.bench", "run_benchmark"),
+        ("gpu", "ddtree_bench.gpu_bench", "run_gpu_benchmark"),
+    ],
+)
+def test_bench_calls_the_benchmark_and_writes_parquet(
+    tmp_path, trace_path, capsys, monkeypatch, builder, module_name, function_name
+):
+    calls = []
+    _fake_bench_module(monkeypatch, module_name, function_name, calls)
+    out = tmp_path / "results" / "bench.parquet"
+    argv = ["bench", "--builder", builder, "--trace", trace_path, "--budget", 16, "--batch", 4]
+    code, stdout, err = run([*argv, "--warmup", 1, "--repeats", 5, "--machine", "m1", "-o", out], capsys)
+    assert code == 0, err
+    assert calls == [
+        (
+            builder,
+            str(trace_path),
+            16,
+            4,
+            {
+                "warmup": 1,
+                "repeats": 5,
+                "min_seconds": 0.0,
+                "machine": "m1",
+                "distribution": "bf16",  # from the trace's metadata
+                "builder_options": {},
+            },
+        )
+    ]
+    frame = pd.read_parquet(out)
+    assert list(frame["phase"]) == ["warmup", "timed"]
+    assert "1.0 us per tree" in stdout
+
+
+def test_bench_failure_leaves_no_parquet(tmp_path, trace_path, capsys, monkeypatch):
+    module = types.ModuleType("ddtree_bench.bench")
+
+    def failing(*args, **kwargs):
+        raise ValueError("batch 64 is larger than the 5 requests in trace x")
+
+    module.run_benchmark = failing
+    monkeypatch.setitem(sys.modules, "ddtree_bench.bench", module)
+    monkeypatch.setattr(ddtree_bench, "bench", module, raising=False)
+    out = tmp_path / "bench.parquet"
+    argv = [
+        "bench",
+        "--builder",
+        "reference",
+        "--trace",
+        trace_path,
+        "--budget",
+        16,
+        "--batch",
+        64,
+        "-o",
+        out,
+    ]
+    code, _, err = run(argv, capsys)
+    assert_one_line_error(code, err, "batch 64 is larger")
+    assert not out.exists()
+    code, _, err = run([*argv[:-2], "--min-seconds", "-1", "-o", out], capsys)
+    assert_one_line_error(code, err, "--min-seconds")
+
+
+def test_bench_passes_the_optional_limits_only_when_given(tmp_path, trace_path, capsys, monkeypatch):
+    calls = []
+    _fake_bench_module(monkeypatch, "ddtree_bench.bench", "run_benchmark", calls)
+    out = tmp_path / "bench.parquet"
+    argv = ["bench", "--builder", "reference", "--trace", trace_path, "--budget", 4, "--batch", 2, "-o", out]
+    assert run([*argv, "--max-seconds", "2.5", "--max-repeats", "50"], capsys)[0] == 0
+    assert calls[-1][4]["max_seconds"] == 2.5 and calls[-1][4]["max_repeats"] == 50
+    assert run([*argv, "--distribution", "peaked"], capsys)[0] == 0
+    assert "max_seconds" not in calls[-1][4] and calls[-1][4]["distribution"] == "peaked"
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("ddtree_bench.bench") is None, reason="ddtree_bench/bench.py does not exist yet"
+)
+def test_bench_end_to_end_with_the_real_benchmark(tmp_path, trace_path, capsys):
+    out = tmp_path / "bench.parquet"
+    argv = ["bench", "--builder", "reference", "--trace", trace_path, "--budget", 8, "--batch", 2]
+    code, _, err = run([*argv, "--warmup", 1, "--repeats", 3, "--machine", "test-machine", "-o", out], capsys)
+    assert code == 0, err
+    frame = pd.read_parquet(out)
+    for column in ("builder", "budget", "batch", "depth", "topk", "distribution", "repetition", "seconds"):
+        assert column in frame.columns
+    assert set(frame["builder"]) == {"reference"}
+    assert (frame["budget"] == 8).all() and (frame["batch"] == 2).all()
+    assert (frame.loc[frame["phase"] == "timed", "repetition"].nunique()) >= 3
+    assert set(frame["distribution"]) == {"bf16"}
+    assert set(frame["machine"]) == {"test-machine"}
