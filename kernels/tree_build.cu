@@ -28,7 +28,6 @@
 
 #define DDT_MAX_DEPTH 32
 #define DDT_FLAG_FORCE_HEAP 1
-#define DDT_FLAG_NO_BOOL_VIS 2
 #define DDT_FLAG_ROWS_IN_SMEM 4
 #define DDT_SMALL_MAX_BUDGET 64
 #define DDT_SMALL_MAX_DEPTH 18
@@ -379,9 +378,16 @@ __device__ double select_lower_bound(const Pool& p, int size, int need, int* his
         __syncthreads();
         const unsigned long long prefix = s_prefix;
         const unsigned long long mask = pass == 0 ? 0ull : (~0ull << (64 - 8 * pass));
-        for (int i = threadIdx.x; i < size; i += blockDim.x) {
-            unsigned long long k = ordered_key(p.Q[i]);
-            if ((k & mask) == prefix) atomicAdd(&hist[(k >> shift) & 255], 1);
+        // warp-aggregated histogram: most keys share their leading digits, so plain atomics would serialize
+        for (int base = threadIdx.x & ~31; base < size; base += blockDim.x) {
+            const int i = base + (threadIdx.x & 31);
+            int digit = -1;
+            if (i < size) {
+                unsigned long long k = ordered_key(p.Q[i]);
+                if ((k & mask) == prefix) digit = static_cast<int>((k >> shift) & 255);
+            }
+            const unsigned int peers = __match_any_sync(0xffffffffu, digit);
+            if (digit >= 0 && (threadIdx.x & 31) == __ffs(peers) - 1) atomicAdd(&hist[digit], __popc(peers));
         }
         __syncthreads();
         if (threadIdx.x < 32) {  // one warp finds the digit holding the want-th largest key
@@ -415,23 +421,27 @@ __device__ double select_lower_bound(const Pool& p, int size, int need, int* his
 
 }  // namespace
 
-// Dynamic shared memory layout size, for the host (keep in sync with the carve-up below).
-// cap: pool capacity (power of two); budget: N.
-extern "C" __global__ void __launch_bounds__(1024) ddtree_build_tree(
-    const float* __restrict__ top_log_probs,       // [B, L, K]
-    const long long* __restrict__ top_token_ids,   // [B, L, K]
-    int batch, int L, int K, int budget, int cap, int flags,
-    int* __restrict__ node_count,                  // [B]
-    long long* __restrict__ node_token_ids,        // [B, N]
-    long long* __restrict__ node_depths,           // [B, N]
-    int* __restrict__ parents,                     // [B, N+1]
-    unsigned char* __restrict__ visibility,        // [B, N+1, N+1] or null
-    unsigned int* __restrict__ visibility_bits,    // [B, N+1, W]
-    long long* __restrict__ retrieve_next_token,   // [B, N+1]
-    long long* __restrict__ retrieve_next_sibling, // [B, N+1]
-    int* __restrict__ stats,                       // [B] path taken, or null
-    long long* __restrict__ profile)               // [B, 8] clock64 stamps per phase, or null
-{
+#define DDT_BUILD_PARAMS                                                                              \
+    const float* __restrict__ top_log_probs,       /* [B, L, K] */                                      \
+    const long long* __restrict__ top_token_ids,   /* [B, L, K] */                                      \
+    int batch, int L, int K, int budget, int cap, int flags,                                            \
+    int* __restrict__ node_count,                  /* [B] */                                            \
+    long long* __restrict__ node_token_ids,        /* [B, N] */                                         \
+    long long* __restrict__ node_depths,           /* [B, N] */                                         \
+    int* __restrict__ parents,                     /* [B, N+1] */                                       \
+    unsigned int* __restrict__ visibility_bits,    /* [B, N+1, W], W = ceil((N+1)/32) */                \
+    long long* __restrict__ retrieve_next_token,   /* [B, N+1] */                                       \
+    long long* __restrict__ retrieve_next_sibling, /* [B, N+1] */                                       \
+    int* __restrict__ stats,                       /* [B] path taken, or null */                        \
+    long long* __restrict__ profile                /* [B, 8] clock64 stamps per phase, or null */
+
+#define DDT_BUILD_ARGS                                                                                  \
+    top_log_probs, top_token_ids, batch, L, K, budget, cap, flags, node_count, node_token_ids,          \
+    node_depths, parents, visibility_bits, retrieve_next_token, retrieve_next_sibling, stats, profile
+
+// SMALL: the warp-heap entry (one warp per block, budgets <= 64); otherwise the parallel pool path.
+template <bool SMALL>
+__device__ __forceinline__ void build_tree(DDT_BUILD_PARAMS) {
     extern __shared__ __align__(16) unsigned char smem[];
     __shared__ int warp_buf[33];
     __shared__ int hist[256];
@@ -498,17 +508,18 @@ extern "C" __global__ void __launch_bounds__(1024) ddtree_build_tree(
             double delta = 2.0 * ops * ldexp(1.0, -53) * (mins + maxrow) * 1.0000001;
             s_margin = 8.0 * delta;
             s_flag = (flags & DDT_FLAG_FORCE_HEAP) ? DDT_STAT_HEAP_FORCED
-                     : (blockDim.x == 32 && N <= DDT_SMALL_MAX_BUDGET && L <= DDT_SMALL_MAX_DEPTH && staged)
-                         ? DDT_STAT_WARP_HEAP : DDT_STAT_FAST;
+                     : (SMALL && blockDim.x == 32 && N <= DDT_SMALL_MAX_BUDGET && L <= DDT_SMALL_MAX_DEPTH
+                        && staged) ? DDT_STAT_WARP_HEAP
+                     : SMALL ? DDT_STAT_HEAP_FORCED : DDT_STAT_FAST;
         }
     }
     __syncthreads();
     const double margin = s_margin;
     long long* prof = profile ? profile + static_cast<long long>(b) * 8 : nullptr;
-    if (prof && threadIdx.x == 0) prof[0] = clock64();
+    if (prof && threadIdx.x == 0) { prof[0] = clock64(); prof[4] = prof[5] = prof[6] = 0; }
 
     int n = 0;  // nodes in the tree
-    if (s_flag == DDT_STAT_FAST) {
+    if (!SMALL && s_flag == DDT_STAT_FAST) {
         // ================= fast path =================
         int size = 0;                 // pool size
         int front_begin = 0, front_end = 0;
@@ -535,6 +546,7 @@ extern "C" __global__ void __launch_bounds__(1024) ddtree_build_tree(
             int total = block_exclusive_scan(pool.tmp, nparents, warp_buf);
             if (total == 0) break;
             if (size + total > cap) {
+                if (prof && threadIdx.x == 0) { prof[5] += 1; prof[4] -= clock64(); }
                 // 2. tighten: raise beta to the N-th best over pool + candidates, by bisection on the
                 //    ordered 64-bit key of the value (exact in at most 64 steps).
                 //    count(t) = #pool{Q >= t} + sum_p #{r: fl(E_p + lp[r]) >= t and Q_p >= t}.
@@ -552,6 +564,7 @@ extern "C" __global__ void __launch_bounds__(1024) ddtree_build_tree(
                     }
                     int cnt = block_sum(local, warp_buf);
                     if (cnt >= N) lo = midk; else hi = midk;
+                    if (cnt >= N && cnt <= N + (cap - N) / 2) break;  // a valid, tight enough bound
                 }
                 {
                     double t = key_to_double(lo);  // at least N known or candidate paths score >= t
@@ -561,15 +574,10 @@ extern "C" __global__ void __launch_bounds__(1024) ddtree_build_tree(
                 for (int i = threadIdx.x; i < size; i += blockDim.x) pool.aux[i] = pool.Q[i] >= beta - margin;
                 __syncthreads();
                 size = compact_pool(pool, size, warp_buf);
-                // the frontier (depth d-1) is the tail of the pool
-                if (threadIdx.x == 0) {
-                    int k = size;
-                    while (k > 0 && pool.dep[k - 1] == d - 1) --k;
-                    warp_buf[0] = k;
-                }
-                __syncthreads();
-                const int fb = warp_buf[0];
-                __syncthreads();
+                // the frontier (depth d-1) is the tail of the pool: it starts after every shallower entry
+                int shallower = 0;
+                for (int i = threadIdx.x; i < size; i += blockDim.x) shallower += pool.dep[i] < d - 1;
+                const int fb = block_sum(shallower, warp_buf);
                 front_begin = root ? 0 : fb;
                 front_end = size;
                 const int np2 = root ? 1 : front_end - front_begin;
@@ -590,6 +598,7 @@ extern "C" __global__ void __launch_bounds__(1024) ddtree_build_tree(
                     __syncthreads();
                     break;
                 }
+                if (prof && threadIdx.x == 0) prof[4] += clock64();
                 if (total == 0) break;
             }
             const int np = root ? 1 : front_end - front_begin;
@@ -642,25 +651,23 @@ extern "C" __global__ void __launch_bounds__(1024) ddtree_build_tree(
             front_end = size;
             // 5. once N paths are known, prune what N known paths beat by more than the margin
             if (size >= N && size > 2 * N) {
+                if (prof && threadIdx.x == 0) prof[6] -= clock64();
                 double t = select_lower_bound(pool, size, N, hist, warp_buf);
                 if (!have_beta || t > beta) { beta = t; have_beta = true; }
                 for (int i = threadIdx.x; i < size; i += blockDim.x) pool.aux[i] = pool.Q[i] >= beta - margin;
                 __syncthreads();
                 size = compact_pool(pool, size, warp_buf);
-                if (threadIdx.x == 0) {
-                    int k = size;
-                    while (k > 0 && pool.dep[k - 1] == d) --k;
-                    warp_buf[0] = k;
-                }
-                __syncthreads();
-                front_begin = warp_buf[0];
+                int shallower = 0;
+                for (int i = threadIdx.x; i < size; i += blockDim.x) shallower += pool.dep[i] < d;
+                front_begin = block_sum(shallower, warp_buf);
                 front_end = size;
-                __syncthreads();
+                if (prof && threadIdx.x == 0) prof[6] += clock64();
             } else if (size >= N && !have_beta) {
                 beta = select_lower_bound(pool, size, N, hist, warp_buf);
                 have_beta = true;
             }
         }
+        if (prof && threadIdx.x == 0) prof[7] = clock64();
         if (s_flag == DDT_STAT_FAST) {
             // anomaly check: a younger sibling scoring above its elder breaks sorted order == pop order
             int bad = 0;
@@ -676,8 +683,15 @@ extern "C" __global__ void __launch_bounds__(1024) ddtree_build_tree(
             for (int i = threadIdx.x; i < size; i += blockDim.x) pool.aux[i] = 1;
             __syncthreads();
             for (int d = L; d >= 2; --d) {
-                for (int i = threadIdx.x; i < size; i += blockDim.x)
-                    if (pool.dep[i] == d) atomicAdd(&pool.aux[pool.par[i]], pool.aux[i]);
+                // siblings add to one parent: aggregate them per warp before the atomic
+                for (int base = threadIdx.x & ~31; base < size; base += blockDim.x) {
+                    const int i = base + (threadIdx.x & 31);
+                    const bool mine = i < size && pool.dep[i] == d;
+                    const int parent = mine ? pool.par[i] : -1;
+                    const unsigned int peers = __match_any_sync(0xffffffffu, parent);
+                    const int sum = __reduce_add_sync(peers, mine ? pool.aux[i] : 0);
+                    if (mine && (threadIdx.x & 31) == __ffs(peers) - 1) atomicAdd(&pool.aux[parent], sum);
+                }
                 __syncthreads();
             }
             // preorder: pre[x] = pre[parent] + 1 + sum of elder siblings' subtree sizes (siblings are
@@ -695,31 +709,35 @@ extern "C" __global__ void __launch_bounds__(1024) ddtree_build_tree(
                 }
                 __syncthreads();
             }
-            // bitonic sort of pool indices by (E descending, preorder ascending)
+            // bitonic sort of (E descending, preorder ascending) keys; values carry the pool index.
+            // Q and tmp are dead here and hold the keys: sk = E, sv = preorder << 16 | pool index.
             int m = 1;
             while (m < size) m <<= 1;
-            for (int i = threadIdx.x; i < m; i += blockDim.x) pool.order[i] = static_cast<unsigned short>(i);
+            double* sk = pool.Q;
+            int* sv = pool.tmp;
+            const double NEG_INF = -__longlong_as_double(0x7ff0000000000000ll);
+            for (int i = threadIdx.x; i < m; i += blockDim.x) {
+                if (i < size) { sk[i] = pool.E[i]; sv[i] = (static_cast<int>(pool.pre[i]) << 16) | i; }
+                else { sk[i] = NEG_INF; sv[i] = 0x7fffffff; }
+            }
             __syncthreads();
             for (int k = 2; k <= m; k <<= 1) {
                 for (int j = k >> 1; j > 0; j >>= 1) {
                     for (int t = threadIdx.x; t < (m >> 1); t += blockDim.x) {
-                        int i = 2 * t - (t & (j - 1));
-                        int l = i + j;
-                        int a = pool.order[i], c = pool.order[l];
-                        bool a_first;
-                        if (a >= size) a_first = false;
-                        else if (c >= size) a_first = true;
-                        else {
-                            double ea = pool.E[a], ec = pool.E[c];
-                            a_first = ea > ec || (ea == ec && pool.pre[a] < pool.pre[c]);
-                        }
-                        bool ascending = (i & k) == 0;
-                        if (a_first != ascending) { pool.order[i] = c; pool.order[l] = a; }
+                        const int i = 2 * t - (t & (j - 1));
+                        const int l = i + j;
+                        const double ea = sk[i], ec = sk[l];
+                        const int va = sv[i], vc = sv[l];
+                        const bool a_first = ea > ec || (ea == ec && va < vc);
+                        if (a_first != ((i & k) == 0)) { sk[i] = ec; sk[l] = ea; sv[i] = vc; sv[l] = va; }
                     }
                     __syncthreads();
                 }
             }
             n = min(N, size);
+            for (int pos = threadIdx.x; pos < n; pos += blockDim.x)
+                pool.order[pos] = static_cast<unsigned short>(sv[pos] & 0xffff);
+            __syncthreads();
             // node index of every pool entry (0 = not in the tree)
             for (int i = threadIdx.x; i < size; i += blockDim.x) pool.sz[i] = 0;
             __syncthreads();
@@ -736,7 +754,7 @@ extern "C" __global__ void __launch_bounds__(1024) ddtree_build_tree(
             __syncthreads();
         }
     }
-    if (s_flag == DDT_STAT_WARP_HEAP) {
+    if (SMALL && s_flag == DDT_STAT_WARP_HEAP) {
         n = warp_heap(rowbase, static_cast<int>(rs), L, topk, N, nodes);
         __syncthreads();
     } else if (s_flag != DDT_STAT_FAST) {
@@ -793,68 +811,90 @@ extern "C" __global__ void __launch_bounds__(1024) ddtree_build_tree(
     unsigned int* bits = visibility_bits + static_cast<long long>(b) * N1 * W;
     __syncthreads();
     if (prof && threadIdx.x == 0) prof[2] = clock64();
-    for (int i = threadIdx.x; i < N1; i += blockDim.x) {
-        unsigned int* rowp = bits + static_cast<long long>(i) * W;
-        if (i > n) {
-            for (int w = 0; w < W; ++w) rowp[w] = 0u;
-            continue;
+    {
+        // ancestors of every node, root excluded, by depth: anc[i * L + k] is i's ancestor at depth k + 1
+        // (i itself at k = depth - 1). The pool's memory is dead by now and holds them.
+        short* anc = reinterpret_cast<short*>(pool.E);
+        for (int i = 1 + threadIdx.x; i <= n; i += blockDim.x)
+            for (int v = i; v > 0; v = nodes.parent[v]) anc[i * L + nodes.depth[v] - 1] = static_cast<short>(v);
+        __syncthreads();
+        const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+        for (int i = warp; i < N1; i += nwarps) {  // one warp per row, lane w owns words w, w + 32, ...
+            unsigned int* rowp = bits + static_cast<long long>(i) * W;
+            const int depth = (i >= 1 && i <= n) ? nodes.depth[i] : 0;
+            for (int w0 = 0; w0 < W; w0 += 32) {
+                const int w = w0 + lane;
+                unsigned int acc = (w == 0 && i <= n) ? 1u : 0u;  // the root
+                for (int k = 0; k < depth; ++k) {
+                    const int v = anc[i * L + k];
+                    if ((v >> 5) == w) acc |= 1u << (v & 31);
+                }
+                if (w < W) rowp[w] = acc;
+            }
         }
-        int top = i >> 5;
-        for (int w = W - 1; w > top; --w) rowp[w] = 0u;
-        int cur = top;
-        unsigned int acc = 0u;
-        for (int v = i;; v = nodes.parent[v]) {
-            int w = v >> 5;
-            while (cur > w) { rowp[cur] = acc; acc = 0u; --cur; }
-            acc |= 1u << (v & 31);
-            if (v == 0) break;
-        }
-        rowp[cur] = acc;
-        for (int w = cur - 1; w >= 0; --w) rowp[w] = 0u;
     }
     __syncthreads();  // bits of this tree are visible to the whole block from here
     if (prof && threadIdx.x == 0) prof[3] = clock64();
-    if (visibility == nullptr || (flags & DDT_FLAG_NO_BOOL_VIS)) return;
+}
 
-    // bool visibility from the packed bits: 16-byte stores where aligned, bytes at the edges
+extern "C" __global__ void __launch_bounds__(1024) ddtree_build_tree(DDT_BUILD_PARAMS) {
+    build_tree<false>(DDT_BUILD_ARGS);
+}
+
+extern "C" __global__ void __launch_bounds__(32) ddtree_build_tree_small(DDT_BUILD_PARAMS) {
+    build_tree<true>(DDT_BUILD_ARGS);
+}
+
+// The bool ancestor mask [B, N+1, N+1] from the packed bits, spread over the whole GPU (grid-stride over
+// 16-byte chunks of the batch's flat mask; chunks that cross a tree or span more than two rows go byte by
+// byte). Launched after ddtree_build_tree on the same stream when a consumer wants the bool form.
+extern "C" __global__ void ddtree_expand_visibility(const unsigned int* __restrict__ bits, int batch,
+                                                   int budget, unsigned char* __restrict__ visibility) {
+    const int N1 = budget + 1;
+    const int W = (N1 + 31) >> 5;
     const long long S = static_cast<long long>(N1) * N1;
-    unsigned char* vis = visibility + static_cast<long long>(b) * S;
-    const unsigned long long addr = reinterpret_cast<unsigned long long>(vis);
-    const long long head = min(S, static_cast<long long>((16 - (addr & 15)) & 15));
-    const long long nchunks = (S - head) >> 4;
-    const long long tail_begin = head + (nchunks << 4);
-    auto bit_at = [&](long long q) -> unsigned char {
-        int r = static_cast<int>(q / N1), c = static_cast<int>(q - static_cast<long long>(r) * N1);
-        return static_cast<unsigned char>((bits[static_cast<long long>(r) * W + (c >> 5)] >> (c & 31)) & 1u);
+    const long long total = S * batch;
+    auto bit_at = [&](long long q) -> unsigned int {
+        long long b = q / S;
+        int rem = static_cast<int>(q - b * S);
+        int r = rem / N1, c = rem - r * N1;
+        return (bits[(b * N1 + r) * W + (c >> 5)] >> (c & 31)) & 1u;
     };
-    for (long long q = threadIdx.x; q < head; q += blockDim.x) vis[q] = bit_at(q);
-    for (long long q = tail_begin + threadIdx.x; q < S; q += blockDim.x) vis[q] = bit_at(q);
-    if (N1 < 32) {
-        for (long long q = head + threadIdx.x; q < tail_begin; q += blockDim.x) vis[q] = bit_at(q);
-        return;
-    }
-    uint4* chunks = reinterpret_cast<uint4*>(vis + head);
-    for (long long ci = threadIdx.x; ci < nchunks; ci += blockDim.x) {
-        long long q = head + (ci << 4);
-        int r = static_cast<int>(q / N1), c = static_cast<int>(q - static_cast<long long>(r) * N1);
-        const unsigned int* rw = bits + static_cast<long long>(r) * W;
-        auto bits16 = [&](const unsigned int* words, int col) -> unsigned int {
-            int w = col >> 5, s = col & 31;
-            unsigned int lo = words[w];
-            unsigned int hi = (w + 1 < W) ? words[w + 1] : 0u;
-            return __funnelshift_r(lo, hi, s) & 0xffffu;
-        };
-        unsigned int v = bits16(rw, c);
-        int in_row = N1 - c;
-        if (in_row < 16) {
-            v &= (1u << in_row) - 1u;
-            v |= (bits16(rw + W, 0) << in_row) & 0xffffu;
+    const long long nchunks = total >> 4;
+    const long long stride = static_cast<long long>(gridDim.x) * blockDim.x;
+    uint4* out = reinterpret_cast<uint4*>(visibility);  // allocation is 256-byte aligned
+    for (long long ci = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x; ci < nchunks;
+         ci += stride) {
+        const long long q = ci << 4;
+        const long long b = q / S;
+        const int rem = static_cast<int>(q - b * S);
+        const int r = rem / N1, c = rem - r * N1;
+        unsigned int v = 0u;
+        if (rem + 16 <= S && N1 >= 16) {
+            const unsigned int* rw = bits + (b * N1 + r) * W;
+            auto bits16 = [&](const unsigned int* words, int col) -> unsigned int {
+                int w = col >> 5, sh = col & 31;
+                unsigned int lo = words[w];
+                unsigned int hi = (w + 1 < W) ? words[w + 1] : 0u;
+                return __funnelshift_r(lo, hi, sh) & 0xffffu;
+            };
+            v = bits16(rw, c);
+            const int in_row = N1 - c;
+            if (in_row < 16) {
+                v &= (1u << in_row) - 1u;
+                v |= (bits16(rw + W, 0) << in_row) & 0xffffu;
+            }
+        } else {
+            for (int k = 0; k < 16; ++k) v |= bit_at(q + k) << k;
         }
-        uint4 out;
-        out.x = ((v & 0xfu) * 0x00204081u) & 0x01010101u;
-        out.y = (((v >> 4) & 0xfu) * 0x00204081u) & 0x01010101u;
-        out.z = (((v >> 8) & 0xfu) * 0x00204081u) & 0x01010101u;
-        out.w = (((v >> 12) & 0xfu) * 0x00204081u) & 0x01010101u;
-        chunks[ci] = out;
+        uint4 o;
+        o.x = ((v & 0xfu) * 0x00204081u) & 0x01010101u;
+        o.y = (((v >> 4) & 0xfu) * 0x00204081u) & 0x01010101u;
+        o.z = (((v >> 8) & 0xfu) * 0x00204081u) & 0x01010101u;
+        o.w = (((v >> 12) & 0xfu) * 0x00204081u) & 0x01010101u;
+        out[ci] = o;
     }
+    for (long long q = (nchunks << 4) + blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x; q < total;
+         q += stride)
+        visibility[q] = static_cast<unsigned char>(bit_at(q));
 }

@@ -24,7 +24,9 @@ def topk_inputs(kind: str, batch: int, depth: int, k: int, vocab: int = 4096, se
         ids = np.tile(np.arange(k, dtype=np.int64), (batch, depth, 1))
         return lp, ids
     if kind == "tied":
-        lp = -np.sort(rng.choice([0.5, 1.0, 1.5, 2.0, 4.0], size=(batch, depth, k)), axis=-1).astype(np.float32)
+        lp = -np.sort(rng.choice([0.5, 1.0, 1.5, 2.0, 4.0], size=(batch, depth, k)), axis=-1).astype(
+            np.float32
+        )
         ids = np.stack([rng.permutation(vocab)[:k] for _ in range(batch * depth)]).reshape(batch, depth, k)
         return lp, ids.astype(np.int64)
     logits = rng.standard_normal((batch, depth, vocab)).astype(np.float64)

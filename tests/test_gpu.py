@@ -68,6 +68,18 @@ def gpu_heap():
     return get_builder("gpu", force_heap=True)
 
 
+@pytest.fixture(scope="module")
+def gpu_warp():
+    """The warp heap forced up to its limit (budget 64, L 18)."""
+    return get_builder("gpu", path="warp-heap")
+
+
+@pytest.fixture(scope="module")
+def gpu_parallel():
+    """The parallel pool path forced for every budget (small budgets otherwise take the warp heap)."""
+    return get_builder("gpu", path="parallel")
+
+
 def assert_same(lp, ids, budget, builder):
     expected = get_builder("reference").build(lp, ids, budget)
     actual = builder.build(lp, ids, budget)
@@ -80,7 +92,7 @@ def assert_same(lp, ids, budget, builder):
 @needs_gpu
 @pytest.mark.parametrize("kind", ["uniform", "peaked", "bf16", "equal", "tied", "tiny"])
 @pytest.mark.parametrize("budget", [1, 2, 3, 8, 16, 31, 64, 100, 256, 1024])
-def test_gpu_equals_reference(gpu, gpu_heap, kind, budget):
+def test_gpu_equals_reference(gpu, gpu_heap, gpu_parallel, gpu_warp, kind, budget):
     depth, k = 16, min(budget, 256) if budget > 256 else budget
     batch = 2 if budget >= 256 else 4
     lp, ids = topk_inputs(kind, batch, depth, max(k, 1), seed=budget)
@@ -88,25 +100,39 @@ def test_gpu_equals_reference(gpu, gpu_heap, kind, budget):
     assert stats.shape == (batch,)
     if budget <= 256:
         assert (assert_same(lp, ids, budget, gpu_heap) == 3).all()
+    if budget <= 64:
+        assert (assert_same(lp, ids, budget, gpu_parallel) <= 2).all()
+        assert (assert_same(lp, ids, budget, gpu_warp) == 4).all()
 
 
 @needs_gpu
 @pytest.mark.parametrize(
     "batch,depth,k,budget",
-    [(3, 1, 5, 8), (2, 1, 40, 8), (2, 2, 3, 64), (1, 3, 2, 100), (2, 16, 4, 64), (2, 4, 1024, 64),
-     (1, 32, 16, 512), (5, 8, 1, 8), (1, 1, 1, 1), (2, 16, 64, 1024)],
+    [
+        (3, 1, 5, 8),
+        (2, 1, 40, 8),
+        (2, 2, 3, 64),
+        (1, 3, 2, 100),
+        (2, 16, 4, 64),
+        (2, 4, 1024, 64),
+        (1, 32, 16, 512),
+        (5, 8, 1, 8),
+        (1, 1, 1, 1),
+        (2, 16, 64, 1024),
+    ],
 )
-def test_gpu_shape_edges(gpu, batch, depth, k, budget):
+def test_gpu_shape_edges(gpu, gpu_parallel, batch, depth, k, budget):
     """K < N, K > N, heap drain (n < N), L = 1, K = 1, deep trees."""
     for kind in ("uniform", "bf16", "equal"):
         lp, ids = topk_inputs(kind, batch, depth, k, vocab=max(k, 64), seed=k + depth)
         assert_same(lp, ids, budget, gpu)
+        assert_same(lp, ids, budget, gpu_parallel)
 
 
 @needs_gpu
-@pytest.mark.parametrize("budget,path", [(8, 4), (32, 4), (64, 4), (65, 0), (256, 0), (1024, 0)])
+@pytest.mark.parametrize("budget,path", [(8, 4), (12, 4), (13, 0), (64, 0), (256, 0), (1024, 0)])
 def test_fast_paths_are_taken_on_ordinary_inputs(gpu, budget, path):
-    """Small budgets: the warp heap (stat 4); larger: the parallel pool path (stat 0), no fallback."""
+    """Budgets <= 12: the warp heap (stat 4); larger: the parallel pool path (stat 0), no fallback."""
     for kind in ("uniform", "peaked", "bf16"):
         lp, ids = topk_inputs(kind, 4, 16, budget, seed=3)
         stats = assert_same(lp, ids, budget, gpu)
@@ -117,23 +143,37 @@ def test_fast_paths_are_taken_on_ordinary_inputs(gpu, budget, path):
 @settings(max_examples=2000, deadline=None, suppress_health_check=list(HealthCheck))
 @given(
     batch=st.integers(1, 3),
-    depth=st.integers(1, 10),
+    depth=st.integers(1, 20),
     k=st.integers(1, 48),
     budget=st.integers(1, 160),
     kind=st.sampled_from(["uniform", "peaked", "bf16", "equal", "tied", "tiny"]),
     seed=st.integers(0, 2**31 - 1),
 )
-def test_gpu_property(gpu, batch, depth, k, budget, kind, seed):
+def test_gpu_property(gpu, gpu_parallel, gpu_warp, batch, depth, k, budget, kind, seed):
     lp, ids = topk_inputs(kind, batch, depth, k, vocab=max(64, k), seed=seed)
-    assert_same(lp, ids, budget, gpu)
+    builder = (gpu, gpu_parallel, gpu_warp)[seed % 3]
+    if builder is gpu_warp and (budget > 64 or depth > 18):
+        builder = gpu
+    assert_same(lp, ids, budget, builder)
 
 
 @needs_gpu
 @pytest.mark.skipif(shutil.which("compute-sanitizer") is None, reason="compute-sanitizer not installed")
 @pytest.mark.parametrize("tool", ["memcheck", "racecheck"])
 def test_sanitizer_clean(tool):
-    cmd = ["compute-sanitizer", f"--tool={tool}", "--error-exitcode=9", sys.executable, "-m",
-           "ddtree_bench.gpu_selftest", "--budgets", "8", "32", "256", "1024"]
+    cmd = [
+        "compute-sanitizer",
+        f"--tool={tool}",
+        "--error-exitcode=9",
+        sys.executable,
+        "-m",
+        "ddtree_bench.gpu_selftest",
+        "--budgets",
+        "8",
+        "32",
+        "256",
+        "1024",
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "ERROR SUMMARY: 0 errors" in proc.stdout + proc.stderr

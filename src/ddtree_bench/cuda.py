@@ -35,8 +35,12 @@ def _arch_number(arch: str) -> int:
 
 
 def find_nvcc() -> str | None:
-    for candidate in (os.environ.get("NVCC"), shutil.which("nvcc"), "/usr/local/cuda/bin/nvcc",
-                      "/usr/local/bin/nvcc"):
+    for candidate in (
+        os.environ.get("NVCC"),
+        shutil.which("nvcc"),
+        "/usr/local/cuda/bin/nvcc",
+        "/usr/local/bin/nvcc",
+    ):
         if candidate and Path(candidate).is_file() and os.access(candidate, os.X_OK):
             return candidate
     return None
@@ -117,6 +121,8 @@ def gpu_unavailable_reason() -> str | None:
 class LoadedKernels:
     module: object
     build: object
+    build_small: object
+    expand_visibility: object
     empty: object
     spin: object
     flush_l2: object
@@ -155,6 +161,8 @@ def load_kernels(fatbin: Path, util_fatbin: Path | None = None) -> LoadedKernels
     return LoadedKernels(
         module=module,
         build=build,
+        build_small=module.get_function("ddtree_build_tree_small"),
+        expand_visibility=module.get_function("ddtree_expand_visibility"),
         empty=util.get_function("ddtree_empty_kernel"),
         spin=util.get_function("ddtree_spin_kernel"),
         flush_l2=util.get_function("ddtree_flush_l2"),

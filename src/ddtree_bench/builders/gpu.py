@@ -18,11 +18,17 @@ from ddtree_bench.tree import TreeBatch
 MAX_DEPTH = 32
 MAX_BUDGET = 4096
 FLAG_FORCE_HEAP = 1
-FLAG_NO_BOOL_VISIBILITY = 2
 FLAG_ROWS_IN_SHARED = 4
-SMALL_MAX_BUDGET = 64
+SMALL_MAX_BUDGET = 64  # the warp-heap kernel takes budgets up to this
+AUTO_WARP_HEAP_MAX_BUDGET = 12  # measured on the H200: the parallel path wins from about 16 up
 SMALL_MAX_DEPTH = 18
-STAT_NAMES = {0: "parallel", 1: "heap (anomaly)", 2: "heap (pool overflow)", 3: "heap (forced)", 4: "warp heap"}
+STAT_NAMES = {
+    0: "parallel",
+    1: "heap (anomaly)",
+    2: "heap (pool overflow)",
+    3: "heap (forced)",
+    4: "warp heap",
+}
 STATIC_SHARED_BYTES = 2048  # the kernel's static __shared__ arrays, rounded up
 
 
@@ -60,7 +66,9 @@ class LaunchPlan:
         return FLAG_ROWS_IN_SHARED if self.rows_in_shared else 0
 
 
-def plan_launch(batch: int, depth: int, k: int, budget: int, max_shared_bytes: int) -> LaunchPlan:
+def plan_launch(
+    batch: int, depth: int, k: int, budget: int, max_shared_bytes: int, path: str | None = None
+) -> LaunchPlan:
     """Pool capacity, block size and shared-memory use for a shape; ValueError for a shape the kernel
     cannot take (never a wrong tree)."""
     if depth < 1 or depth > MAX_DEPTH:
@@ -73,8 +81,9 @@ def plan_launch(batch: int, depth: int, k: int, budget: int, max_shared_bytes: i
         raise ValueError(f"gpu builder: batch {batch} outside 1..2^31-1")
     limit = max_shared_bytes - STATIC_SHARED_BYTES
     topk = min(budget, k)
-    if budget <= SMALL_MAX_BUDGET and depth <= SMALL_MAX_DEPTH:
-        cap = _next_pow2(max(budget + 2, 64))
+    small_limit = SMALL_MAX_BUDGET if path == "warp-heap" else AUTO_WARP_HEAP_MAX_BUDGET
+    if budget <= small_limit and depth <= SMALL_MAX_DEPTH and path in (None, "warp-heap"):
+        cap = _next_pow2(max(2 * budget + 4, 64))  # the output stage reuses the pool for ancestor lists
         size = shared_bytes(cap, budget, depth, topk, True)
         if size <= limit:
             return LaunchPlan(batch, depth, k, budget, cap, 32, size, True, "warp-heap")
@@ -83,9 +92,9 @@ def plan_launch(batch: int, depth: int, k: int, budget: int, max_shared_bytes: i
     while shared_bytes(cap, budget) > limit and cap > floor:
         cap //= 2
     if shared_bytes(cap, budget) > limit or cap > 16384:
+        need = shared_bytes(cap, budget)
         raise ValueError(
-            f"gpu builder: budget {budget} needs {shared_bytes(cap, budget)} bytes of shared memory per block; "
-            f"this GPU allows {limit}"
+            f"gpu builder: budget {budget} needs {need} B of shared memory per block; the GPU allows {limit}"
         )
     staged = shared_bytes(cap, budget, depth, topk, True) <= limit
     threads = min(1024, max(128, _next_pow2(budget)))
@@ -116,8 +125,15 @@ class DeviceTrees:
         return sum(
             a.nbytes
             for a in (
-                self.node_count, self.node_token_ids, self.node_depths, self.parents, self.visibility,
-                self.visibility_bits, self.retrieve_next_token, self.retrieve_next_sibling, self.stats,
+                self.node_count,
+                self.node_token_ids,
+                self.node_depths,
+                self.parents,
+                self.visibility,
+                self.visibility_bits,
+                self.retrieve_next_token,
+                self.retrieve_next_sibling,
+                self.stats,
             )
         )
 
@@ -138,15 +154,23 @@ class GpuBuilder(Builder):
     label = "gpu (ours, CUDA kernel)"
     device = "cuda"
 
-    def __init__(self, fatbin: str | Path | None = None, util_fatbin: str | Path | None = None, archs=None,
-                 bool_visibility: bool = True, force_heap: bool = False):
+    def __init__(
+        self,
+        fatbin: str | Path | None = None,
+        util_fatbin: str | Path | None = None,
+        archs=None,
+        bool_visibility: bool = True,
+        force_heap: bool = False,
+        path: str | None = None,
+    ):
         self._fatbin = Path(fatbin) if fatbin else None
         self._util_fatbin = Path(util_fatbin) if util_fatbin else None
         self._archs = tuple(archs) if archs else None
         self.bool_visibility = bool_visibility
         self.force_heap = force_heap
+        self.path = path  # None: by budget; "parallel" or "warp-heap" to force one (tests, measurements)
         self._kernels = None
-        self._shared_set = 0
+        self._shared_set = set()
 
     def unavailable_reason(self) -> str | None:
         from ddtree_bench.cuda import gpu_unavailable_reason
@@ -168,33 +192,68 @@ class GpuBuilder(Builder):
         return self._kernels
 
     def plan(self, batch: int, depth: int, k: int, budget: int) -> LaunchPlan:
-        return plan_launch(batch, depth, k, budget, self.kernels.max_shared_bytes)
+        return plan_launch(batch, depth, k, budget, self.kernels.max_shared_bytes, self.path)
 
     def flags(self) -> int:
-        return (FLAG_FORCE_HEAP if self.force_heap else 0) | (0 if self.bool_visibility else FLAG_NO_BOOL_VISIBILITY)
+        return FLAG_FORCE_HEAP if self.force_heap else 0
 
-    def launch(self, plan: LaunchPlan, d_log_probs, d_token_ids, out: DeviceTrees, stream=None, flags=None,
-               profile=None):
-        """Enqueue one build of the whole batch on ``stream`` (no allocation, no sync)."""
+    def launch(
+        self,
+        plan: LaunchPlan,
+        d_log_probs,
+        d_token_ids,
+        out: DeviceTrees,
+        stream=None,
+        flags=None,
+        profile=None,
+        bool_visibility: bool | None = None,
+    ):
+        """Enqueue one build of the whole batch on ``stream`` (no allocation, no host sync): the tree kernel,
+        then (when the bool mask is wanted) the kernel expanding the packed bits to it."""
         import cupy as cp
 
-        kernel = self.kernels.build
-        if plan.shared_bytes > self._shared_set:
-            kernel.max_dynamic_shared_size_bytes = plan.shared_bytes
-            self._shared_set = plan.shared_bytes
+        stream = stream or cp.cuda.get_current_stream()
+        k = self.kernels
+        kernel = k.build_small if plan.path == "warp-heap" else k.build
+        key = (plan.path, plan.shared_bytes)
+        if key not in self._shared_set:
+            kernel.max_dynamic_shared_size_bytes = max(
+                plan.shared_bytes, kernel.max_dynamic_shared_size_bytes
+            )
+            self._shared_set.add(key)
         args = (
-            d_log_probs, d_token_ids,
-            np.int32(plan.batch), np.int32(plan.depth), np.int32(plan.k), np.int32(plan.budget),
-            np.int32(plan.cap), np.int32((self.flags() if flags is None else flags) | plan.flags),
-            out.node_count, out.node_token_ids, out.node_depths, out.parents,
-            out.visibility, out.visibility_bits, out.retrieve_next_token, out.retrieve_next_sibling,
-            out.stats, profile if profile is not None else np.uint64(0),
+            d_log_probs,
+            d_token_ids,
+            np.int32(plan.batch),
+            np.int32(plan.depth),
+            np.int32(plan.k),
+            np.int32(plan.budget),
+            np.int32(plan.cap),
+            np.int32((self.flags() if flags is None else flags) | plan.flags),
+            out.node_count,
+            out.node_token_ids,
+            out.node_depths,
+            out.parents,
+            out.visibility_bits,
+            out.retrieve_next_token,
+            out.retrieve_next_sibling,
+            out.stats,
+            profile if profile is not None else np.uint64(0),
         )
-        kernel((plan.batch,), (plan.threads,), args, shared_mem=plan.shared_bytes,
-               stream=stream or cp.cuda.get_current_stream())
+        kernel((plan.batch,), (plan.threads,), args, shared_mem=plan.shared_bytes, stream=stream)
+        if self.bool_visibility if bool_visibility is None else bool_visibility:
+            chunks = (out.visibility.size + 15) // 16
+            blocks = max(1, min((chunks + 255) // 256, 8 * k.sm_count))
+            k.expand_visibility(
+                (blocks,),
+                (256,),
+                (out.visibility_bits, np.int32(plan.batch), np.int32(plan.budget), out.visibility),
+                stream=stream,
+            )
 
-    def build_device(self, top_log_probs, top_token_ids, budget: int, bool_visibility: bool | None = None
-                     ) -> tuple[DeviceTrees, LaunchPlan]:
+    def build_device(
+        self, top_log_probs, top_token_ids, budget: int, bool_visibility: bool | None = None
+    ) -> tuple[DeviceTrees, LaunchPlan]:
         import cupy as cp
 
         batch, depth, k = top_log_probs.shape
@@ -202,10 +261,7 @@ class GpuBuilder(Builder):
         d_lp = cp.ascontiguousarray(cp.asarray(top_log_probs, dtype=cp.float32))
         d_ids = cp.ascontiguousarray(cp.asarray(top_token_ids, dtype=cp.int64))
         out = DeviceTrees(batch, budget)
-        flags = self.flags()
-        if bool_visibility:
-            flags &= ~FLAG_NO_BOOL_VISIBILITY
-        self.launch(plan, d_lp, d_ids, out, flags=flags)
+        self.launch(plan, d_lp, d_ids, out, bool_visibility=bool_visibility)
         return out, plan
 
     def build(self, top_log_probs, top_token_ids, budget) -> TreeBatch:

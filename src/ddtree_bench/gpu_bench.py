@@ -1,0 +1,245 @@
+"""Timing the GPU builder: ``run_gpu_benchmark`` (same signature and columns as ``bench.run_benchmark``).
+
+Per repetition, in the same run and on the same inputs (the first ``batch`` requests of the trace, copied to
+the device once):
+
+- ``floor``: the empty kernel (``kernels/bench_util.cu``), timed like the build below;
+- ``kernel-events``: the whole TreeBatch built on the device (tree kernel plus the bool-mask expansion), by
+  CUDA events recorded around the launches; ``kernel-events-packed``: the tree kernel alone (packed-bit
+  mask only, what attention kernels consume);
+- ``graph-replay``: the same launches captured once in a CUDA graph, one replay timed by CUDA events;
+- ``host-inclusive``: wall clock (``time.perf_counter_ns``) for copying the inputs in from pinned host
+  memory, building, copying the whole TreeBatch out to pinned host memory and synchronising, as a CPU-side
+  consumer pays.
+
+Event-timed launches are queued behind a short spin kernel, so that the events time the GPU's work rather
+than the host's launch overhead (nvbench's approach). ``cache = "warm"`` samples run back to back;
+``cache = "cold"`` samples first overwrite a buffer twice the L2's size. Warm-up launches are kept as rows
+with ``phase = "warmup"``.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pandas as pd
+
+from ddtree_bench.bench import (
+    COLUMNS,
+    _builder_object,
+    _check_count,
+    _check_seconds,
+    frame,
+    unavailable_frame,
+)
+from ddtree_bench.environment import collect_environment
+from ddtree_bench.validation import check_budget
+
+SPIN_NS = 100_000  # long enough to cover the host's cost of queueing the timed launches
+
+
+def run_gpu_benchmark(
+    builder,
+    trace_path,
+    budget,
+    batch,
+    *,
+    warmup: int,
+    repeats: int,
+    min_seconds: float,
+    machine: str | None,
+    distribution: str | None,
+    builder_options: dict | None = None,
+    max_seconds: float | None = None,
+    min_repeats: int = 1,
+    max_repeats: int | None = None,
+    correct: bool | None = None,
+) -> pd.DataFrame:
+    from ddtree_bench.builders.gpu import DeviceTrees, GpuBuilder
+    from ddtree_bench.traces import load_trace
+
+    budget = check_budget(budget)
+    batch = _check_count(batch, "batch", 1)
+    warmup = _check_count(warmup, "warmup", 0)
+    repeats = _check_count(repeats, "repeats", 1)
+    min_seconds = _check_seconds(min_seconds, "min_seconds")
+    max_seconds = _check_seconds(max_seconds, "max_seconds", allow_none=True)
+
+    trace = load_trace(trace_path)
+    lp, ids = trace.batch(batch)
+    lp, ids = np.ascontiguousarray(lp), np.ascontiguousarray(ids)
+    depth, topk = trace.depth, min(budget, trace.topk)
+    if distribution is None:
+        distribution = trace.metadata.get("distribution")
+    env = collect_environment(machine)
+    name = builder if isinstance(builder, str) else getattr(builder, "name", "gpu")
+    gpu = _builder_object(builder, builder_options)
+    if not isinstance(gpu, GpuBuilder):
+        raise ValueError(f"run_gpu_benchmark times the gpu builder, not {name!r}")
+    reason = gpu.unavailable_reason()
+    if reason is not None:
+        return unavailable_frame(
+            name,
+            reason,
+            label=gpu.label,
+            budget=budget,
+            batch=batch,
+            depth=depth,
+            topk=topk,
+            distribution=distribution,
+            environment=env,
+        )
+    gpu.check(lp, ids, budget)
+
+    import cupy as cp
+
+    kernels = gpu.kernels
+    plan = gpu.plan(batch, depth, lp.shape[-1], budget)
+    stream = cp.cuda.Stream(non_blocking=True)
+    with stream:
+        d_lp, d_ids = cp.asarray(lp), cp.asarray(ids)
+        out = DeviceTrees(batch, budget)
+        flush_words = 2 * kernels.l2_bytes // 4
+        flush_buf = cp.empty(flush_words, cp.uint32)
+        pinned_in = [_pinned_like(lp), _pinned_like(ids)]
+        pinned_in[0][...] = lp
+        pinned_in[1][...] = ids
+        host_outs = {field: _pinned_like(getattr(out, field)) for field in _TREE_FIELDS}
+    start, end = cp.cuda.Event(), cp.cuda.Event()
+
+    def spin():
+        kernels.spin((1,), (1,), (np.int64(SPIN_NS),), stream=stream)
+
+    def flush():
+        kernels.flush_l2(
+            (4 * kernels.sm_count,), (1024,), (flush_buf, np.int64(flush_words), np.uint32(7)), stream=stream
+        )
+
+    def build_full():
+        gpu.launch(plan, d_lp, d_ids, out, stream=stream, bool_visibility=True)
+
+    def build_packed():
+        gpu.launch(plan, d_lp, d_ids, out, stream=stream, bool_visibility=False)
+
+    def empty():
+        kernels.empty((1,), (1,), (), stream=stream)
+
+    # one graph replaying the full build
+    build_full()
+    stream.synchronize()
+    stream.begin_capture()
+    build_full()
+    graph = stream.end_capture()
+
+    def replay():
+        graph.launch(stream)
+
+    def event_time(fn, cold: bool) -> float:
+        spin()
+        if cold:
+            flush()
+        start.record(stream)
+        fn()
+        end.record(stream)
+        end.synchronize()
+        return cp.cuda.get_elapsed_time(start, end) / 1e3
+
+    def host_inclusive() -> float:
+        t0 = time.perf_counter_ns()
+        d_lp.set(pinned_in[0], stream=stream)
+        d_ids.set(pinned_in[1], stream=stream)
+        build_full()
+        for field in _TREE_FIELDS:
+            getattr(out, field).get(stream=stream, out=host_outs[field])
+        stream.synchronize()
+        return (time.perf_counter_ns() - t0) / 1e9
+
+    kinds = [
+        ("floor", "warm", lambda: event_time(empty, False)),
+        ("kernel-events", "warm", lambda: event_time(build_full, False)),
+        ("kernel-events", "cold", lambda: event_time(build_full, True)),
+        ("kernel-events-packed", "warm", lambda: event_time(build_packed, False)),
+        ("kernel-events-packed", "cold", lambda: event_time(build_packed, True)),
+        ("graph-replay", "warm", lambda: event_time(replay, False)),
+        ("host-inclusive", "n/a", host_inclusive),
+    ]
+    samples = []
+    for timing, cache, measure in kinds:
+        for rep in range(warmup):
+            samples.append((timing, cache, "warmup", rep, measure()))
+        began, rep = time.perf_counter(), 0
+        while True:
+            samples.append((timing, cache, "timed", rep, measure()))
+            rep += 1
+            elapsed = time.perf_counter() - began
+            if max_repeats is not None and rep >= max_repeats:
+                break
+            if rep >= repeats and elapsed >= min_seconds:
+                break
+            if max_seconds is not None and rep >= min_repeats and elapsed >= max_seconds:
+                break
+
+    trees = out.to_host()
+    paths = np.bincount(out.stats.get(), minlength=5)
+    gpu.last_paths = {label: int(c) for label, c in zip(_PATH_NAMES, paths, strict=True) if c}
+    if correct is None:
+        from ddtree_bench.builders import get_builder
+        from ddtree_bench.tree import first_difference
+
+        correct = first_difference(get_builder("reference").build(lp, ids, budget), trees) is None
+    device_bytes = out.nbytes + d_lp.nbytes + d_ids.nbytes
+    base = {
+        "builder": name,
+        "label": gpu.label,
+        "budget": budget,
+        "batch": batch,
+        "depth": depth,
+        "topk": topk,
+        "distribution": distribution,
+        "status": "ok",
+        "status_reason": None,
+        "correct": bool(correct),
+        "nodes_mean": float(np.mean(trees.node_count)),
+        "device_memory_bytes": float(device_bytes),
+        "threads": plan.threads,
+        **{k: env.get(k) for k in COLUMNS if k in env},
+    }
+    rows = []
+    for timing, cache, phase, rep, seconds in samples:
+        clock = "time.perf_counter_ns" if timing == "host-inclusive" else "cudaEventElapsedTime"
+        rows.append(
+            {
+                **base,
+                "timing": timing,
+                "cache": cache,
+                "phase": phase,
+                "repetition": rep,
+                "seconds": seconds,
+                "per_tree_seconds": seconds / batch,
+                "clock": clock,
+            }
+        )
+    df = frame(rows)
+    df.attrs["gpu_paths"] = gpu.last_paths
+    return df
+
+
+_TREE_FIELDS = (
+    "node_count",
+    "node_token_ids",
+    "node_depths",
+    "parents",
+    "visibility",
+    "retrieve_next_token",
+    "retrieve_next_sibling",
+)
+_PATH_NAMES = ("parallel", "heap (anomaly)", "heap (pool overflow)", "heap (forced)", "warp heap")
+
+
+def _pinned_like(array) -> np.ndarray:
+    """A page-locked host array with ``array``'s shape and dtype (``array`` on the host or the device)."""
+    import cupy as cp
+
+    mem = cp.cuda.alloc_pinned_memory(max(1, array.nbytes))
+    return np.frombuffer(mem, array.dtype, array.size).reshape(array.shape)
