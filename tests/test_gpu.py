@@ -176,4 +176,35 @@ def test_sanitizer_clean(tool):
     ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "ERROR SUMMARY: 0 errors" in proc.stdout + proc.stderr
+    report = proc.stdout + proc.stderr
+    assert "ERROR SUMMARY: 0 errors" in report or "RACECHECK SUMMARY: 0 hazards" in report, report[-2000:]
+
+
+@needs_gpu
+def test_gpu_benchmark_rows(tmp_path):
+    """Every timing kind is measured in the same run, on trees checked equal to the reference's."""
+    from ddtree_bench.gpu_bench import run_gpu_benchmark
+    from ddtree_bench.traces import save_trace
+
+    lp, ids = topk_inputs("peaked", 8, 16, 64, seed=5)
+    trace = tmp_path / "trace.npz"
+    save_trace(trace, lp, ids, distribution="peaked")
+    df = run_gpu_benchmark(
+        "gpu", trace, 64, 8, warmup=1, repeats=5, min_seconds=0.0, machine="test", distribution="peaked"
+    )
+    timed = df[df.phase == "timed"]
+    kinds = set(zip(timed.timing, timed.cache, strict=True))
+    assert kinds == {
+        ("floor", "warm"),
+        ("kernel-events", "warm"),
+        ("kernel-events", "cold"),
+        ("kernel-events-packed", "warm"),
+        ("kernel-events-packed", "cold"),
+        ("graph-replay", "warm"),
+        ("host-inclusive", "n/a"),
+    }
+    assert (timed.groupby(["timing", "cache"]).size() >= 5).all()
+    assert timed.correct.all() and (timed.status == "ok").all() and (timed.nodes_mean == 64).all()
+    med = timed.groupby("timing").seconds.median()
+    assert med["floor"] < med["kernel-events"] < med["host-inclusive"]
+    assert (df.phase == "warmup").any()

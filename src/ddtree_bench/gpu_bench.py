@@ -9,8 +9,8 @@ the device once):
   mask only, what attention kernels consume);
 - ``graph-replay``: the same launches captured once in a CUDA graph, one replay timed by CUDA events;
 - ``host-inclusive``: wall clock (``time.perf_counter_ns``) for copying the inputs in from pinned host
-  memory, building, copying the whole TreeBatch out to pinned host memory and synchronising, as a CPU-side
-  consumer pays.
+  memory (one transfer), building, copying the whole TreeBatch out to pinned host memory (one transfer: the
+  device buffers are laid out contiguously) and synchronising, as a CPU-side consumer pays.
 
 Event-timed launches are queued behind a short spin kernel, so that the events time the GPU's work rather
 than the host's launch overhead (nvbench's approach). ``cache = "warm"`` samples run back to back;
@@ -56,7 +56,7 @@ def run_gpu_benchmark(
     max_repeats: int | None = None,
     correct: bool | None = None,
 ) -> pd.DataFrame:
-    from ddtree_bench.builders.gpu import DeviceTrees, GpuBuilder
+    from ddtree_bench.builders.gpu import DeviceTrees, GpuBuilder, _layout, _views
     from ddtree_bench.traces import load_trace
 
     budget = check_budget(budget)
@@ -98,14 +98,19 @@ def run_gpu_benchmark(
     plan = gpu.plan(batch, depth, lp.shape[-1], budget)
     stream = cp.cuda.Stream(non_blocking=True)
     with stream:
-        d_lp, d_ids = cp.asarray(lp), cp.asarray(ids)
+        # inputs in one device buffer (log-probs, then token ids), filled from one pinned host buffer
+        in_offsets, in_bytes = _layout([("lp", lp.shape, lp.dtype), ("ids", ids.shape, ids.dtype)])
+        d_in = cp.zeros(in_bytes, cp.uint8)
+        d_lp, d_ids = (_views(d_in, in_offsets)[k] for k in ("lp", "ids"))
+        pinned_in = _pinned(in_bytes)
+        host_in = _views(pinned_in, in_offsets)
+        host_in["lp"][...] = lp
+        host_in["ids"][...] = ids
+        d_in.set(pinned_in)
         out = DeviceTrees(batch, budget)
+        pinned_out = _pinned(out.tree_bytes)
         flush_words = 2 * kernels.l2_bytes // 4
         flush_buf = cp.empty(flush_words, cp.uint32)
-        pinned_in = [_pinned_like(lp), _pinned_like(ids)]
-        pinned_in[0][...] = lp
-        pinned_in[1][...] = ids
-        host_outs = {field: _pinned_like(getattr(out, field)) for field in _TREE_FIELDS}
     start, end = cp.cuda.Event(), cp.cuda.Event()
 
     def spin():
@@ -147,11 +152,9 @@ def run_gpu_benchmark(
 
     def host_inclusive() -> float:
         t0 = time.perf_counter_ns()
-        d_lp.set(pinned_in[0], stream=stream)
-        d_ids.set(pinned_in[1], stream=stream)
+        d_in.set(pinned_in, stream=stream)  # one transfer in
         build_full()
-        for field in _TREE_FIELDS:
-            getattr(out, field).get(stream=stream, out=host_outs[field])
+        out.tree_region().get(stream=stream, out=pinned_out)  # one transfer out: the whole TreeBatch
         stream.synchronize()
         return (time.perf_counter_ns() - t0) / 1e9
 
@@ -180,7 +183,7 @@ def run_gpu_benchmark(
             if max_seconds is not None and rep >= min_repeats and elapsed >= max_seconds:
                 break
 
-    trees = out.to_host()
+    trees = out.host_views(pinned_out)  # what the last host-inclusive call copied out
     paths = np.bincount(out.stats.get(), minlength=5)
     gpu.last_paths = {label: int(c) for label, c in zip(_PATH_NAMES, paths, strict=True) if c}
     if correct is None:
@@ -188,7 +191,7 @@ def run_gpu_benchmark(
         from ddtree_bench.tree import first_difference
 
         correct = first_difference(get_builder("reference").build(lp, ids, budget), trees) is None
-    device_bytes = out.nbytes + d_lp.nbytes + d_ids.nbytes
+    device_bytes = out.nbytes + d_in.nbytes
     base = {
         "builder": name,
         "label": gpu.label,
@@ -225,21 +228,11 @@ def run_gpu_benchmark(
     return df
 
 
-_TREE_FIELDS = (
-    "node_count",
-    "node_token_ids",
-    "node_depths",
-    "parents",
-    "visibility",
-    "retrieve_next_token",
-    "retrieve_next_sibling",
-)
 _PATH_NAMES = ("parallel", "heap (anomaly)", "heap (pool overflow)", "heap (forced)", "warp heap")
 
 
-def _pinned_like(array) -> np.ndarray:
-    """A page-locked host array with ``array``'s shape and dtype (``array`` on the host or the device)."""
+def _pinned(nbytes: int) -> np.ndarray:
+    """A page-locked host byte buffer."""
     import cupy as cp
 
-    mem = cp.cuda.alloc_pinned_memory(max(1, array.nbytes))
-    return np.frombuffer(mem, array.dtype, array.size).reshape(array.shape)
+    return np.frombuffer(cp.cuda.alloc_pinned_memory(max(1, nbytes)), np.uint8, nbytes)

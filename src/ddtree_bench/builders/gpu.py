@@ -102,51 +102,65 @@ def plan_launch(
     return LaunchPlan(batch, depth, k, budget, cap, threads, size, staged, "parallel")
 
 
+def _layout(fields) -> tuple[dict[str, tuple[int, tuple, object]], int]:
+    """Byte offsets of ``(name, shape, dtype)`` fields in one buffer, each 256-byte aligned."""
+    offsets, at = {}, 0
+    for name, shape, dtype in fields:
+        offsets[name] = (at, shape, dtype)
+        at += -(-int(np.prod(shape)) * np.dtype(dtype).itemsize // 256) * 256
+    return offsets, at
+
+
+def _views(buffer, offsets) -> dict:
+    out = {}
+    for name, (at, shape, dtype) in offsets.items():
+        nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
+        out[name] = buffer[at : at + nbytes].view(dtype).reshape(shape)
+    return out
+
+
 class DeviceTrees:
-    """Preallocated device outputs for one (batch, budget)."""
+    """Preallocated device outputs for one (batch, budget), in one allocation: the TreeBatch fields first
+    (one contiguous region, so a host consumer copies the whole batch out in one transfer), then the
+    packed-bit mask and the per-tree path statistics."""
 
     def __init__(self, batch: int, budget: int):
         import cupy as cp
 
         n1 = budget + 1
         words = (n1 + 31) // 32
-        self.node_count = cp.zeros(batch, cp.int32)
-        self.node_token_ids = cp.empty((batch, budget), cp.int64)
-        self.node_depths = cp.empty((batch, budget), cp.int64)
-        self.parents = cp.empty((batch, n1), cp.int32)
-        self.visibility = cp.empty((batch, n1, n1), cp.bool_)
-        self.visibility_bits = cp.empty((batch, n1, words), cp.uint32)
-        self.retrieve_next_token = cp.empty((batch, n1), cp.int64)
-        self.retrieve_next_sibling = cp.empty((batch, n1), cp.int64)
-        self.stats = cp.zeros(batch, cp.int32)
+        tree_fields = [
+            ("node_count", (batch,), np.int32),
+            ("node_token_ids", (batch, budget), np.int64),
+            ("node_depths", (batch, budget), np.int64),
+            ("parents", (batch, n1), np.int32),
+            ("visibility", (batch, n1, n1), np.bool_),
+            ("retrieve_next_token", (batch, n1), np.int64),
+            ("retrieve_next_sibling", (batch, n1), np.int64),
+        ]
+        self.tree_offsets, self.tree_bytes = _layout(tree_fields)
+        offsets, total = _layout(
+            tree_fields + [("visibility_bits", (batch, n1, words), np.uint32), ("stats", (batch,), np.int32)]
+        )
+        self.buffer = cp.zeros(total, cp.uint8)
+        for name, view in _views(self.buffer, offsets).items():
+            setattr(self, name, view)
 
     @property
     def nbytes(self) -> int:
-        return sum(
-            a.nbytes
-            for a in (
-                self.node_count,
-                self.node_token_ids,
-                self.node_depths,
-                self.parents,
-                self.visibility,
-                self.visibility_bits,
-                self.retrieve_next_token,
-                self.retrieve_next_sibling,
-                self.stats,
-            )
-        )
+        return int(self.buffer.nbytes)
+
+    def tree_region(self):
+        """The TreeBatch fields as one contiguous device byte range."""
+        return self.buffer[: self.tree_bytes]
+
+    def host_views(self, host_buffer: np.ndarray) -> TreeBatch:
+        """A TreeBatch viewing a host copy of ``tree_region()``."""
+        return TreeBatch(**_views(host_buffer, self.tree_offsets))
 
     def to_host(self) -> TreeBatch:
-        return TreeBatch(
-            node_count=self.node_count.get(),
-            node_token_ids=self.node_token_ids.get(),
-            node_depths=self.node_depths.get(),
-            parents=self.parents.get(),
-            visibility=self.visibility.get(),
-            retrieve_next_token=self.retrieve_next_token.get(),
-            retrieve_next_sibling=self.retrieve_next_sibling.get(),
-        )
+        host = self.tree_region().get()
+        return TreeBatch(**{k: v.copy() for k, v in self.host_views(host).as_dict().items()})
 
 
 class GpuBuilder(Builder):

@@ -1,0 +1,33 @@
+rule build_native:
+    """Compile the native C++ tree builder (one thread and all-cores variants share the library)."""
+    input:
+        source=NATIVE_SOURCE,
+        headers=NATIVE_HEADERS,
+    output:
+        library=NATIVE_LIBRARY,
+    log:
+        f"{LOGS}/build/native.log",
+    conda:
+        "../envs/ddtree-bench.yaml"
+    script:
+        "../scripts/build_native.py"
+
+
+rule build_fatbin:
+    """Compile a CUDA source (kernels/NAME.cu) to a fatbin: machine code per configured architecture, plus PTX."""
+    input:
+        source="kernels/{kernel}.cu",
+        headers=KERNEL_HEADERS,
+    output:
+        fatbin=f"{RESULTS}/build/{{kernel}}.fatbin",
+        info=f"{RESULTS}/build/{{kernel}}.fatbin.json",
+    log:
+        f"{LOGS}/build/{{kernel}}.fatbin.log",
+    wildcard_constraints:
+        kernel=r"[A-Za-z0-9_]+",
+    conda:
+        "../envs/ddtree-bench.yaml"
+    params:
+        archs=config["cuda_archs"],
+    script:
+        "../scripts/build_fatbin.py"
