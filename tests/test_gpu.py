@@ -51,9 +51,9 @@ def test_launch_plan_refuses_shapes_it_cannot_take():
     with pytest.raises(ValueError, match="depth"):
         plan_launch(1, 33, 8, 8, 232_448)
     with pytest.raises(ValueError, match="budget"):
-        plan_launch(1, 16, 8, 5000, 232_448)
+        plan_launch(1, 16, 8, 4096, 232_448)
     with pytest.raises(ValueError, match="shared memory"):
-        plan_launch(1, 16, 1024, 4096, 48 * 1024)
+        plan_launch(1, 16, 1024, 2048, 48 * 1024)
     plan = plan_launch(64, 16, 1024, 1024, 232_448)
     assert plan.cap >= 2 * 1024 and plan.shared_bytes <= 232_448 - 2048
 
@@ -91,7 +91,7 @@ def assert_same(lp, ids, budget, builder):
 
 @needs_gpu
 @pytest.mark.parametrize("kind", ["uniform", "peaked", "bf16", "equal", "tied", "tiny"])
-@pytest.mark.parametrize("budget", [1, 2, 3, 8, 16, 31, 64, 100, 256, 1024])
+@pytest.mark.parametrize("budget", [1, 2, 3, 8, 16, 31, 64, 100, 256, 1024, 2048])
 def test_gpu_equals_reference(gpu, gpu_heap, gpu_parallel, gpu_warp, kind, budget):
     depth, k = 16, min(budget, 256) if budget > 256 else budget
     batch = 2 if budget >= 256 else 4
@@ -119,6 +119,8 @@ def test_gpu_equals_reference(gpu, gpu_heap, gpu_parallel, gpu_warp, kind, budge
         (5, 8, 1, 8),
         (1, 1, 1, 1),
         (2, 16, 64, 1024),
+        (1, 16, 2048, 2048),
+        (1, 32, 1024, 1024),
     ],
 )
 def test_gpu_shape_edges(gpu, gpu_parallel, batch, depth, k, budget):

@@ -16,7 +16,7 @@ from ddtree_bench.builders.base import Builder, BuilderUnavailable
 from ddtree_bench.tree import TreeBatch
 
 MAX_DEPTH = 32
-MAX_BUDGET = 4096
+MAX_BUDGET = 2048
 FLAG_FORCE_HEAP = 1
 FLAG_ROWS_IN_SHARED = 4
 SMALL_MAX_BUDGET = 64  # the warp-heap kernel takes budgets up to this
