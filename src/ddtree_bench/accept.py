@@ -1,0 +1,314 @@
+"""Tree accept: the greedy verify walk over a batch of draft trees, on the CPU and on the GPU.
+
+Semantics are SGLang's ``follow_verified_tree(child_maps, posterior)``: ``child_maps[p]`` maps each child's
+token to its index, built in node-index order (``child_maps[parent][token] = index``), so when two children
+of one parent carry the same token the later one wins. From the root (index 0), with ``t = posterior[cur]``,
+move to ``child_maps[cur][t]`` while it exists; the accepted indices are the root and every node moved to,
+and the bonus token is ``t`` at the node where the walk stopped.
+
+Outputs, for a batch of ``B`` trees of budget ``N``:
+
+====================  ==========  ========  ===========================================
+output                shape       dtype     meaning
+====================  ==========  ========  ===========================================
+accepted_indices      [B, N+1]    int32     the accepted path, root (0) first, then -1
+accept_length         [B]         int32     accepted nodes including the root (1...N+1)
+bonus_token           [B]         int64     the target's token where the walk stopped
+====================  ==========  ========  ===========================================
+
+``accept_cpu`` walks child maps built from the TreeBatch's parents and node tokens (SGLang's way).
+``GpuAccept`` runs ``kernels/tree_accept.cu`` (one warp per request, walking retrieve_next_token /
+retrieve_next_sibling): ``launch`` on device arrays into preallocated ``DeviceAccept`` outputs (no
+allocation, no host sync: CUDA-graph capturable), ``accept`` as a host-inclusive convenience. Every shape
+problem is a one-line ``ValueError`` before launch.
+"""
+
+from __future__ import annotations
+
+import numbers
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+
+from ddtree_bench.cuda import KERNEL_DIR
+from ddtree_bench.tree import TreeBatch
+
+KERNEL_SOURCE = KERNEL_DIR / "tree_accept.cu"
+KERNEL_NAME = "ddtree_tree_accept"
+WARPS_PER_BLOCK = 4  # one warp per request; 4 requests per block of 128 threads
+MAX_BATCH = 2**31 - 1
+MAX_BUDGET = 2**31 - 2  # N + 1 must fit the kernel's int
+TREE_LINK_FIELDS = ("node_token_ids", "retrieve_next_token", "retrieve_next_sibling")
+AcceptResult = tuple[np.ndarray, np.ndarray, np.ndarray]  # accepted_indices, accept_length, bonus_token
+
+
+class AcceptUnavailable(RuntimeError):
+    """The GPU accept cannot run on this machine (the message says why)."""
+
+
+# ---------------------------------------------------------------------------------------------------------
+# validation (shape and dtype only: works on numpy and CuPy arrays alike, before anything touches a device)
+
+
+def check_batch_budget(batch, budget) -> tuple[int, int]:
+    """``(batch, budget)`` as ints; ValueError for a non-integer, negative or too large value."""
+    for name, value, limit in (("batch", batch, MAX_BATCH), ("budget", budget, MAX_BUDGET)):
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+            raise ValueError(f"tree accept: {name} must be an integer, got {value!r}")
+        if value < 0:
+            raise ValueError(f"tree accept: {name} must be >= 0, got {value}")
+        if value > limit:
+            raise ValueError(f"tree accept: {name} {value} exceeds the kernel's limit {limit}")
+    return int(batch), int(budget)
+
+
+def _shape(array, name: str) -> tuple[int, ...]:
+    shape = getattr(array, "shape", None)
+    if shape is None:
+        raise ValueError(f"tree accept: {name} must be an array, got {type(array).__name__}")
+    return tuple(int(s) for s in shape)
+
+
+def check_tree_links(trees) -> tuple[int, int]:
+    """``(batch, budget)`` of a tree batch (a TreeBatch, a DeviceTrees or anything with the link fields):
+    ``node_token_ids [B, N]``, ``retrieve_next_token`` and ``retrieve_next_sibling [B, N+1]``."""
+    for name in TREE_LINK_FIELDS:
+        if not hasattr(trees, name):
+            raise ValueError(f"tree accept: the trees lack field {name}")
+    shape = _shape(trees.node_token_ids, "node_token_ids")
+    if len(shape) != 2:
+        raise ValueError(f"tree accept: node_token_ids must be 2-D [B, N], got shape {shape}")
+    batch, budget = check_batch_budget(*shape)
+    for name in TREE_LINK_FIELDS[1:]:
+        got = _shape(getattr(trees, name), name)
+        if got != (batch, budget + 1):
+            raise ValueError(
+                f"tree accept: trees field {name} has shape {got}, expected {(batch, budget + 1)} "
+                f"(B = {batch}, N + 1 = {budget + 1})"
+            )
+    return batch, budget
+
+
+def check_target_shape(target_tokens, batch: int, budget: int) -> None:
+    """``target_tokens`` must be ``[B, N+1]`` for the trees' ``B`` and ``N``."""
+    shape = _shape(target_tokens, "target_tokens")
+    if len(shape) != 2:
+        raise ValueError(f"tree accept: target_tokens must be 2-D [B, N+1], got shape {shape}")
+    if shape[0] != batch:
+        raise ValueError(f"tree accept: target_tokens has batch {shape[0]} but the trees have B = {batch}")
+    if shape[1] != budget + 1:
+        raise ValueError(
+            f"tree accept: target_tokens has {shape[1]} columns but the trees need N + 1 = {budget + 1}"
+        )
+
+
+def _check_integer(array, name: str) -> None:
+    dtype = np.dtype(array.dtype)
+    if not np.issubdtype(dtype, np.integer):
+        raise ValueError(f"tree accept: {name} must hold integer token ids, got dtype {dtype}")
+
+
+def check_host_inputs(trees: TreeBatch, target_tokens, *, need_parents: bool) -> tuple[int, int]:
+    """Shapes and dtypes of a host TreeBatch and its target tokens; with ``need_parents`` also the
+    node counts and parents (``0 <= parents[b, i] < i`` for every real node ``i``) the CPU walk reads."""
+    batch, budget = check_tree_links(trees)
+    check_target_shape(target_tokens, batch, budget)
+    _check_integer(target_tokens, "target_tokens")
+    for name in TREE_LINK_FIELDS:
+        _check_integer(getattr(trees, name), name)
+    if not need_parents:
+        return batch, budget
+    counts = np.asarray(trees.node_count)
+    parents = np.asarray(trees.parents)
+    if counts.shape != (batch,):
+        raise ValueError(f"tree accept: node_count has shape {counts.shape}, expected {(batch,)}")
+    if parents.shape != (batch, budget + 1):
+        raise ValueError(f"tree accept: parents has shape {parents.shape}, expected {(batch, budget + 1)}")
+    if batch and (counts.min() < 0 or counts.max() > budget):
+        b = int(np.argmax((counts < 0) | (counts > budget)))
+        raise ValueError(f"tree accept: request {b} has node_count {int(counts[b])} outside 0..{budget}")
+    index = np.arange(budget + 1)
+    real = (index[None, :] >= 1) & (index[None, :] <= counts[:, None])
+    bad = real & ((parents < 0) | (parents >= index[None, :]))
+    if bad.any():
+        b, i = (int(v) for v in np.argwhere(bad)[0])
+        raise ValueError(
+            f"tree accept: request {b} node {i} has parent {int(parents[b, i])} (must be in 0..{i - 1})"
+        )
+    return batch, budget
+
+
+# ---------------------------------------------------------------------------------------------------------
+# CPU: SGLang's child maps and follow_verified_tree
+
+
+def child_maps(parents, node_token_ids, node_count: int) -> list[dict[int, int]]:
+    """SGLang's per-node ``{token: child index}`` maps of one tree (nodes inserted in index order, so a
+    repeated token among siblings maps to the later child)."""
+    maps: list[dict[int, int]] = [{} for _ in range(node_count + 1)]
+    for index in range(1, node_count + 1):
+        maps[int(parents[index])][int(node_token_ids[index - 1])] = index
+    return maps
+
+
+def follow_verified_tree(maps: list[dict[int, int]], posterior_tokens) -> tuple[list[int], int]:
+    """SGLang's walk: ``(accepted indices, bonus token)``."""
+    accepted = [0]
+    current = 0
+    next_token = int(posterior_tokens[current])
+    while next_token in maps[current]:
+        current = maps[current][next_token]
+        accepted.append(current)
+        next_token = int(posterior_tokens[current])
+    return accepted, next_token
+
+
+def accept_cpu(trees: TreeBatch, target_tokens: np.ndarray) -> AcceptResult:
+    """``(accepted_indices [B, N+1] int32 padded -1, accept_length [B] int32, bonus_token [B] int64)``:
+    per request, SGLang's child maps from the parents and node tokens, followed by its greedy walk."""
+    batch, budget = check_host_inputs(trees, target_tokens, need_parents=True)
+    target = np.asarray(target_tokens).astype(np.int64, copy=False)
+    accepted_indices = np.full((batch, budget + 1), -1, np.int32)
+    accept_length = np.zeros(batch, np.int32)
+    bonus_token = np.zeros(batch, np.int64)
+    for b in range(batch):
+        n = int(trees.node_count[b])
+        maps = child_maps(trees.parents[b].tolist(), trees.node_token_ids[b].tolist(), n)
+        path, bonus = follow_verified_tree(maps, target[b, : n + 1].tolist())
+        accepted_indices[b, : len(path)] = path
+        accept_length[b] = len(path)
+        bonus_token[b] = bonus
+    return accepted_indices, accept_length, bonus_token
+
+
+# ---------------------------------------------------------------------------------------------------------
+# GPU
+
+
+class DeviceAccept:
+    """Preallocated device outputs of one (batch, budget): ``accepted_indices [B, N+1] int32``,
+    ``accept_length [B] int32``, ``bonus_token [B] int64`` (the kernel writes every element)."""
+
+    def __init__(self, batch: int, budget: int):
+        batch, budget = check_batch_budget(batch, budget)  # before CuPy: a bad shape is a ValueError anywhere
+        import cupy as cp
+
+        self.batch, self.budget = batch, budget
+        self.accepted_indices = cp.empty((batch, budget + 1), cp.int32)
+        self.accept_length = cp.empty(batch, cp.int32)
+        self.bonus_token = cp.empty(batch, cp.int64)
+
+    def to_host(self) -> AcceptResult:
+        return self.accepted_indices.get(), self.accept_length.get(), self.bonus_token.get()
+
+
+def check_device_arrays(d_target, d_trees, out) -> tuple[int, int]:
+    """Shapes, dtypes (int64 inputs, int32/int32/int64 outputs) and C-contiguity of a launch's arrays."""
+    batch, budget = check_tree_links(d_trees)
+    check_target_shape(d_target, batch, budget)
+    n1 = budget + 1
+    arrays = [("target_tokens", d_target, np.int64, None)]
+    arrays += [(name, getattr(d_trees, name), np.int64, None) for name in TREE_LINK_FIELDS]
+    arrays += [
+        ("accepted_indices", getattr(out, "accepted_indices", None), np.int32, (batch, n1)),
+        ("accept_length", getattr(out, "accept_length", None), np.int32, (batch,)),
+        ("bonus_token", getattr(out, "bonus_token", None), np.int64, (batch,)),
+    ]
+    for name, array, dtype, shape in arrays:
+        got = _shape(array, name)
+        if shape is not None and got != shape:
+            raise ValueError(
+                f"tree accept: output {name} has shape {got}, expected {shape} for the trees' "
+                f"B = {batch}, N = {budget}"
+            )
+        if np.dtype(array.dtype) != np.dtype(dtype):
+            raise ValueError(f"tree accept: {name} must be {np.dtype(dtype)}, got {np.dtype(array.dtype)}")
+        if not array.flags.c_contiguous:
+            raise ValueError(f"tree accept: {name} must be C-contiguous")
+    return batch, budget
+
+
+class GpuAccept:
+    """The CUDA tree accept (``kernels/tree_accept.cu``), loaded from ``fatbin`` or the cached build."""
+
+    def __init__(self, fatbin: str | Path | None = None, archs=None):
+        self._fatbin = Path(fatbin) if fatbin else None
+        self._archs = tuple(archs) if archs else None
+        self._kernel = None
+        self.fatbin: Path | None = None
+
+    def unavailable_reason(self) -> str | None:
+        from ddtree_bench.cuda import gpu_unavailable_reason
+
+        return gpu_unavailable_reason()
+
+    def _require(self) -> None:
+        reason = self.unavailable_reason()
+        if reason:
+            raise AcceptUnavailable(f"gpu tree accept unavailable: {reason}")
+
+    @property
+    def kernel(self):
+        if self._kernel is None:
+            self._require()
+            import cupy
+
+            from ddtree_bench import cuda
+
+            fatbin = self._fatbin or cuda.cached_fatbin(KERNEL_SOURCE, self._archs or cuda.DEFAULT_ARCHS)
+            self._kernel = cupy.RawModule(path=str(fatbin)).get_function(KERNEL_NAME)
+            self.fatbin = Path(fatbin)
+        return self._kernel
+
+    @staticmethod
+    def grid(batch: int) -> tuple[tuple[int], tuple[int]]:
+        """``(grid, block)`` of a launch: one warp per request, ``WARPS_PER_BLOCK`` requests per block."""
+        return ((batch + WARPS_PER_BLOCK - 1) // WARPS_PER_BLOCK,), (32 * WARPS_PER_BLOCK,)
+
+    def launch(self, d_target, d_trees, out: DeviceAccept, stream=None) -> None:
+        """Enqueue the accept of the whole batch on ``stream`` (no allocation, no host sync).
+
+        ``d_target``: device int64 ``[B, N+1]``; ``d_trees``: a ``DeviceTrees`` (or anything with device
+        ``node_token_ids``, ``retrieve_next_token``, ``retrieve_next_sibling``); ``out``: a ``DeviceAccept``
+        of the same ``(B, N)``. Every shape, dtype and layout is checked first (ValueError)."""
+        batch, budget = check_device_arrays(d_target, d_trees, out)
+        self._require()
+        import cupy as cp
+
+        arrays = [d_target, *(getattr(d_trees, name) for name in TREE_LINK_FIELDS)]
+        arrays += [out.accepted_indices, out.accept_length, out.bonus_token]
+        if not all(isinstance(a, cp.ndarray) for a in arrays):
+            raise ValueError("tree accept: launch takes CuPy device arrays (use accept() for host arrays)")
+        if batch == 0:
+            return
+        kernel = self.kernel
+        stream = stream or cp.cuda.get_current_stream()
+        grid, block = self.grid(batch)
+        args = (
+            d_target,
+            d_trees.node_token_ids,
+            d_trees.retrieve_next_token,
+            d_trees.retrieve_next_sibling,
+            np.int32(batch),
+            np.int32(budget),
+            out.accepted_indices,
+            out.accept_length,
+            out.bonus_token,
+        )
+        kernel(grid, block, args, stream=stream)
+
+    def accept(self, trees: TreeBatch, target_tokens: np.ndarray) -> AcceptResult:
+        """Host in, host out (copies in, one launch, copies out): the same triple as ``accept_cpu``."""
+        batch, budget = check_host_inputs(trees, target_tokens, need_parents=False)
+        self._require()
+        import cupy as cp
+
+        def device(array):
+            return cp.asarray(np.ascontiguousarray(np.asarray(array).astype(np.int64, copy=False)))
+
+        d_target = device(target_tokens)
+        d_trees = SimpleNamespace(**{name: device(getattr(trees, name)) for name in TREE_LINK_FIELDS})
+        out = DeviceAccept(batch, budget)
+        self.launch(d_target, d_trees, out)
+        return out.to_host()
