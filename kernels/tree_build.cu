@@ -812,24 +812,25 @@ __device__ __forceinline__ void build_tree(DDT_BUILD_PARAMS) {
     __syncthreads();
     if (prof && threadIdx.x == 0) prof[2] = clock64();
     {
-        // Row i = its parent's row | bit i, filled depth by depth (a parent is one depth shallower, so its
-        // row is complete after the previous pass; __syncthreads makes the block's global writes visible).
-        // One warp per row, lane w owns words w, w + 32, ...: coalesced 4-byte stores.
-        const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
-        for (int i = warp; i < N1; i += nwarps) {  // the root's row and the padding rows
-            if (i != 0 && i <= n) continue;
-            unsigned int* rowp = bits + static_cast<long long>(i) * W;
-            for (int w = lane; w < W; w += 32) rowp[w] = (i == 0 && w == 0) ? 1u : 0u;
-        }
+        // ancestors of every node, root excluded, by depth: anc[i * L + k] is i's ancestor at depth k + 1
+        // (i itself at k = depth - 1). The pool's memory is dead by now and holds them.
+        short* anc = reinterpret_cast<short*>(pool.E);
+        for (int i = 1 + threadIdx.x; i <= n; i += blockDim.x)
+            for (int v = i; v > 0; v = nodes.parent[v]) anc[i * L + nodes.depth[v] - 1] = static_cast<short>(v);
         __syncthreads();
-        for (int d = 1; d <= L; ++d) {
-            for (int i = 1 + warp; i <= n; i += nwarps) {
-                if (nodes.depth[i] != d) continue;
-                const unsigned int* prow = bits + static_cast<long long>(nodes.parent[i]) * W;
-                unsigned int* rowp = bits + static_cast<long long>(i) * W;
-                for (int w = lane; w < W; w += 32) rowp[w] = prow[w] | (w == (i >> 5) ? 1u << (i & 31) : 0u);
+        const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+        for (int i = warp; i < N1; i += nwarps) {  // one warp per row, lane w owns words w, w + 32, ...
+            unsigned int* rowp = bits + static_cast<long long>(i) * W;
+            const int depth = (i >= 1 && i <= n) ? nodes.depth[i] : 0;
+            for (int w0 = 0; w0 < W; w0 += 32) {
+                const int w = w0 + lane;
+                unsigned int acc = (w == 0 && i <= n) ? 1u : 0u;  // the root
+                for (int k = 0; k < depth; ++k) {
+                    const int v = anc[i * L + k];
+                    if ((v >> 5) == w) acc |= 1u << (v & 31);
+                }
+                if (w < W) rowp[w] = acc;
             }
-            __syncthreads();
         }
     }
     __syncthreads();  // bits of this tree are visible to the whole block from here
