@@ -1,0 +1,57 @@
+"""ddtree-bench: how much faster is a GPU DDTree tree builder than SGLang's CPU builder, on identical inputs.
+
+    snakemake --cores 1 report     # everything: traces, builds, checks, timings, summary, report/
+    snakemake --cores 1 -n         # what would run
+
+Stages (one rule file each, in workflow/rules/): build, traces, check, bench, aggregate, report.
+"""
+
+from pathlib import Path
+
+from snakemake.exceptions import WorkflowError
+from snakemake.utils import min_version, validate
+
+from ddtree_bench.config import check_config
+
+min_version("9.0")
+
+
+configfile: "config/config.yaml"
+
+
+# One clear line for a bad configuration, before any job: the package's checks first (they name the problem),
+# then Snakemake's own validation against the same schema.
+SCHEMA = "workflow/schemas/config.schema.yaml"
+try:
+    check_config(config, Path(workflow.basedir) / SCHEMA)
+except ValueError as error:
+    raise WorkflowError(str(error)) from None
+validate(config, SCHEMA)
+
+
+include: "workflow/rules/common.smk"
+include: "workflow/rules/build.smk"
+include: "workflow/rules/traces.smk"
+include: "workflow/rules/check.smk"
+include: "workflow/rules/bench.smk"
+include: "workflow/rules/aggregate.smk"
+include: "workflow/rules/report.smk"
+
+
+localrules:
+    all,
+    report,
+
+
+rule all:
+    input:
+        summary=SUMMARY,
+        environment=ENVIRONMENT,
+        html=REPORT_HTML,
+        markdown=REPORT_MD,
+
+
+rule report:
+    input:
+        html=REPORT_HTML,
+        markdown=REPORT_MD,

@@ -1,0 +1,200 @@
+"""Combining the per-job timing rows into one summary per configuration, and the trees' shape.
+
+Statistics are over the timed calls only (warm-up rows are kept in the per-job files but never enter a
+statistic): ``n`` calls, their median, 10th and 90th percentiles (numpy's linear interpolation between order
+statistics), mean and minimum, for the per-call ``seconds`` and the per-tree ``per_tree_seconds``. Rows that
+say a builder was unavailable (or failed) are carried as rows with ``n = 0`` and the reason.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+#: What identifies one configuration in the summary.
+KEYS = (
+    "machine",
+    "builder",
+    "label",
+    "distribution",
+    "depth",
+    "budget",
+    "topk",
+    "batch",
+    "timing",
+    "cache",
+    "threads",
+    "status",
+)
+
+STAT_COLUMNS = (
+    "n",
+    "median_s",
+    "p10_s",
+    "p90_s",
+    "mean_s",
+    "min_s",
+    "median_per_tree_s",
+    "p10_per_tree_s",
+    "p90_per_tree_s",
+)
+
+SUMMARY_COLUMNS = (
+    *KEYS,
+    "status_reason",
+    "correct",
+    "nodes_mean",
+    "device_memory_bytes",
+    *STAT_COLUMNS,
+    "git_commit",
+    "timestamp",
+)
+
+
+def read_rows(paths) -> pd.DataFrame:
+    """All rows of the per-job parquet files ``paths``, concatenated (an empty list gives no rows)."""
+    import pandas as pd  # noqa: PLC0415 (lazy: the tree-shape jobs do not need it)
+
+    frames = [pd.read_parquet(path) for path in paths]
+    frames = [f for f in frames if len(f)]
+    if not frames:
+        from ddtree_bench.bench import COLUMNS  # noqa: PLC0415
+
+        return pd.DataFrame(columns=list(COLUMNS))
+    return pd.concat(frames, ignore_index=True)
+
+
+def _stats(seconds: np.ndarray, per_tree: np.ndarray) -> dict:
+    if seconds.size == 0:
+        return dict.fromkeys(STAT_COLUMNS, np.nan) | {"n": 0}
+    p10, p50, p90 = np.percentile(seconds, [10, 50, 90])
+    t10, t50, t90 = np.percentile(per_tree, [10, 50, 90])
+    return {
+        "n": int(seconds.size),
+        "median_s": float(p50),
+        "p10_s": float(p10),
+        "p90_s": float(p90),
+        "mean_s": float(seconds.mean()),
+        "min_s": float(seconds.min()),
+        "median_per_tree_s": float(t50),
+        "p10_per_tree_s": float(t10),
+        "p90_per_tree_s": float(t90),
+    }
+
+
+def summarize(rows: pd.DataFrame) -> pd.DataFrame:
+    """One row per configuration (``KEYS``) with the statistics of its timed calls (module docstring)."""
+    import pandas as pd  # noqa: PLC0415 (lazy: the tree-shape jobs do not need it)
+
+    if rows.empty:
+        return pd.DataFrame(columns=list(SUMMARY_COLUMNS))
+    rows = rows.copy()
+    for key in KEYS:
+        if key not in rows:
+            rows[key] = None
+    timed = rows[(rows["phase"] == "timed") | (rows["status"] != "ok")]
+    out = []
+    for key, group in timed.groupby(list(KEYS), dropna=False, sort=True):
+        record = dict(zip(KEYS, key, strict=True))
+        ok = group[group["status"] == "ok"]
+        record.update(
+            _stats(
+                ok["seconds"].to_numpy(dtype=np.float64),
+                ok["per_tree_seconds"].to_numpy(dtype=np.float64),
+            )
+        )
+        reasons = group["status_reason"].dropna().unique() if "status_reason" in group else []
+        record["status_reason"] = "; ".join(str(r) for r in reasons) or None
+        correct = group["correct"].dropna() if "correct" in group else pd.Series(dtype=bool)
+        record["correct"] = bool(correct.all()) if len(correct) else None
+        for column in ("nodes_mean", "device_memory_bytes"):
+            values = group[column].dropna() if column in group else pd.Series(dtype=float)
+            record[column] = float(values.iloc[-1]) if len(values) else np.nan
+        for column in ("git_commit", "timestamp"):
+            values = group[column].dropna() if column in group else pd.Series(dtype=object)
+            record[column] = str(values.iloc[-1]) if len(values) else None
+        out.append(record)
+    summary = pd.DataFrame.from_records(out, columns=list(SUMMARY_COLUMNS))
+    for column in ("budget", "batch", "n"):
+        summary[column] = summary[column].astype("int64")
+    for column in ("depth", "topk", "threads"):
+        summary[column] = pd.to_numeric(summary[column], errors="coerce").astype("Int64")
+    summary["correct"] = summary["correct"].astype("boolean")
+    return summary
+
+
+def tree_shape(trace_path, budget: int, *, distribution: str | None = None) -> list[dict]:
+    """Nodes per tree depth of ``reference``'s trees for every request of a trace at ``budget``: one record
+    per tree depth d (1..L) with the mean, p10 and p90 over requests of the tree's node count at that depth.
+    (Plain records, no pandas: the workflow runs this once per budget and writes JSON.)"""
+    from ddtree_bench.builders import get_builder  # noqa: PLC0415
+    from ddtree_bench.traces import load_trace  # noqa: PLC0415
+
+    trace = load_trace(trace_path)
+    lp, ids = trace.batch()
+    trees = get_builder("reference").build(lp, ids, budget)
+    depth = trace.depth
+    counts = np.zeros((trees.batch_size, depth + 1), np.int64)
+    for request in range(trees.batch_size):
+        n = int(trees.node_count[request])
+        counts[request] = np.bincount(trees.node_depths[request, :n], minlength=depth + 1)[: depth + 1]
+    per_depth = counts[:, 1:]
+    p10, p90 = np.percentile(per_depth, [10, 90], axis=0)
+    mean = per_depth.mean(axis=0)
+    common = {
+        "distribution": distribution or str(trace.metadata.get("distribution")),
+        "depth": depth,
+        "budget": int(budget),
+        "topk": min(int(budget), trace.topk),
+        "requests": trees.batch_size,
+        "tree_nodes_mean": float(trees.node_count.mean()),
+    }
+    return [
+        {**common, "tree_depth": d + 1, "nodes_mean": float(mean[d]), "nodes_p10": float(p10[d]),
+         "nodes_p90": float(p90[d])}
+        for d in range(depth)
+    ]
+
+
+def combine_shapes(paths) -> pd.DataFrame:
+    """The per-budget tree-shape files (JSON records from ``tree_shape``) as one table."""
+    import pandas as pd  # noqa: PLC0415 (lazy: the tree-shape jobs do not need it)
+
+    records = [record for path in paths for record in json.loads(Path(path).read_text())]
+    columns = ["distribution", "depth", "budget", "topk", "requests", "tree_nodes_mean", "tree_depth",
+               "nodes_mean", "nodes_p10", "nodes_p90"]
+    return pd.DataFrame.from_records(records, columns=columns)
+
+
+def write_json(data, path) -> None:
+    """Write ``data`` as indented JSON atomically."""
+    from ddtree_bench.traces import atomic_output  # noqa: PLC0415
+
+    with atomic_output(path) as tmp:
+        Path(tmp).write_text(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
+
+
+def write_parquet(df: pd.DataFrame, path) -> None:
+    from ddtree_bench.bench import write_frame  # noqa: PLC0415
+
+    write_frame(df, path)
+
+
+def aggregate(
+    bench_paths, summary_path, *, shape_paths=(), shape_path=None, environment=None, environment_path=None
+) -> pd.DataFrame:
+    """Summarise the per-job files into ``summary_path`` (parquet); optionally combine the tree-shape files
+    into ``shape_path`` and write ``environment`` (a dict) to ``environment_path`` (JSON)."""
+    summary = summarize(read_rows(bench_paths))
+    write_parquet(summary, summary_path)
+    if shape_path is not None:
+        write_parquet(combine_shapes(shape_paths), shape_path)
+    if environment_path is not None:
+        write_json(environment or {}, environment_path)
+    return summary

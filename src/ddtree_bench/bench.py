@@ -1,0 +1,380 @@
+"""Timing one configuration (builder, budget, batch size, trace): ``run_benchmark``.
+
+Method (the same for every CPU builder, on the same inputs):
+
+- The batch is the first ``batch`` requests of the trace, made contiguous once, before any call. Only those
+  requests are read from the file (trace files are uncompressed ``.npz`` archives, so each array is
+  memory-mapped in place) and validated like ``traces.load_trace`` validates a whole trace.
+- ``warmup`` untimed calls, then timed calls until both ``repeats`` calls and ``min_seconds`` of timed calls
+  are reached; a slow configuration stops at ``max_seconds`` once it has ``min_repeats`` calls, a fast one at
+  ``max_repeats`` calls. Warm-up calls are timed too and kept as rows with ``phase = "warmup"``.
+- Every call is one row: nothing is averaged away. ``seconds`` is the call's wall time by
+  ``time.perf_counter_ns`` (a monotonic clock; its implementation and resolution are in the ``clock``
+  column), ``per_tree_seconds`` is ``seconds / batch``.
+- Python's garbage collector is disabled while timing (after a ``gc.collect()``), and restored after.
+- The inputs are validated once, before timing (``builder.check``); the timed calls skip that validation
+  for every builder alike (it is the harness's, not part of any builder's algorithm, and on a whole trace
+  it costs more than a native build of small trees).
+- ``sglang`` and ``reference`` run the per-request loop over the batch that SGLang's DDTree worker runs
+  (their ``build`` does that); ``native`` builds the whole batch per call. Builders whose ``build`` accepts
+  ``out=`` (``native``) reuse one preallocated output batch from call to call, as a serving engine would.
+- A builder that cannot run here gives one row with ``status = "unavailable"`` and the reason, no timings.
+"""
+
+from __future__ import annotations
+
+import gc
+import inspect
+import math
+import struct
+import time
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from ddtree_bench.environment import collect_environment
+from ddtree_bench.validation import check_budget
+
+COLUMNS = (
+    "builder",
+    "label",
+    "budget",
+    "batch",
+    "depth",
+    "topk",
+    "distribution",
+    "repetition",
+    "phase",
+    "timing",
+    "cache",
+    "seconds",
+    "per_tree_seconds",
+    "status",
+    "status_reason",
+    "correct",
+    "nodes_mean",
+    "device_memory_bytes",
+    "threads",
+    "machine",
+    "hostname",
+    "cpu_model",
+    "cpu_count",
+    "gpu_name",
+    "gpu_driver",
+    "python",
+    "numpy",
+    "cupy",
+    "torch",
+    "sglang",
+    "git_commit",
+    "timestamp",
+    "clock",
+)
+
+STATUSES = ("ok", "unavailable", "failed")
+PHASES = ("warmup", "timed")
+
+
+def _check_count(value, name: str, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    return int(value)
+
+
+def _check_seconds(value, name: str, *, allow_none: bool = False) -> float | None:
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
+        raise ValueError(f"{name} must be a finite number of seconds >= 0, got {value!r}")
+    return float(value)
+
+
+def _builder_object(builder, builder_options):
+    if isinstance(builder, str):
+        from ddtree_bench.builders import get_builder  # noqa: PLC0415
+
+        return get_builder(builder, **(builder_options or {}))
+    if builder_options:
+        raise ValueError("builder_options can only be given with a builder name")
+    return builder
+
+
+def _accepts_out(builder) -> bool:
+    try:
+        return "out" in inspect.signature(builder.build).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def frame(rows: list[dict]) -> pd.DataFrame:
+    """Rows as a DataFrame with exactly ``COLUMNS`` (missing values as nulls), in that order."""
+    df = pd.DataFrame.from_records(rows, columns=list(COLUMNS))
+    for column in ("seconds", "per_tree_seconds", "nodes_mean", "device_memory_bytes"):
+        df[column] = df[column].astype("float64")
+    for column in ("budget", "batch", "repetition"):
+        df[column] = df[column].astype("int64")
+    for column in ("depth", "topk", "threads", "cpu_count"):
+        df[column] = df[column].astype("Int64")
+    df["correct"] = df["correct"].astype("boolean")
+    return df
+
+
+def unavailable_frame(
+    builder: str,
+    reason: str,
+    *,
+    machine: str | None = None,
+    label: str | None = None,
+    budget: int = 0,
+    batch: int = 0,
+    depth: int | None = None,
+    topk: int | None = None,
+    distribution: str | None = None,
+    environment: dict | None = None,
+) -> pd.DataFrame:
+    """One row saying ``builder`` could not run here and why (no timings). ``budget``/``batch`` 0 mean "every
+    configuration" (the workflow writes one such row per builder it leaves out)."""
+    env = environment or collect_environment(machine)
+    row = {
+        "builder": builder,
+        "label": label or builder,
+        "budget": budget,
+        "batch": batch,
+        "depth": depth,
+        "topk": topk,
+        "distribution": distribution,
+        "repetition": -1,
+        "phase": "timed",
+        "timing": "wall",
+        "cache": "n/a",
+        "seconds": math.nan,
+        "per_tree_seconds": math.nan,
+        "status": "unavailable",
+        "status_reason": " ".join(str(reason).split()),
+        "correct": None,
+        "nodes_mean": math.nan,
+        "device_memory_bytes": math.nan,
+        "threads": None,
+        **{k: env.get(k) for k in COLUMNS if k in env},
+    }
+    return frame([row])
+
+
+def _prechecked(top_log_probs, top_token_ids, budget) -> int:
+    """Stands in for ``Builder.check`` once the inputs were validated: the budget, as an int."""
+    return int(budget)
+
+
+def _stored_array(path: Path, archive: zipfile.ZipFile, name: str) -> np.ndarray | None:
+    """``name`` of an uncompressed .npz archive, memory-mapped where it lies (None for any other layout)."""
+    try:
+        info = archive.getinfo(name)
+    except KeyError:
+        return None
+    if info.compress_type != zipfile.ZIP_STORED:
+        return None
+    with open(path, "rb") as handle:
+        handle.seek(info.header_offset)
+        local = handle.read(30)
+        if len(local) < 30 or local[:4] != b"PK\x03\x04":
+            return None
+        name_length, extra_length = struct.unpack("<HH", local[26:30])
+        handle.seek(info.header_offset + 30 + name_length + extra_length)
+        version = np.lib.format.read_magic(handle)
+        if version == (1, 0):
+            shape, fortran, dtype = np.lib.format.read_array_header_1_0(handle)
+        elif version == (2, 0):
+            shape, fortran, dtype = np.lib.format.read_array_header_2_0(handle)
+        else:
+            return None
+        offset = handle.tell()
+    if fortran or dtype.hasobject or len(shape) == 0 or 0 in shape:
+        return None
+    return np.memmap(path, dtype=dtype, mode="r", offset=offset, shape=shape)
+
+
+def read_batch(trace_path, batch: int) -> tuple[np.ndarray, np.ndarray, int, dict]:
+    """``(top_log_probs, top_token_ids, K, metadata)`` of the first ``batch`` requests of a trace file,
+    without reading the rest; validated as ``traces.load_trace`` validates a trace (one-line ValueError)."""
+    from ddtree_bench.traces import load_trace  # noqa: PLC0415
+    from ddtree_bench.validation import check_topk_arrays  # noqa: PLC0415
+
+    path = Path(trace_path)
+    arrays = None
+    try:
+        with zipfile.ZipFile(path) as archive:
+            lp = _stored_array(path, archive, "top_log_probs.npy")
+            ids = _stored_array(path, archive, "top_token_ids.npy")
+            if lp is not None and ids is not None and lp.ndim == 3 and ids.shape == lp.shape:
+                names = [n[:-4] for n in archive.namelist() if n.endswith(".npy")]
+                arrays = lp, ids, names
+    except (OSError, zipfile.BadZipFile, ValueError):
+        arrays = None
+    if arrays is None:  # anything unusual: the full loader says what is wrong with it
+        trace = load_trace(path)
+        lp, ids = trace.batch(batch)
+        return np.ascontiguousarray(lp), np.ascontiguousarray(ids), trace.topk, dict(trace.metadata)
+    lp, ids, names = arrays
+    if batch > lp.shape[0]:
+        raise ValueError(f"batch {batch} is larger than the {lp.shape[0]} requests in trace {path}")
+    columns = int(lp.shape[2])
+    lp, ids = np.array(lp[:batch]), np.array(ids[:batch])  # copies: the file is closed behind them
+    check_topk_arrays(lp, ids, where=f"trace {path}")
+    metadata = {}
+    with np.load(path, allow_pickle=False) as data:
+        for name in names:
+            if name not in ("top_log_probs", "top_token_ids"):
+                value = data[name]
+                metadata[name] = value.item() if value.ndim == 0 else value
+    return lp, ids, columns, metadata
+
+
+def _trees_equal_reference(lp, ids, budget, trees) -> bool:
+    from ddtree_bench.builders import get_builder  # noqa: PLC0415
+    from ddtree_bench.tree import first_difference  # noqa: PLC0415
+
+    expected = get_builder("reference").build(lp, ids, budget)
+    return first_difference(expected, trees) is None
+
+
+def run_benchmark(
+    builder,
+    trace_path,
+    budget,
+    batch,
+    *,
+    warmup: int,
+    repeats: int,
+    min_seconds: float,
+    machine: str | None,
+    distribution: str | None,
+    builder_options: dict | None = None,
+    max_seconds: float | None = None,
+    min_repeats: int = 1,
+    max_repeats: int | None = None,
+    correct: bool | None = None,
+) -> pd.DataFrame:
+    """Time ``builder`` (a name, or a builder object) on the first ``batch`` requests of the trace at
+    ``trace_path`` with budget ``budget``; one row per call (see the module docstring).
+
+    ``correct``: whether the builder's trees were checked equal to ``reference``'s (the workflow's check job
+    passes ``True``); ``None`` compares the last timed call's trees with ``reference`` here (``reference``
+    itself is correct by definition).
+    """
+    budget = check_budget(budget)
+    batch = _check_count(batch, "batch", 1)
+    warmup = _check_count(warmup, "warmup", 0)
+    repeats = _check_count(repeats, "repeats", 1)
+    min_repeats = _check_count(min_repeats, "min_repeats", 1)
+    if max_repeats is not None:
+        max_repeats = _check_count(max_repeats, "max_repeats", 1)
+        if max_repeats < repeats:
+            raise ValueError(f"max_repeats ({max_repeats}) must be >= repeats ({repeats})")
+    min_seconds = _check_seconds(min_seconds, "min_seconds")
+    max_seconds = _check_seconds(max_seconds, "max_seconds", allow_none=True)
+
+    lp, ids, columns, metadata = read_batch(trace_path, batch)
+    depth = int(lp.shape[1])
+    topk = min(budget, columns)
+    if distribution is None:
+        distribution = metadata.get("distribution")
+
+    env = collect_environment(machine)
+    name = builder if isinstance(builder, str) else getattr(builder, "name", type(builder).__name__)
+    base = {
+        "builder": name,
+        "budget": budget,
+        "batch": batch,
+        "depth": depth,
+        "topk": topk,
+        "distribution": distribution,
+        **{k: env.get(k) for k in COLUMNS if k in env},
+    }
+
+    obj = _builder_object(builder, builder_options)
+    reason = obj.unavailable_reason()
+    if reason is not None:
+        return unavailable_frame(
+            name, reason, label=obj.label or name, budget=budget, batch=batch, depth=depth, topk=topk,
+            distribution=distribution, environment=env,
+        )
+    budget = obj.check(lp, ids, budget)  # validate once; the timed calls below skip it (module docstring)
+    obj.check = _prechecked
+    info = obj.info()
+    base["label"] = obj.label or name
+    base["threads"] = info.get("threads", 1)
+
+    kwargs = {}
+    if _accepts_out(obj):
+        from ddtree_bench.tree import TreeBatch  # noqa: PLC0415
+
+        kwargs["out"] = TreeBatch.empty(batch, budget)
+    build = obj.build
+    clock = time.perf_counter_ns
+    samples: list[tuple[str, int, int]] = []  # (phase, repetition, nanoseconds)
+
+    gc.collect()
+    gc_was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        trees = None
+        for rep in range(warmup):
+            t0 = clock()
+            trees = build(lp, ids, budget, **kwargs)
+            samples.append(("warmup", rep, clock() - t0))
+        start = clock()
+        rep = 0
+        while True:
+            t0 = clock()
+            trees = build(lp, ids, budget, **kwargs)
+            t1 = clock()
+            samples.append(("timed", rep, t1 - t0))
+            rep += 1
+            elapsed = (t1 - start) / 1e9
+            if max_repeats is not None and rep >= max_repeats:
+                break
+            if rep >= repeats and elapsed >= min_seconds:
+                break
+            if max_seconds is not None and rep >= min_repeats and elapsed >= max_seconds:
+                break
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+
+    nodes_mean = float(np.mean(trees.node_count))
+    if name == "reference":
+        correct = True
+    elif correct is None:
+        correct = _trees_equal_reference(lp, ids, budget, trees)
+
+    rows = []
+    for phase, repetition, ns in samples:
+        seconds = ns / 1e9
+        rows.append(
+            {
+                **base,
+                "repetition": repetition,
+                "phase": phase,
+                "timing": "wall",
+                "cache": "n/a",
+                "seconds": seconds,
+                "per_tree_seconds": seconds / batch,
+                "status": "ok",
+                "status_reason": None,
+                "correct": bool(correct),
+                "nodes_mean": nodes_mean,
+                "device_memory_bytes": math.nan,
+            }
+        )
+    return frame(rows)
+
+
+def write_frame(df: pd.DataFrame, path) -> None:
+    """Write ``df`` to a parquet file atomically (no partial file on failure)."""
+    from ddtree_bench.traces import atomic_output  # noqa: PLC0415
+
+    path = Path(path)
+    with atomic_output(path) as tmp:
+        df.to_parquet(tmp, index=False)

@@ -1,0 +1,769 @@
+"""The report: ``report/index.html`` (self-contained, figures embedded as base64 PNG) and
+``report/summary.md``.
+
+It reads this machine's summary (``results/<machine>/summary.parquet``, its ``tree_shape.parquet`` and
+``environment.json``) and every published summary (``results/published/<machine>/``), and sets them side by
+side: time vs budget, time vs batch size, speedup over SGLang's builder (or over ``reference``, labelled as
+ours, where SGLang is absent), tree shape, a table of medians with p10/p90, each machine's environment, the
+builders that could not run and why, and the benchmark targets evaluated on the measured numbers.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import math
+import warnings
+from dataclasses import dataclass
+from html import escape
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+FIGURE_NAMES = ("time_vs_budget", "time_vs_batch", "speedup", "tree_shape")
+
+#: How each (builder, timing) is named in figures and tables. ``reference`` is ours, never SGLang.
+SERIES_NAMES = {
+    ("sglang", "wall"): "sglang (SGLang's CPU builder)",
+    ("reference", "wall"): "reference (ours, Python)",
+    ("native", "wall"): "native (C++, 1 thread)",
+    ("native-mt", "wall"): "native-mt (C++, all cores)",
+    ("gpu", "kernel-events"): "gpu kernel (CUDA events)",
+    ("gpu", "graph-replay"): "gpu CUDA-graph replay",
+    ("gpu", "host-inclusive"): "gpu host-inclusive (copies in + out)",
+    ("gpu", "wall"): "gpu (wall)",
+}
+BASELINE_NAMES = {"sglang": "SGLang's CPU builder", "reference": "reference (ours)"}
+SERIES_ORDER = list(SERIES_NAMES.values())
+_PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#d62728", "#8c564b", "#e377c2", "#17becf")
+#: One colour per series in every figure and on every machine.
+SERIES_COLORS = dict(zip(SERIES_ORDER, _PALETTE, strict=True))
+
+# The public Triton builder as measured on our H200 (batch 64, L = 16, K = N), in µs; 1024 does not build.
+TRITON_US = {32: 28.0, 64: 52.0, 256: 214.0, 512: 547.0}
+
+
+# ----------------------------------------------------------------------------------------- loading
+
+
+@dataclass
+class Machine:
+    label: str
+    source: str  # "this run" or "published"
+    summary: pd.DataFrame
+    shapes: pd.DataFrame
+    environment: dict
+
+
+def _read_json(path) -> dict:
+    path = Path(path)
+    if not path.is_file():
+        return {}
+    return json.loads(path.read_text())
+
+
+def _read_parquet(path) -> pd.DataFrame:
+    path = Path(path)
+    return pd.read_parquet(path) if path.is_file() else pd.DataFrame()
+
+
+def load_machine(summary_path, shapes_path=None, environment_path=None, *, source="this run") -> Machine:
+    summary_path = Path(summary_path)
+    folder = summary_path.parent
+    summary = pd.read_parquet(summary_path)
+    shapes = _read_parquet(shapes_path or folder / "tree_shape.parquet")
+    environment = _read_json(environment_path or folder / "environment.json")
+    label = environment.get("machine")
+    if not label and len(summary) and "machine" in summary:
+        label = str(summary["machine"].dropna().iloc[0]) if summary["machine"].notna().any() else None
+    label = label or folder.name
+    return Machine(label, source, summary, shapes, environment)
+
+
+def load_machines(summary, shapes=None, environment=None, published=()) -> list[Machine]:
+    """This run's machine first, then each published one (labelled "(published)" when a label repeats)."""
+    machines = [load_machine(summary, shapes, environment)]
+    for path in published:
+        other = load_machine(path, source="published")
+        if other.label in {m.label for m in machines}:
+            other.label = f"{other.label} (published)"
+        machines.append(other)
+    return machines
+
+
+def series_name(builder: str, timing: str, cache: str | None = None) -> str:
+    name = SERIES_NAMES.get((builder, timing), f"{builder} ({timing})")
+    if cache == "cold":
+        name += ", cold L2"
+    return name
+
+
+def timings(machines: list[Machine]) -> pd.DataFrame:
+    """Every measured configuration of every machine, one row each, with ``series`` and ``machine`` set.
+    Cold-L2 GPU samples are kept as their own series; the empty-kernel floor is left out."""
+    frames = []
+    for machine in machines:
+        df = machine.summary
+        if df.empty:
+            continue
+        df = df[(df["status"] == "ok") & (df["n"] > 0) & (df["timing"] != "floor")].copy()
+        if df.empty:
+            continue
+        df["machine"] = machine.label
+        df["series"] = [
+            series_name(b, t, c) for b, t, c in zip(df["builder"], df["timing"], df["cache"], strict=True)
+        ]
+        frames.append(df)
+    if not frames:
+        return pd.DataFrame()
+    out = pd.concat(frames, ignore_index=True)
+    for column in ("budget", "batch", "depth"):
+        out[column] = out[column].astype("int64")
+    return out
+
+
+def baseline_of(df: pd.DataFrame) -> str | None:
+    """``sglang`` where SGLang's builder was measured, else ``reference``, else ``None``."""
+    builders = set(df.loc[df["timing"] == "wall", "builder"]) if not df.empty else set()
+    for name in ("sglang", "reference"):
+        if name in builders:
+            return name
+    return None
+
+
+def speedups(data: pd.DataFrame) -> pd.DataFrame:
+    """Per machine, every series' median time divided into the baseline's (same budget, batch, depth,
+    distribution): ``speedup`` > 1 means faster than the baseline. ``baseline`` names it."""
+    frames = []
+    keys = ["budget", "batch", "depth", "distribution"]
+    for machine, df in data.groupby("machine", sort=False):
+        base = baseline_of(df)
+        if base is None:
+            continue
+        ref = df[(df["builder"] == base) & (df["timing"] == "wall")][keys + ["median_s"]]
+        ref = ref.rename(columns={"median_s": "baseline_s"})
+        merged = df.merge(ref, on=keys, how="inner")
+        merged = merged[merged["builder"] != base]
+        merged["speedup"] = merged["baseline_s"] / merged["median_s"]
+        merged["baseline"] = base
+        merged["panel"] = f"{machine}: vs {BASELINE_NAMES[base]}"
+        frames.append(merged)
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
+
+# ----------------------------------------------------------------------------------------- figures
+
+
+def _plot_band(data, x, y, lo, hi, color=None, label=None, **_):
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+
+    data = data.sort_values(x)
+    ax = plt.gca()
+    ax.plot(data[x], data[y], marker="o", markersize=3.5, linewidth=1.4, color=color, label=label)
+    if lo and hi:
+        ax.fill_between(data[x], data[lo], data[hi], color=color, alpha=0.18, linewidth=0)
+
+
+def _empty_figure(path, message: str) -> None:
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+
+    fig, ax = plt.subplots(figsize=(6, 1.6))
+    ax.axis("off")
+    ax.text(0.5, 0.5, message, ha="center", va="center", fontsize=11, wrap=True)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+
+
+def _palette(series) -> dict:
+    extra = iter(("#7f7f7f", "#bcbd22", "#aec7e8", "#ffbb78", "#98df8a", "#ff9896"))
+    return {s: SERIES_COLORS.get(s) or next(extra, "#333333") for s in dict.fromkeys(series)}
+
+
+def _grid(data, *, x, y, lo, hi, col, row, hue_order, xlabel, ylabel, title, path, logx=True, logy=True,
+          col_wrap=None, hline=None):
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+    import seaborn as sns  # noqa: PLC0415
+
+    sns.set_theme(style="whitegrid", context="notebook", font_scale=0.85)
+    rows = data[row].nunique() if row else 1
+    grid = sns.FacetGrid(
+        data,
+        col=col,
+        row=row if rows > 1 else None,
+        hue="series",
+        hue_order=[h for h in hue_order if h in set(data["series"])]
+        + sorted(set(data["series"]) - set(hue_order)),
+        height=2.9,
+        aspect=1.15,
+        sharey=False,
+        margin_titles=False,
+        col_wrap=col_wrap if rows <= 1 else None,
+        palette=_palette(data["series"]),
+    )
+    grid.map_dataframe(_plot_band, x=x, y=y, lo=lo, hi=hi)
+    for ax in grid.axes.flat:
+        if logx:
+            ax.set_xscale("log", base=2)
+        if logy:
+            with warnings.catch_warnings():  # a flat series (one value) is drawn fine; no need to say so
+                warnings.simplefilter("ignore", UserWarning)
+                ax.set_yscale("log")
+        if hline is not None:
+            ax.axhline(hline, color="0.4", linewidth=0.8, linestyle="--")
+    grid.set_axis_labels(xlabel, ylabel)
+    if rows > 1:
+        grid.set_titles(row_template="{row_name}", col_template=f"{col} = {{col_name}}")
+    else:
+        only = data[row].iloc[0] if row else ""
+        grid.set_titles(col_template=f"{only}  {col} = {{col_name}}".strip())
+    grid.add_legend(title="")
+    grid.figure.suptitle(title, y=1.02, fontsize=11)
+    grid.figure.savefig(path, dpi=100, bbox_inches="tight")
+    plt.close(grid.figure)
+
+
+def _select(data: pd.DataFrame, depth, distribution) -> tuple[pd.DataFrame, int | None, str | None]:
+    """The rows at the report's depth and distribution (or the first present, where those are absent); warm
+    caches only (cold-L2 GPU samples are in the tables)."""
+    if data.empty:
+        return data, depth, distribution
+    data = data[data["cache"] != "cold"]
+    if depth is None or depth not in set(data["depth"]):
+        depth = int(data["depth"].iloc[0])
+    data = data[data["depth"] == depth]
+    if distribution is None or distribution not in set(data["distribution"]):
+        distribution = str(data["distribution"].iloc[0])
+    return data[data["distribution"] == distribution], depth, distribution
+
+
+def figure_time_vs_budget(data, path, depth, distribution) -> str:
+    sel, depth, distribution = _select(data, depth, distribution)
+    if sel.empty:
+        _empty_figure(path, "no timings")
+        return "no timings"
+    sel = sel.assign(us=sel["median_s"] * 1e6, lo=sel["p10_s"] * 1e6, hi=sel["p90_s"] * 1e6)
+    title = f"Time per call vs budget (L = {depth}, {distribution} trace; band: p10-p90)"
+    _grid(sel, x="budget", y="us", lo="lo", hi="hi", col="batch", row="machine", hue_order=SERIES_ORDER,
+          xlabel="budget N", ylabel="µs per call (median)", title=title, path=path, col_wrap=4)
+    return title
+
+
+def _budget_choice(budgets) -> list[int]:
+    budgets = sorted(set(int(b) for b in budgets))
+    if len(budgets) <= 4:
+        return budgets
+    picks = [budgets[0], budgets[len(budgets) // 3], budgets[2 * len(budgets) // 3], budgets[-1]]
+    return sorted(set(picks))
+
+
+def figure_time_vs_batch(data, path, depth, distribution) -> str:
+    sel, depth, distribution = _select(data, depth, distribution)
+    if sel.empty:
+        _empty_figure(path, "no timings")
+        return "no timings"
+    sel = sel[sel["budget"].isin(_budget_choice(sel["budget"]))]
+    sel = sel.assign(us=sel["median_per_tree_s"] * 1e6, lo=sel["p10_per_tree_s"] * 1e6,
+                     hi=sel["p90_per_tree_s"] * 1e6)
+    title = f"Time per tree vs batch size (L = {depth}, {distribution} trace; band: p10-p90)"
+    _grid(sel, x="batch", y="us", lo="lo", hi="hi", col="budget", row="machine", hue_order=SERIES_ORDER,
+          xlabel="batch size B", ylabel="µs per tree (median)", title=title, path=path, col_wrap=4)
+    return title
+
+
+def figure_speedup(data, path, depth, distribution) -> str:
+    sel, depth, distribution = _select(data, depth, distribution)
+    sp = speedups(sel) if not sel.empty else pd.DataFrame()
+    if sp.empty:
+        _empty_figure(path, "no speedups: neither sglang nor reference was measured")
+        return "no speedups"
+    bases = sorted({BASELINE_NAMES[b] for b in sp["baseline"]})
+    title = f"Speedup over {' / '.join(bases)} (same inputs; L = {depth}, {distribution} trace)"
+    sp = sp.assign(machine=sp["panel"])
+    _grid(sp, x="budget", y="speedup", lo=None, hi=None, col="batch", row="machine", hue_order=SERIES_ORDER,
+          xlabel="budget N", ylabel="speedup (x, median / median)", title=title, path=path,
+          col_wrap=4, hline=1.0)
+    return title
+
+
+def figure_tree_shape(machines: list[Machine], path, depth) -> str:
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+    import seaborn as sns  # noqa: PLC0415
+
+    shapes = next((m.shapes for m in machines if not m.shapes.empty), pd.DataFrame())
+    if shapes.empty:
+        _empty_figure(path, "no tree shapes")
+        return "no tree shapes"
+    if depth not in set(shapes["depth"]):
+        depth = int(shapes["depth"].iloc[0])
+    sel = shapes[shapes["depth"] == depth].copy()
+    budgets = sorted(int(b) for b in sel["budget"].unique())
+    sel["budget N"] = sel["budget"].astype(int).astype(str)
+    sns.set_theme(style="whitegrid", context="notebook", font_scale=0.85)
+    grid = sns.relplot(
+        data=sel,
+        x="tree_depth",
+        y="nodes_mean",
+        hue="budget N",
+        hue_order=[str(b) for b in budgets],
+        col="distribution",
+        kind="line",
+        marker="o",
+        markersize=4,
+        palette="viridis",
+        height=3.0,
+        aspect=1.1,
+        facet_kws={"sharey": True},
+    )
+    from matplotlib.ticker import MaxNLocator  # noqa: PLC0415
+
+    for ax in grid.axes.flat:
+        ax.set_yscale("symlog", linthresh=0.01)  # depths no tree reaches (0) stay visible
+        ax.set_ylim(bottom=0)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    grid.set_axis_labels("tree depth d (block position)", "nodes at depth d (mean over requests)")
+    grid.set_titles(col_template="{col_name}")
+    title = f"Tree shape: nodes per depth of reference's trees (L = {depth}, all requests of each trace)"
+    grid.figure.suptitle(title, y=1.03, fontsize=11)
+    grid.figure.savefig(path, dpi=100, bbox_inches="tight")
+    plt.close(grid.figure)
+    return title
+
+
+# ----------------------------------------------------------------------------------------- targets
+
+
+@dataclass
+class TargetResult:
+    machine: str
+    target: str
+    source: str
+    status: str  # met | not met | no data
+    measured: str
+
+
+def _medians(df: pd.DataFrame, builder: str, timing: str = "wall", cache=("warm", "n/a")) -> pd.DataFrame:
+    sel = df[(df["builder"] == builder) & (df["timing"] == timing) & (df["cache"].isin(cache))]
+    return sel
+
+
+def _ratio_pairs(num: pd.DataFrame, den: pd.DataFrame, column: str) -> pd.DataFrame:
+    keys = ["budget", "batch", "depth", "distribution"]
+    merged = num[keys + [column]].merge(den[keys + [column]], on=keys, suffixes=("_num", "_den"))
+    merged["ratio"] = merged[f"{column}_num"] / merged[f"{column}_den"]
+    return merged
+
+
+def _fmt_x(value: float) -> str:
+    return f"{value:,.1f}x" if value < 100 else f"{value:,.0f}x"
+
+
+def _where(row) -> str:
+    return f"N={row['budget']}, B={row['batch']}, L={row['depth']}, {row['distribution']}"
+
+
+def _status_minimum(pairs: pd.DataFrame, threshold: float) -> tuple[str, str]:
+    worst = pairs.loc[pairs["ratio"].idxmin()]
+    status = "met" if worst["ratio"] >= threshold else "not met"
+    return status, f"min {_fmt_x(worst['ratio'])} ({_where(worst)}) over {len(pairs)} configurations"
+
+
+def evaluate_targets(machines: list[Machine]) -> list[TargetResult]:
+    """Issue 2's and issue 3's benchmark targets, per machine, on the measured medians."""
+    results = []
+    for machine in machines:
+        df = machine.summary
+        ok = df[(df["status"] == "ok") & (df["n"] > 0)] if not df.empty else df
+        label = machine.label
+
+        def add(target, source, status, measured, label=label):
+            results.append(TargetResult(label, target, source, status, measured))
+
+        if ok.empty:
+            add("any timing", "-", "no data", "no timings on this machine")
+            continue
+        ref = _medians(ok, "reference")
+        native = _medians(ok, "native")
+        sglang = _medians(ok, "sglang")
+        native_mt = _medians(ok, "native-mt")
+
+        pairs = _ratio_pairs(ref, native, "median_per_tree_s") if len(ref) and len(native) else pd.DataFrame()
+        if pairs.empty:
+            add("native (1 thread) >= 50x faster per tree than reference, every budget", "issue 2", "no data",
+                "needs native and reference timings")
+        else:
+            add("native (1 thread) >= 50x faster per tree than reference, every budget", "issue 2",
+                *_status_minimum(pairs, 50.0))
+
+        pairs = _ratio_pairs(ref, sglang, "median_per_tree_s") if len(ref) and len(sglang) else pd.DataFrame()
+        target = "reference within +-25% of SGLang's per-tree time"
+        if pairs.empty:
+            add(target, "issue 2", "no data", "SGLang's builder not measured here")
+        else:
+            lo, hi = pairs["ratio"].min(), pairs["ratio"].max()
+            status = "met" if lo >= 0.75 and hi <= 1.25 else "not met"
+            measured = f"reference / sglang from {lo:.2f} to {hi:.2f} ({len(pairs)} configurations)"
+            add(target, "issue 2", status, measured)
+
+        # GPU targets (issue 3): L = 16, K = N, peaked and uniform traces; kernel time by CUDA events (warm).
+        def gpu_rows(timing, cache=("warm", "n/a"), ok=ok):
+            sel = _medians(ok, "gpu", timing, cache)
+            return sel[(sel["depth"] == 16) & (sel["topk"] == sel["budget"])
+                       & sel["distribution"].isin(["peaked", "uniform"])]
+
+        kernel = gpu_rows("kernel-events")
+        floor = ok[(ok["builder"] == "gpu") & (ok["timing"] == "floor")]
+        base_name = "sglang" if len(sglang) else "reference"
+        base = sglang if len(sglang) else ref
+        base_label = BASELINE_NAMES[base_name]
+        nodata = "no gpu timings (L = 16, K = N, peaked/uniform)"
+
+        target = "gpu kernel <= 2x the empty-kernel floor, batch 64, budgets 8/16/32"
+        small = kernel[(kernel["batch"] == 64) & kernel["budget"].isin([8, 16, 32])]
+        if small.empty or floor.empty:
+            add(target, "issue 3", "no data", nodata if small.empty else "no floor measured")
+        else:
+            floor_s = float(floor["median_s"].median())
+            worst = small["median_s"].max() / floor_s
+            add(target, "issue 3", "met" if worst <= 2.0 else "not met",
+                f"worst {worst:.2f}x the floor ({floor_s * 1e6:.1f} µs)")
+
+        for budgets, batch, factor, text in (
+            ([8, 16, 32], 64, 500.0, "gpu kernel >= 500x faster than {base}, batch 64, budgets 8/16/32"),
+            ([1024], 64, 1000.0, "gpu kernel >= 1000x faster than {base}, batch 64, budget 1024"),
+        ):
+            target = text.format(base=base_label)
+            sel = kernel[(kernel["batch"] == batch) & kernel["budget"].isin(budgets)]
+            pairs = _ratio_pairs(base, sel, "median_s") if len(sel) and len(base) else pd.DataFrame()
+            if pairs.empty:
+                add(target, "issue 3", "no data", nodata if sel.empty else f"{base_label} not measured")
+            else:
+                add(target, "issue 3", *_status_minimum(pairs, factor))
+
+        for batch, limit_us in ((1, 40.0), (64, 150.0)):
+            target = f"gpu kernel <= {limit_us:.0f} µs at budget 1024, batch {batch}"
+            sel = kernel[(kernel["batch"] == batch) & (kernel["budget"] == 1024)]
+            if sel.empty:
+                add(target, "issue 3", "no data", nodata)
+            else:
+                worst = sel["median_s"].max() * 1e6
+                add(target, "issue 3", "met" if worst <= limit_us else "not met", f"{worst:.1f} µs (worst)")
+
+        target = "gpu host-inclusive >= 10x faster than native-mt, batch 64, every budget"
+        host = gpu_rows("host-inclusive")
+        sel = host[host["batch"] == 64]
+        pairs = _ratio_pairs(native_mt, sel, "median_s") if len(sel) and len(native_mt) else pd.DataFrame()
+        if pairs.empty:
+            add(target, "issue 3", "no data", "needs gpu host-inclusive and native-mt timings at batch 64")
+        else:
+            add(target, "issue 3", *_status_minimum(pairs, 10.0))
+
+        target = "gpu kernel vs the public Triton builder (H200, batch 64): >= 1.5x at 32, >= 5x from 256"
+        sel = kernel[kernel["batch"] == 64]
+        if sel.empty:
+            add(target, "issue 3", "no data", nodata)
+        else:
+            notes, status = [], "met"
+            for budget, factor in ((32, 1.5), (256, 5.0), (512, 5.0)):
+                at = sel[sel["budget"] == budget]
+                if at.empty:
+                    notes.append(f"N={budget}: no data")
+                    status = "no data" if status == "met" else status
+                    continue
+                ratio = TRITON_US[budget] / (at["median_s"].max() * 1e6)
+                notes.append(f"N={budget}: {_fmt_x(ratio)}")
+                if ratio < factor:
+                    status = "not met"
+            if (sel["budget"] == 1024).any():
+                notes.append("N=1024: builds (Triton does not)")
+            add(target, "issue 3", status, "; ".join(notes))
+    return results
+
+
+# ----------------------------------------------------------------------------------------- tables
+
+
+def _us(value) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    us = value * 1e6
+    if us >= 1e5:
+        return f"{us / 1e3:,.0f} ms"
+    if us >= 1e4:
+        return f"{us / 1e3:,.1f} ms"
+    if us >= 100:
+        return f"{us:,.0f} µs"
+    return f"{us:.1f} µs"
+
+
+def medians_table(data: pd.DataFrame) -> pd.DataFrame:
+    """Every configuration: median, p10, p90 per call and per tree, n, and the speedup over the baseline."""
+    if data.empty:
+        return pd.DataFrame()
+    sp = speedups(data)
+    keys = ["machine", "series", "budget", "batch", "depth", "distribution", "cache"]
+    if sp.empty:
+        data = data.assign(speedup=np.nan)
+    else:
+        data = data.merge(sp[keys + ["speedup"]], on=keys, how="left")
+    data = data.sort_values(["machine", "depth", "distribution", "budget", "batch", "series"],
+                            ascending=[True, False, True, True, True, True])
+    return pd.DataFrame(
+        {
+            "machine": data["machine"],
+            "builder": data["series"],
+            "distribution": data["distribution"],
+            "L": data["depth"],
+            "N": data["budget"],
+            "B": data["batch"],
+            "n": data["n"],
+            "median / call": data["median_s"].map(_us),
+            "p10": data["p10_s"].map(_us),
+            "p90": data["p90_s"].map(_us),
+            "median / tree": data["median_per_tree_s"].map(_us),
+            "speedup": data["speedup"].map(lambda v: "-" if pd.isna(v) else _fmt_x(v)),
+        }
+    )
+
+
+def compact_table(data: pd.DataFrame, machine: str, depth, distribution) -> pd.DataFrame:
+    """One machine, one depth and distribution: rows (N, B), a column per builder, "median (p10-p90)"."""
+    sel, _, _ = _select(data[data["machine"] == machine], depth, distribution)
+    if sel.empty:
+        return pd.DataFrame()
+    sel = sel.assign(cell=[f"{_us(m)} ({_us(a)}-{_us(b)})" for m, a, b in
+                           zip(sel["median_s"], sel["p10_s"], sel["p90_s"], strict=True)])
+    table = sel.pivot_table(index=["budget", "batch"], columns="series", values="cell", aggfunc="first")
+    order = [c for c in SERIES_ORDER if c in table.columns]
+    table = table[order + [c for c in table.columns if c not in SERIES_ORDER]]
+    table = table.reset_index().rename(columns={"budget": "N", "batch": "B"})
+    table.columns.name = None
+    return table.fillna("-")
+
+
+def unavailable_table(machines: list[Machine]) -> pd.DataFrame:
+    rows = []
+    for machine in machines:
+        df = machine.summary
+        seen = set()
+        if not df.empty:
+            bad = df[df["status"] != "ok"]
+            for _, row in bad.iterrows():
+                key = (row["builder"], row["status"], row["status_reason"])
+                if key in seen:
+                    continue
+                seen.add(key)
+                rows.append(
+                    {"machine": machine.label, "builder": row["builder"], "status": row["status"],
+                     "reason": row["status_reason"] or "-"}
+                )
+        env = machine.environment
+        wanted = "gpu" in (env.get("config") or {}).get("builders", [])
+        if wanted and not (env.get("builds") or {}).get("fatbin"):
+            rows.append({"machine": machine.label, "builder": "gpu (kernel build)", "status": "not compiled",
+                         "reason": "no nvcc found" if not env.get("nvcc") else "gpu: off"})
+    return pd.DataFrame(rows, columns=["machine", "builder", "status", "reason"])
+
+
+def correctness_table(machines: list[Machine]) -> pd.DataFrame:
+    rows = []
+    for machine in machines:
+        df = machine.summary
+        if df.empty:
+            continue
+        ok = df[(df["status"] == "ok") & (df["n"] > 0)]
+        for builder, group in ok.groupby("builder", sort=False):
+            correct = group["correct"]
+            verdict = "yes" if correct.notna().all() and correct.astype(bool).all() else "NO"
+            rows.append({"machine": machine.label, "builder": builder, "configurations": len(group),
+                         "trees equal reference's": verdict})
+    return pd.DataFrame(rows)
+
+
+ENV_KEYS = ("machine", "hostname", "cpu_model", "cpu_count", "gpu_name", "gpu_driver", "python", "numpy",
+            "cupy", "torch", "sglang", "git_commit", "timestamp", "clock", "platform")
+
+
+def environment_table(machines: list[Machine]) -> pd.DataFrame:
+    table = {}
+    for machine in machines:
+        env = machine.environment
+        table[f"{machine.label} ({machine.source})"] = [
+            "-" if env.get(key) in (None, "") else str(env.get(key)) for key in ENV_KEYS
+        ]
+    return pd.DataFrame(table, index=list(ENV_KEYS)).reset_index(names="")
+
+
+# ----------------------------------------------------------------------------------------- output
+
+
+def markdown_table(df: pd.DataFrame) -> str:
+    if df.empty:
+        return "_(none)_\n"
+
+    def cell(value) -> str:
+        return str(value).replace("|", "\\|").replace("\n", " ")
+
+    header = "| " + " | ".join(cell(c) for c in df.columns) + " |"
+    rule = "|" + "|".join("---" for _ in df.columns) + "|"
+    body = ["| " + " | ".join(cell(v) for v in row) + " |" for row in df.itertuples(index=False)]
+    return "\n".join([header, rule, *body]) + "\n"
+
+
+def html_table(df: pd.DataFrame, *, status_column: str | None = None) -> str:
+    if df.empty:
+        return "<p><em>(none)</em></p>"
+    head = "".join(f"<th>{escape(str(c))}</th>" for c in df.columns)
+    rows = []
+    for row in df.itertuples(index=False):
+        cells = []
+        for column, value in zip(df.columns, row, strict=True):
+            cls = ""
+            if column == status_column:
+                cls = f' class="{str(value).replace(" ", "-")}"'
+            cells.append(f"<td{cls}>{escape(str(value))}</td>")
+        rows.append("<tr>" + "".join(cells) + "</tr>")
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>"
+
+
+CSS = """
+body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:2em auto;max-width:1250px;
+color:#222;padding:0 1em;line-height:1.45}
+h1{font-size:1.6em}h2{margin-top:1.8em;border-bottom:1px solid #ddd;padding-bottom:.2em}
+table{border-collapse:collapse;font-size:.82em;margin:.6em 0}
+th,td{border:1px solid #ccc;padding:.25em .5em;text-align:left;vertical-align:top}
+th{background:#f3f3f3}td.met{background:#dff5df}td.not-met{background:#f9dcdc}td.no-data{color:#777}
+img{max-width:100%;border:1px solid #eee;margin:.5em 0}details{margin:.5em 0}.note{color:#555}
+"""
+
+
+def _target_frame(results: list[TargetResult]) -> pd.DataFrame:
+    return pd.DataFrame(
+        [{"machine": r.machine, "target": r.target, "from": r.source, "status": r.status,
+          "measured": r.measured} for r in results],
+        columns=["machine", "target", "from", "status", "measured"],
+    )
+
+
+def render_report(
+    *,
+    summary,
+    shapes=None,
+    environment=None,
+    published=(),
+    html: str | Path = "report/index.html",
+    markdown: str | Path = "report/summary.md",
+    figures=None,
+    depth: int | None = 16,
+    distribution: str | None = "peaked",
+) -> None:
+    """Render the HTML page and the Markdown summary (and the figures as PNG files next to them)."""
+    import matplotlib  # noqa: PLC0415
+
+    matplotlib.use("Agg")
+    html_path, md_path = Path(html), Path(markdown)
+    html_path.parent.mkdir(parents=True, exist_ok=True)
+    md_path.parent.mkdir(parents=True, exist_ok=True)
+    if figures is None:
+        figures = [html_path.parent / "figures" / f"{name}.png" for name in FIGURE_NAMES]
+    figure_paths = {Path(p).stem: Path(p) for p in figures}
+    for path in figure_paths.values():
+        path.parent.mkdir(parents=True, exist_ok=True)
+
+    machines = load_machines(summary, shapes, environment, published)
+    data = timings(machines)
+    titles = {}
+    makers = {
+        "time_vs_budget": lambda p: figure_time_vs_budget(data, p, depth, distribution),
+        "time_vs_batch": lambda p: figure_time_vs_batch(data, p, depth, distribution),
+        "speedup": lambda p: figure_speedup(data, p, depth, distribution),
+        "tree_shape": lambda p: figure_tree_shape(machines, p, depth),
+    }
+    for name, path in figure_paths.items():
+        if data.empty and name != "tree_shape":
+            _empty_figure(path, "no timings")
+            titles[name] = "no timings"
+        else:
+            titles[name] = makers[name](path)
+
+    targets = _target_frame(evaluate_targets(machines))
+    medians = medians_table(data)
+    unavailable = unavailable_table(machines)
+    correctness = correctness_table(machines)
+    env_table = environment_table(machines)
+    compact = {}
+    if not data.empty:
+        compact = {m.label: compact_table(data, m.label, depth, distribution) for m in machines}
+    baselines = {}
+    for machine in machines:
+        base = baseline_of(data[data["machine"] == machine.label]) if not data.empty else None
+        baselines[machine.label] = BASELINE_NAMES.get(base, "none measured")
+
+    intro = (
+        "Time to build DDTree draft trees (best-first, SGLang's `build_ddtree_tree_from_topk` contract) "
+        "from the same top-K traces with every builder: median of every timed call (warm-up excluded), "
+        "p10-p90 band. Every builder's trees were checked equal to `reference`'s on the whole trace before "
+        "its timings count. `reference` is our own Python implementation of SGLang's algorithm, not SGLang."
+    )
+    machines_line = ", ".join(f"{m.label} ({m.source})" for m in machines)
+    baseline_line = "; ".join(f"{label}: speedups over {name}" for label, name in baselines.items())
+
+    # Markdown
+    md = [f"# ddtree-bench report\n\n{intro}\n\nMachines: {machines_line}.\n\nBaselines: {baseline_line}.\n"]
+    md.append("## Benchmark targets\n\n" + markdown_table(targets))
+    md.append("## Builders that could not run\n\n" + markdown_table(unavailable))
+    md.append("## Correctness\n\n" + markdown_table(correctness))
+    for label, table in compact.items():
+        heading = f"## Medians on {label} (L = {depth}, {distribution}; per call, p10-p90)"
+        md.append(f"{heading}\n\n" + markdown_table(table))
+    for name, path in figure_paths.items():
+        md.append(f"## {titles[name]}\n\n![{name}](figures/{path.name})\n")
+    md.append("## Environment\n\n" + markdown_table(env_table))
+    md.append("## All configurations\n\n" + markdown_table(medians))
+    from ddtree_bench.traces import atomic_output  # noqa: PLC0415
+
+    with atomic_output(md_path) as tmp:
+        Path(tmp).write_text("\n".join(md))
+
+    # HTML (self-contained: figures as base64 PNG)
+    def img(name: str) -> str:
+        data64 = base64.b64encode(figure_paths[name].read_bytes()).decode("ascii")
+        return f'<img alt="{name}" src="data:image/png;base64,{data64}">'
+
+    parts = [
+        "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>",
+        "<title>ddtree-bench report</title>",
+        f"<style>{CSS}</style></head><body>",
+        "<h1>ddtree-bench report</h1>",
+        f"<p>{escape(intro)}</p>",
+        f"<p><b>Machines:</b> {escape(machines_line)}<br><b>Baselines:</b> {escape(baseline_line)}</p>",
+        "<h2>Benchmark targets</h2>",
+        "<p class='note'>Targets from the pipeline issue (CPU) and the GPU builder issue (stated for the "
+        "H200, L = 16, K = N, peaked and uniform traces), evaluated on the medians measured on each "
+        "machine.</p>",
+        html_table(targets, status_column="status"),
+        "<h2>Builders that could not run</h2>",
+        html_table(unavailable),
+        "<h2>Correctness</h2>",
+        html_table(correctness),
+    ]
+    for name in FIGURE_NAMES:
+        if name in figure_paths:
+            parts += [f"<h2>{escape(titles[name])}</h2>", img(name)]
+    for label, table in compact.items():
+        parts += [
+            f"<h2>Medians on {escape(label)} (L = {depth}, {escape(str(distribution))}; per call, "
+            "p10-p90)</h2>",
+            html_table(table),
+        ]
+    parts += [
+        "<h2>Environment</h2>",
+        html_table(env_table),
+        "<h2>All configurations</h2>",
+        f"<details><summary>{len(medians)} rows: median, p10, p90 per call, per tree, speedup</summary>",
+        html_table(medians),
+        "</details></body></html>",
+    ]
+    with atomic_output(html_path) as tmp:
+        Path(tmp).write_text("\n".join(parts))
+

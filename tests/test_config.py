@@ -1,0 +1,218 @@
+"""The workflow configuration: defaults, the schema, and bad values failing with one clear line before any job
+(in the library and through Snakemake)."""
+
+from __future__ import annotations
+
+import copy
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from ddtree_bench.config import (
+    BUILDERS,
+    DISTRIBUTIONS,
+    check_config,
+    load_config,
+    load_schema,
+    timing_options,
+    trace_columns,
+    trace_requests,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+SNAKEMAKE = shutil.which("snakemake", path=str(Path(sys.executable).parent)) or "snakemake"
+
+
+def default_config() -> dict:
+    return yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
+
+
+def test_default_config_is_valid_and_has_the_issue_defaults():
+    config = load_config(ROOT / "config" / "config.yaml")
+    assert config["budgets"] == [8, 16, 32, 64, 128, 256, 512, 1024]
+    assert config["batch_sizes"] == [1, 8, 64, 256]
+    assert config["depths"] == [16, 8]
+    assert config["distributions"] == ["peaked", "uniform", "bf16"]
+    assert config["vocab_size"] == 163840
+    assert config["builders"] == ["sglang", "reference", "native", "native-mt", "gpu"]
+    assert config["gpu"] == "auto"
+    assert config["topk"] == "budget"
+    assert trace_columns(config) == 1024  # K = N: the traces hold the largest budget's columns
+    assert trace_requests(config) == 256
+    assert set(timing_options(config)) == {
+        "warmup",
+        "repeats",
+        "min_repeats",
+        "max_repeats",
+        "min_seconds",
+        "max_seconds",
+    }
+
+
+def test_smoke_config_is_valid_and_small():
+    config = load_config(ROOT / "config" / "smoke.yaml")
+    assert max(config["budgets"]) <= 16 and max(config["batch_sizes"]) <= 4
+    assert config["vocab_size"] <= 4096
+
+
+def test_the_schema_describes_every_field():
+    schema = load_schema()
+    missing = []
+
+    def walk(node, path):
+        for key, sub in node.get("properties", {}).items():
+            if "description" not in sub:
+                missing.append(".".join(path + [key]))
+            walk(sub, path + [key])
+
+    walk(schema, [])
+    assert not missing, f"fields without a description: {missing}"
+    assert set(schema["properties"]["builders"]["items"]["enum"]) == set(BUILDERS)
+    assert set(schema["properties"]["distributions"]["items"]["enum"]) == set(DISTRIBUTIONS)
+
+
+def test_schema_names_match_the_package():
+    from ddtree_bench.builders import BUILDER_NAMES
+    from ddtree_bench.traces import DISTRIBUTIONS as TRACE_DISTRIBUTIONS
+
+    assert set(BUILDERS) == set(BUILDER_NAMES)
+    assert set(DISTRIBUTIONS) == set(TRACE_DISTRIBUTIONS)
+
+
+def test_defaults_are_filled_in():
+    config = check_config(
+        {
+            "budgets": [8],
+            "batch_sizes": [1],
+            "depths": [4],
+            "distributions": ["uniform"],
+            "builders": ["reference"],
+        }
+    )
+    assert config["timing"]["repeats"] >= 1
+    assert config["sglang"]["module_paths"]
+    assert config["machine"] is None
+    assert config["topk"] == "budget"
+
+
+@pytest.mark.parametrize(("value", "expected"), [(True, "on"), (False, "off"), ("auto", "auto")])
+def test_yaml_on_off_for_gpu(value, expected):
+    config = default_config()
+    config["gpu"] = value  # YAML 1.1 reads an unquoted on/off as a boolean
+    assert check_config(config)["gpu"] == expected
+
+
+def test_fixed_topk():
+    config = default_config()
+    config["topk"] = 64
+    assert trace_columns(check_config(config)) == 64
+
+
+BAD = [
+    ("budgets", [8, 0], "config: budgets: must hold integers >= 1, got 0"),
+    ("budgets", [8, -4], "config: budgets: must hold integers >= 1, got -4"),
+    ("budgets", [8, 1.5], "config: budgets: must hold integers, got 1.5"),
+    ("budgets", [8, "16"], "config: budgets: must hold integers, got '16'"),
+    ("budgets", [True], "config: budgets: must hold integers, got True"),
+    ("budgets", [], "config: budgets: must be a non-empty list"),
+    ("budgets", 8, "config: budgets: must be a non-empty list"),
+    ("budgets", [8, 16, 8], "config: budgets: has duplicate values [8]"),
+    ("batch_sizes", [], "config: batch_sizes: must be a non-empty list"),
+    ("batch_sizes", [1, 1], "config: batch_sizes: has duplicate values [1]"),
+    ("depths", [16, 0], "config: depths: must hold integers >= 1, got 0"),
+    ("distributions", ["peaked", "zipf"], "config: distributions: unknown distribution 'zipf'"),
+    ("distributions", [], "config: distributions: must be a non-empty list"),
+    ("distributions", ["bf16", "bf16"], "config: distributions: has duplicate values ['bf16']"),
+    ("builders", ["reference", "triton"], "config: builders: unknown builder 'triton'"),
+    ("builders", [], "config: builders: must be a non-empty list"),
+    ("builders", ["native", "native"], "config: builders: has duplicate values ['native']"),
+    ("gpu", "maybe", "config: gpu: 'maybe' is not one of"),
+    ("vocab_size", 100, "config: vocab_size: 100 is smaller than the 1024 top-K columns needed"),
+    ("machine", "a/b", "config: machine: 'a/b' does not match"),
+    ("cuda_archs", ["ampere"], "config: cuda_archs.0: 'ampere' does not match"),
+    ("timing", {"repeats": 0}, "config: timing.repeats: 0 is less than the minimum of 1"),
+    (
+        "timing",
+        {"min_seconds": 3.0, "max_seconds": 1.0},
+        "config: timing: min_seconds (3.0) > max_seconds (1.0)",
+    ),
+    ("timing", {"warmup": 1.5}, "config: timing.warmup: must be an integer, got 1.5"),
+    ("distributions", ["recorded"], "config: recorded_trace: distribution 'recorded' needs recorded_trace"),
+    ("budget", [8], "config: (top level): Additional properties are not allowed ('budget' was unexpected)"),
+]
+
+
+@pytest.mark.parametrize(("key", "value", "message"), BAD, ids=[f"{k}={v!r}" for k, v, _ in BAD])
+def test_bad_config_is_one_clear_line(key, value, message):
+    config = default_config()
+    if key == "timing":
+        config["timing"] = {**config["timing"], **value}
+    else:
+        config[key] = copy.deepcopy(value)
+    with pytest.raises(ValueError) as error:
+        check_config(config)
+    text = str(error.value)
+    assert "\n" not in text
+    assert text.startswith(message), text
+
+
+def workdir_copy(tmp_path: Path) -> Path:
+    """A copy of the workflow (Snakefile, rules, schema, config, sources) to run Snakemake in."""
+    work = tmp_path / "work"
+    work.mkdir()
+    for name in ("Snakefile", "workflow", "config", "csrc", "kernels"):
+        source = ROOT / name
+        if source.is_dir():
+            shutil.copytree(source, work / name, ignore=shutil.ignore_patterns("__pycache__"))
+        elif source.exists():
+            shutil.copy2(source, work / name)
+    return work
+
+
+def snakemake(work: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([SNAKEMAKE, *args], cwd=work, capture_output=True, text=True, timeout=timeout)
+
+
+SNAKEMAKE_BAD = [
+    ("budgets", [8, 0], "config: budgets: must hold integers >= 1, got 0"),
+    ("budgets", [8, 2.5], "config: budgets: must hold integers, got 2.5"),
+    ("batch_sizes", [1, 8, 1], "config: batch_sizes: has duplicate values [1]"),
+    ("depths", [0], "config: depths: must hold integers >= 1, got 0"),
+    ("distributions", ["uniform", "cauchy"], "config: distributions: unknown distribution 'cauchy'"),
+    ("builders", ["reference", "cublas"], "config: builders: unknown builder 'cublas'"),
+]
+
+
+@pytest.mark.parametrize(("key", "value", "message"), SNAKEMAKE_BAD, ids=[k for k, _, _ in SNAKEMAKE_BAD])
+def test_snakemake_stops_before_any_job_on_bad_config(tmp_path, key, value, message):
+    work = workdir_copy(tmp_path)
+    config = default_config()
+    config[key] = value
+    (work / "bad.yaml").write_text(yaml.safe_dump(config))
+    result = snakemake(work, "--cores", "1", "--configfile", "bad.yaml", "--", "report")
+    assert result.returncode != 0
+    assert message in result.stderr + result.stdout
+    assert not (work / "results").exists()
+    assert not (work / "report").exists()
+    result = snakemake(work, "-n", "--cores", "1", "--configfile", "bad.yaml", "--", "report")
+    assert result.returncode != 0
+    assert message in result.stderr + result.stdout
+
+
+def test_gpu_on_without_a_gpu_fails_before_any_job(tmp_path):
+    from ddtree_bench.cuda import gpu_unavailable_reason
+
+    if gpu_unavailable_reason() is None:
+        pytest.skip("a GPU is present here: gpu: on is satisfiable")
+    work = workdir_copy(tmp_path)
+    config = default_config()
+    config["gpu"] = "on"
+    (work / "gpu.yaml").write_text(yaml.safe_dump(config))
+    result = snakemake(work, "-n", "--cores", "1", "--configfile", "gpu.yaml", "--", "report")
+    assert result.returncode != 0
+    assert "config: gpu: on, but no usable GPU here" in result.stderr + result.stdout
+    assert not (work / "results").exists()

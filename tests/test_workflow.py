@@ -1,0 +1,262 @@
+"""The Snakemake workflow: lint and formatting, the smoke configuration end to end, timing jobs that never
+overlap, and adding a budget scheduling only that budget's jobs (plus the summary and the report)."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+SNAKEMAKE = shutil.which("snakemake", path=str(BIN)) or "snakemake"
+SNAKEFMT = shutil.which("snakefmt", path=str(BIN)) or "snakefmt"
+
+
+def workdir_copy(base: Path) -> Path:
+    """A copy of the workflow (Snakefile, rules, schema, config, sources) to run Snakemake in."""
+    work = base / "work"
+    work.mkdir()
+    for name in ("Snakefile", "workflow", "config", "csrc", "kernels"):
+        source = ROOT / name
+        if source.is_dir():
+            shutil.copytree(source, work / name, ignore=shutil.ignore_patterns("__pycache__"))
+        elif source.exists():
+            shutil.copy2(source, work / name)
+    return work
+
+
+def snakemake(work: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([SNAKEMAKE, *args], cwd=work, capture_output=True, text=True, timeout=timeout)
+
+
+def smoke_config() -> dict:
+    return yaml.safe_load((ROOT / "config" / "smoke.yaml").read_text())
+
+
+def jobs_of(output: str) -> list[dict]:
+    """The jobs a Snakemake run or dry run prints: rule, jobid, outputs, resources, threads (in order)."""
+    jobs, job = [], None
+    for line in output.splitlines():
+        match = re.match(r"^(?:local)?rule (\S+):$", line)
+        if match:
+            job = {"rule": match.group(1), "output": [], "resources": "", "threads": 1, "jobid": None}
+            jobs.append(job)
+            continue
+        if job is None or not line.startswith("    "):
+            continue
+        key, _, value = line.strip().partition(": ")
+        if key == "output":
+            job["output"] = [v.strip() for v in value.split(",")]
+        elif key == "jobid":
+            job["jobid"] = int(value)
+        elif key == "resources":
+            job["resources"] = value
+        elif key == "threads":
+            job["threads"] = int(value)
+    return jobs
+
+
+@pytest.fixture(scope="module")
+def smoke_run(tmp_path_factory):
+    """The smoke configuration run for real in a copy of the workflow, on 2 cores."""
+    work = workdir_copy(tmp_path_factory.mktemp("smoke"))
+    start = time.monotonic()
+    result = snakemake(work, "--cores", "2", "--configfile", "config/smoke.yaml", "--", "report")
+    elapsed = time.monotonic() - start
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    return work, result, elapsed
+
+
+def test_snakefmt_formatted():
+    result = subprocess.run(
+        [SNAKEFMT, "--check", "Snakefile", "workflow/rules"], cwd=ROOT, capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stderr
+
+
+def test_snakemake_lint_is_clean(tmp_path):
+    work = workdir_copy(tmp_path)
+    result = snakemake(work, "--lint", "--cores", "1", "-n")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert not (work / "results").exists()
+
+
+def test_dry_run_of_the_default_configuration(tmp_path):
+    work = workdir_copy(tmp_path)
+    result = snakemake(work, "-n", "--cores", "4", "report")
+    assert result.returncode == 0, result.stderr
+    jobs = jobs_of(result.stdout + result.stderr)
+    rules = [job["rule"] for job in jobs]
+    assert rules.count("trace") == 6  # one per (distribution, depth)
+    assert rules.count("build_native") == 1
+    bench = [job for job in jobs if job["rule"] in ("bench", "bench_gpu")]
+    assert bench and all("timing_slot=1" in job["resources"] for job in bench)
+    assert all(job["threads"] == min(4, len(_cpus())) for job in bench)  # the whole machine Snakemake has
+    assert all("gpu=1" in job["resources"] for job in bench if job["rule"] == "bench_gpu")
+    per_builder = {}
+    for job in bench:
+        builder = job["output"][0].split("/")[3]
+        per_builder[builder] = per_builder.get(builder, 0) + 1
+    assert per_builder["reference"] == 8 * 4 * 2 * 3  # budgets x batch sizes x depths x distributions
+    assert not (work / "results").exists()
+
+
+def _cpus():
+    import os
+
+    return os.sched_getaffinity(0)
+
+
+@pytest.mark.slow
+def test_smoke_pipeline_end_to_end(smoke_run):
+    work, result, elapsed = smoke_run
+    results = work / "results" / "smoke"
+    config = smoke_config()
+    summary = pd.read_parquet(results / "summary.parquet")
+    ok = summary[summary["status"] == "ok"]
+    assert {"reference", "native"} <= set(ok["builder"])
+    assert ok["correct"].all() and (ok["n"] > 0).all()
+    grid = (
+        len(config["budgets"])
+        * len(config["batch_sizes"])
+        * len(config["depths"])
+        * len(config["distributions"])
+    )
+    for builder in set(ok["builder"]):
+        assert len(ok[(ok["builder"] == builder) & (ok["timing"] == "wall")]) == grid, builder
+        files = list((results / "bench" / builder).glob("*-L*-N*-B*.parquet"))
+        assert len(files) == grid
+        rows = pd.read_parquet(files[0])
+        assert {"warmup", "timed"} == set(rows["phase"])
+    for builder in set(config["builders"]) - set(ok["builder"]):  # sglang / gpu where they cannot run here
+        row = summary[summary["builder"] == builder].iloc[0]
+        assert row["status"] == "unavailable" and row["status_reason"]
+    assert (results / "environment.json").is_file()
+    shapes = pd.read_parquet(results / "tree_shape.parquet")
+    assert set(shapes["budget"]) == set(config["budgets"])
+    report = Path(work / config["report_dir"])
+    page = (report / "index.html").read_text()
+    assert page.count('src="data:image/png;base64,') == 4
+    markdown = (report / "summary.md").read_text()
+    assert "| N | B |" in markdown and "reference (ours" in markdown
+    print(f"smoke pipeline: {elapsed:.1f} s")
+
+
+@pytest.mark.slow
+def test_timing_jobs_never_overlap_other_jobs(smoke_run):
+    """With --cores 2, a timing job runs alone: nothing else was running when one started, and nothing
+    started until it finished."""
+    _, result, _ = smoke_run
+    running: set[int] = set()
+    rule_of: dict[int, str] = {}
+    timing = {"bench", "bench_gpu"}
+    lines = (result.stdout + result.stderr).splitlines()
+    jobs = iter(jobs_of("\n".join(lines)))
+    checked = 0
+    for line in lines:
+        if re.match(r"^(?:local)?rule \S+:$", line):
+            job = next(jobs)
+            started = job["rule"]
+            # the jobid line follows; jobs_of has parsed it
+            if started in timing:
+                assert not running, f"timing job {job['output']} started beside {running}"
+                checked += 1
+            elif any(rule_of[j] in timing for j in running):
+                raise AssertionError(f"{started} started beside a timing job")
+            running.add(job["jobid"])
+            rule_of[job["jobid"]] = started
+        match = re.match(r"^Finished jobid: (\d+)", line)
+        if match:
+            running.discard(int(match.group(1)))
+    assert checked > 0
+
+
+@pytest.mark.slow
+def test_adding_a_budget_schedules_only_that_budgets_jobs(smoke_run):
+    work, _, _ = smoke_run
+    config = smoke_config()
+    new = 8
+    assert new not in config["budgets"] and new < max(config["budgets"])  # the traces' K stays the same
+    config["budgets"] = sorted(config["budgets"] + [new])
+    (work / "more.yaml").write_text(yaml.safe_dump(config))
+    result = snakemake(work, "-n", "--cores", "2", "--configfile", "more.yaml", "--", "report")
+    assert result.returncode == 0, result.stderr
+    jobs = jobs_of(result.stdout + result.stderr)
+    rules = {job["rule"] for job in jobs}
+    assert rules <= {
+        "bench",
+        "bench_gpu",
+        "check",
+        "check_gpu",
+        "tree_shape",
+        "aggregate",
+        "render_report",
+        "report",
+    }, rules
+    assert {"bench", "aggregate", "render_report", "report"} <= rules
+    per_budget = [job for job in jobs if job["rule"] not in ("aggregate", "render_report", "report")]
+    assert per_budget and all(f"-N{new}" in job["output"][0] for job in per_budget), per_budget
+    summary = pd.read_parquet(work / "results" / "smoke" / "summary.parquet")
+    timed = set(summary.loc[summary["status"] == "ok", "builder"])
+    grid = len(config["batch_sizes"]) * len(config["depths"]) * len(config["distributions"])
+    assert sum(job["rule"] == "bench" for job in jobs) == len(timed) * grid
+    assert sum(job["rule"] == "check" for job in jobs) == (len(timed) - 1) * grid // len(
+        config["batch_sizes"]
+    )
+    assert not (work / "results" / "smoke" / "bench" / "reference" / f"uniform-L4-N{new}-B1.parquet").exists()
+
+
+@pytest.mark.slow
+def test_nothing_to_do_after_a_complete_run(smoke_run):
+    work, _, _ = smoke_run
+    result = snakemake(work, "-n", "--cores", "2", "--configfile", "config/smoke.yaml", "--", "report")
+    assert result.returncode == 0
+    assert "Nothing to be done" in result.stdout + result.stderr
+
+
+@pytest.mark.slow
+def test_editing_the_native_source_reruns_what_depends_on_it(smoke_run):
+    work, _, _ = smoke_run
+    source = work / "csrc" / "tree_build_cpu.cpp"
+    original = source.read_text()
+    try:
+        source.write_text(original + "\n// an edit\n")
+        result = snakemake(work, "-n", "--cores", "2", "--configfile", "config/smoke.yaml", "--", "report")
+        assert result.returncode == 0
+        rules = {job["rule"] for job in jobs_of(result.stdout + result.stderr)}
+        assert "build_native" in rules and "check" in rules and "bench" in rules
+        assert "trace" not in rules and "tree_shape" not in rules
+    finally:
+        source.write_text(original)
+
+
+@pytest.mark.slow
+def test_a_tree_mismatch_fails_the_run_naming_request_and_field(tmp_path):
+    """A native library that builds different trees (its child push moved one level up) fails the check job
+    with one line naming the first differing request and field, and no timing of it is written."""
+    work = workdir_copy(tmp_path)
+    source = work / "csrc" / "tree_build_cpu.cpp"
+    text = source.read_text()
+    mutated, count = re.subn(r"if \(depth < L\)", "if (depth + 1 < L)", text)
+    if count != 1:
+        pytest.skip("the mutation point (the child push) is not in the native source any more")
+    source.write_text(mutated)
+    config = smoke_config()
+    config.update(builders=["reference", "native"], budgets=[16], batch_sizes=[1], distributions=["bf16"])
+    (work / "mismatch.yaml").write_text(yaml.safe_dump(config))
+    result = snakemake(work, "--cores", "1", "--configfile", "mismatch.yaml", "--", "report")
+    assert result.returncode != 0
+    lines = [line for line in result.stderr.splitlines() if line.startswith("ddtree-bench: rule check:")]
+    assert len(lines) == 1, result.stderr[-3000:]
+    assert "TreeMismatch" in lines[0] and "request " in lines[0] and "field " in lines[0]
+    assert not list((work / "results" / "smoke" / "bench" / "native").glob("*.parquet"))
+    assert not list((work / "results" / "smoke" / "check" / "native").glob("*.json"))
+    assert not (work / "results" / "smoke" / "summary.parquet").exists()

@@ -1,0 +1,50 @@
+rule trace:
+    """One generated trace per (distribution, depth): R = max batch size requests, K = the trace columns."""
+    output:
+        trace=f"{RESULTS}/traces/{{distribution}}-L{{depth}}.npz",
+    log:
+        f"{LOGS}/traces/{{distribution}}-L{{depth}}.log",
+    wildcard_constraints:
+        distribution="uniform|peaked|bf16",
+    conda:
+        "../envs/ddtree-bench.yaml"
+    threads: TIMING_THREADS
+    params:
+        requests=TRACE_REQUESTS,
+        topk=TRACE_COLUMNS,
+        vocab_size=config["vocab_size"],
+        seed=config["seed"],
+        device=config["trace_device"],
+    script:
+        "../scripts/trace.py"
+
+
+rule trace_recorded:
+    """The user's recorded trace, validated and cut to R requests, the depth and K columns."""
+    input:
+        recorded=config["recorded_trace"] or [],
+    output:
+        trace=f"{RESULTS}/traces/recorded-L{{depth}}.npz",
+    log:
+        f"{LOGS}/traces/recorded-L{{depth}}.log",
+    conda:
+        "../envs/ddtree-bench.yaml"
+    params:
+        requests=TRACE_REQUESTS,
+        topk=TRACE_COLUMNS,
+    script:
+        "../scripts/trace_recorded.py"
+
+
+rule tree_shape:
+    """Nodes per tree depth of reference's trees on every request of a trace (the report's tree shape)."""
+    input:
+        trace=f"{RESULTS}/traces/{{distribution}}-L{{depth}}.npz",
+    output:
+        shape=f"{RESULTS}/shape/{{distribution}}-L{{depth}}-N{{budget}}.json",
+    log:
+        f"{LOGS}/shape/{{distribution}}-L{{depth}}-N{{budget}}.log",
+    conda:
+        "../envs/ddtree-bench.yaml"
+    script:
+        "../scripts/tree_shape.py"

@@ -1,0 +1,24 @@
+from _job import logged
+
+from ddtree_bench.aggregate import aggregate
+from ddtree_bench.environment import collect_environment
+
+snakemake = snakemake  # noqa: F821 (the job object Snakemake's script preamble defines)
+
+with logged(snakemake):
+    params = snakemake.params
+    environment = collect_environment(params.machine)
+    environment.update(
+        config=dict(params.config),
+        unavailable=dict(params.unavailable),
+        builds={key: snakemake.input[key] for key in ("native", "fatbin") if key in snakemake.input.keys()},
+        nvcc=params.nvcc,
+    )
+    aggregate(
+        snakemake.input.bench,
+        snakemake.output.summary,
+        shape_paths=snakemake.input.shapes,
+        shape_path=snakemake.output.shapes,
+        environment=environment,
+        environment_path=snakemake.output.environment,
+    )

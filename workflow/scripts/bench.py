@@ -1,0 +1,45 @@
+import inspect
+import json
+
+from _job import logged
+
+from ddtree_bench.bench import run_benchmark, write_frame
+
+snakemake = snakemake  # noqa: F821 (the job object Snakemake's script preamble defines)
+
+with logged(snakemake):
+    wildcards, params, timing = snakemake.wildcards, snakemake.params, snakemake.params.timing
+    if wildcards.builder == "gpu":
+        from ddtree_bench.gpu_bench import run_gpu_benchmark as run
+    else:
+        run = run_benchmark
+    correct = None  # the check job compared this builder's trees with reference's on the whole trace
+    if "check" in snakemake.input.keys():
+        with open(snakemake.input.check) as handle:
+            correct = json.load(handle).get("status") == "ok"
+    extra = dict(
+        max_seconds=timing["max_seconds"],
+        min_repeats=timing["min_repeats"],
+        max_repeats=timing["max_repeats"],
+        correct=correct,
+    )
+    accepted = inspect.signature(run).parameters
+    if not any(p.kind is p.VAR_KEYWORD for p in accepted.values()):
+        extra = {key: value for key, value in extra.items() if key in accepted}
+    rows = run(
+        wildcards.builder,
+        snakemake.input.trace,
+        int(wildcards.budget),
+        int(wildcards.batch),
+        warmup=timing["warmup"],
+        repeats=timing["repeats"],
+        min_seconds=timing["min_seconds"],
+        machine=params.machine,
+        distribution=wildcards.distribution,
+        builder_options=dict(params.options),
+        **extra,
+    )
+    timed = rows[rows["phase"] == "timed"]
+    print(f"{len(rows)} rows, {len(timed)} timed; status {sorted(set(rows['status']))}")
+    print(timed.groupby(["timing", "cache"], dropna=False)["seconds"].describe().to_string())
+    write_frame(rows, snakemake.output.bench)

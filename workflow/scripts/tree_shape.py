@@ -1,0 +1,11 @@
+from _job import logged, write_json
+
+from ddtree_bench.aggregate import tree_shape
+
+snakemake = snakemake  # noqa: F821 (the job object Snakemake's script preamble defines)
+
+with logged(snakemake):
+    shape = tree_shape(
+        snakemake.input.trace, int(snakemake.wildcards.budget), distribution=snakemake.wildcards.distribution
+    )
+    write_json(shape, snakemake.output.shape)

@@ -1,0 +1,10 @@
+from _job import logged
+
+from ddtree_bench.bench import unavailable_frame, write_frame
+
+snakemake = snakemake  # noqa: F821 (the job object Snakemake's script preamble defines)
+
+with logged(snakemake):
+    builder, reason = snakemake.wildcards.builder, snakemake.params.reason
+    print(f"{builder}: unavailable: {reason}")
+    write_frame(unavailable_frame(builder, reason, machine=snakemake.params.machine), snakemake.output.bench)
