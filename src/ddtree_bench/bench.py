@@ -239,6 +239,81 @@ def _trees_equal_reference(lp, ids, budget, trees) -> bool:
     return first_difference(expected, trees) is None
 
 
+class TimingPolicy:
+    """How many calls a timing job makes (module docstring): ``warmup`` untimed-but-recorded calls, then timed
+    calls until ``repeats`` calls and ``min_seconds`` are both reached, or ``max_repeats`` calls, or
+    ``max_seconds`` once there are ``min_repeats`` calls. Arguments are validated (one-line ValueError)."""
+
+    def __init__(self, *, warmup, repeats, min_seconds, max_seconds=None, min_repeats=1, max_repeats=None):
+        self.warmup = _check_count(warmup, "warmup", 0)
+        self.repeats = _check_count(repeats, "repeats", 1)
+        self.min_repeats = _check_count(min_repeats, "min_repeats", 1)
+        self.max_repeats = None if max_repeats is None else _check_count(max_repeats, "max_repeats", 1)
+        if self.max_repeats is not None and self.max_repeats < self.repeats:
+            raise ValueError(f"max_repeats ({self.max_repeats}) must be >= repeats ({self.repeats})")
+        self.min_seconds = _check_seconds(min_seconds, "min_seconds")
+        self.max_seconds = _check_seconds(max_seconds, "max_seconds", allow_none=True)
+
+    def samples(self, measure) -> list[tuple[str, int, float]]:
+        """``(phase, repetition, seconds)`` for every call of ``measure()`` (which returns its seconds)."""
+        out = [("warmup", rep, measure()) for rep in range(self.warmup)]
+        start, rep = time.perf_counter(), 0
+        while True:
+            out.append(("timed", rep, measure()))
+            rep += 1
+            elapsed = time.perf_counter() - start
+            if self.max_repeats is not None and rep >= self.max_repeats:
+                break
+            if rep >= self.repeats and elapsed >= self.min_seconds:
+                break
+            if self.max_seconds is not None and rep >= self.min_repeats and elapsed >= self.max_seconds:
+                break
+        return out
+
+
+def prepare_run(builder, trace_path, budget, batch, *, machine, distribution, builder_options):
+    """What every timing job starts with: the batch (the trace's first ``batch`` requests), the builder
+    object, and the row fields every row shares. Returns ``(builder_object, lp, ids, budget, base_row)``, or a
+    one-row "unavailable" frame when the builder cannot run here."""
+    budget = check_budget(budget)
+    batch = _check_count(batch, "batch", 1)
+    lp, ids, columns, metadata = read_batch(trace_path, batch)
+    depth = int(lp.shape[1])
+    topk = min(budget, columns)
+    if distribution is None:
+        distribution = metadata.get("distribution")
+    env = collect_environment(machine)
+    name = builder if isinstance(builder, str) else getattr(builder, "name", type(builder).__name__)
+    obj = _builder_object(builder, builder_options)
+    reason = obj.unavailable_reason()
+    if reason is not None:
+        return unavailable_frame(
+            name,
+            reason,
+            label=obj.label or name,
+            budget=budget,
+            batch=batch,
+            depth=depth,
+            topk=topk,
+            distribution=distribution,
+            environment=env,
+        )
+    budget = obj.check(lp, ids, budget)  # validate once; the timed calls skip it (module docstring)
+    base = {
+        "builder": name,
+        "label": obj.label or name,
+        "budget": budget,
+        "batch": batch,
+        "depth": depth,
+        "topk": topk,
+        "distribution": distribution,
+        "status": "ok",
+        "status_reason": None,
+        **{k: env.get(k) for k in COLUMNS if k in env},
+    }
+    return obj, lp, ids, budget, base
+
+
 def run_benchmark(
     builder,
     trace_path,
@@ -263,111 +338,77 @@ def run_benchmark(
     passes ``True``); ``None`` compares the last timed call's trees with ``reference`` here (``reference``
     itself is correct by definition).
     """
-    budget = check_budget(budget)
-    batch = _check_count(batch, "batch", 1)
-    warmup = _check_count(warmup, "warmup", 0)
-    repeats = _check_count(repeats, "repeats", 1)
-    min_repeats = _check_count(min_repeats, "min_repeats", 1)
-    if max_repeats is not None:
-        max_repeats = _check_count(max_repeats, "max_repeats", 1)
-        if max_repeats < repeats:
-            raise ValueError(f"max_repeats ({max_repeats}) must be >= repeats ({repeats})")
-    min_seconds = _check_seconds(min_seconds, "min_seconds")
-    max_seconds = _check_seconds(max_seconds, "max_seconds", allow_none=True)
-
-    lp, ids, columns, metadata = read_batch(trace_path, batch)
-    depth = int(lp.shape[1])
-    topk = min(budget, columns)
-    if distribution is None:
-        distribution = metadata.get("distribution")
-
-    env = collect_environment(machine)
-    name = builder if isinstance(builder, str) else getattr(builder, "name", type(builder).__name__)
-    base = {
-        "builder": name,
-        "budget": budget,
-        "batch": batch,
-        "depth": depth,
-        "topk": topk,
-        "distribution": distribution,
-        **{k: env.get(k) for k in COLUMNS if k in env},
-    }
-
-    obj = _builder_object(builder, builder_options)
-    reason = obj.unavailable_reason()
-    if reason is not None:
-        return unavailable_frame(
-            name, reason, label=obj.label or name, budget=budget, batch=batch, depth=depth, topk=topk,
-            distribution=distribution, environment=env,
-        )
-    budget = obj.check(lp, ids, budget)  # validate once; the timed calls below skip it (module docstring)
+    policy = TimingPolicy(
+        warmup=warmup,
+        repeats=repeats,
+        min_seconds=min_seconds,
+        max_seconds=max_seconds,
+        min_repeats=min_repeats,
+        max_repeats=max_repeats,
+    )
+    prepared = prepare_run(
+        builder,
+        trace_path,
+        budget,
+        batch,
+        machine=machine,
+        distribution=distribution,
+        builder_options=builder_options,
+    )
+    if isinstance(prepared, pd.DataFrame):
+        return prepared
+    obj, lp, ids, budget, base = prepared
     obj.check = _prechecked
-    info = obj.info()
-    base["label"] = obj.label or name
-    base["threads"] = info.get("threads", 1)
+    base["threads"] = obj.info().get("threads", 1)
 
     kwargs = {}
     if _accepts_out(obj):
         from ddtree_bench.tree import TreeBatch  # noqa: PLC0415
 
-        kwargs["out"] = TreeBatch.empty(batch, budget)
+        kwargs["out"] = TreeBatch.empty(base["batch"], budget)
     build = obj.build
     clock = time.perf_counter_ns
-    samples: list[tuple[str, int, int]] = []  # (phase, repetition, nanoseconds)
+    last = []
+
+    def measure() -> float:
+        t0 = clock()
+        trees = build(lp, ids, budget, **kwargs)
+        t1 = clock()
+        last[:] = [trees]
+        return (t1 - t0) / 1e9
 
     gc.collect()
     gc_was_enabled = gc.isenabled()
     gc.disable()
     try:
-        trees = None
-        for rep in range(warmup):
-            t0 = clock()
-            trees = build(lp, ids, budget, **kwargs)
-            samples.append(("warmup", rep, clock() - t0))
-        start = clock()
-        rep = 0
-        while True:
-            t0 = clock()
-            trees = build(lp, ids, budget, **kwargs)
-            t1 = clock()
-            samples.append(("timed", rep, t1 - t0))
-            rep += 1
-            elapsed = (t1 - start) / 1e9
-            if max_repeats is not None and rep >= max_repeats:
-                break
-            if rep >= repeats and elapsed >= min_seconds:
-                break
-            if max_seconds is not None and rep >= min_repeats and elapsed >= max_seconds:
-                break
+        samples = policy.samples(measure)
     finally:
         if gc_was_enabled:
             gc.enable()
 
-    nodes_mean = float(np.mean(trees.node_count))
-    if name == "reference":
+    trees = last[0]
+    if base["builder"] == "reference":
         correct = True
     elif correct is None:
         correct = _trees_equal_reference(lp, ids, budget, trees)
-
-    rows = []
-    for phase, repetition, ns in samples:
-        seconds = ns / 1e9
-        rows.append(
-            {
-                **base,
-                "repetition": repetition,
-                "phase": phase,
-                "timing": "wall",
-                "cache": "n/a",
-                "seconds": seconds,
-                "per_tree_seconds": seconds / batch,
-                "status": "ok",
-                "status_reason": None,
-                "correct": bool(correct),
-                "nodes_mean": nodes_mean,
-                "device_memory_bytes": math.nan,
-            }
-        )
+    common = {
+        **base,
+        "timing": "wall",
+        "cache": "n/a",
+        "correct": bool(correct),
+        "nodes_mean": float(np.mean(trees.node_count)),
+        "device_memory_bytes": math.nan,
+    }
+    rows = [
+        {
+            **common,
+            "repetition": rep,
+            "phase": phase,
+            "seconds": seconds,
+            "per_tree_seconds": seconds / base["batch"],
+        }
+        for phase, rep, seconds in samples
+    ]
     return frame(rows)
 
 

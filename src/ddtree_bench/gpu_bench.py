@@ -25,16 +25,7 @@ import time
 import numpy as np
 import pandas as pd
 
-from ddtree_bench.bench import (
-    COLUMNS,
-    _builder_object,
-    _check_count,
-    _check_seconds,
-    frame,
-    unavailable_frame,
-)
-from ddtree_bench.environment import collect_environment
-from ddtree_bench.validation import check_budget
+from ddtree_bench.bench import TimingPolicy, frame, prepare_run
 
 SPIN_NS = 100_000  # long enough to cover the host's cost of queueing the timed launches
 
@@ -57,45 +48,35 @@ def run_gpu_benchmark(
     correct: bool | None = None,
 ) -> pd.DataFrame:
     from ddtree_bench.builders.gpu import DeviceTrees, GpuBuilder, _layout, _views
-    from ddtree_bench.traces import load_trace
 
-    budget = check_budget(budget)
-    batch = _check_count(batch, "batch", 1)
-    warmup = _check_count(warmup, "warmup", 0)
-    repeats = _check_count(repeats, "repeats", 1)
-    min_seconds = _check_seconds(min_seconds, "min_seconds")
-    max_seconds = _check_seconds(max_seconds, "max_seconds", allow_none=True)
-
-    trace = load_trace(trace_path)
-    lp, ids = trace.batch(batch)
-    lp, ids = np.ascontiguousarray(lp), np.ascontiguousarray(ids)
-    depth, topk = trace.depth, min(budget, trace.topk)
-    if distribution is None:
-        distribution = trace.metadata.get("distribution")
-    env = collect_environment(machine)
-    name = builder if isinstance(builder, str) else getattr(builder, "name", "gpu")
-    gpu = _builder_object(builder, builder_options)
+    policy = TimingPolicy(
+        warmup=warmup,
+        repeats=repeats,
+        min_seconds=min_seconds,
+        max_seconds=max_seconds,
+        min_repeats=min_repeats,
+        max_repeats=max_repeats,
+    )
+    prepared = prepare_run(
+        builder,
+        trace_path,
+        budget,
+        batch,
+        machine=machine,
+        distribution=distribution,
+        builder_options=builder_options,
+    )
+    if isinstance(prepared, pd.DataFrame):
+        return prepared  # unavailable here, with the reason
+    gpu, lp, ids, budget, base = prepared
+    batch = base["batch"]
     if not isinstance(gpu, GpuBuilder):
-        raise ValueError(f"run_gpu_benchmark times the gpu builder, not {name!r}")
-    reason = gpu.unavailable_reason()
-    if reason is not None:
-        return unavailable_frame(
-            name,
-            reason,
-            label=gpu.label,
-            budget=budget,
-            batch=batch,
-            depth=depth,
-            topk=topk,
-            distribution=distribution,
-            environment=env,
-        )
-    gpu.check(lp, ids, budget)
+        raise ValueError(f"run_gpu_benchmark times the gpu builder, not {base['builder']!r}")
 
     import cupy as cp
 
     kernels = gpu.kernels
-    plan = gpu.plan(batch, depth, lp.shape[-1], budget)
+    plan = gpu.plan(batch, lp.shape[1], lp.shape[-1], budget)
     stream = cp.cuda.Stream(non_blocking=True)
     with stream:
         # inputs in one device buffer (log-probs, then token ids), filled from one pinned host buffer
@@ -167,21 +148,11 @@ def run_gpu_benchmark(
         ("graph-replay", "warm", lambda: event_time(replay, False)),
         ("host-inclusive", "n/a", host_inclusive),
     ]
-    samples = []
-    for timing, cache, measure in kinds:
-        for rep in range(warmup):
-            samples.append((timing, cache, "warmup", rep, measure()))
-        began, rep = time.perf_counter(), 0
-        while True:
-            samples.append((timing, cache, "timed", rep, measure()))
-            rep += 1
-            elapsed = time.perf_counter() - began
-            if max_repeats is not None and rep >= max_repeats:
-                break
-            if rep >= repeats and elapsed >= min_seconds:
-                break
-            if max_seconds is not None and rep >= min_repeats and elapsed >= max_seconds:
-                break
+    samples = [
+        (timing, cache, phase, rep, seconds)
+        for timing, cache, measure in kinds
+        for phase, rep, seconds in policy.samples(measure)
+    ]
 
     trees = out.host_views(pinned_out)  # what the last host-inclusive call copied out
     paths = np.bincount(out.stats.get(), minlength=5)
@@ -192,22 +163,12 @@ def run_gpu_benchmark(
 
         correct = first_difference(get_builder("reference").build(lp, ids, budget), trees) is None
     device_bytes = out.nbytes + d_in.nbytes
-    base = {
-        "builder": name,
-        "label": gpu.label,
-        "budget": budget,
-        "batch": batch,
-        "depth": depth,
-        "topk": topk,
-        "distribution": distribution,
-        "status": "ok",
-        "status_reason": None,
-        "correct": bool(correct),
-        "nodes_mean": float(np.mean(trees.node_count)),
-        "device_memory_bytes": float(device_bytes),
-        "threads": plan.threads,
-        **{k: env.get(k) for k in COLUMNS if k in env},
-    }
+    base.update(
+        correct=bool(correct),
+        nodes_mean=float(np.mean(trees.node_count)),
+        device_memory_bytes=float(device_bytes),
+        threads=plan.threads,
+    )
     rows = []
     for timing, cache, phase, rep, seconds in samples:
         clock = "time.perf_counter_ns" if timing == "host-inclusive" else "cudaEventElapsedTime"
@@ -219,7 +180,7 @@ def run_gpu_benchmark(
                 "phase": phase,
                 "repetition": rep,
                 "seconds": seconds,
-                "per_tree_seconds": seconds / batch,
+                "per_tree_seconds": seconds / base["batch"],
                 "clock": clock,
             }
         )
