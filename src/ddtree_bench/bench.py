@@ -34,7 +34,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ddtree_bench.environment import collect_environment
+from ddtree_bench.environment import ENVIRONMENT_COLUMNS, collect_environment
 from ddtree_bench.validation import check_budget
 
 COLUMNS = (
@@ -57,20 +57,7 @@ COLUMNS = (
     "nodes_mean",
     "device_memory_bytes",
     "threads",
-    "machine",
-    "hostname",
-    "cpu_model",
-    "cpu_count",
-    "gpu_name",
-    "gpu_driver",
-    "python",
-    "numpy",
-    "cupy",
-    "torch",
-    "sglang",
-    "git_commit",
-    "timestamp",
-    "clock",
+    *ENVIRONMENT_COLUMNS,
 )
 
 STATUSES = ("ok", "unavailable", "failed")
