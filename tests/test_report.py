@@ -332,3 +332,14 @@ def test_columns_contract_is_what_docs_say():
     )
     names = [part.strip().split(" ")[0] for part in documented.split(", ")]
     assert list(COLUMNS) == names
+
+
+def test_reference_is_set_beside_sglangs_published_figures_when_sglang_is_absent(tmp_path):
+    """Without SGLang the target stays "no data", but the measured column compares reference's batch-64
+    time with SGLang's published per-call figures (N = 8: 3.0 ms) and says they are not from this run."""
+    machines = load_machines(write_machine(tmp_path / "m", "m"))
+    result = next(r for r in evaluate_targets(machines) if r.target.startswith("reference within"))
+    assert result.status == "no data"
+    assert "published" in result.measured and "not this run" in result.measured
+    # reference at N = 8, B = 64: 1e-4 * 8 * 64 s = 51.2 ms, against 3.0 ms published
+    assert "from 17.07 to 17.07 (1 configurations)" in result.measured
