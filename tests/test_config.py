@@ -4,13 +4,10 @@
 from __future__ import annotations
 
 import copy
-import shutil
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import yaml
+from workflow_copy import ROOT, snakemake, workdir_copy
 
 from ddtree_bench.config import (
     BUILDERS,
@@ -22,9 +19,6 @@ from ddtree_bench.config import (
     trace_columns,
     trace_requests,
 )
-
-ROOT = Path(__file__).resolve().parents[1]
-SNAKEMAKE = shutil.which("snakemake", path=str(Path(sys.executable).parent)) or "snakemake"
 
 
 def default_config() -> dict:
@@ -158,23 +152,6 @@ def test_bad_config_is_one_clear_line(key, value, message):
     text = str(error.value)
     assert "\n" not in text
     assert text.startswith(message), text
-
-
-def workdir_copy(tmp_path: Path) -> Path:
-    """A copy of the workflow (Snakefile, rules, schema, config, sources) to run Snakemake in."""
-    work = tmp_path / "work"
-    work.mkdir()
-    for name in ("Snakefile", "workflow", "config", "csrc", "kernels"):
-        source = ROOT / name
-        if source.is_dir():
-            shutil.copytree(source, work / name, ignore=shutil.ignore_patterns("__pycache__"))
-        elif source.exists():
-            shutil.copy2(source, work / name)
-    return work
-
-
-def snakemake(work: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([SNAKEMAKE, *args], cwd=work, capture_output=True, text=True, timeout=timeout)
 
 
 SNAKEMAKE_BAD = [

@@ -6,35 +6,15 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pandas as pd
 import pytest
 import yaml
+from workflow_copy import BIN, ROOT, snakemake, workdir_copy
 
-ROOT = Path(__file__).resolve().parents[1]
-BIN = Path(sys.executable).parent
-SNAKEMAKE = shutil.which("snakemake", path=str(BIN)) or "snakemake"
 SNAKEFMT = shutil.which("snakefmt", path=str(BIN)) or "snakefmt"
-
-
-def workdir_copy(base: Path) -> Path:
-    """A copy of the workflow (Snakefile, rules, schema, config, sources) to run Snakemake in."""
-    work = base / "work"
-    work.mkdir()
-    for name in ("Snakefile", "workflow", "config", "csrc", "kernels"):
-        source = ROOT / name
-        if source.is_dir():
-            shutil.copytree(source, work / name, ignore=shutil.ignore_patterns("__pycache__"))
-        elif source.exists():
-            shutil.copy2(source, work / name)
-    return work
-
-
-def snakemake(work: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([SNAKEMAKE, *args], cwd=work, capture_output=True, text=True, timeout=timeout)
 
 
 def smoke_config() -> dict:

@@ -1,13 +1,13 @@
 from _job import logged
 
-from ddtree_bench.traces import generate_trace, save_trace
+from ddtree_bench.traces import generate, save_trace
 
 snakemake = snakemake  # noqa: F821 (the job object Snakemake's script preamble defines)
 
 with logged(snakemake):
     params = snakemake.params
     distribution, depth = snakemake.wildcards.distribution, int(snakemake.wildcards.depth)
-    lp, ids = generate_trace(
+    trace = generate(
         distribution,
         params.requests,
         depth,
@@ -17,5 +17,5 @@ with logged(snakemake):
         device=params.device,
         threads=snakemake.threads,
     )
-    metadata = dict(distribution=distribution, seed=params.seed, vocab_size=params.vocab_size)
-    save_trace(snakemake.output.trace, lp, ids, **metadata)
+    # the generator's metadata: distribution, seed, vocabulary and the device it actually ran on
+    save_trace(snakemake.output.trace, trace.top_log_probs, trace.top_token_ids, **trace.metadata)
