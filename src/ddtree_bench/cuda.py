@@ -117,6 +117,17 @@ def gpu_unavailable_reason() -> str | None:
     return None
 
 
+def fatbin_runs(fatbin: Path, cc: int) -> str:
+    """Which of a fatbin's code runs on a device of compute capability ``cc`` (from its build record)."""
+    meta_path = Path(str(fatbin) + ".json")
+    meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
+    if f"sm_{cc}" in meta.get("archs", []):
+        return f"sm_{cc} SASS"
+    if meta.get("ptx"):
+        return f"PTX {meta['ptx']} compiled by the driver for sm_{cc}"
+    return f"unknown (no build record next to {Path(fatbin).name})"
+
+
 @dataclass
 class LoadedKernels:
     module: object
@@ -146,14 +157,7 @@ def load_kernels(fatbin: Path, util_fatbin: Path | None = None) -> LoadedKernels
     dev = cupy.cuda.Device()
     props = cupy.cuda.runtime.getDeviceProperties(dev.id)
     cc = int(props["major"]) * 10 + int(props["minor"])
-    meta_path = Path(str(fatbin) + ".json")
-    meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
-    if f"sm_{cc}" in meta.get("archs", []):
-        runs = f"sm_{cc} SASS"
-    elif meta.get("ptx"):
-        runs = f"PTX {meta['ptx']} compiled by the driver for sm_{cc}"
-    else:
-        runs = f"unknown (no build record next to {fatbin.name})"
+    runs = fatbin_runs(fatbin, cc)
     optin = cupy.cuda.runtime.deviceGetAttribute(
         cupy.cuda.runtime.cudaDevAttrMaxSharedMemoryPerBlockOptin, dev.id
     )

@@ -1,0 +1,344 @@
+// Tree-verify attention for absorbed MLA (DeepSeek-V3 / Kimi K2.6 shapes), one layer, a whole batch.
+//
+// Per request b (budget N, Q = N + 1 tree tokens, H query heads):
+//   q      [B, Q, H, 576] bf16   512 latent + 64 rope dims; row r = i * H + h is query (token i, head h)
+//   kv     [B, T, 576]    bf16   one latent head shared by every query head: rows 0..S_b-1 the prefix, rows
+//                                S_b..S_b+N the tree's tokens (node i at row S_b + i); V = the first 512 dims;
+//                                rows from S_b + Q on are padding and are never read
+//   prefix_lengths [B] int32     S_b
+//   mask_bits [B, Q, W] uint32   W = ceil(Q / 32); bit (j % 32) of word j / 32 of row i: tree key j visible to
+//                                tree query i (its ancestors and itself) -- the tree builder's packed output
+//   out    [B, Q, H, 512] bf16
+// Every query sees the whole prefix plus its visible tree keys. softmax(scale * q.k) with fp32 accumulation
+// and an online softmax (log2 domain); P is rounded to bf16 for the P.V product, as flash attention does.
+//
+// Work decomposition: the Q*H query rows of a request form one [M = Q*H, 576] matrix against the request's
+// keys (MLA's single KV head), so the block computes a 64-row x 32-key tile per step with tensor-core MMAs
+// (mma.sync m16n8k16 bf16 -> fp32):
+//   grid (ceil(M / 64), splits, B), 256 threads = 8 warps.
+//   S = Q K^T: warp w takes rows 16*(w%4).. and keys 16*(w/4).. of the tile (36 k-steps over 576 dims).
+//   softmax: 4 threads per row update the running max / sum and write P (bf16) and the rescale factor.
+//   O += P V: warp w takes rows 16*(w%4).. and output dims 256*(w/4).. (32 n-tiles; 128 fp32 accumulators).
+// The Q tile stays in shared memory; key tiles are double-buffered with cp.async (zero-filled past the
+// request's S_b + Q keys, so padding -- NaN in the tests -- never enters the math). Warps whose 16 rows are
+// all past M skip their MMAs. Splits divide a request's key tiles between blocks (split-KV / flash decoding)
+// when there are too few row tiles to fill the GPU; each split then writes normalised partial outputs and
+// its log-sum-exp (fp32 workspace), and `ddtree_verify_attn_combine` merges them into bf16 output.
+//
+// No allocation, no host sync: a launch (or the pair of launches) is CUDA-graph capturable.
+
+#include <cuda_bf16.h>
+#include <stdint.h>
+
+#define VA_DIM 576          // q/k head dim (512 latent + 64 rope)
+#define VA_DV 512           // v head dim
+#define VA_BM 64            // query rows per block
+#define VA_BN 32            // keys per tile
+#define VA_THREADS 256
+#define VA_LDS (VA_DIM + 8) // shared row stride in bf16 elements (16-byte shift per row: conflict-free ldmatrix)
+#define VA_LDP (VA_BN + 8)  // P tile row stride
+#define VA_LDS_S (VA_BN + 1)
+
+struct VaShared {
+    __nv_bfloat16 q[VA_BM * VA_LDS];
+    __nv_bfloat16 k[2][VA_BN * VA_LDS];
+    float s[4][VA_BM * VA_LDS_S];  // partial S of the four dim quarters
+    __nv_bfloat16 p[VA_BM * VA_LDP];
+    float alpha[VA_BM];
+    float row_max[VA_BM];
+    float row_sum[VA_BM];
+};
+
+__device__ __forceinline__ unsigned smem_addr(const void* p) {
+    return static_cast<unsigned>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
+    int bytes = valid ? 16 : 0;  // 0: zero-fill, nothing read
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+__device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], const void* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_addr(p)));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(unsigned (&r)[4], const void* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_addr(p)));
+}
+__device__ __forceinline__ void mma_bf16(float (&c)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Keys [key0, key0 + VA_BN) of request b into a shared tile; keys at or past kv_len read as zeros.
+__device__ __forceinline__ void load_key_tile(__nv_bfloat16* dst, const __nv_bfloat16* kv_b, int key0,
+                                              int kv_len) {
+    constexpr int chunks_per_row = VA_DIM / 8;  // 16-byte chunks
+    for (int c = threadIdx.x; c < VA_BN * chunks_per_row; c += VA_THREADS) {
+        int row = c / chunks_per_row, col = (c % chunks_per_row) * 8;
+        int key = key0 + row;
+        bool valid = key < kv_len;
+        const __nv_bfloat16* src = kv_b + (valid ? static_cast<long long>(key) * VA_DIM + col : 0);
+        cp_async16(dst + row * VA_LDS + col, src, valid);
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(VA_THREADS, 1)
+    ddtree_verify_attn(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ kv,
+                       const int* __restrict__ prefix_lengths, const unsigned* __restrict__ mask_bits,
+                       __nv_bfloat16* __restrict__ out, float* __restrict__ partial_out,
+                       float* __restrict__ partial_lse, int batch, int tokens, int heads, long long kv_rows,
+                       int mask_words, int splits, int tiles_per_split, float scale_log2) {
+    extern __shared__ __align__(16) unsigned char va_smem_raw[];
+    VaShared& sm = *reinterpret_cast<VaShared*>(va_smem_raw);
+
+    const int b = blockIdx.z;
+    const int split = blockIdx.y;
+    const int rows = tokens * heads;  // M
+    const int row0 = blockIdx.x * VA_BM;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int g = lane >> 2, tig = lane & 3;
+    const int prefix = prefix_lengths[b];
+    const int kv_len = prefix + tokens;
+    const int tiles = (kv_len + VA_BN - 1) / VA_BN;
+    const int tile_begin = split * tiles_per_split;
+    const int tile_end = min(tiles, tile_begin + tiles_per_split);
+
+    const __nv_bfloat16* q_b = q + static_cast<long long>(b) * rows * VA_DIM;
+    const __nv_bfloat16* kv_b = kv + static_cast<long long>(b) * kv_rows * VA_DIM;
+    const unsigned* mask_b = mask_bits + static_cast<long long>(b) * tokens * mask_words;
+
+    // Q tile (rows past M zero-filled), first key tile: one cp.async group
+    {
+        constexpr int chunks_per_row = VA_DIM / 8;
+        for (int c = tid; c < VA_BM * chunks_per_row; c += VA_THREADS) {
+            int r = c / chunks_per_row, col = (c % chunks_per_row) * 8;
+            bool valid = row0 + r < rows;
+            const __nv_bfloat16* src = q_b + (valid ? static_cast<long long>(row0 + r) * VA_DIM + col : 0);
+            cp_async16(sm.q + r * VA_LDS + col, src, valid);
+        }
+    }
+    if (tile_begin < tile_end) load_key_tile(sm.k[0], kv_b, tile_begin * VA_BN, kv_len);
+    cp_async_commit();
+
+    // roles
+    const int rh = warp & 1, ks = warp >> 1;  // S phase: 32-row half, quarter of the dims
+    const bool a_live = row0 + rh * 32 < rows;
+    const int rg = warp & 3, half = warp >> 2;  // PV phase: 16-row group, half of the output dims
+    const bool rows_live = row0 + rg * 16 < rows;
+    const int srow = tid >> 2, spart = tid & 3;  // softmax: row and quarter of the keys
+    float m_run = -INFINITY, l_run = 0.f;
+
+    float acc[32][4];
+#pragma unroll
+    for (int n = 0; n < 32; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
+
+    for (int t = tile_begin; t < tile_end; ++t) {
+        const int buf = (t - tile_begin) & 1;
+        __syncthreads();  // the previous tile's P.V is done: its key buffer and P may be overwritten
+        if (t + 1 < tile_end) load_key_tile(sm.k[buf ^ 1], kv_b, (t + 1) * VA_BN, kv_len);
+        cp_async_commit();
+        cp_async_wait<1>();
+        __syncthreads();
+        const __nv_bfloat16* ktile = sm.k[buf];
+        const int key0 = t * VA_BN;
+
+        // ---- S = Q K^T, split over the 576 dims: warp w takes rows 32*(w%2).., all 32 keys, and dims
+        // 144*(w/2)..; the four partial sums go to shared memory and the softmax adds them
+        if (a_live) {
+            float s[2][4][4];
+#pragma unroll
+            for (int m = 0; m < 2; ++m)
+#pragma unroll
+                for (int n = 0; n < 4; ++n) s[m][n][0] = s[m][n][1] = s[m][n][2] = s[m][n][3] = 0.f;
+            const __nv_bfloat16* a_base = sm.q + (rh * 32 + (lane & 7) + ((lane >> 3) & 1) * 8) * VA_LDS +
+                                          ks * (VA_DIM / 4) + (lane >> 4) * 8;
+            const __nv_bfloat16* b_base =
+                ktile + ((lane & 7) + (lane >> 4) * 8) * VA_LDS + ks * (VA_DIM / 4) + ((lane >> 3) & 1) * 8;
+#pragma unroll 3
+            for (int kb = 0; kb < VA_DIM / 64; ++kb) {
+                unsigned a0[4], a1[4], b0[4], b1[4];
+                ldmatrix_x4(a0, a_base + kb * 16);
+                ldmatrix_x4(a1, a_base + 16 * VA_LDS + kb * 16);
+                ldmatrix_x4(b0, b_base + kb * 16);
+                ldmatrix_x4(b1, b_base + 16 * VA_LDS + kb * 16);
+                mma_bf16(s[0][0], a0, b0[0], b0[1]);
+                mma_bf16(s[0][1], a0, b0[2], b0[3]);
+                mma_bf16(s[0][2], a0, b1[0], b1[1]);
+                mma_bf16(s[0][3], a0, b1[2], b1[3]);
+                mma_bf16(s[1][0], a1, b0[0], b0[1]);
+                mma_bf16(s[1][1], a1, b0[2], b0[3]);
+                mma_bf16(s[1][2], a1, b1[0], b1[1]);
+                mma_bf16(s[1][3], a1, b1[2], b1[3]);
+            }
+            float* sp = &sm.s[ks][0];
+#pragma unroll
+            for (int m = 0; m < 2; ++m)
+#pragma unroll
+                for (int n = 0; n < 4; ++n)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e)
+                        sp[(rh * 32 + m * 16 + g + (e >> 1) * 8) * VA_LDS_S + n * 8 + tig * 2 + (e & 1)] = s[m][n][e];
+        }
+        __syncthreads();
+
+        // ---- online softmax: 4 threads per row, 8 keys each: add the partial sums, scale, mask
+        {
+            float v[8];
+            float tmax = -INFINITY;
+            const bool live = row0 + (srow & ~15) < rows;
+            const int row = row0 + srow;
+            const int token = row < rows ? row / heads : 0;
+#pragma unroll
+            for (int e = 0; e < 8; ++e) {
+                const int kcol = spart * 8 + e;
+                const int key = key0 + kcol;
+                float x = -INFINITY;
+                if (live && key < kv_len) {
+                    x = 0.f;
+#pragma unroll
+                    for (int part = 0; part < 4; ++part) x += sm.s[part][srow * VA_LDS_S + kcol];
+                    x *= scale_log2;
+                    if (key >= prefix) {
+                        const int j = key - prefix;
+                        const bool visible =
+                            row < rows &&
+                            ((mask_b[static_cast<long long>(token) * mask_words + (j >> 5)] >> (j & 31)) & 1u);
+                        if (!visible) x = -INFINITY;
+                    }
+                }
+                v[e] = x;
+                tmax = fmaxf(tmax, v[e]);
+            }
+            tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 1));
+            tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 2));
+            const float m_new = fmaxf(m_run, tmax);
+            float alpha = 1.f, sum = 0.f;
+            __align__(16) __nv_bfloat162 p2[4];
+            if (m_new == -INFINITY) {
+#pragma unroll
+                for (int e = 0; e < 4; ++e) p2[e] = __floats2bfloat162_rn(0.f, 0.f);
+            } else {
+                alpha = exp2f(m_run - m_new);
+                float p[8];
+#pragma unroll
+                for (int e = 0; e < 8; ++e) {
+                    p[e] = exp2f(v[e] - m_new);
+                    sum += p[e];
+                }
+#pragma unroll
+                for (int e = 0; e < 4; ++e) p2[e] = __floats2bfloat162_rn(p[2 * e], p[2 * e + 1]);
+            }
+            sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+            sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+            l_run = l_run * alpha + sum;
+            m_run = m_new;
+            *reinterpret_cast<uint4*>(sm.p + srow * VA_LDP + spart * 8) = *reinterpret_cast<uint4*>(p2);
+            if (spart == 0) sm.alpha[srow] = alpha;
+        }
+        __syncthreads();
+
+        // ---- O = O * alpha + P V for rows rg*16.., dims half*256..
+        if (rows_live) {
+            const float alpha_lo = sm.alpha[rg * 16 + g], alpha_hi = sm.alpha[rg * 16 + g + 8];
+#pragma unroll
+            for (int n = 0; n < 32; ++n) {
+                acc[n][0] *= alpha_lo;
+                acc[n][1] *= alpha_lo;
+                acc[n][2] *= alpha_hi;
+                acc[n][3] *= alpha_hi;
+            }
+#pragma unroll
+            for (int kb = 0; kb < VA_BN / 16; ++kb) {
+                unsigned a[4];
+                ldmatrix_x4(a, sm.p + (rg * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * VA_LDP + kb * 16 +
+                                   (lane >> 4) * 8);
+                const __nv_bfloat16* v_base =
+                    ktile + (kb * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * VA_LDS + half * 256 + (lane >> 4) * 8;
+#pragma unroll
+                for (int np = 0; np < 16; ++np) {
+                    unsigned bb[4];
+                    ldmatrix_x4_trans(bb, v_base + np * 16);
+                    mma_bf16(acc[2 * np], a, bb[0], bb[1]);
+                    mma_bf16(acc[2 * np + 1], a, bb[2], bb[3]);
+                }
+            }
+        }
+    }
+
+    // ---- epilogue: row statistics to shared memory, then each warp writes its accumulators
+    cp_async_wait<0>();
+    __syncthreads();
+    if (spart == 0) {
+        sm.row_max[srow] = m_run;
+        sm.row_sum[srow] = l_run;
+    }
+    __syncthreads();
+    if (!rows_live) return;
+#pragma unroll
+    for (int hi = 0; hi < 2; ++hi) {
+        const int r = rg * 16 + g + hi * 8;
+        const int row = row0 + r;
+        if (row >= rows) continue;
+        const float l = sm.row_sum[r];
+        const float inv = l > 0.f ? 1.f / l : 0.f;
+        if (splits == 1) {
+            __nv_bfloat16* o = out + (static_cast<long long>(b) * rows + row) * VA_DV + half * 256 + tig * 2;
+#pragma unroll
+            for (int n = 0; n < 32; ++n)
+                *reinterpret_cast<__nv_bfloat162*>(o + n * 8) =
+                    __floats2bfloat162_rn(acc[n][hi * 2] * inv, acc[n][hi * 2 + 1] * inv);
+        } else {
+            const long long prow = (static_cast<long long>(split) * batch + b) * rows + row;
+            float* o = partial_out + prow * VA_DV + half * 256 + tig * 2;
+#pragma unroll
+            for (int n = 0; n < 32; ++n)
+                *reinterpret_cast<float2*>(o + n * 8) = make_float2(acc[n][hi * 2] * inv, acc[n][hi * 2 + 1] * inv);
+            if (half == 0 && tig == 0) partial_lse[prow] = l > 0.f ? sm.row_max[r] + log2f(l) : -INFINITY;
+        }
+    }
+}
+
+// Merge the splits' partial outputs: out = sum_s 2^(lse_s - max) o_s / sum_s 2^(lse_s - max).
+// grid (M, B), 128 threads, 4 output dims per thread.
+extern "C" __global__ void __launch_bounds__(128)
+    ddtree_verify_attn_combine(const float* __restrict__ partial_out, const float* __restrict__ partial_lse,
+                               __nv_bfloat16* __restrict__ out, int batch, int rows, int splits) {
+    const int row = blockIdx.x, b = blockIdx.y;
+    const long long stride = static_cast<long long>(batch) * rows;  // between splits, in rows
+    const long long base = static_cast<long long>(b) * rows + row;
+    float lse_max = -INFINITY;
+    for (int s = 0; s < splits; ++s) lse_max = fmaxf(lse_max, partial_lse[s * stride + base]);
+    float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
+    float weight_sum = 0.f;
+    const int d = threadIdx.x * 4;
+    if (lse_max != -INFINITY) {
+        for (int s = 0; s < splits; ++s) {
+            const float lse = partial_lse[s * stride + base];
+            if (lse == -INFINITY) continue;
+            const float w = exp2f(lse - lse_max);
+            const float4 o = *reinterpret_cast<const float4*>(partial_out + (s * stride + base) * VA_DV + d);
+            sum.x += w * o.x;
+            sum.y += w * o.y;
+            sum.z += w * o.z;
+            sum.w += w * o.w;
+            weight_sum += w;
+        }
+    }
+    const float inv = weight_sum > 0.f ? 1.f / weight_sum : 0.f;
+    __nv_bfloat16* o = out + base * VA_DV + d;
+    *reinterpret_cast<__nv_bfloat162*>(o) = __floats2bfloat162_rn(sum.x * inv, sum.y * inv);
+    *reinterpret_cast<__nv_bfloat162*>(o + 2) = __floats2bfloat162_rn(sum.z * inv, sum.w * inv);
+}
+
+// Shared memory one block of ddtree_verify_attn needs (the loader sets the dynamic size from this).
+extern "C" __global__ void ddtree_verify_attn_smem_bytes(int* bytes) { *bytes = static_cast<int>(sizeof(VaShared)); }

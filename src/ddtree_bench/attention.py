@@ -1,0 +1,384 @@
+"""Tree-verify attention for absorbed MLA (Kimi K2.6 / DeepSeek-V3 shapes): ``kernels/verify_attn.cu``.
+
+One layer, a whole batch, per GPU under tensor parallel 8 (8 query heads; any head count works):
+
+==============  ========================  ========  ====================================================
+array           shape                     dtype     meaning
+==============  ========================  ========  ====================================================
+q               [B, N+1, H, 576]          bfloat16  512 latent + 64 rope dims per (tree token, head)
+kv              [B, T, 576]               bfloat16  latent cache: prefix rows 0..S_b-1, then the tree's
+                                                    N+1 tokens (node i at row S_b + i); V = dims 0..511;
+                                                    rows from S_b + N + 1 on are padding, never read
+prefix_lengths  [B]                       int       S_b >= 0 with S_b + N + 1 <= T (host array)
+mask_bits       [B, N+1, ceil((N+1)/32)]  uint32    the tree builder's packed visibility
+out             [B, N+1, H, 512]          bfloat16
+==============  ========================  ========  ====================================================
+
+Every query sees the whole prefix plus its tree ancestors and itself; softmax scale ``1/sqrt(192)``; fp32
+accumulation with an online softmax. ``q``, ``kv`` and ``out`` are PyTorch CUDA tensors (the only bf16 type
+at hand; the kernel reads them through DLPack without a copy); ``mask_bits`` a CuPy or PyTorch array.
+
+``VerifyAttention.prepare`` checks every shape, dtype, layout and length (one-line ``ValueError`` before
+anything touches the device), uploads the prefix lengths and allocates the split workspace; the returned
+``PreparedAttention.launch`` only enqueues the kernel(s): no allocation, no host sync, CUDA-graph capturable.
+``reference_attention`` is the float32 reference (PyTorch, per request).
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ddtree_bench.cuda import KERNEL_DIR
+
+KERNEL_SOURCE = KERNEL_DIR / "verify_attn.cu"
+HEAD_DIM = 576  # q/k: kv_lora_rank 512 + qk_rope_head_dim 64
+VALUE_DIM = 512  # v: the latent part
+SOFTMAX_SCALE = 1.0 / math.sqrt(192.0)  # qk_nope_head_dim 128 + qk_rope_head_dim 64
+ROWS_PER_BLOCK = 64
+KEYS_PER_TILE = 32
+THREADS = 256
+MIN_TILES_PER_SPLIT = 4
+MAX_ROWS = 2**31 - 1
+
+
+class AttentionUnavailable(RuntimeError):
+    """The GPU verify attention cannot run on this machine (the message says why)."""
+
+
+def attention_flops(visible_keys, heads: int) -> float:
+    """FLOPs of one call: ``2 * H * (576 + 512)`` per (query, visible key) pair, summed over queries."""
+    return 2.0 * heads * (HEAD_DIM + VALUE_DIM) * float(np.sum(visible_keys, dtype=np.float64))
+
+
+def visible_keys(prefix_lengths, mask_bits_host) -> np.ndarray:
+    """Keys each tree query attends to, ``[B, N+1]``: its request's prefix plus the set bits of its row."""
+    bits = np.asarray(mask_bits_host).astype(np.uint32, copy=False)
+    per_row = np.unpackbits(bits.view(np.uint8), axis=-1).reshape(bits.shape[:2] + (-1,)).sum(axis=-1)
+    return np.asarray(prefix_lengths, np.int64)[:, None] + per_row
+
+
+def attention_bytes(prefix_lengths, tokens: int, heads: int, mask_words: int) -> float:
+    """Bytes one call must move at least once: the keys it reads (prefix + tree, 576 bf16 each), the
+    queries, the output and the mask."""
+    keys = float(np.sum(np.asarray(prefix_lengths, np.int64) + tokens))
+    batch = len(prefix_lengths)
+    return (
+        keys * HEAD_DIM * 2
+        + batch * tokens * heads * (HEAD_DIM + VALUE_DIM) * 2
+        + batch * tokens * mask_words * 4
+    )
+
+
+# ---------------------------------------------------------------------------------------------- validation
+
+
+def _dtype_name(array) -> str:
+    name = str(getattr(array, "dtype", "?"))
+    return name.removeprefix("torch.")
+
+
+def _shape(array, name: str) -> tuple[int, ...]:
+    shape = getattr(array, "shape", None)
+    if shape is None:
+        raise ValueError(f"verify attention: {name} must be an array, got {type(array).__name__}")
+    return tuple(int(s) for s in shape)
+
+
+def _int(value, name: str, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
+        raise ValueError(f"verify attention: {name} must be an integer >= {minimum}, got {value!r}")
+    return int(value)
+
+
+@dataclass(frozen=True)
+class AttentionShape:
+    batch: int
+    tokens: int  # N + 1
+    heads: int
+    kv_rows: int  # T
+    mask_words: int
+
+    @property
+    def budget(self) -> int:
+        return self.tokens - 1
+
+    @property
+    def rows(self) -> int:  # query rows per request
+        return self.tokens * self.heads
+
+
+def check_attention_inputs(q, kv, prefix_lengths, mask_bits, out) -> tuple[AttentionShape, np.ndarray]:
+    """Shapes, dtypes and lengths of one call (works on anything with ``shape`` and ``dtype``); returns the
+    shape and the prefix lengths as int64. Every problem is a one-line ValueError naming it."""
+    qs = _shape(q, "q")
+    if len(qs) != 4 or qs[3] != HEAD_DIM:
+        raise ValueError(f"verify attention: q must be [B, N+1, H, {HEAD_DIM}], got shape {qs}")
+    batch, tokens, heads, _ = qs
+    if batch < 1 or tokens < 1 or heads < 1:
+        raise ValueError(f"verify attention: q has an empty dimension: shape {qs}")
+    ks = _shape(kv, "kv")
+    if len(ks) != 3 or ks[2] != HEAD_DIM:
+        raise ValueError(f"verify attention: kv must be [B, T, {HEAD_DIM}], got shape {ks}")
+    if ks[0] != batch:
+        raise ValueError(f"verify attention: kv has batch {ks[0]} but q has B = {batch}")
+    kv_rows = ks[1]
+    os_ = _shape(out, "out")
+    if os_ != (batch, tokens, heads, VALUE_DIM):
+        raise ValueError(
+            f"verify attention: out must be {(batch, tokens, heads, VALUE_DIM)} for q {qs}, got shape {os_}"
+        )
+    for name, array in (("q", q), ("kv", kv), ("out", out)):
+        if _dtype_name(array) != "bfloat16":
+            raise ValueError(f"verify attention: {name} must be bfloat16, got {_dtype_name(array)}")
+    words = (tokens + 31) // 32
+    ms = _shape(mask_bits, "mask_bits")
+    if len(ms) != 3 or ms[0] != batch or ms[1] != tokens or ms[2] < words:
+        raise ValueError(
+            f"verify attention: mask_bits must be [B, N+1, >= {words}] = [{batch}, {tokens}, {words}] for q "
+            f"{qs} (the tree buffers of budget N = {tokens - 1}), got shape {ms}"
+        )
+    if _dtype_name(mask_bits) not in ("uint32", "int32"):
+        raise ValueError(
+            f"verify attention: mask_bits must be uint32 packed bits, got {_dtype_name(mask_bits)}"
+        )
+    lengths = np.asarray(prefix_lengths)
+    if lengths.shape != (batch,):
+        raise ValueError(f"verify attention: prefix_lengths must have shape ({batch},), got {lengths.shape}")
+    if not np.issubdtype(lengths.dtype, np.integer):
+        raise ValueError(f"verify attention: prefix_lengths must be integers, got dtype {lengths.dtype}")
+    lengths = lengths.astype(np.int64)
+    if lengths.min() < 0:
+        b = int(np.argmin(lengths))
+        raise ValueError(f"verify attention: request {b} has a negative prefix length S = {int(lengths[b])}")
+    if lengths.max() + tokens > kv_rows:
+        b = int(np.argmax(lengths))
+        raise ValueError(
+            f"verify attention: request {b} needs S + N + 1 = {int(lengths[b]) + tokens} cache rows but kv "
+            f"has T = {kv_rows}"
+        )
+    if tokens * heads > MAX_ROWS or kv_rows > 2**31 - 1:
+        raise ValueError(f"verify attention: shape {qs} with T = {kv_rows} exceeds the kernel's int limits")
+    return AttentionShape(batch, tokens, heads, kv_rows, ms[2]), lengths
+
+
+# -------------------------------------------------------------------------------------------------- launch
+
+
+@dataclass(frozen=True)
+class AttentionPlan:
+    """Grid of one call: ``row_tiles`` x ``splits`` x ``batch`` blocks of ``THREADS`` threads; each split
+    covers ``tiles_per_split`` key tiles of ``KEYS_PER_TILE`` keys."""
+
+    row_tiles: int
+    splits: int
+    tiles_per_split: int
+
+
+def plan_attention(shape: AttentionShape, max_kv_len: int, sm_count: int) -> AttentionPlan:
+    """Split a request's keys between blocks (split-KV) only while there are fewer blocks than SMs (one block
+    of 160 KiB shared memory fits an SM), each split keeping at least ``MIN_TILES_PER_SPLIT`` key tiles."""
+    row_tiles = -(-shape.rows // ROWS_PER_BLOCK)
+    tiles = max(1, -(-max_kv_len // KEYS_PER_TILE))
+    blocks = row_tiles * shape.batch
+    splits = 1
+    if blocks < sm_count:
+        splits = max(1, min(-(-sm_count // blocks), tiles // MIN_TILES_PER_SPLIT))
+    tiles_per_split = -(-tiles // splits)
+    splits = -(-tiles // tiles_per_split)
+    return AttentionPlan(row_tiles=row_tiles, splits=splits, tiles_per_split=tiles_per_split)
+
+
+def _as_cupy(array, name: str):
+    """A CuPy view of a CuPy array or a contiguous PyTorch CUDA tensor (bf16 seen as int16), no copy."""
+    import cupy as cp
+
+    if isinstance(array, cp.ndarray):
+        if not array.flags.c_contiguous:
+            raise ValueError(f"verify attention: {name} must be C-contiguous")
+        return array
+    if hasattr(array, "is_contiguous") and hasattr(array, "device"):  # torch.Tensor
+        if array.device.type != "cuda":
+            raise ValueError(f"verify attention: {name} must be on the GPU, got device {array.device}")
+        if not array.is_contiguous():
+            raise ValueError(f"verify attention: {name} must be contiguous")
+        import torch
+
+        if array.dtype == torch.bfloat16:
+            array = array.view(torch.int16)
+        return cp.from_dlpack(array)
+    raise ValueError(f"verify attention: {name} must be a CuPy array or a PyTorch CUDA tensor")
+
+
+class PreparedAttention:
+    """One validated call: device views, the plan and the split workspace. ``launch`` enqueues only."""
+
+    def __init__(self, kernels, shape: AttentionShape, plan: AttentionPlan, views: dict, lengths):
+        import cupy as cp
+
+        self.kernels, self.shape, self.plan, self.views = kernels, shape, plan, views
+        self.prefix_lengths = lengths
+        self.d_prefix = cp.asarray(lengths.astype(np.int32))
+        if plan.splits > 1:
+            rows = plan.splits * shape.batch * shape.rows
+            self.partial_out = cp.empty(rows * VALUE_DIM, cp.float32)
+            self.partial_lse = cp.empty(rows, cp.float32)
+        else:
+            self.partial_out = self.partial_lse = None
+        self.workspace_bytes = (
+            0 if self.partial_out is None else self.partial_out.nbytes + self.partial_lse.nbytes
+        )
+
+    def launch(self, stream=None) -> None:
+        import cupy as cp
+
+        k, s, p, v = self.kernels, self.shape, self.plan, self.views
+        stream = stream or cp.cuda.get_current_stream()
+        null = np.uint64(0)
+        args = (
+            v["q"],
+            v["kv"],
+            self.d_prefix,
+            v["mask_bits"],
+            v["out"],
+            self.partial_out if self.partial_out is not None else null,
+            self.partial_lse if self.partial_lse is not None else null,
+            np.int32(s.batch),
+            np.int32(s.tokens),
+            np.int32(s.heads),
+            np.int64(s.kv_rows),
+            np.int32(s.mask_words),
+            np.int32(p.splits),
+            np.int32(p.tiles_per_split),
+            np.float32(SOFTMAX_SCALE * math.log2(math.e)),
+        )
+        k.attn((p.row_tiles, p.splits, s.batch), (THREADS,), args, stream=stream, shared_mem=k.smem_bytes)
+        if p.splits > 1:
+            k.combine(
+                (s.rows, s.batch),
+                (128,),
+                (
+                    self.partial_out,
+                    self.partial_lse,
+                    v["out"],
+                    np.int32(s.batch),
+                    np.int32(s.rows),
+                    np.int32(p.splits),
+                ),
+                stream=stream,
+            )
+
+
+@dataclass
+class AttentionKernels:
+    attn: object
+    combine: object
+    smem_bytes: int
+    sm_count: int
+    runs: str
+    fatbin: Path
+
+
+class VerifyAttention:
+    """The CUDA verify attention (``kernels/verify_attn.cu``), loaded from ``fatbin`` or the cached build."""
+
+    def __init__(self, fatbin: str | Path | None = None, archs=None):
+        self._fatbin = Path(fatbin) if fatbin else None
+        self._archs = tuple(archs) if archs else None
+        self._kernels: AttentionKernels | None = None
+
+    def unavailable_reason(self) -> str | None:
+        from ddtree_bench.cuda import gpu_unavailable_reason
+
+        reason = gpu_unavailable_reason()
+        if reason is None:
+            try:
+                import torch  # noqa: F401  (bf16 tensors)
+            except ImportError as exc:
+                reason = f"PyTorch is not installed (bf16 tensors): {exc}"
+        return reason
+
+    @property
+    def kernels(self) -> AttentionKernels:
+        if self._kernels is None:
+            reason = self.unavailable_reason()
+            if reason:
+                raise AttentionUnavailable(f"gpu verify attention unavailable: {reason}")
+            import cupy as cp
+
+            from ddtree_bench import cuda
+
+            fatbin = self._fatbin or cuda.cached_fatbin(KERNEL_SOURCE, self._archs or cuda.DEFAULT_ARCHS)
+            module = cp.RawModule(path=str(fatbin))
+            probe = cp.zeros(1, cp.int32)
+            module.get_function("ddtree_verify_attn_smem_bytes")((1,), (1,), (probe,))
+            smem = int(probe.get()[0])
+            attn = module.get_function("ddtree_verify_attn")
+            dev = cp.cuda.Device()
+            optin = cp.cuda.runtime.deviceGetAttribute(
+                cp.cuda.runtime.cudaDevAttrMaxSharedMemoryPerBlockOptin, dev.id
+            )
+            if smem > optin:
+                raise AttentionUnavailable(
+                    f"gpu verify attention needs {smem} bytes of shared memory per block; this GPU allows "
+                    f"{optin}"
+                )
+            attn.max_dynamic_shared_size_bytes = smem
+            props = cp.cuda.runtime.getDeviceProperties(dev.id)
+            cc = int(props["major"]) * 10 + int(props["minor"])
+            self._kernels = AttentionKernels(
+                attn=attn,
+                combine=module.get_function("ddtree_verify_attn_combine"),
+                smem_bytes=smem,
+                sm_count=int(props["multiProcessorCount"]),
+                runs=cuda.fatbin_runs(Path(fatbin), cc),
+                fatbin=Path(fatbin),
+            )
+        return self._kernels
+
+    def prepare(self, q, kv, prefix_lengths, mask_bits, out) -> PreparedAttention:
+        """Validate one call's arrays (module docstring) and get it ready to launch."""
+        shape, lengths = check_attention_inputs(q, kv, prefix_lengths, mask_bits, out)
+        kernels = self.kernels
+        views = {
+            name: _as_cupy(a, name)
+            for name, a in (("q", q), ("kv", kv), ("mask_bits", mask_bits), ("out", out))
+        }
+        plan = plan_attention(shape, int(lengths.max()) + shape.tokens, kernels.sm_count)
+        return PreparedAttention(kernels, shape, plan, views, lengths)
+
+    def __call__(self, q, kv, prefix_lengths, mask_bits, out, stream=None):
+        """Validate, launch and return ``out`` (a convenience; time ``prepare(...).launch``)."""
+        self.prepare(q, kv, prefix_lengths, mask_bits, out).launch(stream)
+        return out
+
+
+# ----------------------------------------------------------------------------------------------- reference
+
+
+def reference_attention(q, kv, prefix_lengths, visibility, requests=None):
+    """float32 reference (PyTorch, on q's device), ``[len(requests), N+1, H, 512]`` float32: per request,
+    softmax over the prefix plus the tree keys ``visibility[b, i]`` marks, of ``scale * q.k``, times V."""
+    import torch
+
+    batch, tokens, heads, _ = q.shape
+    requests = range(batch) if requests is None else requests
+    outs = []
+    for b in requests:
+        s_b = int(prefix_lengths[b])
+        keys = kv[b, : s_b + tokens].float()
+        qb = q[b].float().reshape(tokens * heads, HEAD_DIM)
+        scores = (qb @ keys.T) * SOFTMAX_SCALE
+        vis = torch.as_tensor(np.asarray(visibility[b]), device=q.device)
+        allowed = torch.ones((tokens, s_b + tokens), dtype=torch.bool, device=q.device)
+        allowed[:, s_b:] = vis
+        allowed = allowed.repeat_interleave(heads, dim=0)
+        scores = scores.masked_fill(~allowed, float("-inf"))
+        probs = torch.softmax(scores, dim=-1)
+        probs = torch.nan_to_num(probs, nan=0.0)  # a query with no visible key gives zeros, like the kernel
+        outs.append((probs @ keys[:, :VALUE_DIM]).reshape(tokens, heads, VALUE_DIM))
+    return torch.stack(outs)

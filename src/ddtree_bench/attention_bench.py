@@ -1,0 +1,249 @@
+"""Timing tree-verify attention (one layer): our kernel and its PyTorch peers on the same inputs.
+
+For one grid point (trace, budget N, batch B, heads H, prefix length S):
+
+- The trees are the native builder's (equal to the reference's) for the trace's first ``B`` requests at
+  budget ``N`` (K = min(N, the trace's columns)); their packed-bit visibility is our kernel's mask and their
+  bool visibility the peers' mask. Every request has the same prefix length ``S``.
+- ``q [B, N+1, H, 576]`` and the latent cache ``kv [B, S+N+1, 576]`` are standard-normal bf16 (seeded); the
+  values do not change the work, the tree does.
+- Each implementation (``ours``, ``flexattention``, ``sdpa``) is set up untimed (allocation, masks,
+  compilation, one call), checked against the float32 reference on the first and the last request (max abs
+  error, ``correct`` when below ``TOLERANCE``), then timed: CUDA events around one call queued behind a spin
+  kernel (so the host's launch cost is hidden, as for the tree build), ``warm`` samples back to back and
+  ``cold`` samples after an L2 flush. An implementation that cannot run a shape (missing, unsupported head
+  dims, out of memory) gives one ``unavailable`` row with the reason, never a number.
+- FLOPs and bytes per call (``attention.attention_flops`` / ``attention_bytes``) go on every row, so
+  TFLOP/s and TB/s follow from ``seconds``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from ddtree_bench.attention import (
+    HEAD_DIM,
+    VALUE_DIM,
+    attention_bytes,
+    attention_flops,
+    visible_keys,
+)
+from ddtree_bench.bench import TimingPolicy, read_batch
+from ddtree_bench.environment import collect_environment
+from ddtree_bench.stage_records import stage_frame
+
+IMPLS = ("ours", "flexattention", "sdpa")
+TOLERANCE = 2e-2  # max abs error against float32 on outputs of unit-variance inputs (bf16 output rounding)
+SPIN_NS = 200_000
+
+
+def _check_args(budget, batch, heads, prefix, impls):
+    for name, value, minimum in (
+        ("budget", budget, 1),
+        ("batch", batch, 1),
+        ("heads", heads, 1),
+        ("prefix", prefix, 0),
+    ):
+        if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < minimum:
+            raise ValueError(
+                f"verify attention benchmark: {name} must be an integer >= {minimum}, got {value!r}"
+            )
+    unknown = [impl for impl in impls if impl not in IMPLS]
+    if unknown or not impls:
+        raise ValueError(
+            f"verify attention benchmark: impls must be a non-empty subset of {list(IMPLS)}, "
+            f"got {list(impls)}"
+        )
+
+
+def run_attention_benchmark(
+    trace_path,
+    budget,
+    batch,
+    *,
+    heads,
+    prefix,
+    impls=IMPLS,
+    timing: dict,
+    machine: str | None,
+    distribution: str | None,
+    attention_fatbin=None,
+    util_fatbin=None,
+    seed: int = 0,
+) -> pd.DataFrame:
+    impls = list(impls)
+    _check_args(budget, batch, heads, prefix, impls)
+    budget, batch, heads, prefix = int(budget), int(batch), int(heads), int(prefix)
+    policy = TimingPolicy(**timing)
+    lp, ids, columns, metadata = read_batch(trace_path, batch)
+    topk = min(budget, columns)
+    env = collect_environment(machine)
+    base = {
+        "stage": "verify-attention",
+        "batch": batch,
+        "budget": budget,
+        "heads": heads,
+        "prefix": prefix,
+        "depth": int(lp.shape[1]),
+        "distribution": distribution or metadata.get("distribution"),
+        **env,
+    }
+
+    from ddtree_bench.attention import VerifyAttention
+    from ddtree_bench.builders import get_builder
+    from ddtree_bench.tree import packed_visibility
+
+    trees = get_builder("native").build(
+        np.ascontiguousarray(lp[..., :topk]), np.ascontiguousarray(ids[..., :topk]), budget
+    )
+    bits_host = packed_visibility(trees.visibility)
+    lengths = np.full(batch, prefix, np.int64)
+    work = {
+        "flops": attention_flops(visible_keys(lengths, bits_host), heads),
+        "bytes": attention_bytes(lengths, budget + 1, heads, bits_host.shape[-1]),
+    }
+
+    def unavailable(impl, reason, status="unavailable"):
+        return {
+            **base,
+            **work,
+            "impl": impl,
+            "phase": "timed",
+            "repetition": 0,
+            "timing": "cuda-events",
+            "cache": "n/a",
+            "status": status,
+            "status_reason": " ".join(str(reason).split()),
+        }
+
+    ours = VerifyAttention(attention_fatbin)
+    reason = ours.unavailable_reason()
+    if reason is not None:
+        return stage_frame([unavailable(impl, reason) for impl in impls])
+
+    import cupy as cp
+    import torch
+
+    from ddtree_bench.attention import reference_attention
+    from ddtree_bench.cuda import BENCH_UTIL_SOURCE, cached_fatbin
+
+    util = cp.RawModule(path=str(util_fatbin or cached_fatbin(BENCH_UTIL_SOURCE)))
+    spin_kernel = util.get_function("ddtree_spin_kernel")
+    flush_kernel = util.get_function("ddtree_flush_l2")
+    dev = cp.cuda.Device()
+    l2_bytes = int(cp.cuda.runtime.getDeviceProperties(dev.id)["l2CacheSize"])
+    sm_count = int(cp.cuda.runtime.getDeviceProperties(dev.id)["multiProcessorCount"])
+    stream = cp.cuda.Stream(non_blocking=True)
+    torch_stream = torch.cuda.ExternalStream(stream.ptr)
+    flush_words = 2 * l2_bytes // 4
+    flush_buf = cp.empty(flush_words, cp.uint32)
+    start, end = cp.cuda.Event(), cp.cuda.Event()
+
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    tokens = budget + 1
+    with torch.cuda.stream(torch_stream):
+        q = torch.randn((batch, tokens, heads, HEAD_DIM), generator=gen, device="cuda").to(torch.bfloat16)
+        kv = torch.randn((batch, prefix + tokens, HEAD_DIM), generator=gen, device="cuda").to(torch.bfloat16)
+        bits = torch.as_tensor(bits_host.view(np.int32), device="cuda")
+        visibility = torch.as_tensor(trees.visibility, device="cuda")
+        prefix_t = torch.as_tensor(lengths.astype(np.int32), device="cuda")
+    torch_stream.synchronize()
+    check_requests = sorted({0, batch - 1})
+    reference = reference_attention(q, kv, lengths, trees.visibility, requests=check_requests)
+
+    def event_time(fn, cold: bool) -> float:
+        spin_kernel((1,), (1,), (np.int64(SPIN_NS),), stream=stream)
+        if cold:
+            flush_kernel(
+                (4 * sm_count,), (1024,), (flush_buf, np.int64(flush_words), np.uint32(3)), stream=stream
+            )
+        start.record(stream)
+        fn()
+        end.record(stream)
+        end.synchronize()
+        return cp.cuda.get_elapsed_time(start, end) / 1e3
+
+    rows = []
+    for impl in impls:
+        out, backend = None, None
+        try:
+            with torch.cuda.stream(torch_stream):
+                if impl == "ours":
+                    out = torch.empty((batch, tokens, heads, VALUE_DIM), device="cuda", dtype=torch.bfloat16)
+                    prepared = ours.prepare(q, kv, lengths, bits, out)
+
+                    def call(prepared=prepared):
+                        prepared.launch(stream)
+
+                    call()
+                    result = out
+                else:
+                    from ddtree_bench.attention_peers import PeerUnavailable, make_peer
+
+                    try:
+                        peer = make_peer(impl, q, kv, prefix_t, visibility)
+                    except PeerUnavailable as exc:
+                        rows.append(unavailable(impl, exc))
+                        continue
+
+                    def call(peer=peer):
+                        with torch.cuda.stream(torch_stream):
+                            peer()
+
+                    result = peer()
+                    backend = getattr(peer, "backend", None)
+            torch_stream.synchronize()
+            got = result[check_requests].float()
+            error = (
+                float((got - reference).abs().max().item()) if not torch.isnan(got).any() else float("nan")
+            )
+            correct = bool(error < TOLERANCE)
+            samples = [
+                (cache, phase, rep, seconds)
+                for cache in ("warm", "cold")
+                for phase, rep, seconds in policy.samples(
+                    lambda cache=cache: event_time(call, cache == "cold")
+                )
+            ]
+        except torch.cuda.OutOfMemoryError as exc:
+            rows.append(
+                unavailable(
+                    impl,
+                    f"out of memory at B={batch}, N={budget}, S={prefix}, H={heads}: "
+                    f"{str(exc).splitlines()[0]}",
+                )
+            )
+            continue
+        except Exception as exc:  # a peer that fails at run time: recorded, not fatal for the other impls
+            if impl == "ours":
+                raise
+            rows.append(
+                unavailable(
+                    impl,
+                    f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}",
+                    status="failed",
+                )
+            )
+            continue
+        finally:
+            out = None
+            torch.cuda.empty_cache()
+        for cache, phase, rep, seconds in samples:
+            rows.append(
+                {
+                    **base,
+                    **work,
+                    "impl": impl,
+                    "phase": phase,
+                    "repetition": rep,
+                    "timing": "cuda-events",
+                    "cache": cache,
+                    "seconds": seconds,
+                    "status": "ok",
+                    "status_reason": f"backend: {backend}" if backend else None,
+                    "correct": correct,
+                    "error": error,
+                }
+            )
+    return stage_frame(rows)

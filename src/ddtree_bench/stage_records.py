@@ -1,0 +1,86 @@
+"""One record format for the step stages next to the tree build: verify attention, tree accept, and the
+GPU's measured peaks (bf16 GEMM, device copy, empty-kernel floor).
+
+Every timed call is one row (``phase`` "warmup" or "timed"), like the tree-build records of ``bench``:
+
+==================  ==========================================================================================
+column              meaning
+==================  ==========================================================================================
+stage               "verify-attention", "accept" or "peak"
+impl                verify-attention: "ours", "flexattention", "sdpa"; accept: "gpu-kernel",
+                    "gpu-host-inclusive", "cpu-walk"; peak: "bf16-gemm", "device-copy", "floor"
+batch, budget       the grid point (0 for peaks)
+heads, prefix       attention only: query heads per GPU, prefix length S of every request (null elsewhere)
+depth, distribution the trace the trees were built from (null for peaks)
+repetition, phase   call index within its phase; "warmup" or "timed"
+timing              "cuda-events" (device time) or "wall" (``time.perf_counter_ns``, host-inclusive)
+cache               "warm", "cold" (L2 flushed before the call) or "n/a"
+seconds             the call's time
+flops, bytes        work of one call (attention: 2·H·1088·visible keys; bytes moved at least once), or null
+status              "ok", "unavailable" (the impl cannot run this shape here; reason in status_reason)
+                    or "failed" (it ran and raised; reason in status_reason)
+correct             matches the stage's reference (attention: within bf16 tolerance of float32; accept:
+                    equal to the CPU walk); null where not checked
+error               attention: max abs error against the float32 reference; null elsewhere
+accept_length_mean  accept: mean accepted nodes per request (root included) of the timed walk
+expected_accept_mean accept: mean over requests of the expected accepted draft tokens (sum of path
+                    probabilities of the tree's nodes under the drafter's own distributions)
+==================  ==========================================================================================
+
+plus the environment columns (``environment.ENVIRONMENT_COLUMNS``).
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from ddtree_bench.environment import ENVIRONMENT_COLUMNS
+
+STAGES = ("verify-attention", "accept", "peak")
+STAGE_COLUMNS = (
+    "stage",
+    "impl",
+    "batch",
+    "budget",
+    "heads",
+    "prefix",
+    "depth",
+    "distribution",
+    "repetition",
+    "phase",
+    "timing",
+    "cache",
+    "seconds",
+    "flops",
+    "bytes",
+    "status",
+    "status_reason",
+    "correct",
+    "error",
+    "accept_length_mean",
+    "expected_accept_mean",
+    *ENVIRONMENT_COLUMNS,
+)
+_FLOAT = ("seconds", "flops", "bytes", "error", "accept_length_mean", "expected_accept_mean")
+_INT = ("batch", "budget", "repetition")
+_NULLABLE_INT = ("heads", "prefix", "depth", "cpu_count")
+
+
+def stage_frame(rows: list[dict]) -> pd.DataFrame:
+    """Rows as a DataFrame with exactly ``STAGE_COLUMNS`` (missing values as nulls), in that order.
+    Unknown keys are a ValueError (a misspelt column must not vanish silently)."""
+    unknown = sorted({key for row in rows for key in row} - set(STAGE_COLUMNS))
+    if unknown:
+        raise ValueError(f"stage records: unknown columns {unknown}")
+    bad = sorted({row.get("stage") for row in rows} - set(STAGES))
+    if bad:
+        raise ValueError(f"stage records: unknown stage {bad[0]!r}; expected one of {list(STAGES)}")
+    df = pd.DataFrame.from_records(rows, columns=list(STAGE_COLUMNS))
+    for column in _FLOAT:
+        df[column] = df[column].astype("float64")
+    for column in _INT:
+        df[column] = df[column].fillna(0).astype("int64")
+    for column in _NULLABLE_INT:
+        df[column] = df[column].astype("Int64")
+    df["correct"] = df["correct"].astype("boolean")
+    return df

@@ -1,0 +1,226 @@
+"""Verify attention (kernels/verify_attn.cu): input checks everywhere, equality with a float32 reference on a
+GPU (trees built from DDTree inputs, padding filled with NaN so an out-of-bounds read shows)."""
+
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+from gpu_inputs import topk_inputs
+
+from ddtree_bench.attention import (
+    HEAD_DIM,
+    MIN_TILES_PER_SPLIT,
+    VALUE_DIM,
+    AttentionShape,
+    attention_bytes,
+    attention_flops,
+    check_attention_inputs,
+    plan_attention,
+    visible_keys,
+)
+from ddtree_bench.builders import get_builder
+from ddtree_bench.cuda import gpu_unavailable_reason
+from ddtree_bench.tree import packed_visibility
+
+
+def fake(shape, dtype):
+    return SimpleNamespace(shape=tuple(shape), dtype=dtype)
+
+
+def good(batch=2, budget=7, heads=8, kv_rows=100, mask_words=None, prefix=(10, 20)):
+    q1 = budget + 1
+    words = mask_words if mask_words is not None else (q1 + 31) // 32
+    return dict(
+        q=fake((batch, q1, heads, HEAD_DIM), "torch.bfloat16"),
+        kv=fake((batch, kv_rows, HEAD_DIM), "torch.bfloat16"),
+        prefix_lengths=np.array(prefix, np.int32),
+        mask_bits=fake((batch, q1, words), "uint32"),
+        out=fake((batch, q1, heads, VALUE_DIM), "torch.bfloat16"),
+    )
+
+
+def test_good_inputs_give_their_shape():
+    shape, lengths = check_attention_inputs(**good())
+    assert shape == AttentionShape(batch=2, tokens=8, heads=8, kv_rows=100, mask_words=1)
+    assert shape.rows == 64 and shape.budget == 7
+    assert lengths.tolist() == [10, 20]
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (dict(q=fake((2, 8, 8, 512), "torch.bfloat16")), "q must be"),
+        (dict(q=fake((2, 8, 8, HEAD_DIM), "torch.float16")), "q must be bfloat16"),
+        (dict(kv=fake((2, 100, HEAD_DIM), "torch.float32")), "kv must be bfloat16"),
+        (dict(out=fake((2, 8, 8, VALUE_DIM), "torch.float32")), "out must be bfloat16"),
+        (dict(kv=fake((3, 100, HEAD_DIM), "torch.bfloat16")), "kv has batch 3"),
+        (dict(kv=fake((2, 100, 512), "torch.bfloat16")), "kv must be"),
+        (dict(out=fake((2, 8, 8, 576), "torch.bfloat16")), "out must be"),
+        (dict(mask_bits=fake((2, 9, 1), "uint32")), "mask_bits must be"),  # tree buffers of another budget
+        (dict(mask_bits=fake((2, 8, 1), "float32")), "mask_bits must be uint32"),
+        (dict(prefix_lengths=np.array([10, -1], np.int32)), "negative prefix length"),
+        (dict(prefix_lengths=np.array([10, 93], np.int32)), "needs S \\+ N \\+ 1 = 101"),
+        (dict(prefix_lengths=np.array([10], np.int32)), "prefix_lengths must have shape"),
+        (dict(prefix_lengths=np.array([1.0, 2.0])), "prefix_lengths must be integers"),
+        (dict(q="not an array"), "q must be an array"),
+    ],
+)
+def test_bad_inputs_are_one_line_errors(change, message):
+    args = {**good(), **change}
+    with pytest.raises(ValueError, match=message) as info:
+        check_attention_inputs(**args)
+    assert "\n" not in str(info.value)
+
+
+def test_budget_larger_than_the_mask_buffers_is_refused():
+    args = good(budget=40, mask_words=1)  # 41 keys need 2 words per row
+    with pytest.raises(ValueError, match="mask_bits must be"):
+        check_attention_inputs(**args)
+
+
+def test_plan_splits_only_when_blocks_are_few():
+    sms = 132
+    big = AttentionShape(batch=64, tokens=1025, heads=8, kv_rows=40000, mask_words=33)
+    assert plan_attention(big, 33793, sms).splits == 1
+    small = AttentionShape(batch=1, tokens=9, heads=8, kv_rows=5000, mask_words=1)
+    plan = plan_attention(small, 4105, sms)
+    assert plan.row_tiles == 2
+    assert plan.splits > 1
+    assert plan.splits * plan.tiles_per_split >= math.ceil(4105 / 32)
+    assert (plan.splits - 1) * plan.tiles_per_split < math.ceil(4105 / 32)  # no empty split
+    assert plan.tiles_per_split >= MIN_TILES_PER_SPLIT
+    tiny = AttentionShape(batch=1, tokens=2, heads=1, kv_rows=2, mask_words=1)
+    assert plan_attention(tiny, 2, sms).splits == 1
+
+
+def test_visible_keys_and_work():
+    vis = np.zeros((1, 3, 3), bool)
+    vis[0, 0, 0] = True
+    vis[0, 1, [0, 1]] = True
+    vis[0, 2, [0, 1, 2]] = True
+    keys = visible_keys([5], packed_visibility(vis))
+    assert keys.tolist() == [[6, 7, 8]]
+    assert attention_flops(keys, 8) == 2 * 8 * (576 + 512) * 21
+    assert attention_bytes([5], 3, 8, 1) == 8 * 576 * 2 + 3 * 8 * (576 + 512) * 2 + 3 * 4
+
+
+# ------------------------------------------------------------------------------------------------- GPU
+
+GPU_REASON = gpu_unavailable_reason()
+try:
+    import torch
+
+    TORCH_REASON = None if torch.cuda.is_available() else "PyTorch sees no CUDA device"
+except ImportError as exc:  # pragma: no cover - depends on the machine
+    TORCH_REASON = f"PyTorch is not installed ({exc})"
+needs_gpu = pytest.mark.skipif(
+    GPU_REASON is not None or TORCH_REASON is not None,
+    reason=f"needs a CUDA GPU and PyTorch: {GPU_REASON or TORCH_REASON}",
+)
+
+
+def tree_mask(batch, budget, kind="peaked", depth=16, seed=0):
+    lp, ids = topk_inputs(kind, batch, depth, budget, seed=seed)
+    trees = get_builder("native").build(lp, ids, budget)
+    return trees
+
+
+def random_case(trees, heads, prefix, seed=0, pad=7):
+    """q, kv (NaN past every request's S + N + 1), out (NaN) on the GPU, as bf16 torch tensors."""
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    batch, q1 = trees.batch_size, trees.budget + 1
+    prefix = np.asarray(prefix, np.int64)
+    rows = int(prefix.max()) + q1 + pad
+    q = torch.randn((batch, q1, heads, HEAD_DIM), generator=gen, device="cuda").to(torch.bfloat16)
+    kv = torch.randn((batch, rows, HEAD_DIM), generator=gen, device="cuda").to(torch.bfloat16)
+    for b in range(batch):
+        kv[b, int(prefix[b]) + q1 :] = float("nan")
+    out = torch.full((batch, q1, heads, VALUE_DIM), float("nan"), device="cuda", dtype=torch.bfloat16)
+    return q, kv, out
+
+
+def assert_close(out, ref, tol=2e-2):
+    got = out.float()
+    assert not torch.isnan(got).any(), "NaN in the output"
+    err = (got - ref).abs().max().item()
+    assert err < tol, f"max abs error {err}"
+
+
+@needs_gpu
+@pytest.mark.parametrize(
+    ("batch", "budget", "heads", "prefix"),
+    [
+        (1, 1, 8, [0]),  # no prefix at all: only the tree
+        (2, 8, 8, [100, 37]),  # variable S, many splits
+        (3, 31, 8, [64, 0, 5]),
+        (2, 64, 64, [300, 1000]),  # 64 heads (one GPU, no TP)
+        (4, 256, 8, [2000, 100, 33, 4096]),
+        (1, 1024, 8, [512]),  # the largest budget, 33 mask words
+        (64, 16, 8, [128] * 64),  # enough blocks: a single split
+    ],
+)
+def test_equals_float32_reference(batch, budget, heads, prefix):
+    from ddtree_bench.attention import VerifyAttention, reference_attention
+
+    trees = tree_mask(batch, budget, seed=budget)
+    bits = torch.as_tensor(packed_visibility(trees.visibility).view(np.int32), device="cuda")
+    q, kv, out = random_case(trees, heads, prefix, seed=batch)
+    attn = VerifyAttention()
+    prepared = attn.prepare(q, kv, np.array(prefix), bits, out)
+    prepared.launch()
+    torch.cuda.synchronize()
+    ref = reference_attention(q, kv, prefix, trees.visibility)
+    assert_close(out, ref)
+
+
+@needs_gpu
+def test_mask_from_the_gpu_builder_and_both_split_paths_agree():
+    import cupy as cp
+
+    from ddtree_bench.attention import VerifyAttention, plan_attention, reference_attention
+    from ddtree_bench.builders.gpu import DeviceTrees, GpuBuilder
+
+    batch, budget, heads = 2, 64, 8
+    lp, ids = topk_inputs("bf16", batch, 16, budget)
+    gpu = GpuBuilder()
+    plan = gpu.plan(batch, 16, budget, budget)
+    d_trees = DeviceTrees(batch, budget)
+    gpu.launch(plan, cp.asarray(lp), cp.asarray(ids), d_trees, bool_visibility=False)
+    trees = get_builder("native").build(lp, ids, budget)
+    prefix = [700, 3000]
+    q, kv, out = random_case(trees, heads, prefix)
+    attn = VerifyAttention()
+    prepared = attn.prepare(q, kv, np.array(prefix), d_trees.visibility_bits, out)
+    assert prepared.plan.splits > 1
+    prepared.launch()
+    torch.cuda.synchronize()
+    ref = reference_attention(q, kv, prefix, trees.visibility)
+    assert_close(out, ref)
+    # the same call without splits (as if the GPU had one SM) gives the same result within rounding
+    single = plan_attention(prepared.shape, max(prefix) + budget + 1, sm_count=1)
+    assert single.splits == 1
+    out1 = torch.full_like(out, float("nan"))
+    again = attn.prepare(q, kv, np.array(prefix), d_trees.visibility_bits, out1)
+    again.plan = single
+    again.partial_out = again.partial_lse = None
+    again.launch()
+    torch.cuda.synchronize()
+    assert_close(out1, ref)
+
+
+@needs_gpu
+def test_launch_refuses_host_and_non_contiguous_tensors():
+    from ddtree_bench.attention import VerifyAttention
+
+    trees = tree_mask(1, 8)
+    q, kv, out = random_case(trees, 8, [16])
+    bits = torch.as_tensor(packed_visibility(trees.visibility).view(np.int32), device="cuda")
+    attn = VerifyAttention()
+    with pytest.raises(ValueError, match="must be on the GPU"):
+        attn.prepare(q.cpu(), kv, np.array([16]), bits, out)
+    with pytest.raises(ValueError, match="contiguous"):
+        wide = torch.zeros((1, kv.shape[1], HEAD_DIM + 8), device="cuda", dtype=torch.bfloat16)
+        attn.prepare(q, wide[..., :HEAD_DIM], np.array([16]), bits, out)
