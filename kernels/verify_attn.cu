@@ -16,8 +16,11 @@
 // keys (MLA's single KV head), so the block computes a 64-row x 32-key tile per step with tensor-core MMAs
 // (mma.sync m16n8k16 bf16 -> fp32):
 //   grid (ceil(M / 64), splits, B), 256 threads = 8 warps.
-//   S = Q K^T: warp w takes rows 16*(w%4).. and keys 16*(w/4).. of the tile (36 k-steps over 576 dims).
-//   softmax: 4 threads per row update the running max / sum and write P (bf16) and the rescale factor.
+//   S = Q K^T: warp w takes rows 32*(w%2).., all 32 keys and a quarter of the 576 dims (9 k-steps of 16):
+//     four independent partial sums per element (short MMA dependency chains, half the shared-memory
+//     fragment traffic of a 16x16 warp tile), added by the softmax.
+//   softmax: 4 threads per row add the partial sums, scale, apply the tree mask, update the running max /
+//     sum and write P (bf16) and the rescale factor.
 //   O += P V: warp w takes rows 16*(w%4).. and output dims 256*(w/4).. (32 n-tiles; 128 fp32 accumulators).
 // The Q tile stays in shared memory; key tiles are double-buffered with cp.async (zero-filled past the
 // request's S_b + Q keys, so padding -- NaN in the tests -- never enters the math). Warps whose 16 rows are

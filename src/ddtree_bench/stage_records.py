@@ -8,7 +8,7 @@ column              meaning
 ==================  ==========================================================================================
 stage               "verify-attention", "accept" or "peak"
 impl                verify-attention: "ours", "flexattention", "sdpa"; accept: "gpu-kernel",
-                    "gpu-host-inclusive", "cpu-walk"; peak: "bf16-gemm", "device-copy", "floor"
+                    "gpu-host-inclusive", "cpu-walk", "floor"; peak: "bf16-gemm", "device-copy", "floor"
 batch, budget       the grid point (0 for peaks)
 heads, prefix       attention only: query heads per GPU, prefix length S of every request (null elsewhere)
 depth, distribution the trace the trees were built from (null for peaks)
