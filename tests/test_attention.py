@@ -224,3 +224,70 @@ def test_launch_refuses_host_and_non_contiguous_tensors():
     with pytest.raises(ValueError, match="contiguous"):
         wide = torch.zeros((1, kv.shape[1], HEAD_DIM + 8), device="cuda", dtype=torch.bfloat16)
         attn.prepare(q, wide[..., :HEAD_DIM], np.array([16]), bits, out)
+
+
+# ------------------------------------------------------------------------------------- benchmark (no GPU)
+
+
+@pytest.fixture(scope="module")
+def attention_trace(tmp_path_factory):
+    from ddtree_bench.traces import generate_trace, save_trace
+
+    path = tmp_path_factory.mktemp("trace") / "peaked-L8.npz"
+    lp, ids = generate_trace("peaked", 4, 8, 32, vocab_size=300, seed=1, device="cpu")
+    save_trace(path, lp, ids, distribution="peaked", seed=1)
+    return path
+
+
+TIMING = dict(warmup=1, repeats=2, min_seconds=0.0, max_seconds=0.1, min_repeats=1, max_repeats=5)
+
+
+def test_benchmark_without_a_gpu_gives_one_unavailable_row_per_impl(attention_trace, monkeypatch):
+    from ddtree_bench.attention import VerifyAttention
+    from ddtree_bench.attention_bench import run_attention_benchmark
+    from ddtree_bench.stage_records import STAGE_COLUMNS
+
+    monkeypatch.setattr(VerifyAttention, "unavailable_reason", lambda self: "no GPU in this test")
+    df = run_attention_benchmark(
+        attention_trace, 16, 2, heads=8, prefix=100, timing=TIMING, machine="m", distribution=None
+    )
+    assert list(df.columns) == list(STAGE_COLUMNS)
+    assert df["impl"].tolist() == ["ours", "flexattention", "sdpa"]
+    assert set(df["status"]) == {"unavailable"}
+    assert set(df["status_reason"]) == {"no GPU in this test"}
+    assert df["seconds"].isna().all()
+    row = df.iloc[0]
+    assert (row.stage, row.batch, row.budget, row.heads, row.prefix, row.depth) == (
+        "verify-attention",
+        2,
+        16,
+        8,
+        100,
+        8,
+    )
+    assert row.distribution == "peaked" and row.machine == "m"
+    # the work of one call follows from the trees: every query sees the prefix plus its path to the root
+    from ddtree_bench.builders import get_builder
+
+    with np.load(attention_trace) as data:
+        lp, ids = data["top_log_probs"][:2, :, :16], data["top_token_ids"][:2, :, :16]
+    trees = get_builder("reference").build(np.ascontiguousarray(lp), np.ascontiguousarray(ids), 16)
+    keys = 100 * 2 * 17 + int(trees.visibility.sum())
+    assert row.flops == 2 * 8 * (576 + 512) * keys
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (dict(heads=0), "heads must be"),
+        (dict(prefix=-1), "prefix must be"),
+        (dict(impls=["ours", "flash"]), "impls must be"),
+        (dict(impls=[]), "impls must be"),
+    ],
+)
+def test_benchmark_rejects_bad_arguments(attention_trace, change, message):
+    from ddtree_bench.attention_bench import run_attention_benchmark
+
+    args = dict(heads=8, prefix=10, timing=TIMING, machine="m", distribution=None) | change
+    with pytest.raises(ValueError, match=message):
+        run_attention_benchmark(attention_trace, 16, 2, **args)

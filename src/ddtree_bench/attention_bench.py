@@ -30,7 +30,7 @@ from ddtree_bench.attention import (
     visible_keys,
 )
 from ddtree_bench.bench import TimingPolicy, read_batch
-from ddtree_bench.environment import collect_environment
+from ddtree_bench.environment import ENVIRONMENT_COLUMNS, collect_environment
 from ddtree_bench.stage_records import stage_frame
 
 IMPLS = ("ours", "flexattention", "sdpa")
@@ -87,7 +87,7 @@ def run_attention_benchmark(
         "prefix": prefix,
         "depth": int(lp.shape[1]),
         "distribution": distribution or metadata.get("distribution"),
-        **env,
+        **{key: env.get(key) for key in ENVIRONMENT_COLUMNS},
     }
 
     from ddtree_bench.attention import VerifyAttention
