@@ -3,7 +3,8 @@
     snakemake --cores 1 report     # everything: traces, builds, checks, timings, summary, report/
     snakemake --cores 1 -n         # what would run
 
-Stages (one rule file each, in workflow/rules/): build, traces, check, bench, aggregate, report.
+Stages (one rule file each, in workflow/rules/): build, traces, check, bench, step (verify attention, tree
+accept, the GPU's peaks), aggregate, report.
 """
 
 from pathlib import Path
@@ -34,6 +35,7 @@ include: "workflow/rules/build.smk"
 include: "workflow/rules/traces.smk"
 include: "workflow/rules/check.smk"
 include: "workflow/rules/bench.smk"
+include: "workflow/rules/step.smk"
 include: "workflow/rules/aggregate.smk"
 include: "workflow/rules/report.smk"
 
@@ -47,6 +49,7 @@ rule all:
     input:
         summary=SUMMARY,
         environment=ENVIRONMENT,
+        step_summary=STEP_TARGETS,
         html=REPORT_HTML,
         markdown=REPORT_MD,
 

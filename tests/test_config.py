@@ -10,11 +10,13 @@ import yaml
 from workflow_copy import ROOT, snakemake, workdir_copy
 
 from ddtree_bench.config import (
+    ATTENTION_IMPLS,
     BUILDERS,
     DISTRIBUTIONS,
     check_config,
     load_config,
     load_schema,
+    step_options,
     timing_options,
     trace_columns,
     trace_requests,
@@ -45,6 +47,56 @@ def test_default_config_is_valid_and_has_the_issue_defaults():
         "min_seconds",
         "max_seconds",
     }
+
+
+def test_default_step_section_is_the_issues_grid():
+    config = load_config(ROOT / "config" / "config.yaml")
+    step = step_options(config)
+    assert step["enabled"] is True and step["layers"] == 61
+    assert step["batch_sizes"] == [1, 8, 64]
+    assert step["budgets"] == config["budgets"]  # null: every configured budget
+    assert step["distribution"] == "peaked" and step["depth"] == 16  # null: the first configured
+    assert step["heads"] == [8] and step["prefix_lengths"] == [4096, 32768]
+    assert step["impls"] == list(ATTENTION_IMPLS)
+    assert step["timing"] == timing_options(config)  # accept and peaks sample like the tree build
+    assert step["attention_timing"]["max_seconds"] <= 1.0  # the largest attention calls take up to 1 s
+
+
+def test_step_defaults_are_filled_in_without_a_step_section():
+    config = check_config(
+        {
+            "budgets": [8, 16],
+            "batch_sizes": [1],
+            "depths": [4],
+            "distributions": ["bf16"],
+            "builders": ["reference"],
+        }
+    )
+    step = step_options(config)
+    assert step["budgets"] == [8, 16] and step["distribution"] == "bf16" and step["depth"] == 4
+    with pytest.raises(ValueError, match=r"config: step.batch_sizes: 8 is more than the 1 requests"):
+        check_config(
+            {
+                "budgets": [8],
+                "batch_sizes": [1],
+                "depths": [4],
+                "distributions": ["bf16"],
+                "builders": ["reference"],
+                "step": {"batch_sizes": [8]},
+            }
+        )
+
+
+@pytest.mark.parametrize("name", ["smoke", "h200"])
+def test_step_sections_of_the_other_configs(name):
+    config = load_config(ROOT / "config" / f"{name}.yaml")
+    step = step_options(config)
+    assert set(step["budgets"]) <= set(config["budgets"])
+    if name == "h200":
+        assert step["batch_sizes"] == [1, 8, 64] and step["prefix_lengths"] == [4096, 32768]
+        assert step["heads"] == [8] and set(step["batch_sizes"]) <= set(config["batch_sizes"])
+    else:
+        assert max(step["prefix_lengths"]) <= 1024 and max(step["batch_sizes"]) <= 4
 
 
 def test_smoke_config_is_valid_and_small():
@@ -154,6 +206,65 @@ def test_bad_config_is_one_clear_line(key, value, message):
     assert text.startswith(message), text
 
 
+STEP_BAD = [
+    ({"enabled": "yes"}, "config: step.enabled: must be true or false, got 'yes'"),
+    ({"layers": 0}, "config: step.layers: must be an integer >= 1, got 0"),
+    ({"layers": 61.5}, "config: step.layers: must be an integer >= 1, got 61.5"),
+    ({"batch_sizes": []}, "config: step.batch_sizes: must be a non-empty list"),
+    ({"batch_sizes": [1, 0]}, "config: step.batch_sizes: must hold integers >= 1, got 0"),
+    (
+        {"batch_sizes": [1, 512]},
+        "config: step.batch_sizes: 512 is more than the 256 requests the traces hold",
+    ),
+    ({"budgets": [8, 8]}, "config: step.budgets: has duplicate values [8]"),
+    ({"budgets": [8, 2048]}, "config: step.budgets: 2048 is not one of the configured budgets"),
+    ({"distribution": "recorded"}, "config: step.distribution: 'recorded' is not one of the configured"),
+    (
+        {"distribution": "zipf"},
+        "config: step.distribution: 'zipf' is not one of ['peaked', 'uniform', 'bf16', 'recorded']",
+    ),
+    ({"depth": 12}, "config: step.depth: 12 is not one of the configured depths [16, 8]"),
+    ({"depth": "16"}, "config: step.depth: must be an integer or null, got '16'"),
+    ({"attention": {"heads": [8, 0]}}, "config: step.attention.heads: must hold integers >= 1, got 0"),
+    ({"attention": {"prefix_lengths": [4096, 4096]}}, "config: step.attention.prefix_lengths: has duplicate"),
+    (
+        {"attention": {"impls": ["ours", "flashinfer"]}},
+        "config: step.attention.impls: unknown attention impl",
+    ),
+    ({"attention": {"impls": []}}, "config: step.attention.impls: must be a non-empty list"),
+    (
+        {"attention": {"timing": {"repeats": 1.5}}},
+        "config: step.attention.timing.repeats: must be an integer",
+    ),
+    (
+        {"attention": {"timing": {"min_repeats": 9, "repeats": 3}}},
+        "config: step.attention.timing: min_repeats (9) > repeats (3)",
+    ),
+    (
+        {"attention": {"timing": {"max_seconds": 0}}},
+        "config: step.attention.timing.max_seconds: 0 is less than",
+    ),
+    ({"attention": {"window": 5}}, "config: step.attention: Additional properties are not allowed ('window'"),
+    ({"drafter": True}, "config: step: Additional properties are not allowed ('drafter' was unexpected)"),
+]
+
+
+@pytest.mark.parametrize(("override", "message"), STEP_BAD, ids=[str(o) for o, _ in STEP_BAD])
+def test_bad_step_config_is_one_clear_line(override, message):
+    config = default_config()
+    step = copy.deepcopy(config["step"])
+    for key, value in override.items():
+        step[key] = {**step[key], **value} if isinstance(value, dict) and key == "attention" else value
+        if key == "attention" and "timing" in value:
+            step["attention"]["timing"] = {**config["step"]["attention"]["timing"], **value["timing"]}
+    config["step"] = step
+    with pytest.raises(ValueError) as error:
+        check_config(config)
+    text = str(error.value)
+    assert "\n" not in text
+    assert text.startswith(message), text
+
+
 SNAKEMAKE_BAD = [
     ("budgets", [8, 0], "config: budgets: must hold integers >= 1, got 0"),
     ("budgets", [8, 2.5], "config: budgets: must hold integers, got 2.5"),
@@ -161,6 +272,11 @@ SNAKEMAKE_BAD = [
     ("depths", [0], "config: depths: must hold integers >= 1, got 0"),
     ("distributions", ["uniform", "cauchy"], "config: distributions: unknown distribution 'cauchy'"),
     ("builders", ["reference", "cublas"], "config: builders: unknown builder 'cublas'"),
+    (
+        "step",
+        {"batch_sizes": [1, 8, 64], "budgets": [3]},
+        "config: step.budgets: 3 is not one of the configured",
+    ),
 ]
 
 

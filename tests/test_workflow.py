@@ -1,8 +1,11 @@
 """The Snakemake workflow: lint and formatting, the smoke configuration end to end, timing jobs that never
-overlap, and adding a budget scheduling only that budget's jobs (plus the summary and the report)."""
+overlap, adding a budget scheduling only that budget's jobs (plus the summary and the report), and the step
+stages (verify attention, tree accept, peaks) planned where a GPU is and left out with a reason where none
+is."""
 
 from __future__ import annotations
 
+import copy
 import re
 import shutil
 import subprocess
@@ -12,9 +15,11 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
-from workflow_copy import BIN, ROOT, snakemake, workdir_copy
+from workflow_copy import BIN, ROOT, pretend_gpu, snakemake, workdir_copy
 
 SNAKEFMT = shutil.which("snakefmt", path=str(BIN)) or "snakefmt"
+TIMING_RULES = {"bench", "bench_gpu", "step_attention", "step_accept", "step_peaks"}
+STEP_RULES = {"step_attention", "step_accept", "step_peaks"}
 
 
 def smoke_config() -> dict:
@@ -86,7 +91,62 @@ def test_dry_run_of_the_default_configuration(tmp_path):
         builder = job["output"][0].split("/")[3]
         per_builder[builder] = per_builder.get(builder, 0) + 1
     assert per_builder["reference"] == 8 * 4 * 2 * 3  # budgets x batch sizes x depths x distributions
+    assert rules.count("aggregate_step") == 1
+    from ddtree_bench.cuda import gpu_unavailable_reason
+
+    if gpu_unavailable_reason() is not None:  # no GPU here: one file of rows saying why per step stage
+        assert rules.count("step_unavailable") == 3 and not STEP_RULES & set(rules)
     assert not (work / "results").exists()
+
+
+def test_dry_run_plans_the_step_jobs_where_a_gpu_is(tmp_path):
+    """Per (budget, batch, prefix, heads) one attention job, per (budget, batch) one accept job, one peaks job
+    per machine; all timing jobs on the GPU, alone; their kernels built by build_fatbin."""
+    work = workdir_copy(tmp_path)
+    env = pretend_gpu(tmp_path)
+    result = snakemake(work, "-n", "--cores", "4", "report", env=env)
+    assert result.returncode == 0, result.stderr
+    jobs = jobs_of(result.stdout + result.stderr)
+    rules = [job["rule"] for job in jobs]
+    step = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())["step"]
+    budgets, batches = 8, len(step["batch_sizes"])
+    grid = len(step["attention"]["prefix_lengths"]) * len(step["attention"]["heads"])
+    assert rules.count("step_attention") == budgets * batches * grid
+    assert rules.count("step_accept") == budgets * batches
+    assert rules.count("step_peaks") == 1
+    assert "step_unavailable" not in rules
+    timed = [job for job in jobs if job["rule"] in STEP_RULES]
+    assert all("gpu=1" in job["resources"] and "timing_slot=1" in job["resources"] for job in timed)
+    assert all(job["threads"] == min(4, len(_cpus())) for job in timed)
+    attention = {job["output"][0] for job in jobs if job["rule"] == "step_attention"}
+    # the first distribution and depth, every budget
+    assert any(path.endswith("/step/attention/peaked-L16-N1024-B64-S32768-H8.parquet") for path in attention)
+    fatbins = {Path(job["output"][0]).name for job in jobs if job["rule"] == "build_fatbin"}
+    assert {"verify_attn.fatbin", "tree_accept.fatbin", "bench_util.fatbin"} <= fatbins
+
+
+@pytest.mark.parametrize(
+    ("override", "expected"),
+    [
+        ({"step": {"enabled": False}}, set()),
+        ({"gpu": "off"}, {"step_unavailable"}),
+    ],
+    ids=["step-off", "gpu-off"],
+)
+def test_step_stages_off_or_without_gpu(tmp_path, override, expected):
+    work = workdir_copy(tmp_path)
+    config = smoke_config()
+    for key, value in override.items():
+        config[key] = {**config[key], **value} if isinstance(value, dict) else value
+    (work / "step.yaml").write_text(yaml.safe_dump(config))
+    result = snakemake(
+        work, "-n", "--cores", "2", "--configfile", "step.yaml", "--", "report", env=pretend_gpu(tmp_path)
+    )
+    assert result.returncode == 0, result.stderr
+    rules = {job["rule"] for job in jobs_of(result.stdout + result.stderr)}
+    assert not STEP_RULES & rules
+    assert {"step_unavailable"} & rules == expected
+    assert ("aggregate_step" in rules) == bool(expected)
 
 
 def _cpus():
@@ -124,9 +184,18 @@ def test_smoke_pipeline_end_to_end(smoke_run):
     assert set(shapes["budget"]) == set(config["budgets"])
     report = Path(work / config["report_dir"])
     page = (report / "index.html").read_text()
-    assert page.count('src="data:image/png;base64,') == 4
+    assert page.count('src="data:image/png;base64,') == 5
     markdown = (report / "summary.md").read_text()
     assert "| N | B |" in markdown and "reference (ours" in markdown
+    assert "## Step-time breakdown" in markdown and "## Verify attention" in markdown
+    step = pd.read_parquet(results / "step_summary.parquet")
+    assert set(step["stage"]) == {"verify-attention", "accept", "peak"}
+    from ddtree_bench.cuda import gpu_unavailable_reason
+
+    if gpu_unavailable_reason() is not None:
+        assert set(step["status"]) == {"unavailable"} and step["status_reason"].notna().all()
+        assert "unavailable: " in markdown
+    assert shapes["expected_accept_mean"].notna().all()
     print(f"smoke pipeline: {elapsed:.1f} s")
 
 
@@ -137,7 +206,7 @@ def test_timing_jobs_never_overlap_other_jobs(smoke_run):
     _, result, _ = smoke_run
     running: set[int] = set()
     rule_of: dict[int, str] = {}
-    timing = {"bench", "bench_gpu"}
+    timing = TIMING_RULES
     lines = (result.stdout + result.stderr).splitlines()
     jobs = iter(jobs_of("\n".join(lines)))
     checked = 0
@@ -177,12 +246,16 @@ def test_adding_a_budget_schedules_only_that_budgets_jobs(smoke_run):
         "check",
         "check_gpu",
         "tree_shape",
+        "step_attention",  # where a GPU is, the step jobs of the new budget too
+        "step_accept",
         "aggregate",
+        "aggregate_step",
         "render_report",
         "report",
     }, rules
     assert {"bench", "aggregate", "render_report", "report"} <= rules
-    per_budget = [job for job in jobs if job["rule"] not in ("aggregate", "render_report", "report")]
+    summaries = ("aggregate", "aggregate_step", "render_report", "report")
+    per_budget = [job for job in jobs if job["rule"] not in summaries]
     assert per_budget and all(f"-N{new}" in job["output"][0] for job in per_budget), per_budget
     summary = pd.read_parquet(work / "results" / "smoke" / "summary.parquet")
     timed = set(summary.loc[summary["status"] == "ok", "builder"])
@@ -240,3 +313,87 @@ def test_a_tree_mismatch_fails_the_run_naming_request_and_field(tmp_path):
     assert not list((work / "results" / "smoke" / "bench" / "native").glob("*.parquet"))
     assert not list((work / "results" / "smoke" / "check" / "native").glob("*.json"))
     assert not (work / "results" / "smoke" / "summary.parquet").exists()
+
+
+STUB_STEP = """
+from ddtree_bench.bench import write_frame
+from ddtree_bench.stage_records import stage_frame
+
+job = snakemake  # noqa: F821
+w, common = job.wildcards, {"phase": "timed", "status": "ok", "machine": job.params.machine}
+if job.rule == "step_peaks":
+    rows = [
+        dict(common, stage="peak", impl="bf16-gemm", seconds=1e-3, flops=8e14 * 1e-3, timing="cuda-events"),
+        dict(common, stage="peak", impl="device-copy", seconds=1e-3, bytes=4e12 * 1e-3, timing="cuda-events"),
+        dict(common, stage="peak", impl="floor", seconds=8e-6, timing="cuda-events"),
+    ]
+else:
+    grid = dict(common, batch=int(w.batch), budget=int(w.budget), depth=int(w.depth))
+    grid.update(distribution=w.distribution)
+    if job.rule == "step_attention":
+        grid.update(stage="verify-attention", prefix=int(w.prefix), heads=int(w.heads), flops=1e9, bytes=1e9)
+        impls = list(job.params.impls)
+    else:
+        grid.update(stage="accept", expected_accept_mean=1.0, accept_length_mean=2.0)
+        impls = ["gpu-kernel", "floor"]
+    rows = [dict(grid, impl=i, seconds=1e-4, timing="cuda-events", cache="warm", correct=True) for i in impls]
+write_frame(stage_frame(rows), job.output.rows)
+"""
+STUB_FATBIN = """
+from pathlib import Path
+
+for path in snakemake.output:  # noqa: F821
+    Path(path).write_bytes(b"stub")
+"""
+
+
+@pytest.mark.slow
+def test_adding_a_budget_schedules_only_its_step_jobs(tmp_path):
+    """Where a GPU is: after a complete run (the GPU jobs' scripts are stubs here, writing rows of the stage
+    format), adding a budget schedules that budget's attention, accept, timing and tree-shape jobs, and the
+    summaries and the report; no other job, the peaks included."""
+    work = workdir_copy(tmp_path)
+    env = pretend_gpu(tmp_path)
+    scripts = work / "workflow" / "scripts"
+    for name in ("step_attention", "step_accept", "step_peaks"):
+        (scripts / f"{name}.py").write_text(STUB_STEP)
+    (scripts / "build_fatbin.py").write_text(STUB_FATBIN)
+    config = smoke_config()
+    config.update(builders=["reference"], distributions=["uniform"])
+    config["step"]["budgets"] = None  # every configured budget
+    (work / "base.yaml").write_text(yaml.safe_dump(config))
+    result = snakemake(work, "--cores", "2", "--configfile", "base.yaml", "--", "report", env=env)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    ran = {job["rule"] for job in jobs_of(result.stdout + result.stderr)}
+    assert STEP_RULES <= ran and "step_unavailable" not in ran
+    step = pd.read_parquet(work / "results" / "smoke" / "step_summary.parquet")
+    assert set(step["budget"]) == {0, *config["budgets"]}  # the peaks have no budget
+    markdown = (work / config["report_dir"] / "summary.md").read_text()
+    assert "reference (ours, Python): build (share)" in markdown  # the breakdown has rows
+
+    new = 8
+    assert new not in config["budgets"] and new < max(config["budgets"])  # the traces' K stays the same
+    config["budgets"] = sorted(config["budgets"] + [new])
+    (work / "more.yaml").write_text(yaml.safe_dump(config))
+    result = snakemake(work, "-n", "--cores", "2", "--configfile", "more.yaml", "--", "report", env=env)
+    assert result.returncode == 0, result.stderr
+    jobs = jobs_of(result.stdout + result.stderr)
+    summaries = ("aggregate", "aggregate_step", "render_report", "report")
+    assert {job["rule"] for job in jobs} == {
+        "bench",
+        "tree_shape",
+        "step_attention",
+        "step_accept",
+        *summaries,
+    }
+    per_budget = [job for job in jobs if job["rule"] not in summaries]
+    assert all(
+        f"-N{new}-" in job["output"][0] or job["output"][0].endswith(f"-N{new}.json") for job in per_budget
+    )
+    from ddtree_bench.config import check_config, step_options
+
+    step = step_options(check_config(copy.deepcopy(config)))
+    batches = len(step["batch_sizes"])
+    assert sum(job["rule"] == "step_accept" for job in jobs) == batches
+    attention = batches * len(step["prefix_lengths"]) * len(step["heads"])
+    assert sum(job["rule"] == "step_attention" for job in jobs) == attention

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -25,5 +26,23 @@ def workdir_copy(base: Path) -> Path:
     return work
 
 
-def snakemake(work: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([SNAKEMAKE, *args], cwd=work, capture_output=True, text=True, timeout=timeout)
+def snakemake(
+    work: Path, *args: str, timeout: float = 300, env: dict | None = None
+) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [SNAKEMAKE, *args], cwd=work, capture_output=True, text=True, timeout=timeout, env=env
+    )
+
+
+def pretend_gpu(base: Path) -> dict:
+    """An environment in which ``ddtree_bench.cuda.gpu_unavailable_reason()`` says a GPU is here (a
+    ``sitecustomize`` on PYTHONPATH replaces it, in Snakemake and in every job it starts): the workflow then
+    plans its GPU jobs as on a GPU machine. For dry runs, and for runs whose GPU jobs' scripts are stubs."""
+    folder = base / "pretend-gpu"
+    folder.mkdir()
+    (folder / "sitecustomize.py").write_text(
+        "import ddtree_bench.cuda\n\nddtree_bench.cuda.gpu_unavailable_reason = lambda: None\n"
+    )
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(folder), env.get("PYTHONPATH")) if p)
+    return env

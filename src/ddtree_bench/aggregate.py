@@ -129,9 +129,24 @@ def summarize(rows: pd.DataFrame) -> pd.DataFrame:
     return summary
 
 
+def expected_accept_stats(lp, ids, trees) -> dict:
+    """Mean, p10 and p90 over requests of the trees' expected accepted draft tokens (the sum over nodes of
+    the path probability under the drafter's distributions: ``acceptance.expected_acceptance``)."""
+    from ddtree_bench.acceptance import expected_acceptance  # noqa: PLC0415
+
+    values = np.asarray(expected_acceptance(lp, ids, trees), dtype=np.float64)
+    p10, p90 = np.percentile(values, [10, 90])
+    return {
+        "expected_accept_mean": float(values.mean()),
+        "expected_accept_p10": float(p10),
+        "expected_accept_p90": float(p90),
+    }
+
+
 def tree_shape(trace_path, budget: int, *, distribution: str | None = None) -> list[dict]:
     """Nodes per tree depth of ``reference``'s trees for every request of a trace at ``budget``: one record
-    per tree depth d (1..L) with the mean, p10 and p90 over requests of the tree's node count at that depth.
+    per tree depth d (1..L) with the mean, p10 and p90 over requests of the tree's node count at that depth,
+    and on every record the trees' expected acceptance (``expected_accept_stats``: what the budget buys).
     (Plain records, no pandas: the workflow runs this once per budget and writes JSON.)"""
     from ddtree_bench.builders import get_builder  # noqa: PLC0415
     from ddtree_bench.traces import load_trace  # noqa: PLC0415
@@ -154,12 +169,21 @@ def tree_shape(trace_path, budget: int, *, distribution: str | None = None) -> l
         "topk": min(int(budget), trace.topk),
         "requests": trees.batch_size,
         "tree_nodes_mean": float(trees.node_count.mean()),
+        **expected_accept_stats(lp, ids, trees),
     }
     return [
-        {**common, "tree_depth": d + 1, "nodes_mean": float(mean[d]), "nodes_p10": float(p10[d]),
-         "nodes_p90": float(p90[d])}
+        {
+            **common,
+            "tree_depth": d + 1,
+            "nodes_mean": float(mean[d]),
+            "nodes_p10": float(p10[d]),
+            "nodes_p90": float(p90[d]),
+        }
         for d in range(depth)
     ]
+
+
+SHAPE_ACCEPT_COLUMNS = ("expected_accept_mean", "expected_accept_p10", "expected_accept_p90")
 
 
 def combine_shapes(paths) -> pd.DataFrame:
@@ -167,9 +191,23 @@ def combine_shapes(paths) -> pd.DataFrame:
     import pandas as pd  # noqa: PLC0415 (lazy: the tree-shape jobs do not need it)
 
     records = [record for path in paths for record in json.loads(Path(path).read_text())]
-    columns = ["distribution", "depth", "budget", "topk", "requests", "tree_nodes_mean", "tree_depth",
-               "nodes_mean", "nodes_p10", "nodes_p90"]
-    return pd.DataFrame.from_records(records, columns=columns)
+    columns = [
+        "distribution",
+        "depth",
+        "budget",
+        "topk",
+        "requests",
+        "tree_nodes_mean",
+        "tree_depth",
+        "nodes_mean",
+        "nodes_p10",
+        "nodes_p90",
+        *SHAPE_ACCEPT_COLUMNS,
+    ]
+    shapes = pd.DataFrame.from_records(records, columns=columns)
+    for column in SHAPE_ACCEPT_COLUMNS:  # absent from records written before they existed: NaN
+        shapes[column] = shapes[column].astype("float64")
+    return shapes
 
 
 def write_json(data, path) -> None:

@@ -20,6 +20,7 @@ SCHEMA_PATH = REPO_ROOT / "workflow" / "schemas" / "config.schema.yaml"
 BUILDERS = ("sglang", "reference", "native", "native-mt", "gpu")
 DISTRIBUTIONS = ("uniform", "peaked", "bf16", "recorded")
 TIMING_KEYS = ("warmup", "repeats", "min_repeats", "max_repeats", "min_seconds", "max_seconds")
+ATTENTION_IMPLS = ("ours", "flexattention", "sdpa")
 
 
 def load_schema(path: str | Path | None = None) -> dict:
@@ -82,8 +83,9 @@ def _fail(field: str, problem: str):
     raise ValueError(f"config: {field}: {problem}")
 
 
-def _int_list(config: dict, key: str) -> list[int]:
-    values = config.get(key)
+def _int_list(config: dict, key: str, *, field: str | None = None) -> list[int]:
+    """``config[key]`` as a non-empty list of distinct integers >= 1 (``field`` names it in messages)."""
+    values, key = config.get(key), field or key
     if not isinstance(values, list) or not values:
         _fail(key, f"must be a non-empty list, got {values!r}")
     for value in values:
@@ -97,8 +99,10 @@ def _int_list(config: dict, key: str) -> list[int]:
     return [int(v) for v in values]
 
 
-def _name_list(config: dict, key: str, known: tuple[str, ...], what: str) -> list[str]:
-    values = config.get(key)
+def _name_list(
+    config: dict, key: str, known: tuple[str, ...], what: str, *, field: str | None = None
+) -> list[str]:
+    values, key = config.get(key), field or key
     if not isinstance(values, list) or not values:
         _fail(key, f"must be a non-empty list, got {values!r}")
     for value in values:
@@ -137,21 +141,12 @@ def check_config(config: dict, schema: dict | str | Path | None = None) -> dict:
     depths = _int_list(config, "depths")
     distributions = _name_list(config, "distributions", DISTRIBUTIONS, "distribution")
     _name_list(config, "builders", BUILDERS, "builder")
-    timing = config.get("timing")
-    if isinstance(timing, dict):
-        for key in ("warmup", "repeats", "min_repeats", "max_repeats"):
-            value = timing.get(key)
-            if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-                _fail(f"timing.{key}", f"must be an integer, got {value!r}")
+    _timing_counts(config.get("timing"), "timing")
+    _step_lists(config.get("step"))
     _schema_check(config, schema)
 
-    timing = config["timing"]
-    if timing["min_repeats"] > timing["repeats"]:
-        _fail("timing", f"min_repeats ({timing['min_repeats']}) > repeats ({timing['repeats']})")
-    if timing["repeats"] > timing["max_repeats"]:
-        _fail("timing", f"repeats ({timing['repeats']}) > max_repeats ({timing['max_repeats']})")
-    if timing["min_seconds"] > timing["max_seconds"]:
-        _fail("timing", f"min_seconds ({timing['min_seconds']}) > max_seconds ({timing['max_seconds']})")
+    _timing_order(config["timing"], "timing")
+    _step_fields(config, budgets, batch_sizes, depths, distributions)
     columns = trace_columns(config)
     if config["vocab_size"] < columns:
         _fail("vocab_size", f"{config['vocab_size']} is smaller than the {columns} top-K columns needed")
@@ -159,8 +154,79 @@ def check_config(config: dict, schema: dict | str | Path | None = None) -> dict:
         recorded = config.get("recorded_trace")
         if not recorded:
             _fail("recorded_trace", "distribution 'recorded' needs recorded_trace, the path of a .npz trace")
-    del budgets, batch_sizes, depths
     return config
+
+
+def _timing_counts(timing, field: str) -> None:
+    """The counts of a timing section are integers (YAML's 1.5 or true would pass as numbers otherwise)."""
+    if not isinstance(timing, dict):
+        return
+    for key in ("warmup", "repeats", "min_repeats", "max_repeats"):
+        if key in timing:
+            value = timing[key]
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+                _fail(f"{field}.{key}", f"must be an integer, got {value!r}")
+
+
+def _timing_order(timing: dict, field: str) -> None:
+    if timing["min_repeats"] > timing["repeats"]:
+        _fail(field, f"min_repeats ({timing['min_repeats']}) > repeats ({timing['repeats']})")
+    if timing["repeats"] > timing["max_repeats"]:
+        _fail(field, f"repeats ({timing['repeats']}) > max_repeats ({timing['max_repeats']})")
+    if timing["min_seconds"] > timing["max_seconds"]:
+        _fail(field, f"min_seconds ({timing['min_seconds']}) > max_seconds ({timing['max_seconds']})")
+
+
+def _step_lists(step) -> None:
+    """The step section's lists, checked like the top-level ones (before the schema: clearer messages)."""
+    if not isinstance(step, dict):
+        return  # the schema names the problem
+    if not isinstance(step.get("enabled", True), bool):
+        _fail("step.enabled", f"must be true or false, got {step['enabled']!r}")
+    layers = step.get("layers", 1)
+    if isinstance(layers, bool) or not isinstance(layers, numbers.Integral) or layers < 1:
+        _fail("step.layers", f"must be an integer >= 1, got {layers!r}")
+    if step.get("batch_sizes") is not None:
+        _int_list(step, "batch_sizes", field="step.batch_sizes")
+    if step.get("budgets") is not None:
+        _int_list(step, "budgets", field="step.budgets")
+    depth = step.get("depth")
+    if depth is not None and (isinstance(depth, bool) or not isinstance(depth, numbers.Integral)):
+        _fail("step.depth", f"must be an integer or null, got {depth!r}")
+    attention = step.get("attention")
+    if not isinstance(attention, dict):
+        return
+    _int_list(attention, "heads", field="step.attention.heads")
+    _int_list(attention, "prefix_lengths", field="step.attention.prefix_lengths")
+    _name_list(attention, "impls", ATTENTION_IMPLS, "attention impl", field="step.attention.impls")
+    _timing_counts(attention.get("timing"), "step.attention.timing")
+
+
+def _step_fields(config: dict, budgets, batch_sizes, depths, distributions) -> None:
+    """What the step section may name depends on the rest: traces, budgets, depths, distributions."""
+    step = config["step"]
+    _timing_order(step["attention"]["timing"], "step.attention.timing")
+    requests = max(batch_sizes)
+    for batch in step["batch_sizes"] or ():
+        if batch > requests:
+            _fail(
+                "step.batch_sizes",
+                f"{batch} is more than the {requests} requests the traces hold (the largest of batch_sizes); "
+                "null takes the configured batch_sizes",
+            )
+    for budget in step["budgets"] or ():
+        if budget not in budgets:
+            _fail(
+                "step.budgets",
+                f"{budget} is not one of the configured budgets {budgets} (null takes them all)",
+            )
+    if step["distribution"] is not None and step["distribution"] not in distributions:
+        _fail(
+            "step.distribution",
+            f"{step['distribution']!r} is not one of the configured distributions {distributions}",
+        )
+    if step["depth"] is not None and step["depth"] not in depths:
+        _fail("step.depth", f"{step['depth']} is not one of the configured depths {depths}")
 
 
 # ----------------------------------------------------------------------------------------- derived values
@@ -179,6 +245,32 @@ def trace_requests(config: dict) -> int:
     return max(config["batch_sizes"])
 
 
-def timing_options(config: dict) -> dict:
-    """The ``timing`` section as keyword arguments of ``bench.run_benchmark``."""
-    return {key: config["timing"][key] for key in TIMING_KEYS}
+def timing_options(config: dict, section: dict | None = None) -> dict:
+    """The ``timing`` section (or another section with the same keys) as keyword arguments of
+    ``bench.run_benchmark``."""
+    section = config["timing"] if section is None else section
+    return {key: section[key] for key in TIMING_KEYS}
+
+
+def step_options(config: dict) -> dict:
+    """The step section with its nulls resolved: ``enabled``, ``layers``, ``batch_sizes`` and ``budgets`` (the
+    configured ones for null), ``distribution`` and ``depth`` (the first configured for null), ``heads``,
+    ``prefix_lengths``, ``impls``, and the timing dicts ``timing`` (accept and peaks: the top-level section)
+    and ``attention_timing``."""
+    step = config["step"]
+    attention = step["attention"]
+    return {
+        "enabled": bool(step["enabled"]),
+        "layers": int(step["layers"]),
+        "batch_sizes": list(
+            step["batch_sizes"] if step["batch_sizes"] is not None else config["batch_sizes"]
+        ),
+        "budgets": list(step["budgets"] if step["budgets"] is not None else config["budgets"]),
+        "distribution": step["distribution"] or config["distributions"][0],
+        "depth": int(step["depth"] if step["depth"] is not None else config["depths"][0]),
+        "heads": list(attention["heads"]),
+        "prefix_lengths": list(attention["prefix_lengths"]),
+        "impls": list(attention["impls"]),
+        "timing": timing_options(config),
+        "attention_timing": timing_options(config, attention["timing"]),
+    }

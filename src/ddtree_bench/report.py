@@ -6,6 +6,10 @@ It reads this machine's summary (``results/<machine>/summary.parquet``, its ``tr
 side: time vs budget, time vs batch size, speedup over SGLang's builder (or over ``reference``, labelled as
 ours, where SGLang is absent), tree shape, a table of medians with p10/p90, each machine's environment, the
 builders that could not run and why, and the benchmark targets evaluated on the measured numbers.
+
+With a step summary (``step_summary.parquet``, beside ``summary.parquet``; ``step_report``): the verify
+attention and tree accept tables, the GPU's peaks, the step-time breakdown and the expected acceptance per
+budget. A machine without one (a publication from before the step stages) says "no data" there.
 """
 
 from __future__ import annotations
@@ -14,14 +18,18 @@ import base64
 import json
 import math
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from html import escape
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-FIGURE_NAMES = ("time_vs_budget", "time_vs_batch", "speedup", "tree_shape")
+from ddtree_bench import step_report
+
+FIGURE_NAMES = ("time_vs_budget", "time_vs_batch", "speedup", "tree_shape", "step_share")
+#: The figures of the tree build (drawn from summary.parquet); step_share is the step-time breakdown's.
+BUILD_FIGURES = ("time_vs_budget", "time_vs_batch", "speedup", "tree_shape")
 
 #: How each (builder, timing) is named in figures and tables. ``reference`` is ours, never SGLang.
 SERIES_NAMES = {
@@ -57,6 +65,10 @@ class Machine:
     summary: pd.DataFrame
     shapes: pd.DataFrame
     environment: dict
+    #: the step summary (step.summarize_steps); empty where the machine has none
+    step: pd.DataFrame = field(default_factory=pd.DataFrame)
+    #: why ``step`` is empty (for the "no data" cells)
+    step_missing: str = "no step data"
 
 
 def _read_json(path) -> dict:
@@ -71,22 +83,35 @@ def _read_parquet(path) -> pd.DataFrame:
     return pd.read_parquet(path) if path.is_file() else pd.DataFrame()
 
 
-def load_machine(summary_path, shapes_path=None, environment_path=None, *, source="this run") -> Machine:
+def load_machine(
+    summary_path, shapes_path=None, environment_path=None, step_path=None, *, source="this run"
+) -> Machine:
+    """A machine's results: ``summary.parquet`` and, beside it unless given, ``tree_shape.parquet``,
+    ``environment.json`` and ``step_summary.parquet`` (each optional)."""
     summary_path = Path(summary_path)
     folder = summary_path.parent
     summary = pd.read_parquet(summary_path)
     shapes = _read_parquet(shapes_path or folder / "tree_shape.parquet")
     environment = _read_json(environment_path or folder / "environment.json")
+    step_path = Path(step_path or folder / "step_summary.parquet")
+    step = _read_parquet(step_path)
     label = environment.get("machine")
     if not label and len(summary) and "machine" in summary:
         label = str(summary["machine"].dropna().iloc[0]) if summary["machine"].notna().any() else None
     label = label or folder.name
-    return Machine(label, source, summary, shapes, environment)
+    if step_path.is_file():
+        missing = "no step rows"
+    elif source == "published":
+        missing = "no step_summary.parquet; published before the step stages"
+    else:
+        missing = "no step_summary.parquet"
+    return Machine(label, source, summary, shapes, environment, step, missing)
 
 
-def load_machines(summary, shapes=None, environment=None, published=()) -> list[Machine]:
-    """This run's machine first, then each published one (labelled "(published)" when a label repeats)."""
-    machines = [load_machine(summary, shapes, environment)]
+def load_machines(summary, shapes=None, environment=None, published=(), step=None) -> list[Machine]:
+    """This run's machine first, then each published one (labelled "(published)" when a label repeats).
+    ``step``: this run's step summary (default: ``step_summary.parquet`` beside ``summary``)."""
+    machines = [load_machine(summary, shapes, environment, step)]
     for path in published:
         other = load_machine(path, source="published")
         if other.label in {m.label for m in machines}:
@@ -372,7 +397,19 @@ def _status_minimum(pairs: pd.DataFrame, threshold: float) -> tuple[str, str]:
 
 
 def evaluate_targets(machines: list[Machine]) -> list[TargetResult]:
-    """Issue 2's and issue 3's benchmark targets, per machine, on the measured medians."""
+    """Issue 2's, 3's and 4's benchmark targets, per machine, on the measured medians."""
+    results = _build_targets(machines)
+    for machine in machines:  # issue 4: verify attention and tree accept (step_summary.parquet)
+        for target, source, status, measured in step_report.step_targets(
+            machine.step, missing=machine.step_missing
+        ):
+            results.append(TargetResult(machine.label, target, source, status, measured))
+    order = {m.label: i for i, m in enumerate(machines)}
+    return sorted(results, key=lambda r: order.get(r.machine, len(order)))
+
+
+def _build_targets(machines: list[Machine]) -> list[TargetResult]:
+    """Issue 2's and issue 3's targets (the tree build), per machine."""
     results = []
     for machine in machines:
         df = machine.summary
@@ -669,8 +706,18 @@ def render_report(
     figures=None,
     depth: int | None = 16,
     distribution: str | None = "peaked",
+    step_summary=None,
+    step_layers: int = 61,
+    step_depth: int | None = None,
+    step_distribution: str | None = None,
+    step_enabled: bool = True,
 ) -> None:
-    """Render the HTML page and the Markdown summary (and the figures as PNG files next to them)."""
+    """Render the HTML page and the Markdown summary (and the figures as PNG files next to them).
+
+    ``step_summary``: this run's step summary (default: ``step_summary.parquet`` beside ``summary``);
+    ``step_layers``, ``step_depth``, ``step_distribution``: the step section of this run's configuration
+    (published machines use their own, from their environment.json); ``step_enabled`` False: this run left
+    the step stages out (its step tables say so)."""
     import matplotlib  # noqa: PLC0415
 
     matplotlib.use("Agg")
@@ -683,7 +730,17 @@ def render_report(
     for path in figure_paths.values():
         path.parent.mkdir(parents=True, exist_ok=True)
 
-    machines = load_machines(summary, shapes, environment, published)
+    machines = load_machines(summary, shapes, environment, published, step=step_summary)
+    if not step_enabled:
+        machines[0].step = pd.DataFrame()
+        machines[0].step_missing = "step stages off (step.enabled: false in the configuration)"
+    settings = {
+        machine.label: _step_settings(machine, step_layers)
+        if machine is not machines[0]
+        else {"layers": step_layers, "depth": step_depth, "distribution": step_distribution}
+        for machine in machines
+    }
+    breakdowns = {m.label: step_report.breakdown_for(m, **settings[m.label]) for m in machines}
     data = timings(machines)
     titles = {}
     makers = {
@@ -691,9 +748,10 @@ def render_report(
         "time_vs_batch": lambda p: figure_time_vs_batch(data, p, depth, distribution),
         "speedup": lambda p: figure_speedup(data, p, depth, distribution),
         "tree_shape": lambda p: figure_tree_shape(machines, p, depth),
+        "step_share": lambda p: step_report.figure_step_share(breakdowns, p),
     }
     for name, path in figure_paths.items():
-        if data.empty and name != "tree_shape":
+        if data.empty and name in BUILD_FIGURES and name != "tree_shape":
             _empty_figure(path, "no timings")
             titles[name] = "no timings"
         else:
@@ -720,6 +778,7 @@ def render_report(
     )
     machines_line = ", ".join(f"{m.label} ({m.source})" for m in machines)
     baseline_line = "; ".join(f"{label}: speedups over {name}" for label, name in baselines.items())
+    step = _step_sections(machines, breakdowns, settings)
 
     # Markdown
     md = [f"# ddtree-bench report\n\n{intro}\n\nMachines: {machines_line}.\n\nBaselines: {baseline_line}.\n"]
@@ -730,7 +789,9 @@ def render_report(
         heading = f"## Medians on {label} (L = {depth}, {distribution}; per call, p10-p90)"
         md.append(f"{heading}\n\n" + markdown_table(table))
     for name, path in figure_paths.items():
-        md.append(f"## {titles[name]}\n\n![{name}](figures/{path.name})\n")
+        if name in BUILD_FIGURES:
+            md.append(f"## {titles[name]}\n\n![{name}](figures/{path.name})\n")
+    md += _step_markdown(step, figure_paths.get("step_share"), titles.get("step_share"))
     md.append("## Environment\n\n" + markdown_table(env_table))
     md.append("## All configurations\n\n" + markdown_table(medians))
     from ddtree_bench.traces import atomic_output  # noqa: PLC0415
@@ -760,7 +821,7 @@ def render_report(
         "<h2>Correctness</h2>",
         html_table(correctness),
     ]
-    for name in FIGURE_NAMES:
+    for name in BUILD_FIGURES:
         if name in figure_paths:
             parts += [f"<h2>{escape(titles[name])}</h2>", img(name)]
     for label, table in compact.items():
@@ -769,6 +830,9 @@ def render_report(
             "p10-p90)</h2>",
             html_table(table),
         ]
+    parts += _step_html(
+        step, img("step_share") if "step_share" in figure_paths else "", titles.get("step_share")
+    )
     parts += [
         "<h2>Environment</h2>",
         html_table(env_table),
@@ -780,3 +844,131 @@ def render_report(
     with atomic_output(html_path) as tmp:
         Path(tmp).write_text("\n".join(parts))
 
+
+
+# ----------------------------------------------------------------------------------------------- step part
+
+
+def _step_settings(machine: Machine, layers: int) -> dict:
+    """A published machine's step settings, from the configuration in its environment.json (this run's
+    layers, and the first in its step rows, where that has none)."""
+    config = machine.environment.get("config") or {}
+    step = config.get("step") or {}
+    depths, distributions = config.get("depths") or [None], config.get("distributions") or [None]
+    return {
+        "layers": int(step.get("layers") or layers),
+        "depth": step.get("depth") or depths[0],
+        "distribution": step.get("distribution") or distributions[0],
+    }
+
+
+@dataclass
+class StepSections:
+    attention: pd.DataFrame
+    accept: pd.DataFrame
+    peaks: list[tuple[str, str]]
+    breakdown: list[tuple[str, str, pd.DataFrame]]  # (machine, heading note, table)
+    acceptance: pd.DataFrame
+    missing: list[tuple[str, str]]  # (machine, why it has no step data)
+
+
+def _step_sections(machines: list[Machine], breakdowns: dict, settings: dict) -> StepSections:
+    attention, accept, acceptance, peaks, breakdown, missing = [], [], [], [], [], []
+    for machine in machines:
+        label = machine.label
+        layers, depth, distribution = (settings[label][k] for k in ("layers", "depth", "distribution"))
+        if machine.step.empty:
+            missing.append((label, machine.step_missing))
+        else:
+            attention.append(step_report.attention_table(machine.step, label))
+            accept.append(step_report.accept_table(machine.step, label))
+            peaks.append((label, step_report.peaks_line(machine.step)))
+            table = step_report.breakdown_table(breakdowns[label], label, layers)
+            where = ", ".join(x for x in (f"L = {depth}" if depth else "", str(distribution or "")) if x)
+            note = f"{layers} layers; {where} trees" if where else f"{layers} layers"
+            breakdown.append((label, note, table))
+        acceptance.append(step_report.acceptance_table(machine.shapes, label, depth, distribution))
+
+    def concat(frames):
+        frames = [f for f in frames if not f.empty]
+        return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
+    return StepSections(concat(attention), concat(accept), peaks, breakdown, concat(acceptance), missing)
+
+
+STEP_INTRO = (
+    "The decode step around the tree build, measured on the same GPU in the same run: the tree-verify "
+    "attention of one layer at Kimi K2.6's shapes (absorbed MLA: 576-wide latent keys, 512-wide values, one "
+    "shared latent KV head; every request's N+1 tree queries see its S prefix keys and their tree "
+    "ancestors), by our kernel and its PyTorch peers, timed by CUDA events (warm L2; cold-L2 samples are "
+    "in step_summary.parquet); the tree accept walk; and the GPU's peaks. TFLOP/s and TB/s are the work of "
+    "one call (FLOPs of the visible keys; bytes moved at least once) over its time, median over the calls, "
+    "and as % of the measured bf16 GEMM and device-copy peaks."
+)
+BREAKDOWN_INTRO = (
+    "Per (S, batch B, budget N): each builder's tree build (median per call; CPU builders by wall clock, "
+    "the GPU builder both kernel-only and host-inclusive), our verify attention for all layers (per-layer "
+    "median x layers), and the accept (the GPU kernel); in brackets the build's share of build + attention "
+    "+ accept. E[accepted] is the expected number of accepted draft tokens of the budget's trees (the sum "
+    "over nodes of the path probability under the drafter's distributions): what a larger budget buys, "
+    "beside what it costs."
+)
+
+
+def _missing_lines(step: StepSections) -> list[str]:
+    return [f"{label}: no data ({why})" for label, why in step.missing]
+
+
+def _step_markdown(step: StepSections, figure_path, title) -> list[str]:
+    md = [f"## Verify attention\n\n{STEP_INTRO}\n"]
+    md += [f"- {line}" for line in _missing_lines(step)] + ([""] if step.missing else [])
+    peaks = "; ".join(f"{label}: {line}" for label, line in step.peaks) or "no data"
+    md.append(f"GPU peaks: {peaks}\n")
+    md.append(markdown_table(step.attention) if not step.attention.empty else "_no data_\n")
+    md.append(
+        "## Tree accept\n\nGPU kernel (CUDA events), host-inclusive (launch, copies out, sync), the "
+        "CPU walk including the device-to-host copy of the target's tokens, and the empty-kernel floor "
+        "of the same run.\n"
+    )
+    md.append(markdown_table(step.accept) if not step.accept.empty else "_no data_\n")
+    md.append(f"## Step-time breakdown\n\n{BREAKDOWN_INTRO}\n\n**Left out:** {step_report.LEFT_OUT}\n")
+    md += [f"- {line}" for line in _missing_lines(step)] + ([""] if step.missing else [])
+    for label, note, table in step.breakdown:
+        md.append(f"### {label} ({note})\n\n" + (markdown_table(table) if not table.empty else "_no data_\n"))
+    if figure_path is not None:
+        md.append(f"### {title}\n\n![step_share](figures/{Path(figure_path).name})\n")
+    md.append(
+        "### Expected acceptance per budget\n\n"
+        + (markdown_table(step.acceptance) if not step.acceptance.empty else "_no data_\n")
+    )
+    return md
+
+
+def _step_html(step: StepSections, image: str, title) -> list[str]:
+    def table(df):
+        return html_table(df) if not df.empty else "<p><em>no data</em></p>"
+
+    missing = "".join(f"<li>{escape(line)}</li>" for line in _missing_lines(step))
+    missing = f"<ul>{missing}</ul>" if missing else ""
+    peaks = "; ".join(f"{label}: {line}" for label, line in step.peaks) or "no data"
+    parts = [
+        "<h2>Verify attention</h2>",
+        f"<p>{escape(STEP_INTRO)}</p>",
+        missing,
+        f"<p><b>GPU peaks:</b> {escape(peaks)}</p>",
+        f"<details open><summary>{len(step.attention)} rows</summary>{table(step.attention)}</details>",
+        "<h2>Tree accept</h2>",
+        "<p>GPU kernel (CUDA events), host-inclusive (launch, copies out, sync), the CPU walk including the "
+        "device-to-host copy of the target's tokens, and the empty-kernel floor of the same run.</p>",
+        table(step.accept),
+        "<h2>Step-time breakdown</h2>",
+        f"<p>{escape(BREAKDOWN_INTRO)}</p>",
+        f"<p><b>Left out:</b> {escape(step_report.LEFT_OUT)}</p>",
+        missing,
+    ]
+    for label, note, df in step.breakdown:
+        parts += [f"<h3>{escape(label)} ({escape(note)})</h3>", table(df)]
+    if image:
+        parts += [f"<h3>{escape(str(title))}</h3>", image]
+    parts += ["<h3>Expected acceptance per budget</h3>", table(step.acceptance)]
+    return parts

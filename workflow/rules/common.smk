@@ -4,7 +4,12 @@ import os
 import shutil
 from pathlib import Path
 
-from ddtree_bench.config import timing_options, trace_columns, trace_requests
+from ddtree_bench.config import (
+    step_options,
+    timing_options,
+    trace_columns,
+    trace_requests,
+)
 from ddtree_bench.environment import default_machine_label
 
 MACHINE = config["machine"] or default_machine_label()
@@ -19,6 +24,8 @@ BUILDERS = config["builders"]
 TRACE_REQUESTS = trace_requests(config)
 TRACE_COLUMNS = trace_columns(config)
 TIMING = timing_options(config)
+# The step stages (verify attention, tree accept, peaks): nulls resolved (budgets, distribution, depth).
+STEP = step_options(config)
 
 # A timing job takes every core Snakemake may use here (Snakemake scales this down to --cores), so no trace,
 # check or other job runs beside it; and the timing_slot resource (one globally) keeps timing jobs apart
@@ -50,14 +57,19 @@ FATBIN = f"{RESULTS}/build/tree_build.fatbin"
 FATBIN_INFO = f"{FATBIN}.json"
 # the empty, spin and L2-flush kernels the GPU benchmark launches around the build
 UTIL_FATBIN = f"{RESULTS}/build/bench_util.fatbin"
+# the step stages' kernels (built by build_fatbin like the tree builder's)
+ATTENTION_FATBIN = f"{RESULTS}/build/verify_attn.fatbin"
+ACCEPT_FATBIN = f"{RESULTS}/build/tree_accept.fatbin"
 
 SUMMARY = f"{RESULTS}/summary.parquet"
 SHAPES = f"{RESULTS}/tree_shape.parquet"
+STEP_SUMMARY = f"{RESULTS}/step_summary.parquet"
+PEAKS = f"{RESULTS}/step/peaks.parquet"
 ENVIRONMENT = f"{RESULTS}/environment.json"
 REPORT_DIR = config["report_dir"].rstrip("/")
 REPORT_HTML = f"{REPORT_DIR}/index.html"
 REPORT_MD = f"{REPORT_DIR}/summary.md"
-FIGURES = ("time_vs_budget", "time_vs_batch", "speedup", "tree_shape")
+FIGURES = ("time_vs_budget", "time_vs_batch", "speedup", "tree_shape", "step_share")
 
 
 wildcard_constraints:
@@ -81,7 +93,7 @@ def nvcc_path():
 
 
 def gpu_reason():
-    """Why the gpu builder's jobs are left out here (None: they run). `gpu: on` without a GPU stops the run."""
+    """Why the GPU jobs are left out here (None: they run). `gpu: on` without a GPU stops the run."""
     if config["gpu"] == "off":
         return "gpu: off in the configuration"
     try:
@@ -118,12 +130,15 @@ def builder_options(builder):
     return {}
 
 
+# Probed once, and only where a GPU job is configured (the gpu builder, the step stages).
+GPU_REASON = gpu_reason() if "gpu" in BUILDERS or STEP["enabled"] else None
+
 # Builders that cannot run here get one "unavailable" row with the reason instead of their timing jobs.
 UNAVAILABLE = {}
 if "sglang" in BUILDERS:
     UNAVAILABLE["sglang"] = sglang_reason()
 if "gpu" in BUILDERS:
-    UNAVAILABLE["gpu"] = gpu_reason()
+    UNAVAILABLE["gpu"] = GPU_REASON
 UNAVAILABLE = {builder: reason for builder, reason in UNAVAILABLE.items() if reason}
 TIMED_BUILDERS = [b for b in BUILDERS if b not in UNAVAILABLE]
 CHECKED_BUILDERS = [b for b in TIMED_BUILDERS if b != "reference"]
@@ -183,13 +198,14 @@ def shape_outputs():
 
 
 def build_outputs(wildcards=None):
-    """The compiled artefacts the run records (and the CUDA kernel, compiled even where no GPU runs it)."""
+    """The compiled artefacts the run records (and the CUDA kernels, compiled even where no GPU runs them)."""
     outputs = {}
     if {"native", "native-mt"} & set(BUILDERS):
         outputs["native"] = NATIVE_LIBRARY
     if BUILD_FATBIN:
         outputs["fatbin"] = FATBIN
         outputs["util_fatbin"] = UTIL_FATBIN
+    outputs.update(STEP_BUILDS)
     return outputs
 
 
@@ -225,3 +241,69 @@ def bench_inputs(wildcards):
 def published_summaries():
     """Committed summaries of other machines (results/published/<machine>/summary.parquet)."""
     return sorted(str(p) for p in Path("results/published").glob("*/summary.parquet"))
+
+
+def published_step_summaries():
+    """Their step summaries, where a machine has one (older publications have none)."""
+    return sorted(
+        str(p) for p in Path("results/published").glob("*/step_summary.parquet")
+    )
+
+
+# ----------------------------------------------------------------------------------------------- step stages
+
+# Every step job runs on the GPU; where none is usable (or gpu: off), each stage gives one file of rows
+# saying why (rule step_unavailable) instead of its jobs.
+STEP_STAGES = ("attention", "accept", "peaks")
+
+
+def attention_path(distribution, depth, budget, batch, prefix, heads):
+    return f"{RESULTS}/step/attention/{distribution}-L{depth}-N{budget}-B{batch}-S{prefix}-H{heads}.parquet"
+
+
+def accept_path(distribution, depth, budget, batch):
+    return f"{RESULTS}/step/accept/{distribution}-L{depth}-N{budget}-B{batch}.parquet"
+
+
+def step_unavailable_path(stage):
+    return f"{RESULTS}/step/{stage}/unavailable.parquet"
+
+
+def step_outputs():
+    """Every step job's file (nothing with step.enabled false; one unavailable file per stage without a GPU)."""
+    if not STEP["enabled"]:
+        return []
+    if GPU_REASON is not None:
+        return [step_unavailable_path(stage) for stage in STEP_STAGES]
+    distribution, depth = STEP["distribution"], STEP["depth"]
+    attention = [
+        attention_path(distribution, depth, budget, batch, prefix, heads)
+        for budget in STEP["budgets"]
+        for batch in STEP["batch_sizes"]
+        for prefix in STEP["prefix_lengths"]
+        for heads in STEP["heads"]
+    ]
+    accept = [
+        accept_path(distribution, depth, budget, batch)
+        for budget in STEP["budgets"]
+        for batch in STEP["batch_sizes"]
+    ]
+    return attention + accept + [PEAKS]
+
+
+# The step stages' kernels, compiled wherever nvcc is (like the tree builder's), even where no GPU runs
+# them; without a GPU only those whose source is in the tree (with one, the step jobs need them all).
+STEP_BUILDS = {}
+if STEP["enabled"] and config["gpu"] != "off":
+    if GPU_REASON is None or nvcc_path() is not None:
+        for key, path in (
+            ("attention_fatbin", ATTENTION_FATBIN),
+            ("accept_fatbin", ACCEPT_FATBIN),
+        ):
+            source = f"kernels/{Path(path).stem}.cu"
+            if GPU_REASON is None or Path(source).is_file():
+                STEP_BUILDS[key] = path
+        STEP_BUILDS["util_fatbin"] = UTIL_FATBIN
+
+# The step summary the report reads (none with step.enabled false).
+STEP_TARGETS = [STEP_SUMMARY] if STEP["enabled"] else []

@@ -1,10 +1,13 @@
 rule render_report:
-    """report/index.html (self-contained, figures embedded) and report/summary.md, beside published results."""
+    """report/index.html (self-contained, figures embedded) and report/summary.md, beside published results;
+    with the step stages' tables and the step-time breakdown."""
     input:
         summary=SUMMARY,
         shapes=SHAPES,
         environment=ENVIRONMENT,
+        step_summary=STEP_TARGETS,
         published=published_summaries(),
+        published_step=published_step_summaries(),
     output:
         html=report(
             REPORT_HTML,
@@ -35,5 +38,6 @@ rule render_report:
         machine=MACHINE,
         depth=DEPTHS[0],
         distribution=DISTRIBUTIONS[0],
+        step=STEP,
     script:
         "../scripts/report.py"

@@ -4,6 +4,7 @@ from ddtree_bench.aggregate import aggregate
 from ddtree_bench.environment import collect_environment
 
 snakemake = snakemake  # noqa: F821 (the job object Snakemake's script preamble defines)
+BUILD_KEYS = ("native", "fatbin", "attention_fatbin", "accept_fatbin")
 
 with logged(snakemake):
     params = snakemake.params
@@ -11,7 +12,7 @@ with logged(snakemake):
     environment.update(
         config=dict(params.config),
         unavailable=dict(params.unavailable),
-        builds={key: snakemake.input[key] for key in ("native", "fatbin") if key in snakemake.input.keys()},
+        builds={key: snakemake.input[key] for key in BUILD_KEYS if key in snakemake.input.keys()},
         nvcc=params.nvcc,
     )
     aggregate(

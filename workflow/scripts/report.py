@@ -5,14 +5,20 @@ from ddtree_bench.report import render_report
 snakemake = snakemake  # noqa: F821 (the job object Snakemake's script preamble defines)
 
 with logged(snakemake):
+    step = snakemake.params.step
     render_report(
         summary=snakemake.input.summary,
         shapes=snakemake.input.shapes,
         environment=snakemake.input.environment,
+        step_summary=next(iter(snakemake.input.step_summary), None),
         published=list(snakemake.input.published),
         html=snakemake.output.html,
         markdown=snakemake.output.markdown,
         figures=list(snakemake.output.figures),
         depth=snakemake.params.depth,
         distribution=snakemake.params.distribution,
+        step_layers=step["layers"],
+        step_depth=step["depth"],
+        step_distribution=step["distribution"],
+        step_enabled=step["enabled"],
     )

@@ -1,0 +1,473 @@
+"""The report's step part: the verify attention and tree accept tables, the GPU's peaks, the step-time
+breakdown (table and figure), the expected acceptance per budget, and the issue-4 targets.
+
+Everything here takes a machine's step summary (``step.summarize_steps``; empty where the machine has none,
+e.g. a publication from before the step stages) and gives DataFrames or text; ``report`` renders them.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+
+from ddtree_bench.step import BUILD_SERIES, LEFT_OUT, expected_acceptance, preferred, step_breakdown
+
+__all__ = [
+    "LEFT_OUT",
+    "accept_table",
+    "acceptance_table",
+    "attention_table",
+    "breakdown_table",
+    "figure_step_share",
+    "fmt_us",
+    "peaks_line",
+    "step_targets",
+]
+
+STEP_SOURCE = "issue 4"
+TARGET_MEMORY = "verify attention (ours) >= 3.0 TB/s effective where memory-bound (budget <= 8, S >= 8192)"
+TARGET_COMPUTE = (
+    "verify attention (ours) >= 300 TFLOP/s where compute-bound (budget >= 64, S >= 8192, 8 heads)"
+)
+TARGET_FLEX = "verify attention (ours) >= 1.5x faster than FlexAttention at every shape both run"
+TARGET_ACCEPT = "tree accept (GPU kernel) <= 2x the empty-kernel floor at batch 64, every budget <= 1024"
+STEP_TARGETS = (TARGET_MEMORY, TARGET_COMPUTE, TARGET_FLEX, TARGET_ACCEPT)
+
+
+# ----------------------------------------------------------------------------------------------- format
+
+
+def _missing(value) -> bool:
+    return value is None or value is pd.NA or (isinstance(value, float) and math.isnan(value))
+
+
+def fmt_us(value) -> str:
+    """Seconds as µs (ms from 10 ms on), "-" for a missing value."""
+    if _missing(value):
+        return "-"
+    us = float(value) * 1e6
+    if us >= 1e5:
+        return f"{us / 1e3:,.0f} ms"
+    if us >= 1e4:
+        return f"{us / 1e3:,.1f} ms"
+    if us >= 100:
+        return f"{us:,.0f} µs"
+    return f"{us:.1f} µs"
+
+
+def _band(median, p10, p90) -> str:
+    if _missing(median):
+        return "-"
+    return f"{fmt_us(median)} [{fmt_us(p10)}-{fmt_us(p90)}]"
+
+
+def _num(value, digits: int = 1, suffix: str = "") -> str:
+    if _missing(value):
+        return "-"
+    return f"{float(value):,.{digits}f}{suffix}"
+
+
+def _pct(value) -> str:
+    if _missing(value):
+        return "-"
+    value = float(value)
+    return f"{value:.1f}%" if value >= 1 else f"{value:.2g}%"
+
+
+def _all(value) -> str:
+    """Grid values of an "every configuration" row (0 or null) as "all"."""
+    if _missing(value) or value == 0:
+        return "all"
+    return str(int(value))
+
+
+def _status(row) -> str:
+    if row["status"] == "ok":
+        correct = row.get("correct")
+        return "ok, output WRONG" if not _missing(correct) and not bool(correct) else "ok"
+    reason = row.get("status_reason")
+    return f"{row['status']}: {reason}" if not _missing(reason) else str(row["status"])
+
+
+# ----------------------------------------------------------------------------------------------- tables
+
+
+def _not_ok(step: pd.DataFrame, stage: str) -> pd.DataFrame:
+    if step.empty:
+        return step
+    return step[(step["stage"] == stage) & (step["status"] != "ok")]
+
+
+def attention_table(step: pd.DataFrame, machine: str) -> pd.DataFrame:
+    """Every verify-attention configuration of one machine (warm device time where measured): median
+    [p10-p90] per layer, TFLOP/s, TB/s, their % of the GPU's peaks, speedup over FlexAttention, status."""
+    columns = [
+        "machine",
+        "impl",
+        "B",
+        "N",
+        "S",
+        "H",
+        "median [p10-p90] per layer",
+        "TFLOP/s",
+        "TB/s",
+        "% GEMM peak",
+        "% copy peak",
+        "vs flexattention",
+        "status",
+    ]
+    if step is None or step.empty:
+        return pd.DataFrame(columns=columns)
+    measured = preferred(step)
+    measured = measured[measured["stage"] == "verify-attention"]
+    rows = pd.concat([measured, _not_ok(step, "verify-attention")], ignore_index=True)
+    if rows.empty:
+        return pd.DataFrame(columns=columns)
+    keys = ["batch", "budget", "prefix", "heads", "depth", "distribution"]
+    flex = measured[measured["impl"] == "flexattention"][keys + ["median_s"]].rename(
+        columns={"median_s": "flex_s"}
+    )
+    rows = rows.merge(flex, on=keys, how="left")
+    rows = rows.sort_values(["prefix", "heads", "batch", "budget", "impl"], na_position="first")
+    return pd.DataFrame(
+        {
+            "machine": machine,
+            "impl": rows["impl"],
+            "B": rows["batch"].map(_all),
+            "N": rows["budget"].map(_all),
+            "S": rows["prefix"].map(_all),
+            "H": rows["heads"].map(_all),
+            "median [p10-p90] per layer": [
+                _band(m, a, b) for m, a, b in zip(rows["median_s"], rows["p10_s"], rows["p90_s"], strict=True)
+            ],
+            "TFLOP/s": rows["median_tflops"].map(lambda v: _num(v, 1)),
+            "TB/s": rows["median_tbps"].map(lambda v: _num(v, 2)),
+            "% GEMM peak": rows["pct_gemm_peak"].map(_pct),
+            "% copy peak": rows["pct_copy_peak"].map(_pct),
+            "vs flexattention": [
+                "-" if impl == "flexattention" or _missing(f) or _missing(m) else f"{f / m:.2f}x"
+                for impl, f, m in zip(rows["impl"], rows["flex_s"], rows["median_s"], strict=True)
+            ],
+            "status": [_status(row) for _, row in rows.iterrows()],
+        },
+        columns=columns,
+    ).reset_index(drop=True)
+
+
+def accept_table(step: pd.DataFrame, machine: str) -> pd.DataFrame:
+    """Every tree-accept configuration of one machine: median [p10-p90], the GPU kernel as a multiple of the
+    empty-kernel floor of the same run, the mean accepted length and expected acceptance, status."""
+    columns = [
+        "machine",
+        "impl",
+        "timing",
+        "B",
+        "N",
+        "median [p10-p90]",
+        "x floor",
+        "accepted (mean)",
+        "expected accepted (mean)",
+        "status",
+    ]
+    if step is None or step.empty:
+        return pd.DataFrame(columns=columns)
+    measured = preferred(step)
+    measured = measured[measured["stage"] == "accept"]
+    rows = pd.concat([measured, _not_ok(step, "accept")], ignore_index=True)
+    if rows.empty:
+        return pd.DataFrame(columns=columns)
+    floors = _accept_floors(step)
+    rows = rows.merge(floors, on=["batch", "budget"], how="left")
+    order = {"gpu-kernel": 0, "gpu-host-inclusive": 1, "cpu-walk": 2, "floor": 3}
+    rows = rows.assign(_order=rows["impl"].map(order)).sort_values(["batch", "budget", "_order"])
+    return pd.DataFrame(
+        {
+            "machine": machine,
+            "impl": rows["impl"],
+            "timing": rows["timing"].fillna("-"),
+            "B": rows["batch"].map(_all),
+            "N": rows["budget"].map(_all),
+            "median [p10-p90]": [
+                _band(m, a, b) for m, a, b in zip(rows["median_s"], rows["p10_s"], rows["p90_s"], strict=True)
+            ],
+            "x floor": [
+                f"{m / f:.2f}x" if impl == "gpu-kernel" and not _missing(m) and not _missing(f) else "-"
+                for impl, m, f in zip(rows["impl"], rows["median_s"], rows["floor_s"], strict=True)
+            ],
+            "accepted (mean)": rows["accept_length_mean"].map(lambda v: _num(v, 2)),
+            "expected accepted (mean)": rows["expected_accept_mean"].map(lambda v: _num(v, 2)),
+            "status": [_status(row) for _, row in rows.iterrows()],
+        },
+        columns=columns,
+    ).reset_index(drop=True)
+
+
+def _accept_floors(step: pd.DataFrame) -> pd.DataFrame:
+    """Per (batch, budget): the empty-kernel floor to compare the accept kernel with: the accept job's own
+    (same run), else the peaks job's."""
+    measured = preferred(step)
+    own = measured[(measured["stage"] == "accept") & (measured["impl"] == "floor")]
+    own = own[["batch", "budget", "median_s"]].rename(columns={"median_s": "floor_s"})
+    accepts = measured[(measured["stage"] == "accept") & (measured["impl"] == "gpu-kernel")]
+    grid = accepts[["batch", "budget"]].drop_duplicates().merge(own, on=["batch", "budget"], how="left")
+    peak = _peak_floor(step)
+    if peak is not None:
+        grid["floor_s"] = grid["floor_s"].fillna(peak)
+    return grid.drop_duplicates(["batch", "budget"])
+
+
+def _peak_floor(step: pd.DataFrame) -> float | None:
+    values = step["peak_floor_s"].dropna() if "peak_floor_s" in step else pd.Series(dtype=float)
+    return float(values.iloc[0]) if len(values) else None
+
+
+def peaks_line(step: pd.DataFrame) -> str:
+    """The GPU's measured peaks (the denominators of the attention's % columns), or why there are none."""
+    if step is None or step.empty:
+        return "no data"
+    values = {}
+    for column in ("peak_gemm_tflops", "peak_copy_tbps", "peak_floor_s"):
+        present = step[column].dropna() if column in step else pd.Series(dtype=float)
+        values[column] = float(present.iloc[0]) if len(present) else None
+    if all(v is None for v in values.values()):
+        bad = step[(step["stage"] == "peak") & (step["status"] != "ok")]
+        reason = "; ".join(sorted({str(r) for r in bad["status_reason"].dropna()}))
+        return f"not measured ({reason})" if reason else "not measured"
+    gemm, copy, floor = values["peak_gemm_tflops"], values["peak_copy_tbps"], values["peak_floor_s"]
+    return (
+        f"bf16 GEMM {_num(gemm, 0)} TFLOP/s, device copy {_num(copy, 2)} TB/s, "
+        f"empty-kernel floor {fmt_us(floor)} (medians of this machine's peak job, the same run)"
+    )
+
+
+def breakdown_table(breakdown: pd.DataFrame, machine: str, layers: int) -> pd.DataFrame:
+    """One row per (S, H, B, N): the budget's expected acceptance, attention x layers, accept, and per
+    builder "build time (share of build + attention + accept)"."""
+    if breakdown is None or breakdown.empty:
+        return pd.DataFrame()
+    keys = ["prefix", "heads", "batch", "budget"]
+    first = breakdown.drop_duplicates(keys).set_index(keys)
+    table = pd.DataFrame(
+        {
+            "machine": machine,
+            "S": first.index.get_level_values("prefix"),
+            "H": first.index.get_level_values("heads"),
+            "B": first.index.get_level_values("batch"),
+            "N": first.index.get_level_values("budget"),
+            "E[accepted]": first["expected_accept_mean"].map(lambda v: _num(v, 2)).to_numpy(),
+            f"attention x {layers}": first["attention_s"].map(fmt_us).to_numpy(),
+            "accept": first["accept_s"].map(fmt_us).to_numpy(),
+        }
+    )
+    labels = [label for *_, label in BUILD_SERIES]
+    present = [label for label in labels if label in set(breakdown["builder"].dropna())]
+    for label in present:
+        sel = breakdown[breakdown["builder"] == label].set_index(keys)
+        sel = sel.reindex(first.index)
+        table[f"{label}: build (share)"] = [
+            "-" if _missing(b) else f"{fmt_us(b)} ({_pct(100 * s)})" if not _missing(s) else fmt_us(b)
+            for b, s in zip(sel["build_s"], sel["share"], strict=True)
+        ]
+    return table.reset_index(drop=True)
+
+
+def acceptance_table(shapes: pd.DataFrame, machine: str, depth=None, distribution=None) -> pd.DataFrame:
+    """What a larger budget buys: per budget, the expected accepted draft tokens of reference's trees."""
+    accepts = expected_acceptance(shapes, depth, distribution)
+    if accepts.empty:
+        return pd.DataFrame()
+    return pd.DataFrame(
+        {
+            "machine": machine,
+            "distribution": accepts["distribution"],
+            "L": accepts["depth"],
+            "N": accepts["budget"],
+            "nodes": accepts["tree_nodes_mean"].map(lambda v: _num(v, 1)),
+            "E[accepted draft tokens] mean [p10-p90]": [
+                f"{m:.2f} [{a:.2f}-{b:.2f}]"
+                for m, a, b in zip(
+                    accepts["expected_accept_mean"],
+                    accepts["expected_accept_p10"],
+                    accepts["expected_accept_p90"],
+                    strict=True,
+                )
+            ],
+        }
+    )
+
+
+def breakdown_for(machine, *, layers: int, depth=None, distribution=None) -> pd.DataFrame:
+    """``step.step_breakdown`` of a report ``Machine`` (its build summary, step summary and shapes)."""
+    return step_breakdown(
+        machine.summary, machine.step, machine.shapes, layers=layers, depth=depth, distribution=distribution
+    )
+
+
+# ----------------------------------------------------------------------------------------------- figure
+
+
+def figure_step_share(breakdowns: dict[str, pd.DataFrame], path) -> str:
+    """The tree build's share of build + attention + accept vs budget, a line per builder; a panel per
+    (machine, S) row and batch size column. ``breakdowns``: machine label -> ``step_breakdown``."""
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+
+    frames = [df.assign(machine=label) for label, df in breakdowns.items() if not df.empty]
+    data = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+    if not data.empty:
+        data = data[data["share"].notna()]
+    if data.empty:
+        fig, ax = plt.subplots(figsize=(6, 1.6))
+        ax.axis("off")
+        ax.text(0.5, 0.5, "no step data: no step-time breakdown", ha="center", va="center", fontsize=11)
+        fig.savefig(path, dpi=110, bbox_inches="tight")
+        plt.close(fig)
+        return "Step-time breakdown: no step data"
+    heads = 8 if (data["heads"] == 8).any() else int(data["heads"].iloc[0])
+    data = data[data["heads"] == heads]
+    panels = data[["machine", "prefix"]].drop_duplicates().to_records(index=False).tolist()
+    batches = sorted(int(b) for b in data["batch"].unique())
+    fig, axes = plt.subplots(
+        len(panels),
+        len(batches),
+        figsize=(3.4 * len(batches), 2.7 * len(panels)),
+        squeeze=False,
+        sharey=True,
+    )
+    labels = [label for *_, label in BUILD_SERIES]
+    colors = dict(
+        zip(labels, ("#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#d62728", "#e377c2"), strict=True)
+    )
+    for i, (machine, prefix) in enumerate(panels):
+        for j, batch in enumerate(batches):
+            ax = axes[i][j]
+            sel = data[(data["machine"] == machine) & (data["prefix"] == prefix) & (data["batch"] == batch)]
+            for label in labels:
+                line = sel[sel["builder"] == label].sort_values("budget")
+                if len(line):
+                    ax.plot(
+                        line["budget"],
+                        100 * line["share"],
+                        marker="o",
+                        markersize=3.5,
+                        linewidth=1.4,
+                        color=colors[label],
+                        label=label,
+                    )
+            ax.set_xscale("log", base=2)
+            ax.set_yscale("log")
+            ax.grid(True, which="major", alpha=0.3)
+            ax.set_title(f"{machine}: S = {prefix}, B = {batch}", fontsize=9)
+            if i == len(panels) - 1:
+                ax.set_xlabel("budget N")
+            if j == 0:
+                ax.set_ylabel("tree build, % of step")
+    handles, names = [], []
+    for ax in np.ravel(axes):
+        for handle, name in zip(*ax.get_legend_handles_labels(), strict=True):
+            if name not in names:
+                handles.append(handle)
+                names.append(name)
+    fig.legend(handles, names, loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False, fontsize=8)
+    title = (
+        f"Tree build's share of build + verify attention (all layers) + accept ({heads} heads; "
+        "the rest of the step left out)"
+    )
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100, bbox_inches="tight")
+    plt.close(fig)
+    return title
+
+
+# ----------------------------------------------------------------------------------------------- targets
+
+
+def _where(row) -> str:
+    parts = [f"N={int(row['budget'])}", f"B={int(row['batch'])}"]
+    if not _missing(row.get("prefix")):
+        parts.append(f"S={int(row['prefix'])}")
+    if not _missing(row.get("heads")):
+        parts.append(f"H={int(row['heads'])}")
+    return ", ".join(parts)
+
+
+def _wrong(sel: pd.DataFrame) -> int:
+    correct = sel["correct"]
+    return int((correct.notna() & ~correct.fillna(True).astype(bool)).sum())
+
+
+def step_targets(step: pd.DataFrame, *, missing: str = "no step data") -> list[tuple[str, str, str, str]]:
+    """Issue 4's targets on one machine's step summary: ``(target, source, status, measured)`` each, status
+    met / not met / no data. ``missing``: what "measured" says where the machine has no step summary."""
+    if step is None or step.empty:
+        return [(target, STEP_SOURCE, "no data", missing) for target in STEP_TARGETS]
+    measured = preferred(step)
+    attention = measured[measured["stage"] == "verify-attention"]
+    ours = attention[attention["impl"] == "ours"]
+    results = []
+
+    def threshold(target, sel, column, limit, unit, nodata):
+        if sel.empty:
+            results.append((target, STEP_SOURCE, "no data", nodata))
+            return
+        worst = sel.loc[sel[column].idxmin()]
+        status = "met" if worst[column] >= limit else "not met"
+        value = f"{worst[column]:,.2f}x" if unit == "x" else f"{worst[column]:,.2f} {unit}"
+        text = f"min {value} ({_where(worst)}) over {len(sel)} configurations"
+        wrong = _wrong(sel)
+        if wrong:
+            status, text = "not met", f"{text}; output wrong at {wrong} configurations"
+        results.append((target, STEP_SOURCE, status, text))
+
+    sel = ours[(ours["budget"] <= 8) & (ours["prefix"] >= 8192) & ours["median_tbps"].notna()]
+    threshold(TARGET_MEMORY, sel, "median_tbps", 3.0, "TB/s", "no timings of ours at budget <= 8, S >= 8192")
+    sel = ours[
+        (ours["budget"] >= 64)
+        & (ours["prefix"] >= 8192)
+        & (ours["heads"] == 8)
+        & ours["median_tflops"].notna()
+    ]
+    threshold(
+        TARGET_COMPUTE,
+        sel,
+        "median_tflops",
+        300.0,
+        "TFLOP/s",
+        "no timings of ours at budget >= 64, S >= 8192, 8 heads",
+    )
+
+    keys = ["batch", "budget", "prefix", "heads", "depth", "distribution"]
+    flex = attention[attention["impl"] == "flexattention"]
+    pairs = ours[keys + ["median_s", "correct"]].merge(
+        flex[keys + ["median_s"]], on=keys, suffixes=("", "_flex")
+    )
+    if pairs.empty:
+        results.append(
+            (TARGET_FLEX, STEP_SOURCE, "no data", "no shape where both ours and FlexAttention ran")
+        )
+    else:
+        pairs["ratio"] = pairs["median_s_flex"] / pairs["median_s"]
+        threshold(TARGET_FLEX, pairs, "ratio", 1.5, "x", "")
+
+    accepts = measured[(measured["stage"] == "accept") & (measured["impl"] == "gpu-kernel")]
+    sel = accepts[(accepts["batch"] == 64) & (accepts["budget"] <= 1024)]
+    sel = sel.merge(_accept_floors(step), on=["batch", "budget"], how="left")
+    if sel.empty:
+        results.append((TARGET_ACCEPT, STEP_SOURCE, "no data", "no GPU accept timings at batch 64"))
+    elif sel["floor_s"].isna().all():
+        results.append((TARGET_ACCEPT, STEP_SOURCE, "no data", "no empty-kernel floor measured"))
+    else:
+        sel = sel[sel["floor_s"].notna()].assign(ratio=lambda d: d["median_s"] / d["floor_s"])
+        worst = sel.loc[sel["ratio"].idxmax()]
+        status = "met" if worst["ratio"] <= 2.0 else "not met"
+        text = (
+            f"worst {worst['ratio']:.2f}x the floor ({fmt_us(worst['median_s'])} vs "
+            f"{fmt_us(worst['floor_s'])}; {_where(worst)}) over {len(sel)} budgets"
+        )
+        wrong = _wrong(sel)
+        if wrong:
+            status, text = "not met", f"{text}; output wrong at {wrong} budgets"
+        results.append((TARGET_ACCEPT, STEP_SOURCE, status, text))
+    return results

@@ -1,0 +1,583 @@
+"""The step stages' summary (median, p10, p90, n, TFLOP/s, TB/s, % of the measured peaks), the step-time
+breakdown, the issue-4 targets (met / not met / no data), and the report's step part with and without step
+data, all on synthetic stage records (``stage_records.stage_frame``)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from test_report import synthetic_summary, write_machine
+
+from ddtree_bench.aggregate import combine_shapes, tree_shape
+from ddtree_bench.report import FIGURE_NAMES, evaluate_targets, load_machines, render_report
+from ddtree_bench.stage_records import stage_frame
+from ddtree_bench.step import (
+    LEFT_OUT,
+    STEP_SUMMARY_COLUMNS,
+    aggregate_steps,
+    peak_rates,
+    preferred,
+    step_breakdown,
+    summarize_steps,
+    unavailable_stage_frame,
+)
+from ddtree_bench.step_report import (
+    TARGET_ACCEPT,
+    TARGET_COMPUTE,
+    TARGET_FLEX,
+    TARGET_MEMORY,
+    accept_table,
+    attention_table,
+    breakdown_table,
+    step_targets,
+)
+from ddtree_bench.traces import generate_trace, save_trace
+
+GEMM_TFLOPS, COPY_TBPS, FLOOR_S = 800.0, 4.0, 8e-6
+
+
+def stage_rows(stage, impl, seconds, *, warmup=(), timing="cuda-events", cache="warm", **fields):
+    base = {"stage": stage, "impl": impl, "timing": timing, "cache": cache, "status": "ok", "machine": "m"}
+    if stage != "peak":
+        base.update(distribution="peaked", depth=16)
+    base.update(fields)
+    rows = [dict(base, phase="warmup", repetition=i, seconds=s) for i, s in enumerate(warmup)]
+    rows += [dict(base, phase="timed", repetition=i, seconds=s) for i, s in enumerate(seconds)]
+    return rows
+
+
+def peak_rows(gemm=GEMM_TFLOPS, copy=COPY_TBPS, floor=FLOOR_S):
+    flops, nbytes = 2 * 8192**3, 2**30
+    return (
+        stage_rows("peak", "bf16-gemm", [flops / (gemm * 1e12)] * 3, flops=flops)
+        + stage_rows("peak", "device-copy", [nbytes / (copy * 1e12)] * 3, bytes=nbytes)
+        + stage_rows("peak", "floor", [floor] * 3)
+    )
+
+
+def attention_rows(impl, budget, batch, prefix, *, tbps, tflops, heads=8, correct=True, slow=1.0):
+    """Three calls whose median runs at ``tbps`` TB/s and ``tflops`` TFLOP/s (work chosen to fit), taking
+    ``slow`` times the base time of the shape."""
+    seconds = 1e-4 * (1 + budget / 64) * batch * slow
+    common = dict(budget=budget, batch=batch, prefix=prefix, heads=heads, correct=correct, error=1e-3)
+    rows = stage_rows(
+        "verify-attention",
+        impl,
+        [seconds * 0.9, seconds, seconds * 1.1],
+        warmup=[seconds * 50],
+        flops=tflops * 1e12 * seconds,
+        bytes=tbps * 1e12 * seconds,
+        **common,
+    )
+    rows += stage_rows(
+        "verify-attention", impl, [seconds * 1.5], cache="cold", flops=1.0, bytes=1.0, **common
+    )
+    return rows
+
+
+def accept_rows(budget, batch, *, kernel_s, floor_s=FLOOR_S):
+    common = dict(budget=budget, batch=batch, accept_length_mean=3.0, expected_accept_mean=2.5, correct=True)
+    return (
+        stage_rows("accept", "gpu-kernel", [kernel_s] * 3, **common)
+        + stage_rows("accept", "gpu-host-inclusive", [kernel_s * 5] * 3, timing="wall", cache="n/a", **common)
+        + stage_rows("accept", "cpu-walk", [kernel_s * 20] * 3, timing="wall", cache="n/a", **common)
+        + stage_rows("accept", "floor", [floor_s] * 3, **common)
+    )
+
+
+def synthetic_step(*, fast=True, flex=True, accept_factor=1.5):
+    """A machine's step rows: budgets 8 and 64, batch 1 and 64, S 4096 and 32768 (8 heads)."""
+    rows = peak_rows()
+    for budget in (8, 64):
+        for batch in (1, 64):
+            for prefix in (4096, 32768):
+                rows += attention_rows(
+                    "ours", budget, batch, prefix, tbps=3.5 if fast else 2.0, tflops=400 if fast else 100
+                )
+                if flex:
+                    rows += attention_rows(
+                        "flexattention", budget, batch, prefix, tbps=1.0, tflops=50, slow=2
+                    )
+            rows += accept_rows(budget, batch, kernel_s=FLOOR_S * accept_factor)
+    rows += [
+        {
+            "stage": "verify-attention",
+            "impl": "sdpa",
+            "budget": 64,
+            "batch": 64,
+            "prefix": 32768,
+            "heads": 8,
+            "depth": 16,
+            "distribution": "peaked",
+            "phase": "timed",
+            "repetition": 0,
+            "timing": "cuda-events",
+            "cache": "n/a",
+            "status": "unavailable",
+            "status_reason": "out of memory at B=64, N=64, S=32768, H=8",
+            "machine": "m",
+        }
+    ]
+    return stage_frame(rows)
+
+
+# ----------------------------------------------------------------------------------------------- summary
+
+
+def test_step_summary_statistics_rates_and_peaks():
+    rows = synthetic_step()
+    summary = summarize_steps(rows)
+    assert list(summary.columns) == list(STEP_SUMMARY_COLUMNS)
+    key = (
+        (summary["impl"] == "ours")
+        & (summary["budget"] == 8)
+        & (summary["batch"] == 1)
+        & (summary["prefix"] == 4096)
+        & (summary["cache"] == "warm")
+    )
+    row = summary[key].iloc[0]
+    seconds = 1e-4 * (1 + 8 / 64)
+    assert row["n"] == 3  # the warm-up call never enters a statistic
+    assert row["median_s"] == pytest.approx(seconds)
+    assert row["p10_s"] == pytest.approx(seconds * (0.9 + 0.2 * 0.1))  # linear interpolation
+    assert row["p90_s"] == pytest.approx(seconds * (1.1 - 0.2 * 0.1))
+    assert row["median_tbps"] == pytest.approx(3.5)
+    assert row["median_tflops"] == pytest.approx(400.0)
+    assert row["pct_copy_peak"] == pytest.approx(100 * 3.5 / COPY_TBPS)
+    assert row["pct_gemm_peak"] == pytest.approx(100 * 400 / GEMM_TFLOPS)
+    assert row["peak_floor_s"] == pytest.approx(FLOOR_S)
+    assert bool(row["correct"]) and row["error_max"] == pytest.approx(1e-3)
+    cold = summary[
+        (summary["impl"] == "ours")
+        & (summary["budget"] == 8)
+        & (summary["batch"] == 1)
+        & (summary["prefix"] == 4096)
+        & (summary["cache"] == "cold")
+    ]
+    assert len(cold) == 1 and cold.iloc[0]["n"] == 1  # warm and cold kept apart
+    sdpa = summary[summary["impl"] == "sdpa"].iloc[0]
+    assert sdpa["status"] == "unavailable" and sdpa["n"] == 0 and "out of memory" in sdpa["status_reason"]
+    accept = summary[(summary["stage"] == "accept") & (summary["impl"] == "gpu-kernel")].iloc[0]
+    assert accept["accept_length_mean"] == 3.0 and accept["expected_accept_mean"] == 2.5
+    assert math.isnan(accept["pct_gemm_peak"])  # only attention rows are set against the peaks
+    gemm = summary[summary["impl"] == "bf16-gemm"].iloc[0]
+    assert gemm["median_tflops"] == pytest.approx(GEMM_TFLOPS)
+
+
+def test_peak_rates_are_none_without_peaks():
+    rows = stage_frame(attention_rows("ours", 8, 1, 4096, tbps=1, tflops=1))
+    assert peak_rates(rows) == {"gemm_tflops": None, "copy_tbps": None, "floor_seconds": None}
+    summary = summarize_steps(rows)
+    assert summary["pct_copy_peak"].isna().all() and summary["median_tbps"].notna().all()
+
+
+def test_aggregate_steps_writes_the_summary(tmp_path):
+    a, b = tmp_path / "a.parquet", tmp_path / "b.parquet"
+    stage_frame(peak_rows()).to_parquet(a)
+    stage_frame(attention_rows("ours", 8, 1, 4096, tbps=2, tflops=10)).to_parquet(b)
+    out = tmp_path / "out" / "step_summary.parquet"
+    summary = aggregate_steps([a, b], out)
+    assert len(pd.read_parquet(out)) == len(summary) == 5  # 3 peaks + ours warm + ours cold
+    empty = aggregate_steps([], tmp_path / "empty.parquet")
+    assert empty.empty and list(empty.columns) == list(STEP_SUMMARY_COLUMNS)
+
+
+@pytest.mark.parametrize(
+    ("stage", "impls"),
+    [
+        ("attention", ["ours", "sdpa"]),
+        ("accept", ["gpu-kernel", "gpu-host-inclusive", "cpu-walk", "floor"]),
+        ("peaks", ["bf16-gemm", "device-copy", "floor"]),
+    ],
+)
+def test_unavailable_stage_rows_say_why(stage, impls):
+    rows = unavailable_stage_frame(stage, "no usable CUDA device\n(driver)", attention_impls=["ours", "sdpa"])
+    assert list(rows["impl"]) == impls
+    assert set(rows["status"]) == {"unavailable"}
+    assert set(rows["status_reason"]) == {"no usable CUDA device (driver)"}  # one line
+    summary = summarize_steps(rows)
+    assert (summary["n"] == 0).all() and len(summary) == len(impls)
+
+
+def test_unknown_stage_is_refused():
+    with pytest.raises(ValueError, match="unknown step stage"):
+        unavailable_stage_frame("drafter", "x")
+
+
+def test_preferred_takes_warm_device_time():
+    summary = summarize_steps(synthetic_step())
+    best = preferred(summary)
+    ours = best[
+        (best["impl"] == "ours") & (best["budget"] == 8) & (best["batch"] == 1) & (best["prefix"] == 4096)
+    ]
+    assert len(ours) == 1 and ours.iloc[0]["cache"] == "warm"
+    assert "sdpa" not in set(best["impl"])  # only measured rows
+
+
+# ----------------------------------------------------------------------------------------------- breakdown
+
+
+def shapes_frame():
+    return pd.DataFrame(
+        [
+            {
+                "distribution": "peaked",
+                "depth": 16,
+                "budget": b,
+                "topk": b,
+                "requests": 4,
+                "tree_nodes_mean": float(b),
+                "tree_depth": 1,
+                "nodes_mean": 1.0,
+                "nodes_p10": 1.0,
+                "nodes_p90": 1.0,
+                "expected_accept_mean": e,
+                "expected_accept_p10": e - 0.5,
+                "expected_accept_p90": e + 0.5,
+            }
+            for b, e in ((8, 2.0), (64, 3.5))
+        ]
+    )
+
+
+def build_summary():
+    """Tree-build summary at depth 16, peaked: reference and native (CPU), gpu kernel + host-inclusive."""
+    from test_report import rows_for
+
+    from ddtree_bench.aggregate import summarize
+
+    frames = []
+    for budget in (8, 64):
+        for batch in (1, 64):
+            kw = dict(budget=budget, batch=batch, distribution="peaked", depth=16, machine="m")
+            frames.append(rows_for("reference", [1e-3 * batch], **kw))
+            frames.append(rows_for("native", [1e-5 * batch], **kw))
+            frames.append(rows_for("gpu", [2e-5], timing="kernel-events", cache="warm", **kw))
+            frames.append(rows_for("gpu", [9e-5], timing="kernel-events", cache="cold", **kw))
+            frames.append(rows_for("gpu", [3e-4], timing="host-inclusive", **kw))
+    return summarize(pd.concat(frames, ignore_index=True))
+
+
+def test_step_breakdown_sums_build_attention_and_accept():
+    step = summarize_steps(synthetic_step())
+    breakdown = step_breakdown(
+        build_summary(), step, shapes_frame(), layers=61, depth=16, distribution="peaked"
+    )
+    builders = list(dict.fromkeys(breakdown["builder"]))
+    assert builders == [
+        "reference (ours, Python)",
+        "native (C++, 1 thread)",
+        "gpu kernel",
+        "gpu host-inclusive",
+    ]
+    assert len(breakdown) == 2 * 2 * 2 * 4  # budgets x batches x prefixes x builders
+    row = breakdown[
+        (breakdown["builder"] == "gpu kernel")
+        & (breakdown["budget"] == 64)
+        & (breakdown["batch"] == 64)
+        & (breakdown["prefix"] == 32768)
+    ].iloc[0]
+    attention = 1e-4 * (1 + 64 / 64) * 64
+    accept = FLOOR_S * 1.5
+    assert row["build_s"] == pytest.approx(2e-5)  # warm kernel, not the cold one
+    assert row["attention_layer_s"] == pytest.approx(attention)
+    assert row["attention_s"] == pytest.approx(61 * attention)
+    assert row["accept_s"] == pytest.approx(accept)
+    assert row["total_s"] == pytest.approx(2e-5 + 61 * attention + accept)
+    assert row["share"] == pytest.approx(2e-5 / (2e-5 + 61 * attention + accept))
+    assert row["expected_accept_mean"] == 3.5
+    table = breakdown_table(breakdown, "m", 61)
+    assert {"E[accepted]", "attention x 61", "accept", "gpu kernel: build (share)"} <= set(table.columns)
+    assert len(table) == 8
+
+
+def test_breakdown_without_a_build_or_accept_leaves_share_empty():
+    rows = stage_frame(attention_rows("ours", 8, 1, 4096, tbps=1, tflops=1))
+    breakdown = step_breakdown(build_summary(), summarize_steps(rows), None, layers=61)
+    assert len(breakdown) and breakdown["share"].isna().all()  # no accept timing: no sum
+    assert step_breakdown(build_summary(), pd.DataFrame(), None, layers=61).empty
+
+
+# ----------------------------------------------------------------------------------------------- targets
+
+
+def _status(step):
+    return {target: (status, measured) for target, _, status, measured in step_targets(step)}
+
+
+def test_step_targets_met():
+    status = _status(summarize_steps(synthetic_step(fast=True, accept_factor=1.5)))
+    assert status[TARGET_MEMORY][0] == "met" and "TB/s" in status[TARGET_MEMORY][1]
+    assert status[TARGET_COMPUTE][0] == "met"
+    assert status[TARGET_FLEX][0] == "met" and "min 2.00x" in status[TARGET_FLEX][1]  # flex takes 2x
+    assert status[TARGET_ACCEPT][0] == "met" and "1.50x" in status[TARGET_ACCEPT][1]
+
+
+def test_step_targets_not_met():
+    status = _status(summarize_steps(synthetic_step(fast=False, accept_factor=3.0)))
+    assert status[TARGET_MEMORY][0] == "not met" and "min 2.00 TB/s" in status[TARGET_MEMORY][1]
+    assert status[TARGET_COMPUTE][0] == "not met" and "N=64" in status[TARGET_COMPUTE][1]
+    assert status[TARGET_ACCEPT][0] == "not met" and "3.00x" in status[TARGET_ACCEPT][1]
+
+
+def test_flex_ratio_is_time_over_time():
+    rows = peak_rows()
+    for impl, tbps in (("ours", 2.0), ("flexattention", 1.0)):
+        rows += attention_rows(impl, 8, 1, 8192, tbps=tbps, tflops=1)
+    step = summarize_steps(stage_frame(rows))
+    # same per-call seconds by construction: ratio 1.0 < 1.5
+    assert _status(step)[TARGET_FLEX][0] == "not met"
+
+
+def test_step_targets_no_data():
+    status = _status(summarize_steps(synthetic_step(flex=False)))
+    assert status[TARGET_FLEX][0] == "no data"
+    empty = step_targets(pd.DataFrame(), missing="no step_summary.parquet")
+    assert [s for _, _, s, _ in empty] == ["no data"] * 4
+    assert all(m == "no step_summary.parquet" for *_, m in empty)
+    only_small = summarize_steps(stage_frame(attention_rows("ours", 8, 1, 4096, tbps=5, tflops=5)))
+    assert _status(only_small)[TARGET_MEMORY][0] == "no data"  # S < 8192 is not where it applies
+
+
+def test_wrong_output_fails_a_speed_target():
+    rows = peak_rows() + attention_rows("ours", 8, 1, 8192, tbps=5.0, tflops=1, correct=False)
+    status = _status(summarize_steps(stage_frame(rows)))
+    assert status[TARGET_MEMORY][0] == "not met" and "output wrong" in status[TARGET_MEMORY][1]
+
+
+def test_tables_show_unavailable_rows_and_floors():
+    step = summarize_steps(synthetic_step())
+    attention = attention_table(step, "m")
+    sdpa = attention[attention["impl"] == "sdpa"].iloc[0]
+    assert sdpa["status"].startswith("unavailable: out of memory")
+    ours = attention[(attention["impl"] == "ours") & (attention["N"] == "8") & (attention["B"] == "1")]
+    assert set(ours["vs flexattention"]) == {"2.00x"}  # flex takes twice as long by construction
+    accept = accept_table(step, "m")
+    assert set(accept.loc[accept["impl"] == "gpu-kernel", "x floor"]) == {"1.50x"}
+    none = unavailable_stage_frame("attention", "no GPU", machine="m")
+    table = attention_table(summarize_steps(none), "m")
+    assert set(table["B"]) == {"all"} and table["status"].str.contains("no GPU").all()
+
+
+# ----------------------------------------------------------------------------------------------- report
+
+
+def write_step_machine(folder, machine="h200", step=None):
+    summary_path = write_machine(folder, machine, gpu=True)
+    build_summary().assign(machine=machine).to_parquet(folder / "summary.parquet")
+    shapes_frame().to_parquet(folder / "tree_shape.parquet")
+    env = json.loads((folder / "environment.json").read_text())
+    env["config"] = {"depths": [16], "distributions": ["peaked"], "step": {"layers": 61}}
+    (folder / "environment.json").write_text(json.dumps(env))
+    step = summarize_steps(synthetic_step() if step is None else step)
+    step.assign(machine=machine).to_parquet(folder / "step_summary.parquet")
+    return summary_path
+
+
+def test_report_renders_the_step_part(tmp_path):
+    ours = write_step_machine(tmp_path / "results" / "h200")
+    old = write_machine(tmp_path / "results" / "published" / "old", "old-h200", gpu=True)
+    out = tmp_path / "report"
+    render_report(
+        summary=ours,
+        published=[old],
+        html=out / "index.html",
+        markdown=out / "summary.md",
+        depth=16,
+        distribution="peaked",
+        step_layers=61,
+        step_depth=16,
+        step_distribution="peaked",
+    )
+    markdown = (out / "summary.md").read_text()
+    page = (out / "index.html").read_text()
+    assert page.count('src="data:image/png;base64,') == len(FIGURE_NAMES)
+    for heading in (
+        "## Verify attention",
+        "## Tree accept",
+        "## Step-time breakdown",
+        "### Expected acceptance per budget",
+    ):
+        assert heading in markdown
+    assert LEFT_OUT in markdown and "drafter's forward" in markdown
+    assert "GPU peaks: h200: bf16 GEMM 800 TFLOP/s, device copy 4.00 TB/s" in markdown
+    assert "| machine | S | H | B | N | E[accepted] | attention x 61 | accept |" in markdown
+    assert "gpu kernel: build (share)" in markdown
+    assert "3.50 [3.00-4.00]" in markdown  # E[accepted] at N = 64
+    # the older publication has no step summary: its step cells say "no data" and why
+    assert "old-h200: no data (no step_summary.parquet; published before the step stages)" in markdown
+    targets = {
+        (r.machine, r.target): r.status for r in evaluate_targets(load_machines(ours, published=[old]))
+    }
+    assert targets[("h200", TARGET_MEMORY)] == "met"
+    assert targets[("old-h200", TARGET_MEMORY)] == "no data"
+    assert "Verify attention" in page and "Left out:" in page
+
+
+def test_report_renders_without_any_step_data(tmp_path):
+    ours = write_machine(tmp_path / "m", "laptop")
+    out = tmp_path / "r"
+    render_report(summary=ours, html=out / "index.html", markdown=out / "summary.md", step_enabled=False)
+    markdown = (out / "summary.md").read_text()
+    assert "laptop: no data (step stages off (step.enabled: false in the configuration))" in markdown
+    assert "## Step-time breakdown" in markdown and "_no data_" in markdown
+    page = (out / "index.html").read_text()
+    assert page.count("data:image/png;base64,") == len(FIGURE_NAMES)
+    machines = load_machines(ours)
+    step = [r for r in evaluate_targets(machines) if r.source == "issue 4"]
+    assert len(step) == 4 and {r.status for r in step} == {"no data"}
+
+
+def test_report_with_unavailable_step_rows(tmp_path):
+    folder = tmp_path / "m"
+    ours = write_machine(folder, "laptop")
+    rows = pd.concat(
+        [
+            unavailable_stage_frame(s, "no usable CUDA device", machine="laptop")
+            for s in ("attention", "accept", "peaks")
+        ],
+        ignore_index=True,
+    )
+    summarize_steps(rows).to_parquet(folder / "step_summary.parquet")
+    out = tmp_path / "r"
+    render_report(summary=ours, html=out / "index.html", markdown=out / "summary.md")
+    markdown = (out / "summary.md").read_text()
+    assert "unavailable: no usable CUDA device" in markdown
+    assert "GPU peaks: laptop: not measured (no usable CUDA device)" in markdown
+
+
+# ----------------------------------------------------------------------------------------------- tree shape
+
+
+def test_tree_shape_carries_expected_acceptance(tmp_path):
+    from ddtree_bench.acceptance import expected_acceptance
+    from ddtree_bench.builders import get_builder
+
+    path = tmp_path / "t.npz"
+    lp, ids = generate_trace("peaked", 6, 4, 16, vocab_size=300, seed=2, device="cpu")
+    save_trace(path, lp, ids, distribution="peaked")
+    small, large = tree_shape(path, 2, distribution="peaked"), tree_shape(path, 16, distribution="peaked")
+    values = expected_acceptance(lp, ids, get_builder("reference").build(lp, ids, 16))
+    assert large[0]["expected_accept_mean"] == pytest.approx(float(np.mean(values)))
+    assert large[0]["expected_accept_p10"] == pytest.approx(float(np.percentile(values, 10)))
+    assert all(r["expected_accept_mean"] == large[0]["expected_accept_mean"] for r in large)
+    assert large[0]["expected_accept_mean"] >= small[0]["expected_accept_mean"]  # more nodes, more accepted
+    files = []
+    for i, records in enumerate((small, large)):
+        files.append(tmp_path / f"{i}.json")
+        files[-1].write_text(json.dumps(records))
+    shapes = combine_shapes(files)
+    assert shapes["expected_accept_mean"].notna().all()
+    old = tmp_path / "old.json"  # written before the expected acceptance existed
+    old.write_text(json.dumps([{k: v for k, v in small[0].items() if not k.startswith("expected")}]))
+    assert combine_shapes([old])["expected_accept_mean"].isna().all()
+
+
+def test_synthetic_summary_helper_still_works():
+    assert len(synthetic_summary("m"))  # the shared helper this module builds on
+
+
+# ----------------------------------------------------------------------------------------------- scripts
+
+
+SCRIPTS = Path(__file__).resolve().parents[1] / "workflow" / "scripts"
+
+
+def run_script(name, monkeypatch, **job):
+    """Run workflow/scripts/<name>.py as Snakemake would, with a stand-in for its ``snakemake`` object."""
+    import runpy
+    from types import SimpleNamespace
+
+    monkeypatch.syspath_prepend(str(SCRIPTS))
+    namespace = {
+        key: SimpleNamespace(**value) if isinstance(value, dict) else value for key, value in job.items()
+    }
+    runpy.run_path(str(SCRIPTS / f"{name}.py"), init_globals={"snakemake": SimpleNamespace(**namespace)})
+
+
+def test_step_scripts_call_the_libraries(tmp_path, monkeypatch):
+    """The thin scripts of the step rules, on this machine (no GPU: rows saying why; the CPU walk where it
+    runs), end to end into the step summary."""
+    trace = tmp_path / "peaked-L4.npz"
+    lp, ids = generate_trace("peaked", 2, 4, 8, vocab_size=64, seed=0, device="cpu")
+    save_trace(trace, lp, ids, distribution="peaked")
+    timing = {
+        "warmup": 1,
+        "repeats": 2,
+        "min_repeats": 1,
+        "max_repeats": 3,
+        "min_seconds": 0.0,
+        "max_seconds": 0.05,
+    }
+    wildcards = {
+        "distribution": "peaked",
+        "depth": "4",
+        "budget": "4",
+        "batch": "2",
+        "prefix": "64",
+        "heads": "8",
+    }
+    out = {name: tmp_path / f"{name}.parquet" for name in ("attention", "accept", "peaks", "unavailable")}
+    common = {"wildcards": wildcards, "log": [str(tmp_path / "job.log")]}
+    run_script(
+        "step_attention",
+        monkeypatch,
+        rule="step_attention",
+        input={"trace": str(trace), "attention": None, "util": None},
+        output={"rows": str(out["attention"])},
+        params={"impls": ["ours", "sdpa"], "timing": timing, "machine": "m"},
+        **common,
+    )
+    run_script(
+        "step_accept",
+        monkeypatch,
+        rule="step_accept",
+        input={"trace": str(trace), "accept": None, "util": None},
+        output={"rows": str(out["accept"])},
+        params={"timing": timing, "machine": "m"},
+        **common,
+    )
+    run_script(
+        "step_peaks",
+        monkeypatch,
+        rule="step_peaks",
+        input={"util": None},
+        output={"rows": str(out["peaks"])},
+        params={"timing": timing, "machine": "m"},
+        **common,
+    )
+    run_script(
+        "step_unavailable",
+        monkeypatch,
+        rule="step_unavailable",
+        wildcards={"stage": "attention"},
+        output={"rows": str(out["unavailable"])},
+        params={"reason": "gpu: off in the configuration", "impls": ["ours"], "machine": "m"},
+        log=[str(tmp_path / "job.log")],
+    )
+    summary_path = tmp_path / "step_summary.parquet"
+    run_script(
+        "aggregate_step",
+        monkeypatch,
+        rule="aggregate_step",
+        input={"rows": [str(p) for p in out.values()]},
+        output={"summary": str(summary_path)},
+        log=[str(tmp_path / "job.log")],
+    )
+    summary = pd.read_parquet(summary_path)
+    assert list(summary.columns) == list(STEP_SUMMARY_COLUMNS)
+    assert {"verify-attention", "accept", "peak"} == set(summary["stage"])
+    attention = summary[summary["stage"] == "verify-attention"]
+    assert {"ours", "sdpa"} <= set(attention["impl"])
+    assert (attention["budget"].isin([0, 4])).all() and (attention["prefix"].dropna().isin([64])).all()
+    walk = summary[(summary["impl"] == "cpu-walk") & (summary["status"] == "ok")]
+    from ddtree_bench.cuda import gpu_unavailable_reason
+
+    if gpu_unavailable_reason() is not None:  # the walk runs without a GPU; the rest says why not
+        assert len(walk) == 1 and walk.iloc[0]["n"] >= 1 and walk.iloc[0]["expected_accept_mean"] > 0
+        assert set(summary.loc[summary["impl"] != "cpu-walk", "status"]) == {"unavailable"}

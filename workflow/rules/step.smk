@@ -1,0 +1,106 @@
+rule step_attention:
+    """Time the tree-verify attention of one (budget, batch, prefix length, heads): every impl, same inputs."""
+    input:
+        trace=f"{RESULTS}/traces/{{distribution}}-L{{depth}}.npz",
+        attention=ATTENTION_FATBIN,
+        util=UTIL_FATBIN,
+    output:
+        rows=f"{RESULTS}/step/attention/{{distribution}}-L{{depth}}-N{{budget}}-B{{batch}}-S{{prefix}}-H{{heads}}.parquet",
+    log:
+        f"{LOGS}/step/attention/{{distribution}}-L{{depth}}-N{{budget}}-B{{batch}}-S{{prefix}}-H{{heads}}.log",
+    wildcard_constraints:
+        prefix=r"\d+",
+        heads=r"\d+",
+    conda:
+        "../envs/ddtree-bench.yaml"
+    threads: TIMING_THREADS
+    resources:
+        timing_slot=1,
+        gpu=1,
+    params:
+        impls=STEP["impls"],
+        timing=STEP["attention_timing"],
+        machine=MACHINE,
+    script:
+        "../scripts/step_attention.py"
+
+
+rule step_accept:
+    """Time the tree accept of one (budget, batch): GPU kernel, host-inclusive, CPU walk, empty-kernel floor."""
+    input:
+        trace=f"{RESULTS}/traces/{{distribution}}-L{{depth}}.npz",
+        accept=ACCEPT_FATBIN,
+        util=UTIL_FATBIN,
+    output:
+        rows=f"{RESULTS}/step/accept/{{distribution}}-L{{depth}}-N{{budget}}-B{{batch}}.parquet",
+    log:
+        f"{LOGS}/step/accept/{{distribution}}-L{{depth}}-N{{budget}}-B{{batch}}.log",
+    conda:
+        "../envs/ddtree-bench.yaml"
+    threads: TIMING_THREADS
+    resources:
+        timing_slot=1,
+        gpu=1,
+    params:
+        timing=STEP["timing"],
+        machine=MACHINE,
+    script:
+        "../scripts/step_accept.py"
+
+
+rule step_peaks:
+    """The GPU's measured peaks, once per machine: bf16 GEMM, device copy, the empty-kernel floor."""
+    input:
+        util=UTIL_FATBIN,
+    output:
+        rows=PEAKS,
+    log:
+        f"{LOGS}/step/peaks.log",
+    conda:
+        "../envs/ddtree-bench.yaml"
+    threads: TIMING_THREADS
+    resources:
+        timing_slot=1,
+        gpu=1,
+    params:
+        timing=STEP["timing"],
+        machine=MACHINE,
+    script:
+        "../scripts/step_peaks.py"
+
+
+rule step_unavailable:
+    """Rows saying why a step stage has no timings here (no usable GPU, gpu: off): one per impl."""
+    output:
+        rows=f"{RESULTS}/step/{{stage}}/unavailable.parquet",
+    log:
+        f"{LOGS}/step/{{stage}}-unavailable.log",
+    wildcard_constraints:
+        stage="|".join(STEP_STAGES),
+    conda:
+        "../envs/ddtree-bench.yaml"
+    params:
+        reason=GPU_REASON,
+        impls=STEP["impls"],
+        machine=MACHINE,
+    script:
+        "../scripts/step_unavailable.py"
+
+
+rule aggregate_step:
+    """Median, p10, p90 and n of every step configuration, its TFLOP/s and TB/s as % of the measured peaks."""
+    input:
+        rows=step_outputs(),
+    output:
+        summary=report(
+            STEP_SUMMARY,
+            caption="../report/step_summary.rst",
+            category="Results",
+            labels={"file": "step_summary.parquet"},
+        ),
+    log:
+        f"{LOGS}/aggregate_step.log",
+    conda:
+        "../envs/ddtree-bench.yaml"
+    script:
+        "../scripts/aggregate_step.py"

@@ -1,0 +1,26 @@
+from _job import logged
+
+from ddtree_bench.bench import write_frame
+from ddtree_bench.step import describe_rows
+
+snakemake = snakemake  # noqa: F821 (the job object Snakemake's script preamble defines)
+
+with logged(snakemake):
+    from ddtree_bench.attention_bench import run_attention_benchmark
+
+    wildcards, params = snakemake.wildcards, snakemake.params
+    rows = run_attention_benchmark(
+        snakemake.input.trace,
+        int(wildcards.budget),
+        int(wildcards.batch),
+        heads=int(wildcards.heads),
+        prefix=int(wildcards.prefix),
+        impls=list(params.impls),
+        timing=dict(params.timing),
+        machine=params.machine,
+        distribution=wildcards.distribution,
+        attention_fatbin=snakemake.input.attention,
+        util_fatbin=snakemake.input.util,
+    )
+    print(describe_rows(rows))
+    write_frame(rows, snakemake.output.rows)
