@@ -15,10 +15,18 @@ from hypothesis import strategies as st
 from ddtree_bench import cuda
 from ddtree_bench.accept import (
     KERNEL_SOURCE,
+    MAX_THREADS,
+    NODES_PER_THREAD,
+    STAGE_BYTES_PER_NODE,
+    STAGE_MAX_BUDGET,
+    TREE_FIELD_DTYPES,
+    TREE_LINK_FIELDS,
     AcceptUnavailable,
     GpuAccept,
     accept_cpu,
     check_batch_budget,
+    host_field,
+    launch_config,
 )
 from ddtree_bench.builders import get_builder
 from ddtree_bench.tree import TreeBatch
@@ -358,10 +366,14 @@ def test_cpu_rejects_bad_inputs():
     one_line_error("2-D", accept_cpu, trees, target[0])
     one_line_error("integer token ids", accept_cpu, trees, target.astype(np.float32))
     bad = TreeBatch(**{k: v.copy() for k, v in trees.as_dict().items()})
-    bad.retrieve_next_sibling = bad.retrieve_next_sibling[:, :16]
-    one_line_error(
-        "retrieve_next_sibling has shape \\(3, 16\\), expected \\(3, 17\\)", accept_cpu, bad, target
-    )
+    bad.parents = bad.parents[:, :16]
+    one_line_error("parents has shape \\(3, 16\\), expected \\(3, 17\\)", accept_cpu, bad, target)
+    bad = TreeBatch(**{k: v.copy() for k, v in trees.as_dict().items()})
+    bad.node_count = bad.node_count[:2]
+    one_line_error("node_count has shape \\(2,\\), expected \\(3,\\)", accept_cpu, bad, target)
+    bad = TreeBatch(**{k: v.copy() for k, v in trees.as_dict().items()})
+    bad.parents = bad.parents.astype(np.float64)
+    one_line_error("parents must hold integer", accept_cpu, bad, target)
     bad = TreeBatch(**{k: v.copy() for k, v in trees.as_dict().items()})
     bad.parents[1, 5] = 5
     one_line_error("request 1 node 5 has parent 5", accept_cpu, bad, target)
@@ -390,9 +402,9 @@ def host_arrays(batch, budget, target_shape=None, out_budget=None, out_batch=Non
     """numpy stand-ins for a launch's device arrays (validation runs before anything touches CuPy)."""
     n1 = budget + 1
     trees = SimpleNamespace(
+        node_count=np.zeros(batch, np.int32),
         node_token_ids=np.zeros((batch, budget), np.int64),
-        retrieve_next_token=np.full((batch, n1), -1, np.int64),
-        retrieve_next_sibling=np.full((batch, n1), -1, np.int64),
+        parents=np.full((batch, n1), -1, np.int32),
     )
     ob = batch if out_batch is None else out_batch
     on1 = n1 if out_budget is None else out_budget + 1
@@ -417,10 +429,17 @@ def test_launch_rejects_bad_shapes_before_touching_the_device():
     one_line_error("accept_length has shape \\(5,\\), expected \\(4,\\)", launch, target, trees, out)
     one_line_error("target_tokens must be int64, got int32", launch, *host_arrays(4, 8, dtype=np.int32))
     target, trees, out = host_arrays(4, 8)
-    trees.retrieve_next_token = trees.retrieve_next_token[:, :8]
-    one_line_error(
-        "retrieve_next_token has shape \\(4, 8\\), expected \\(4, 9\\)", launch, target, trees, out
-    )
+    trees.parents = trees.parents[:, :8]
+    one_line_error("parents has shape \\(4, 8\\), expected \\(4, 9\\)", launch, target, trees, out)
+    target, trees, out = host_arrays(4, 8)
+    trees.parents = trees.parents.astype(np.int64)
+    one_line_error("parents must be int32, got int64", launch, target, trees, out)
+    target, trees, out = host_arrays(4, 8)
+    trees.node_count = trees.node_count.astype(np.int64)
+    one_line_error("node_count must be int32, got int64", launch, target, trees, out)
+    target, trees, out = host_arrays(4, 8)
+    del trees.parents
+    one_line_error("the trees lack field parents", launch, target, trees, out)
     target, trees, out = host_arrays(4, 8)
     out.accepted_indices = np.zeros((4, 9), np.int64)
     one_line_error("accepted_indices must be int32", launch, target, trees, out)
@@ -435,6 +454,47 @@ def test_gpu_accept_checks_host_inputs_first():
     trees, target, _ = make_case(("random", 3, 16, 16, 6, 6))
     one_line_error("batch 2 but the trees have B = 3", GpuAccept().accept, trees, target[:2])
     one_line_error("16 columns", GpuAccept().accept, trees, target[:, :16])
+    bad = TreeBatch(**{k: v.copy() for k, v in trees.as_dict().items()})
+    bad.parents = bad.parents.astype(np.int64)
+    bad.parents[0, 3] = 2**40
+    one_line_error("parents has values outside int32", GpuAccept().accept, bad, target)
+
+
+def test_host_field_converts_to_the_kernel_dtypes():
+    trees, _, _ = make_case(("random", 3, 16, 16, 6, 6))
+    trees.parents = trees.parents.astype(np.int64)
+    trees.node_count = trees.node_count.astype(np.uint8)
+    for name in TREE_LINK_FIELDS:
+        array = host_field(trees, name)
+        assert array.dtype == TREE_FIELD_DTYPES[name] and array.flags.c_contiguous
+        np.testing.assert_array_equal(array, getattr(trees, name))
+
+
+def test_launch_configuration():
+    """One block per request; enough threads that every node has a register slot (256 at N = 1024, one warp
+    up to N = 128, at most 1024); 12 (N + 1) bytes of shared memory up to STAGE_MAX_BUDGET (under the 48 KB a
+    launch may use without opting in), none above it or when forced."""
+    assert launch_config(64, 1024) == ((64,), (256,), 12 * 1025)
+    assert launch_config(3, 8) == ((3,), (32,), 108)
+    assert launch_config(1, 0) == ((1,), (32,), 12)
+    assert launch_config(5, 128)[1] == (32,) and launch_config(5, 129)[1] == (64,)
+    assert launch_config(300, 2048) == ((300,), (512,), 12 * 2049)
+    assert launch_config(2, STAGE_MAX_BUDGET)[2] == 12 * (STAGE_MAX_BUDGET + 1) <= 48 * 1024 - 64
+    assert launch_config(2, STAGE_MAX_BUDGET + 1) == ((2,), (1024,), 0)
+    assert launch_config(2, 1024, force_global=True) == ((2,), (256,), 0)
+    assert GpuAccept(force_global=True).launch_config(4, 16) == ((4,), (32,), 0)
+    for budget in range(0, 5000, 7):
+        (threads,) = launch_config(1, budget)[1]
+        assert threads % 32 == 0 and 32 <= threads <= MAX_THREADS
+        assert threads * NODES_PER_THREAD >= min(budget, MAX_THREADS * NODES_PER_THREAD)
+
+
+def test_python_constants_match_the_kernel_source():
+    source = KERNEL_SOURCE.read_text()
+    assert f"#define DDTREE_ACCEPT_NODES_PER_THREAD {NODES_PER_THREAD} " in source
+    assert f"({STAGE_BYTES_PER_NODE}ull * (" in source
+    assert f"__launch_bounds__({MAX_THREADS})" in source
+    assert "const int* __restrict__ parents, const int* __restrict__ node_count, int batch," in source
 
 
 @pytest.mark.skipif(GPU_REASON is None, reason="a GPU is present")
@@ -445,7 +505,93 @@ def test_gpu_accept_without_gpu_says_why():
 
 
 # ---------------------------------------------------------------------------------------------------------
-# the kernel: compiles, and its code run on the host (warp emulated, AddressSanitizer on) equals the CPU walk
+# what the kernel computes on any input, malformed included
+
+
+def kernel_reference(trees, target):
+    """The kernel's definition, for any parents and node counts: node ``i`` in ``1..clamp(node_count, 0, N)``
+    whose parent ``p`` satisfies ``0 <= p < i`` is a child of ``p`` (every other parent never matches);
+    ``next[p]`` is the largest such child whose token is ``target[p]``; the walk follows ``next`` from the
+    root. On a well-formed tree this is exactly SGLang's walk (``accept_cpu``)."""
+    batch, budget = trees.node_token_ids.shape
+    accepted = np.full((batch, budget + 1), -1, np.int32)
+    length = np.zeros(batch, np.int32)
+    bonus = np.zeros(batch, np.int64)
+    for b in range(batch):
+        count = min(max(int(trees.node_count[b]), 0), budget)
+        chosen = [0] * (budget + 1)
+        for i in range(1, count + 1):
+            p = int(trees.parents[b, i])
+            if 0 <= p < i and trees.node_token_ids[b, i - 1] == target[b, p]:
+                chosen[p] = i  # increasing i: the largest index wins
+        path = [0]
+        while chosen[path[-1]]:
+            path.append(chosen[path[-1]])
+        accepted[b, : len(path)] = path
+        length[b], bonus[b] = len(path), target[b, path[-1]]
+    return accepted, length, bonus
+
+
+def malformed_case(seed: int, batch: int = 4, budget: int = 32):
+    """Trees with wrecked parents and node counts (negative, >= the child, past N, int32 extremes, self
+    parents) and tokens / targets over {0, 1}, so that almost every comparison matches."""
+    rng = np.random.default_rng(seed)
+    trees, _, _ = make_case(("random", batch, budget, 8, 4, 4), seed=seed)
+    parents = trees.parents
+    index = np.broadcast_to(np.arange(budget + 1), parents.shape)
+    choices = np.stack(
+        [index, index + 1, np.full_like(index, budget), np.full_like(index, budget + 1), index // 2]
+    )
+    wild = choices[rng.integers(0, len(choices), size=parents.shape), np.arange(batch)[:, None], index]
+    mask = rng.random(parents.shape) < 0.3
+    parents[mask] = wild[mask]
+    mask = rng.random(parents.shape) < 0.1
+    parents[mask] = rng.choice([-5, -1, 2**31 - 1, -(2**31)], size=int(mask.sum()))
+    trees.node_count[:] = rng.choice([-3, 0, budget // 2, budget, budget + 5, 2**31 - 1], size=batch)
+    trees.node_count[0] = budget  # at least one whole tree
+    trees.node_token_ids[:] = rng.integers(0, 2, size=trees.node_token_ids.shape)
+    target = rng.integers(0, 2, size=(batch, budget + 1)).astype(np.int64)
+    return trees, target
+
+
+def assert_kernel_output_in_bounds(result, trees, target):
+    accepted, length, bonus = result
+    batch, budget = trees.node_token_ids.shape
+    assert ((length >= 1) & (length <= budget + 1)).all()
+    for b in range(batch):
+        path = accepted[b, : length[b]]
+        assert path[0] == 0 and (np.diff(path) > 0).all() and path[-1] <= budget
+        assert (accepted[b, length[b] :] == -1).all()
+        assert bonus[b] == target[b, path[-1]]
+
+
+def test_kernel_reference_equals_the_cpu_walk_on_well_formed_trees():
+    for case in CASES:
+        trees, target, _ = make_case(case)
+        assert_same_result(kernel_reference(trees, target), accept_cpu(trees, target))
+
+
+def test_kernel_reference_on_malformed_trees_stays_in_bounds():
+    lengths = []
+    for seed in range(10):
+        trees, target = malformed_case(seed)
+        result = kernel_reference(trees, target)
+        assert_kernel_output_in_bounds(result, trees, target)
+        lengths.extend(result[1].tolist())
+    assert max(lengths) >= 3 and min(lengths) == 1  # the walks do go somewhere, and not always
+
+
+def assert_same_result(got, want):
+    for name, g, w in zip(("accepted_indices", "accept_length", "bonus_token"), got, want, strict=True):
+        assert g.shape == w.shape and g.dtype == w.dtype, name
+        if not np.array_equal(g, w):
+            at = tuple(int(i) for i in np.argwhere(g != w)[0])
+            raise AssertionError(f"{name} differs at {at}: got {g[at]}, expected {w[at]}")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# the kernel: compiles, and its code run on the host (every thread a host thread, barriers and shared atomics
+# emulated, AddressSanitizer or ThreadSanitizer on) equals the CPU walk
 
 
 @pytest.mark.skipif(cuda.find_nvcc() is None, reason="nvcc not found")
@@ -458,28 +604,77 @@ def test_kernel_compiles_for_configured_archs(tmp_path):
 
 
 EMULATOR_MAIN = r"""
-// Host emulator of one launch of ddtree_tree_accept: runs every thread of every block sequentially, lane
-// order within each warp, so lane 0 has walked before the others reach __shfl_sync (the only warp
-// primitive the kernel uses; it broadcasts lane 0's value). Inputs and outputs are separate exact-size heap
-// allocations, so AddressSanitizer reports any out-of-bounds access.
+// Host emulator of one launch of ddtree_tree_accept: the blocks one after another, each block's blockDim.x
+// threads as real host threads (pthreads) that meet at an emulated __syncthreads (a thread that returns while
+// others wait at a barrier, or the reverse, is an error); atomicMax by compare-and-swap. The dynamic shared
+// memory is an exact-size heap allocation refilled with garbage before every block, the inputs and outputs
+// exact-size allocations too, so AddressSanitizer reports any out-of-bounds access; built with
+// ThreadSanitizer instead, a missing barrier shows up as a data race.
+#include <pthread.h>
+#include <unistd.h>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #define __host__
 #define __device__
 #define __global__
+#define __launch_bounds__(n)
+#define __shared__ static
 struct EmuDim { unsigned int x = 0, y = 1, z = 1; };
-static EmuDim threadIdx, blockIdx, blockDim, gridDim;
-static int emu_shfl_value = 0;
-static int emu_shfl_calls = 0;
-static int __shfl_sync(unsigned int mask, int value, int src) {
-    if (mask != 0xffffffffu || src != 0) {
-        std::fprintf(stderr, "emulator: unsupported shfl\n");
-        std::exit(5);
+static thread_local EmuDim threadIdx, blockIdx;
+static EmuDim blockDim, gridDim;
+static unsigned char* emu_shared = nullptr;
+static unsigned int emu_shared_bytes = 0;
+#define DDTREE_ACCEPT_DYNAMIC_SHARED emu_shared
+#define DDTREE_ACCEPT_DYNAMIC_SHARED_BYTES() emu_shared_bytes
+
+enum { EMU_SYNCTHREADS = 0, EMU_KERNEL_END = 1, EMU_BLOCK_START = 2 };
+// Consecutive meetings alternate between two mutex / condition pairs: a thread leaving meeting k re-locks
+// only meeting k's mutex, which no thread touches again before every thread has left meeting k, so
+// ThreadSanitizer sees exactly the ordering a barrier gives (one mutex for all would also order a slow
+// leaver after the other threads' work up to the next barrier, and hide races).
+struct EmuMeeting {
+    pthread_mutex_t mutex = PTHREAD_MUTEX_INITIALIZER;
+    pthread_cond_t cond = PTHREAD_COND_INITIALIZER;
+    unsigned int arrived = 0;
+    unsigned long generation = 0;
+    int kind = -1;
+};
+static EmuMeeting emu_meetings[2];
+static thread_local unsigned long emu_attended = 0;
+static int emu_syncs = 0;  // __syncthreads meetings held
+
+// every thread of the block meets here; all must come for the same reason
+static void emu_meet(int kind) {
+    EmuMeeting& m = emu_meetings[emu_attended++ & 1];
+    pthread_mutex_lock(&m.mutex);
+    if (m.arrived == 0) {
+        m.kind = kind;
+    } else if (m.kind != kind) {
+        std::fprintf(stderr, "emulator: a thread reached %s while others wait at %s\n",
+                     kind == EMU_SYNCTHREADS ? "__syncthreads" : "the kernel's end",
+                     m.kind == EMU_SYNCTHREADS ? "__syncthreads" : "the kernel's end");
+        std::fflush(stderr);
+        _exit(4);
     }
-    if ((threadIdx.x & 31u) == 0) emu_shfl_value = value;
-    ++emu_shfl_calls;
-    return emu_shfl_value;
+    if (++m.arrived == blockDim.x) {
+        m.arrived = 0;
+        ++m.generation;
+        if (kind == EMU_SYNCTHREADS) ++emu_syncs;
+        pthread_cond_broadcast(&m.cond);
+    } else {
+        const unsigned long generation = m.generation;
+        while (generation == m.generation) pthread_cond_wait(&m.cond, &m.mutex);
+    }
+    pthread_mutex_unlock(&m.mutex);
+}
+static void __syncthreads() { emu_meet(EMU_SYNCTHREADS); }
+static int atomicMax(int* address, int value) {
+    int old = __atomic_load_n(address, __ATOMIC_RELAXED);
+    while (old < value &&
+           !__atomic_compare_exchange_n(address, &old, value, true, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
+    }
+    return old;
 }
 #include KERNEL_PATH
 
@@ -489,54 +684,76 @@ template <class T> static T* read_array(FILE* f, long long n) {
     return p;
 }
 
+static long long B, N;
+static long long *target, *tokens, *bonus;
+static int *parents, *counts, *accepted, *length;
+
+static void* emu_thread(void* arg) {
+    threadIdx.x = static_cast<unsigned int>(reinterpret_cast<size_t>(arg));
+    for (unsigned int bx = 0; bx < gridDim.x; ++bx) {
+        if (threadIdx.x == 0 && emu_shared_bytes > 0)
+            std::memset(emu_shared, 0xA5 ^ (bx & 0xFF), emu_shared_bytes);  // uninitialised shared memory
+        emu_meet(EMU_BLOCK_START);
+        blockIdx.x = bx;
+        ddtree_tree_accept(target, tokens, parents, counts, static_cast<int>(B), static_cast<int>(N),
+                           accepted, length, bonus);
+        emu_meet(EMU_KERNEL_END);
+    }
+    return nullptr;
+}
+
 int main(int argc, char** argv) {
-    if (argc != 5) return 2;
+    if (argc != 6) return 2;
     FILE* f = std::fopen(argv[1], "rb");
     long long header[2];
     if (!f || std::fread(header, 8, 2, f) != 2) return 2;
-    const long long B = header[0], N = header[1], n1 = N + 1;
-    long long* target = read_array<long long>(f, B * n1);
-    long long* tokens = read_array<long long>(f, B * N);
-    long long* next_token = read_array<long long>(f, B * n1);
-    long long* next_sibling = read_array<long long>(f, B * n1);
+    B = header[0];
+    N = header[1];
+    const long long n1 = N + 1;
+    target = read_array<long long>(f, B * n1);
+    tokens = read_array<long long>(f, B * N);
+    parents = read_array<int>(f, B * n1);
+    counts = read_array<int>(f, B);
     std::fclose(f);
-    int* accepted = static_cast<int*>(std::malloc(B * n1 > 0 ? B * n1 * sizeof(int) : 1));
-    int* length = static_cast<int*>(std::malloc(B > 0 ? B * sizeof(int) : 1));
-    long long* bonus = static_cast<long long*>(std::malloc(B > 0 ? B * sizeof(long long) : 1));
+    accepted = static_cast<int*>(std::malloc(B * n1 > 0 ? B * n1 * sizeof(int) : 1));
+    length = static_cast<int*>(std::malloc(B > 0 ? B * sizeof(int) : 1));
+    bonus = static_cast<long long*>(std::malloc(B > 0 ? B * sizeof(long long) : 1));
     for (long long i = 0; i < B * n1; ++i) accepted[i] = SENTINEL32;
     for (long long i = 0; i < B; ++i) { length[i] = SENTINEL32; bonus[i] = SENTINEL64; }
     gridDim.x = static_cast<unsigned int>(std::atoi(argv[3]));
     blockDim.x = static_cast<unsigned int>(std::atoi(argv[4]));
-    for (unsigned int bx = 0; bx < gridDim.x; ++bx) {
-        blockIdx.x = bx;
-        for (unsigned int w0 = 0; w0 < blockDim.x; w0 += 32) {
-            emu_shfl_calls = 0;
-            for (unsigned int t = w0; t < w0 + 32 && t < blockDim.x; ++t) {
-                threadIdx.x = t;
-                ddtree_tree_accept(target, tokens, next_token, next_sibling, static_cast<int>(B),
-                                   static_cast<int>(N), accepted, length, bonus);
-            }
-            if (emu_shfl_calls != 0 && emu_shfl_calls != 32) {
-                std::fprintf(stderr, "emulator: %d lanes of a warp reached __shfl_sync\n", emu_shfl_calls);
-                return 4;
-            }
-        }
+    emu_shared_bytes = static_cast<unsigned int>(std::atol(argv[5]));
+    emu_shared = static_cast<unsigned char*>(std::malloc(emu_shared_bytes > 0 ? emu_shared_bytes : 1));
+    pthread_t* threads = static_cast<pthread_t*>(std::malloc(blockDim.x * sizeof(pthread_t)));
+    pthread_attr_t attr;
+    pthread_attr_init(&attr);
+    pthread_attr_setstacksize(&attr, 1 << 20);
+    for (unsigned int t = 0; t < blockDim.x; ++t) {
+        void* index = reinterpret_cast<void*>(static_cast<size_t>(t));
+        if (pthread_create(&threads[t], &attr, emu_thread, index) != 0) return 3;
     }
+    for (unsigned int t = 0; t < blockDim.x; ++t) pthread_join(threads[t], nullptr);
     FILE* o = std::fopen(argv[2], "wb");
     std::fwrite(accepted, sizeof(int), B * n1, o);
     std::fwrite(length, sizeof(int), B, o);
     std::fwrite(bonus, sizeof(long long), B, o);
     std::fclose(o);
-    std::free(target); std::free(tokens); std::free(next_token); std::free(next_sibling);
-    std::free(accepted); std::free(length); std::free(bonus);
+    std::fprintf(stderr, "emulator: %d barriers\n", emu_syncs);
+    std::free(target); std::free(tokens); std::free(parents); std::free(counts);
+    std::free(accepted); std::free(length); std::free(bonus); std::free(emu_shared); std::free(threads);
     return 0;
 }
 """
-SANITIZE = ["-fsanitize=address,undefined", "-fno-sanitize-recover=all", "-fno-omit-frame-pointer"]
+SANITIZERS = {
+    "address": ["-fsanitize=address,undefined", "-fno-sanitize-recover=all", "-fno-omit-frame-pointer"],
+    "thread": ["-fsanitize=thread", "-fno-omit-frame-pointer"],
+}
+TSAN_OPTIONS = "halt_on_error=1 exitcode=66 report_signal_unsafe=0"
 
 
-def compile_emulator(source_path, output, compiler) -> bool:
-    """Build the emulator around ``source_path`` (the kernel); True when AddressSanitizer is on."""
+def compile_emulator(source_path, output, compiler, sanitizer: str = "address") -> bool:
+    """Build the emulator around ``source_path`` (the kernel); True when the sanitizer is on (for
+    ``address`` the build falls back to none when the compiler lacks it; ``thread`` never falls back)."""
     main = output.with_suffix(".cpp")
     main.write_text(EMULATOR_MAIN)
     base = [
@@ -544,6 +761,7 @@ def compile_emulator(source_path, output, compiler) -> bool:
         "-std=c++17",
         "-O1",
         "-g",
+        "-pthread",
         f'-DKERNEL_PATH="{source_path}"',
         f"-DSENTINEL32={SENTINEL32}",
         f"-DSENTINEL64={SENTINEL64}LL",
@@ -551,39 +769,65 @@ def compile_emulator(source_path, output, compiler) -> bool:
         str(output),
         str(main),
     ]
-    if subprocess.run(base[:1] + SANITIZE + base[1:], capture_output=True, text=True).returncode == 0:
+    proc = subprocess.run(base[:1] + SANITIZERS[sanitizer] + base[1:], capture_output=True, text=True)
+    if proc.returncode == 0:
         return True
+    if sanitizer == "thread":
+        return False
     proc = subprocess.run(base, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     return False
 
 
-@pytest.fixture(scope="module")
-def emulator(tmp_path_factory):
+def _emulator_fixture(tmp_path_factory, sanitizer):
     from ddtree_bench.native_build import compiler_unavailable_reason, find_compiler
 
     reason = compiler_unavailable_reason()
     if reason is not None:
         pytest.skip(reason)
-    output = tmp_path_factory.mktemp("accept_emulator") / "tree_accept_emulator"
-    sanitized = compile_emulator(KERNEL_SOURCE, output, find_compiler())
+    output = tmp_path_factory.mktemp(f"accept_emulator_{sanitizer}") / "tree_accept_emulator"
+    sanitized = compile_emulator(KERNEL_SOURCE, output, find_compiler(), sanitizer)
     return SimpleNamespace(path=output, sanitized=sanitized)
 
 
-def run_emulator(exe, trees, target, grid=None, block=None, tmp=None):
-    """One emulated launch: ``(accepted, length, bonus)`` with the sentinels left where nothing wrote."""
+@pytest.fixture(scope="module")
+def emulator(tmp_path_factory):
+    return _emulator_fixture(tmp_path_factory, "address")
+
+
+@pytest.fixture(scope="module")
+def tsan_emulator(tmp_path_factory):
+    emu = _emulator_fixture(tmp_path_factory, "thread")
+    if not emu.sanitized:
+        pytest.skip("the C++ compiler has no ThreadSanitizer here")
+    return emu
+
+
+def run_emulator(exe, trees, target, grid=None, block=None, shared=None, tmp=None, force_global=False):
+    """One emulated launch (``GpuAccept``'s launch configuration unless ``grid`` / ``block`` / ``shared``
+    say otherwise): ``(accepted, length, bonus)`` with the sentinels left where nothing wrote."""
+    import os
+
     batch, budget = trees.node_token_ids.shape
     n1 = budget + 1
-    if grid is None:
-        (grid,), (block,) = GpuAccept.grid(batch)
+    default_grid, default_block, default_shared = launch_config(batch, budget, force_global)
+    grid = default_grid[0] if grid is None else grid
+    block = default_block[0] if block is None else block
+    shared = default_shared if shared is None else shared
     data = tmp / "in.bin"
     with open(data, "wb") as f:
         np.array([batch, budget], np.int64).tofile(f)
-        for array in (target, trees.node_token_ids, trees.retrieve_next_token, trees.retrieve_next_sibling):
-            np.ascontiguousarray(array, np.int64).tofile(f)
+        np.ascontiguousarray(target, np.int64).tofile(f)
+        for name in ("node_token_ids", "parents", "node_count"):
+            np.ascontiguousarray(getattr(trees, name), TREE_FIELD_DTYPES[name]).tofile(f)
     out = tmp / "out.bin"
+    env = {**os.environ, "TSAN_OPTIONS": TSAN_OPTIONS}
     proc = subprocess.run(
-        [str(exe), str(data), str(out), str(grid), str(block)], capture_output=True, text=True
+        [str(exe), str(data), str(out), str(grid), str(block), str(shared)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
     )
     assert proc.returncode == 0, f"emulator exit {proc.returncode}: {proc.stderr[-3000:]}"
     raw = out.read_bytes()
@@ -594,12 +838,16 @@ def run_emulator(exe, trees, target, grid=None, block=None, tmp=None):
     return accepted, length, bonus
 
 
-def assert_same_result(got, want):
-    for name, g, w in zip(("accepted_indices", "accept_length", "bonus_token"), got, want, strict=True):
-        assert g.shape == w.shape and g.dtype == w.dtype, name
-        if not np.array_equal(g, w):
-            at = tuple(int(i) for i in np.argwhere(g != w)[0])
-            raise AssertionError(f"{name} differs at {at}: got {g[at]}, expected {w[at]}")
+PATHS = ["staged", "global"]
+
+# beyond the GPU grid: the largest budgets the GPU builder makes, and budgets past the staging limit
+EMULATOR_EXTRA = [
+    ("path", 5, 2048, 16, 64, 64),
+    ("duplicates", 3, 2048, 16, 32, 3),
+    ("path", 2, STAGE_MAX_BUDGET, 16, 64, 64),
+    ("path", 2, STAGE_MAX_BUDGET + 1, 16, 64, 64),  # the global path by budget
+    ("random", 2, 4500, 16, 4, 6),
+]
 
 
 def test_emulator_has_address_sanitizer(emulator):
@@ -607,99 +855,242 @@ def test_emulator_has_address_sanitizer(emulator):
         pytest.skip("the C++ compiler has no AddressSanitizer here; out-of-bounds checks are off")
 
 
-@pytest.mark.parametrize("case", CASES + GPU_GRID, ids=case_id)
-def test_kernel_code_equals_cpu_walk(emulator, case, tmp_path):
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("case", CASES + GPU_GRID + EMULATOR_EXTRA, ids=case_id)
+def test_kernel_code_equals_cpu_walk(emulator, case, path, tmp_path):
     trees, target, _ = make_case(case)
-    assert_same_result(run_emulator(emulator.path, trees, target, tmp=tmp_path), accept_cpu(trees, target))
+    got = run_emulator(emulator.path, trees, target, tmp=tmp_path, force_global=path == "global")
+    assert_same_result(got, accept_cpu(trees, target))
 
 
-@pytest.mark.parametrize("grid,block", [(None, None), (1, 32 * 64), (64, 32), (22, 100), (70, 96)])
-def test_kernel_code_any_launch_shape(emulator, grid, block, tmp_path):
-    """Any block of whole warps (and a partial trailing warp, which idles), any grid covering the batch,
-    excess warps past the batch doing nothing."""
+@pytest.mark.parametrize(
+    "grid,block,shared",
+    [
+        (None, None, None),
+        (None, 1, None),  # one thread: every node past the register slots
+        (None, 33, None),  # not whole warps
+        (None, 96, None),
+        (None, 1024, None),  # more threads than nodes
+        (70, 64, None),  # blocks past the batch return
+        (None, 64, 12 * 17 - 1),  # one byte short of staging: the global path, no shared access
+        (None, 64, 0),
+        (None, 64, 12 * 17 + 4096),  # more shared memory than needed
+    ],
+)
+def test_kernel_code_any_launch_shape(emulator, grid, block, shared, tmp_path):
+    """Any block size, any grid covering the batch, any dynamic shared size (the kernel stages only when it
+    has enough)."""
     trees, target, _ = make_case(("random", 64, 16, 16, 6, 6))
     assert_same_result(
-        run_emulator(emulator.path, trees, target, grid, block, tmp_path), accept_cpu(trees, target)
+        run_emulator(emulator.path, trees, target, grid, block, shared, tmp_path), accept_cpu(trees, target)
     )
 
 
-def test_kernel_code_budget_zero(emulator, tmp_path):
+@pytest.mark.parametrize("block", [1, 32, 100])
+@pytest.mark.parametrize("path", PATHS)
+def test_kernel_code_small_blocks_on_large_budgets(emulator, block, path, tmp_path):
+    trees, target, _ = make_case(("path", 3, 1024, 16, 64, 64))
+    got = run_emulator(emulator.path, trees, target, block=block, tmp=tmp_path, force_global=path == "global")
+    assert_same_result(got, accept_cpu(trees, target))
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_kernel_code_budget_zero(emulator, path, tmp_path):
     trees = TreeBatch.empty(3, 0)
-    got = run_emulator(emulator.path, trees, np.array([[4], [9], [1]], np.int64), tmp=tmp_path)
+    target = np.array([[4], [9], [1]], np.int64)
+    got = run_emulator(emulator.path, trees, target, tmp=tmp_path, force_global=path == "global")
     assert (
         got[0].tolist() == [[0], [0], [0]] and got[1].tolist() == [1, 1, 1] and got[2].tolist() == [4, 9, 1]
     )
 
 
-def test_kernel_code_hand_built_and_duplicates(emulator, tmp_path):
+def many_duplicate_children(children: int = 300):
+    """The root with ``children`` children all carrying token 5, each with one child of token 6: the walk must
+    take the last root child, then its child."""
+    parents = [-1] + [0] * children + list(range(1, children + 1))
+    tokens = [5] * children + [6] * children
+    trees = tree_from_parents(parents, tokens)
+    target = np.full((1, 2 * children + 1), 6, np.int64)
+    target[0, 0] = 5
+    return trees, target, [0, children, 2 * children]
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_kernel_code_hand_built_and_duplicates(emulator, path, tmp_path):
+    force = path == "global"
     trees = tree_from_parents([-1, 0, 0, 0, 2, 3], [5, 5, 5, 8, 9])
     target = np.array([[5, 0, 8, 9, 0, 0]], np.int64)
-    got = run_emulator(emulator.path, trees, target, tmp=tmp_path)
+    got = run_emulator(emulator.path, trees, target, tmp=tmp_path, force_global=force)
     assert got[0][0].tolist() == [0, 3, 5, -1, -1, -1] and got[1][0] == 3 and got[2][0] == 0
+    trees, target, path_nodes = many_duplicate_children()
+    got = run_emulator(emulator.path, trees, target, tmp=tmp_path, force_global=force)
+    assert got[0][0, :3].tolist() == path_nodes and got[1][0] == 3 and got[2][0] == 6
+    assert_same_result(got, accept_cpu(trees, target))
 
 
-@pytest.mark.parametrize("seed", range(12))
-def test_kernel_code_survives_malformed_links(emulator, seed, tmp_path):
-    """Links out of range, self loops and cycles: the walk ends, stays in bounds (AddressSanitizer) and
-    writes every output, with indices in 0..N and a length in 1..N+1."""
-    rng = np.random.default_rng(seed)
-    trees, _, _ = make_case(("random", 4, 32, 8, 4, 4), seed=seed)
-    batch, budget = trees.node_token_ids.shape
-    for name in ("retrieve_next_token", "retrieve_next_sibling"):
-        links = getattr(trees, name)
-        mask = rng.random(links.shape) < 0.3
-        links[mask] = rng.choice([-5, 0, 1, budget, budget + 1, 10**12, -(10**12)], size=mask.sum())
-        cycle = rng.integers(1, budget + 1, size=links.shape)  # back and self links: cycles
-        mask = rng.random(links.shape) < 0.2
-        links[mask] = cycle[mask]
-    trees.node_token_ids[:] = rng.integers(0, 2, size=trees.node_token_ids.shape)  # everything matches often
-    target = rng.integers(0, 2, size=(batch, budget + 1))
-    accepted, length, bonus = run_emulator(emulator.path, trees, target, tmp=tmp_path)
-    assert ((length >= 1) & (length <= budget + 1)).all()
-    for b in range(batch):
-        assert accepted[b, 0] == 0
-        assert ((accepted[b, 1 : length[b]] >= 1) & (accepted[b, 1 : length[b]] <= budget)).all()
-        assert (accepted[b, length[b] :] == -1).all()
-        assert bonus[b] == target[b, accepted[b, length[b] - 1]]
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("seed", range(10))
+def test_kernel_code_survives_malformed_parents(emulator, seed, path, tmp_path):
+    """Parents negative, >= their child, past N or at the int32 extremes, node counts out of range: the walk
+    ends, stays in bounds (AddressSanitizer), writes every output, and computes kernel_reference."""
+    trees, target = malformed_case(seed)
+    got = run_emulator(emulator.path, trees, target, tmp=tmp_path, force_global=path == "global")
+    assert_kernel_output_in_bounds(got, trees, target)
+    assert_same_result(got, kernel_reference(trees, target))
 
 
+def chain_tree(budget: int):
+    """The chain 0 -> 1 -> ... -> N, with targets that follow it to the end (bonus 7)."""
+    trees = tree_from_parents([-1, *range(budget)], list(range(100, 100 + budget)))
+    target = np.array([[*range(100, 100 + budget), 7]], np.int64)
+    return trees, target
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_kernel_code_chain_tree_accepts_every_node(emulator, path, tmp_path):
+    """The chain: the walk's longest case (N + 1 nodes); in the global path each node's link is read from
+    the very element of the output row that the walk writes next."""
+    budget = 700
+    trees, target = chain_tree(budget)
+    got = run_emulator(emulator.path, trees, target, tmp=tmp_path, force_global=path == "global")
+    assert got[1][0] == budget + 1 and got[0][0].tolist() == list(range(budget + 1)) and got[2][0] == 7
+
+
+@pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize(
-    "mutation,case",
+    "case,block",
     [
-        (("i < n1; i += lanes", "i <= n1; i += lanes"), ("random", 4, 16, 16, 6, 6)),  # pads one too far
-        (("if (tokens[c - 1] == t) match = c;", "if (match < 0 && tokens[c - 1] == t) match = c;"), None),
-        (("if (b >= batch) return;", ""), ("random", 3, 16, 16, 6, 6)),  # warps past the batch run
+        (("random", 4, 64, 16, 6, 6), None),
+        (("path", 2, 1024, 16, 64, 64), None),
+        (("random", 3, 100, 8, 4, 4), 32),
     ],
-    ids=["pad-overflow", "first-match", "no-batch-guard"],
+    ids=["random-B4-N64", "path-B2-N1024", "random-B3-N100-block32"],
 )
-def test_emulator_catches_broken_kernels(emulator, mutation, case, tmp_path):
-    """The emulator tests are able to fail: each mutant of the kernel is caught (an out-of-bounds access
-    or a result that differs from the CPU walk)."""
-    if not emulator.sanitized and case is not None:
-        pytest.skip("out-of-bounds mutants need AddressSanitizer")
+def test_kernel_code_has_no_data_race(tsan_emulator, case, block, path, tmp_path):
+    """ThreadSanitizer: every shared or global element written by one thread and touched by another is
+    separated by a barrier (or both are atomics)."""
+    trees, target, _ = make_case(case)
+    got = run_emulator(
+        tsan_emulator.path, trees, target, block=block, tmp=tmp_path, force_global=path == "global"
+    )
+    assert_same_result(got, accept_cpu(trees, target))
+
+
+def _mutant(tmp_path, *edits, sanitizer="address"):
+    """The kernel with each ``(old, new)`` edit applied (``old`` must occur once), built into the emulator."""
     from ddtree_bench.native_build import find_compiler
 
     source = KERNEL_SOURCE.read_text()
-    assert source.count(mutation[0]) == 1
+    for old, new in edits:
+        assert source.count(old) == 1, old
+        source = source.replace(old, new)
     mutant = tmp_path / "mutant.cu"
-    mutant.write_text(source.replace(mutation[0], mutation[1]))
-    exe = tmp_path / "mutant"
-    compile_emulator(mutant, exe, find_compiler())
-    if case is None:  # first match instead of the dict's last: differs on repeated sibling tokens
+    mutant.write_text(source)
+    exe = tmp_path / f"mutant_{sanitizer}"
+    compile_emulator(mutant, exe, find_compiler(), sanitizer)
+    return exe
+
+
+def _differs(exe, tmp_path, cases, force_global=False, block=None) -> bool:
+    for case in cases:
+        trees, target, _ = make_case(case)
+        got = run_emulator(exe, trees, target, block=block, tmp=tmp_path, force_global=force_global)
+        if any(not np.array_equal(g, w) for g, w in zip(got, accept_cpu(trees, target), strict=True)):
+            return True
+    return False
+
+
+@pytest.mark.parametrize(
+    "mutation,how",
+    [
+        (("i < n1; i += stride) accepted[i] = -1", "i <= n1; i += stride) accepted[i] = -1"), "oob"),
+        (("if (b >= batch) return;", ""), "oob-grid"),
+        (("if (p >= 0 && p < i && token", "if (p >= 0 && token"), "oob-malformed"),
+        (("if (kStaged) staged_target[0] = root_target;", ""), "staged-differs"),
+        (
+            (
+                "const int child = next[cur];\n            accepted[length++] = cur;",
+                "accepted[length] = cur;\n            const int child = next[cur];\n            ++length;",
+            ),
+            "global-differs",
+        ),
+        (
+            (
+                "for (int i = 1 + tid + R * stride; i <= count;",
+                "for (int i = 1 + tid + (R + 1) * stride; i <= count;",
+            ),
+            "small-block-differs",
+        ),
+        (
+            [  # the smallest matching index wins (encoded as 2^30 - i, so that the max picks it)
+                ("atomicMax(next + p, i)", "atomicMax(next + p, (1 << 30) - i)"),
+                ("const int child = next[cur];", "const int child = next[cur] ? (1 << 30) - next[cur] : 0;"),
+            ],
+            "duplicates-differ",
+        ),
+    ],
+    ids=[
+        "pad-overflow",
+        "no-batch-guard",
+        "no-parent-guard",
+        "staged-root",
+        "global-walk-order",
+        "slot-remainder",
+        "first-match",
+    ],
+)
+def test_emulator_catches_broken_kernels(emulator, mutation, how, tmp_path):
+    """The emulator tests are able to fail: each mutant of the kernel is caught (an out-of-bounds access or a
+    result that differs from the CPU walk), on the path it breaks."""
+    if not emulator.sanitized and how.startswith("oob"):
+        pytest.skip("out-of-bounds mutants need AddressSanitizer")
+    exe = _mutant(tmp_path, *(mutation if isinstance(mutation[0], tuple) else [mutation]))
+    small = [("random", 3, 16, 16, 6, 6)]
+    if how == "oob":
+        trees, target, _ = make_case(small[0])
+        with pytest.raises(AssertionError, match="emulator exit"):
+            run_emulator(exe, trees, target, tmp=tmp_path)
+    elif how == "oob-grid":
+        trees, target, _ = make_case(small[0])
+        with pytest.raises(AssertionError, match="emulator exit"):
+            run_emulator(exe, trees, target, grid=5, tmp=tmp_path)
+    elif how == "oob-malformed":
+        trees, target = malformed_case(0)
+        with pytest.raises(AssertionError, match="emulator exit"):
+            run_emulator(exe, trees, target, tmp=tmp_path)
+    elif how == "staged-differs":
+        assert _differs(exe, tmp_path, CASES) and not _differs(exe, tmp_path, CASES, force_global=True)
+    elif how == "global-differs":  # the walk clobbers next[] only where they alias: the global path
+        chain = [("path", 2, 30, 1, 40, 50), *CASES]
+        assert _differs(exe, tmp_path, chain, force_global=True) and not _differs(exe, tmp_path, chain)
+    elif how == "small-block-differs":
+        trees, target = chain_tree(300)  # every node on the path: nodes 129...160 of a 32-thread block lost
+        want = accept_cpu(trees, target)
+        got = run_emulator(exe, trees, target, block=32, tmp=tmp_path)
+        assert got[1][0] == 129 and want[1][0] == 301
+        assert_same_result(run_emulator(exe, trees, target, tmp=tmp_path), want)  # 96 threads: no remainder
+    else:  # a reversed preference: differs on repeated sibling tokens only
         trees = tree_from_parents([-1, 0, 0, 0, 2, 3], [5, 5, 5, 8, 9])
         target = np.array([[5, 0, 8, 9, 0, 0]], np.int64)
-        got = run_emulator(exe, trees, target, tmp=tmp_path)
-        assert got[0][0].tolist() != accept_cpu(trees, target)[0][0].tolist()
-        differing = 0  # the random duplicate-token cases tell the first match from the last, too
-        for case in (c for c in CASES if c[0] == "duplicates"):
-            trees, target, _ = make_case(case)
-            got, want = run_emulator(exe, trees, target, tmp=tmp_path), accept_cpu(trees, target)
-            differing += int((got[0] != want[0]).any(axis=1).sum())
-        assert differing > 0
-        return
-    trees, target, _ = make_case(case)
-    with pytest.raises(AssertionError, match="emulator exit"):
-        run_emulator(exe, trees, target, tmp=tmp_path)
+        assert run_emulator(exe, trees, target, tmp=tmp_path)[0][0].tolist() != [0, 3, 5, -1, -1, -1]
+        assert _differs(exe, tmp_path, [c for c in CASES if c[0] == "duplicates"])
+        assert not _differs(exe, tmp_path, [c for c in CASES if c[0] == "path"])
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("barrier", [0, 1, 2])
+def test_thread_sanitizer_catches_a_missing_barrier(tsan_emulator, barrier, path, tmp_path):
+    """Each of the kernel's three __syncthreads is needed, on both paths: without it ThreadSanitizer reports
+    a data race."""
+    source = KERNEL_SOURCE.read_text()
+    assert source.count("__syncthreads();") == 3
+    at = -1
+    for _ in range(barrier + 1):
+        at = source.index("__syncthreads();", at + 1)
+    exe = _mutant(tmp_path, (source[at : at + 80], source[at + 16 : at + 80]), sanitizer="thread")
+    trees, target, _ = make_case(("path", 4, 64, 16, 8, 50))
+    with pytest.raises(AssertionError, match="(?s)emulator exit 66: .*ThreadSanitizer: data race"):
+        run_emulator(exe, trees, target, block=32, tmp=tmp_path, force_global=path == "global")
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -711,23 +1102,114 @@ def gpu_accept():
     return GpuAccept()
 
 
+@pytest.fixture(scope="module")
+def gpu_accept_global():
+    return GpuAccept(force_global=True)
+
+
+def accepts(gpu_accept, gpu_accept_global, path):
+    return gpu_accept_global if path == "global" else gpu_accept
+
+
+# batch 1...300, budget 1...2048 (both paths), and budgets past the staging limit (the global path by budget)
+GPU_WIDE = [
+    (kind, batch, budget, 16, k, vocab)
+    for batch in (1, 300)
+    for budget in (1, 5, 100, 1500, 2048)
+    for kind, k, vocab in (("path", 64, 64), ("random", 4, 6), ("duplicates", 32, 3))
+] + [("path", 2, STAGE_MAX_BUDGET + 1, 16, 64, 64), ("random", 5, 6000, 16, 4, 6)]
+
+
 @needs_gpu
-@pytest.mark.parametrize("case", GPU_GRID + CASES, ids=case_id)
-def test_gpu_equals_cpu(gpu_accept, case):
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("case", GPU_GRID + CASES + GPU_WIDE, ids=case_id)
+def test_gpu_equals_cpu(gpu_accept, gpu_accept_global, case, path):
     trees, target, _ = make_case(case)
-    assert_same_result(gpu_accept.accept(trees, target), accept_cpu(trees, target))
+    got = accepts(gpu_accept, gpu_accept_global, path).accept(trees, target)
+    assert_same_result(got, accept_cpu(trees, target))
 
 
 @needs_gpu
-def test_gpu_hand_built_duplicates_and_budget_zero(gpu_accept):
+@pytest.mark.parametrize("path", PATHS)
+def test_gpu_hand_built_duplicates_and_budget_zero(gpu_accept, gpu_accept_global, path):
+    accept = accepts(gpu_accept, gpu_accept_global, path)
     trees = tree_from_parents([-1, 0, 0, 0, 2, 3], [5, 5, 5, 8, 9])
     target = np.array([[5, 0, 8, 9, 0, 0]], np.int64)
-    assert_same_result(gpu_accept.accept(trees, target), accept_cpu(trees, target))
+    assert_same_result(accept.accept(trees, target), accept_cpu(trees, target))
+    for children in (3, 300, 1000):
+        trees, target, path_nodes = many_duplicate_children(children)
+        got = accept.accept(trees, target)
+        assert got[0][0, :3].tolist() == path_nodes and got[1][0] == 3
+        assert_same_result(got, accept_cpu(trees, target))
     zero = TreeBatch.empty(3, 0)
     target = np.array([[4], [9], [1]], np.int64)
-    assert_same_result(gpu_accept.accept(zero, target), accept_cpu(zero, target))
-    empty = gpu_accept.accept(TreeBatch.empty(0, 4), np.zeros((0, 5), np.int64))
+    assert_same_result(accept.accept(zero, target), accept_cpu(zero, target))
+    empty = accept.accept(TreeBatch.empty(0, 4), np.zeros((0, 5), np.int64))
     assert [a.shape for a in empty] == [(0, 5), (0,), (0,)]
+
+
+@needs_gpu
+@pytest.mark.parametrize("path", PATHS)
+def test_gpu_chain_tree_accepts_every_node(gpu_accept, gpu_accept_global, path):
+    budget = 2048
+    trees, target = chain_tree(budget)
+    got = accepts(gpu_accept, gpu_accept_global, path).accept(trees, target)
+    assert got[1][0] == budget + 1 and got[0][0].tolist() == list(range(budget + 1)) and got[2][0] == 7
+
+
+class GuardedOutputs:
+    """``DeviceAccept``-shaped outputs inside larger sentinel-filled buffers: a write outside the rows lands
+    in a guard and shows up."""
+
+    GUARD = 4096
+
+    def __init__(self, batch: int, budget: int):
+        import cupy as cp
+
+        n1, g = budget + 1, self.GUARD
+        self.batch, self.budget = batch, budget
+        self._buffers = [
+            cp.full(batch * n1 + 2 * g, SENTINEL32, cp.int32),
+            cp.full(batch + 2 * g, SENTINEL32, cp.int32),
+            cp.full(batch + 2 * g, SENTINEL64, cp.int64),
+        ]
+        self.accepted_indices = self._buffers[0][g : g + batch * n1].reshape(batch, n1)
+        self.accept_length = self._buffers[1][g : g + batch]
+        self.bonus_token = self._buffers[2][g : g + batch]
+
+    def to_host(self):
+        return self.accepted_indices.get(), self.accept_length.get(), self.bonus_token.get()
+
+    def guards_intact(self) -> bool:
+        g = self.GUARD
+        for buffer in self._buffers:
+            host = buffer.get()
+            sentinel = SENTINEL64 if host.dtype == np.int64 else SENTINEL32
+            if not ((host[:g] == sentinel).all() and (host[-g:] == sentinel).all()):
+                return False
+        return True
+
+
+@needs_gpu
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("seed", range(6))
+def test_gpu_survives_malformed_parents(gpu_accept, gpu_accept_global, seed, path):
+    """Wrecked parents and node counts: the launch finishes, writes nothing outside the outputs (guards),
+    writes every output element, and computes kernel_reference (out-of-bounds reads are the emulator's to
+    catch, under AddressSanitizer; run this file under compute-sanitizer to check them on the GPU too)."""
+    import cupy as cp
+
+    accept = accepts(gpu_accept, gpu_accept_global, path)
+    for batch, budget in ((4, 32), (3, 1024), (2, STAGE_MAX_BUDGET + 100)):
+        trees, target = malformed_case(seed, batch, budget)
+        out = GuardedOutputs(batch, budget)
+        d_trees = SimpleNamespace(**{name: cp.asarray(host_field(trees, name)) for name in TREE_LINK_FIELDS})
+        accept.launch(cp.asarray(target), d_trees, out)
+        cp.cuda.Device().synchronize()
+        got = out.to_host()
+        assert out.guards_intact()
+        assert_kernel_output_in_bounds(got, trees, target)
+        assert_same_result(got, kernel_reference(trees, target))
 
 
 def device_case(case):
@@ -750,9 +1232,10 @@ def sentinel_outputs(out):
 
 
 @needs_gpu
-@pytest.mark.parametrize("budget", [1, 16, 1024])
-@pytest.mark.parametrize("batch", [1, 64])
-def test_gpu_launch_on_device_trees(gpu_accept, batch, budget):
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("budget", [1, 16, 1024, 2048])
+@pytest.mark.parametrize("batch", [1, 64, 300])
+def test_gpu_launch_on_device_trees(gpu_accept, gpu_accept_global, batch, budget, path):
     """On the GPU builder's own DeviceTrees, on a side stream, every output element written."""
     import cupy as cp
 
@@ -763,25 +1246,27 @@ def test_gpu_launch_on_device_trees(gpu_accept, batch, budget):
     sentinel_outputs(out)
     cp.cuda.Device().synchronize()
     stream = cp.cuda.Stream(non_blocking=True)
-    gpu_accept.launch(d_target, d_trees, out, stream=stream)
+    accepts(gpu_accept, gpu_accept_global, path).launch(d_target, d_trees, out, stream=stream)
     stream.synchronize()
     assert_same_result(out.to_host(), accept_cpu(trees, target))
 
 
 @needs_gpu
-def test_gpu_launch_replays_in_a_cuda_graph(gpu_accept):
+@pytest.mark.parametrize("path", PATHS)
+def test_gpu_launch_replays_in_a_cuda_graph(gpu_accept, gpu_accept_global, path):
     import cupy as cp
 
     from ddtree_bench.accept import DeviceAccept
 
+    accept = accepts(gpu_accept, gpu_accept_global, path)
     trees, target, d_trees, d_target = device_case(("path", 64, 256, 16, 16, 64))
     out = DeviceAccept(64, 256)
     cp.cuda.Device().synchronize()
     stream = cp.cuda.Stream(non_blocking=True)
-    gpu_accept.launch(d_target, d_trees, out, stream=stream)  # loads the module outside the capture
+    accept.launch(d_target, d_trees, out, stream=stream)  # loads the module outside the capture
     stream.synchronize()
     stream.begin_capture()
-    gpu_accept.launch(d_target, d_trees, out, stream=stream)
+    accept.launch(d_target, d_trees, out, stream=stream)
     graph = stream.end_capture()
     sentinel_outputs(out)
     cp.cuda.Device().synchronize()
@@ -816,5 +1301,10 @@ def test_gpu_rejects_bad_shapes(gpu_accept):
     )
     one_line_error("C-contiguous", gpu_accept.launch, d_target[:, ::-1], d_trees, DeviceAccept(4, 16))
     one_line_error("CuPy device arrays", gpu_accept.launch, target, d_trees, DeviceAccept(4, 16))
+    wrong = SimpleNamespace(node_count=d_trees.node_count, node_token_ids=d_trees.node_token_ids)
+    wrong.parents = d_trees.parents.astype(cp.int64)
+    one_line_error(
+        "parents must be int32, got int64", gpu_accept.launch, d_target, wrong, DeviceAccept(4, 16)
+    )
     one_line_error("batch 3 but the trees have B = 4", gpu_accept.accept, trees, target[:3])
     one_line_error("18 columns", gpu_accept.accept, trees, np.zeros((4, 18), np.int64))

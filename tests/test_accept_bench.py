@@ -221,17 +221,18 @@ def _fake_cupy(launched: list):
     return cp
 
 
-def _python_accept_kernel(grid, block, args, stream=None):
-    """What kernels/tree_accept.cu computes, walking the links (the last matching child wins)."""
-    target, tokens, next_token, next_sibling, batch, budget, accepted, length, bonus = args
+def _python_accept_kernel(grid, block, args, stream=None, shared_mem=0):
+    """What kernels/tree_accept.cu computes: node i (1..node_count) with a parent p in 0..i-1 is a child of p;
+    from the root, move to the largest-index child whose token is the current node's target token."""
+    target, tokens, parents, node_count, batch, budget, accepted, length, bonus = args
     for b in range(int(batch)):
+        count = min(max(int(node_count[b]), 0), int(budget))
         current, path, token = 0, [0], target[b, 0]
         while True:
-            match, child = -1, int(next_token[b, current])
-            while 1 <= child <= int(budget):
-                if tokens[b, child - 1] == token:
+            match = -1
+            for child in range(current + 1, count + 1):
+                if parents[b, child] == current and tokens[b, child - 1] == token:
                     match = child
-                child = int(next_sibling[b, child])
             if match < 0:
                 break
             current = match
@@ -282,7 +283,7 @@ def test_device_path_rows_with_a_stand_in_device(trace_path, fake_device, budget
 
 def test_device_path_a_kernel_that_writes_nothing_is_incorrect(trace_path, fake_device):
     _, set_kernel = fake_device
-    set_kernel(lambda grid, block, args, stream=None: None)
+    set_kernel(lambda grid, block, args, stream=None, shared_mem=0: None)
     df = run(trace_path)
     assert (df.status == "ok").all()
     assert df[df.impl == "cpu-walk"].correct.all()

@@ -17,10 +17,15 @@ bonus_token           [B]         int64     the target's token where the walk st
 ====================  ==========  ========  ===========================================
 
 ``accept_cpu`` walks child maps built from the TreeBatch's parents and node tokens (SGLang's way).
-``GpuAccept`` runs ``kernels/tree_accept.cu`` (one warp per request, walking retrieve_next_token /
-retrieve_next_sibling): ``launch`` on device arrays into preallocated ``DeviceAccept`` outputs (no
-allocation, no host sync: CUDA-graph capturable), ``accept`` as a host-inclusive convenience. Every shape
-problem is a one-line ``ValueError`` before launch.
+``GpuAccept`` runs ``kernels/tree_accept.cu`` on the trees' ``node_count``, ``node_token_ids`` and
+``parents`` (``TREE_LINK_FIELDS``): one thread block per request computes, for every node at once, the child
+the walk would move to (the largest-index child whose token is the node's target token: a shared-memory
+``atomicMax``), then one thread follows those links from the root. The target row and the links are staged
+in shared memory for budgets up to ``STAGE_MAX_BUDGET``; larger budgets (or ``force_global``) run the same
+algorithm on global memory. ``launch`` works on device arrays into preallocated ``DeviceAccept`` outputs (no
+allocation, no host sync: CUDA-graph capturable), ``accept`` is a host-inclusive convenience. Every shape
+problem is a one-line ``ValueError`` before launch. The kernel tolerates malformed trees (a parent outside
+``0..i-1`` never matches, so the walk always ends and stays in bounds); ``accept_cpu`` rejects them.
 """
 
 from __future__ import annotations
@@ -36,10 +41,15 @@ from ddtree_bench.tree import TreeBatch
 
 KERNEL_SOURCE = KERNEL_DIR / "tree_accept.cu"
 KERNEL_NAME = "ddtree_tree_accept"
-WARPS_PER_BLOCK = 4  # one warp per request; 4 requests per block of 128 threads
+NODES_PER_THREAD = 4  # the kernel's DDTREE_ACCEPT_NODES_PER_THREAD: node loads a thread holds in registers
+MAX_THREADS = 1024  # the kernel's __launch_bounds__
+STAGE_MAX_BUDGET = 4000  # 12 (N + 1) bytes of dynamic shared memory stay under the 48 KB needing no opt-in
+STAGE_BYTES_PER_NODE = 12  # the kernel's DDTREE_ACCEPT_SHARED_BYTES: int64 target + int32 link per node
 MAX_BATCH = 2**31 - 1
-MAX_BUDGET = 2**31 - 2  # N + 1 must fit the kernel's int
-TREE_LINK_FIELDS = ("node_token_ids", "retrieve_next_token", "retrieve_next_sibling")
+MAX_BUDGET = 2**30  # the kernel's int indices: N + 1 plus a block's stride must fit
+# the TreeBatch fields the kernel reads, with the dtypes it reads them as
+TREE_LINK_FIELDS = ("node_count", "node_token_ids", "parents")
+TREE_FIELD_DTYPES = {"node_count": np.int32, "node_token_ids": np.int64, "parents": np.int32}
 AcceptResult = tuple[np.ndarray, np.ndarray, np.ndarray]  # accepted_indices, accept_length, bonus_token
 
 
@@ -71,8 +81,8 @@ def _shape(array, name: str) -> tuple[int, ...]:
 
 
 def check_tree_links(trees) -> tuple[int, int]:
-    """``(batch, budget)`` of a tree batch (a TreeBatch, a DeviceTrees or anything with the link fields):
-    ``node_token_ids [B, N]``, ``retrieve_next_token`` and ``retrieve_next_sibling [B, N+1]``."""
+    """``(batch, budget)`` of a tree batch (a TreeBatch, a DeviceTrees or anything with the fields the
+    kernel reads): ``node_token_ids [B, N]``, ``node_count [B]`` and ``parents [B, N+1]``."""
     for name in TREE_LINK_FIELDS:
         if not hasattr(trees, name):
             raise ValueError(f"tree accept: the trees lack field {name}")
@@ -80,11 +90,12 @@ def check_tree_links(trees) -> tuple[int, int]:
     if len(shape) != 2:
         raise ValueError(f"tree accept: node_token_ids must be 2-D [B, N], got shape {shape}")
     batch, budget = check_batch_budget(*shape)
-    for name in TREE_LINK_FIELDS[1:]:
+    expected = {"node_count": (batch,), "parents": (batch, budget + 1)}
+    for name, want in expected.items():
         got = _shape(getattr(trees, name), name)
-        if got != (batch, budget + 1):
+        if got != want:
             raise ValueError(
-                f"tree accept: trees field {name} has shape {got}, expected {(batch, budget + 1)} "
+                f"tree accept: trees field {name} has shape {got}, expected {want} "
                 f"(B = {batch}, N + 1 = {budget + 1})"
             )
     return batch, budget
@@ -110,8 +121,9 @@ def _check_integer(array, name: str) -> None:
 
 
 def check_host_inputs(trees: TreeBatch, target_tokens, *, need_parents: bool) -> tuple[int, int]:
-    """Shapes and dtypes of a host TreeBatch and its target tokens; with ``need_parents`` also the
-    node counts and parents (``0 <= parents[b, i] < i`` for every real node ``i``) the CPU walk reads."""
+    """Shapes and dtypes of a host TreeBatch and its target tokens; with ``need_parents`` also the values of
+    the node counts and parents (``0 <= parents[b, i] < i`` for every real node ``i``) the CPU walk needs
+    (the GPU kernel tolerates malformed values: it never follows a bad parent)."""
     batch, budget = check_tree_links(trees)
     check_target_shape(target_tokens, batch, budget)
     _check_integer(target_tokens, "target_tokens")
@@ -121,10 +133,6 @@ def check_host_inputs(trees: TreeBatch, target_tokens, *, need_parents: bool) ->
         return batch, budget
     counts = np.asarray(trees.node_count)
     parents = np.asarray(trees.parents)
-    if counts.shape != (batch,):
-        raise ValueError(f"tree accept: node_count has shape {counts.shape}, expected {(batch,)}")
-    if parents.shape != (batch, budget + 1):
-        raise ValueError(f"tree accept: parents has shape {parents.shape}, expected {(batch, budget + 1)}")
     if batch and (counts.min() < 0 or counts.max() > budget):
         b = int(np.argmax((counts < 0) | (counts > budget)))
         raise ValueError(f"tree accept: request {b} has node_count {int(counts[b])} outside 0..{budget}")
@@ -186,6 +194,19 @@ def accept_cpu(trees: TreeBatch, target_tokens: np.ndarray) -> AcceptResult:
 # GPU
 
 
+def host_field(trees, name: str) -> np.ndarray:
+    """A tree field as the C-contiguous host array of the dtype the kernel reads (``TREE_FIELD_DTYPES``);
+    ValueError when a value does not fit that dtype."""
+    array = np.asarray(getattr(trees, name))
+    dtype = np.dtype(TREE_FIELD_DTYPES[name])
+    if array.dtype != dtype and array.size:
+        info = np.iinfo(dtype)
+        low, high = array.min(), array.max()
+        if low < info.min or high > info.max:
+            raise ValueError(f"tree accept: trees field {name} has values outside {dtype} ({low}..{high})")
+    return np.ascontiguousarray(array.astype(dtype, copy=False))
+
+
 class DeviceAccept:
     """Preallocated device outputs of one (batch, budget): ``accepted_indices [B, N+1] int32``,
     ``accept_length [B] int32``, ``bonus_token [B] int64`` (the kernel writes every element)."""
@@ -204,12 +225,13 @@ class DeviceAccept:
 
 
 def check_device_arrays(d_target, d_trees, out) -> tuple[int, int]:
-    """Shapes, dtypes (int64 inputs, int32/int32/int64 outputs) and C-contiguity of a launch's arrays."""
+    """Shapes, dtypes (int64 target tokens, ``TREE_FIELD_DTYPES`` for the tree fields, int32/int32/int64
+    outputs) and C-contiguity of a launch's arrays."""
     batch, budget = check_tree_links(d_trees)
     check_target_shape(d_target, batch, budget)
     n1 = budget + 1
     arrays = [("target_tokens", d_target, np.int64, None)]
-    arrays += [(name, getattr(d_trees, name), np.int64, None) for name in TREE_LINK_FIELDS]
+    arrays += [(name, getattr(d_trees, name), TREE_FIELD_DTYPES[name], None) for name in TREE_LINK_FIELDS]
     arrays += [
         ("accepted_indices", getattr(out, "accepted_indices", None), np.int32, (batch, n1)),
         ("accept_length", getattr(out, "accept_length", None), np.int32, (batch,)),
@@ -229,12 +251,35 @@ def check_device_arrays(d_target, d_trees, out) -> tuple[int, int]:
     return batch, budget
 
 
-class GpuAccept:
-    """The CUDA tree accept (``kernels/tree_accept.cu``), loaded from ``fatbin`` or the cached build."""
+def threads_per_block(budget: int) -> int:
+    """Threads of one request's block: enough that every node is one of a thread's ``NODES_PER_THREAD``
+    register slots (all of a request's loads then leave before the first barrier), in whole warps, 32 to
+    ``MAX_THREADS`` (256 at N = 1024; one warp, so nearly free barriers, up to N = 128)."""
+    slots = -(-budget // NODES_PER_THREAD)
+    return min(MAX_THREADS, max(32, -(-slots // 32) * 32))
 
-    def __init__(self, fatbin: str | Path | None = None, archs=None):
+
+def stage_shared_bytes(budget: int) -> int:
+    """Dynamic shared memory of the staged path: the target row (int64) and the links (int32), N + 1 each."""
+    return STAGE_BYTES_PER_NODE * (budget + 1)
+
+
+def launch_config(batch: int, budget: int, force_global: bool = False) -> tuple[tuple[int], tuple[int], int]:
+    """``(grid, block, shared_mem)`` of a launch: one block per request; dynamic shared memory for the
+    staged path when ``budget <= STAGE_MAX_BUDGET`` (else, or with ``force_global``, 0: the kernel then
+    runs on global memory)."""
+    staged = budget <= STAGE_MAX_BUDGET and not force_global
+    return (batch,), (threads_per_block(budget),), stage_shared_bytes(budget) if staged else 0
+
+
+class GpuAccept:
+    """The CUDA tree accept (``kernels/tree_accept.cu``), loaded from ``fatbin`` or the cached build.
+    ``force_global``: run the global-memory path at every budget (tests, measurements)."""
+
+    def __init__(self, fatbin: str | Path | None = None, archs=None, force_global: bool = False):
         self._fatbin = Path(fatbin) if fatbin else None
         self._archs = tuple(archs) if archs else None
+        self.force_global = bool(force_global)
         self._kernel = None
         self.fatbin: Path | None = None
 
@@ -261,17 +306,17 @@ class GpuAccept:
             self.fatbin = Path(fatbin)
         return self._kernel
 
-    @staticmethod
-    def grid(batch: int) -> tuple[tuple[int], tuple[int]]:
-        """``(grid, block)`` of a launch: one warp per request, ``WARPS_PER_BLOCK`` requests per block."""
-        return ((batch + WARPS_PER_BLOCK - 1) // WARPS_PER_BLOCK,), (32 * WARPS_PER_BLOCK,)
+    def launch_config(self, batch: int, budget: int) -> tuple[tuple[int], tuple[int], int]:
+        """``(grid, block, shared_mem)`` of this accept's launch (module-level ``launch_config``)."""
+        return launch_config(batch, budget, self.force_global)
 
     def launch(self, d_target, d_trees, out: DeviceAccept, stream=None) -> None:
         """Enqueue the accept of the whole batch on ``stream`` (no allocation, no host sync).
 
         ``d_target``: device int64 ``[B, N+1]``; ``d_trees``: a ``DeviceTrees`` (or anything with device
-        ``node_token_ids``, ``retrieve_next_token``, ``retrieve_next_sibling``); ``out``: a ``DeviceAccept``
-        of the same ``(B, N)``. Every shape, dtype and layout is checked first (ValueError)."""
+        ``node_count`` int32 ``[B]``, ``node_token_ids`` int64 ``[B, N]`` and ``parents`` int32 ``[B, N+1]``);
+        ``out``: a ``DeviceAccept`` of the same ``(B, N)``. Every shape, dtype and layout is checked first
+        (ValueError)."""
         batch, budget = check_device_arrays(d_target, d_trees, out)
         self._require()
         import cupy as cp
@@ -284,31 +329,29 @@ class GpuAccept:
             return
         kernel = self.kernel
         stream = stream or cp.cuda.get_current_stream()
-        grid, block = self.grid(batch)
+        grid, block, shared_mem = self.launch_config(batch, budget)
         args = (
             d_target,
             d_trees.node_token_ids,
-            d_trees.retrieve_next_token,
-            d_trees.retrieve_next_sibling,
+            d_trees.parents,
+            d_trees.node_count,
             np.int32(batch),
             np.int32(budget),
             out.accepted_indices,
             out.accept_length,
             out.bonus_token,
         )
-        kernel(grid, block, args, stream=stream)
+        kernel(grid, block, args, stream=stream, shared_mem=shared_mem)
 
     def accept(self, trees: TreeBatch, target_tokens: np.ndarray) -> AcceptResult:
         """Host in, host out (copies in, one launch, copies out): the same triple as ``accept_cpu``."""
         batch, budget = check_host_inputs(trees, target_tokens, need_parents=False)
+        host = {name: host_field(trees, name) for name in TREE_LINK_FIELDS}
         self._require()
         import cupy as cp
 
-        def device(array):
-            return cp.asarray(np.ascontiguousarray(np.asarray(array).astype(np.int64, copy=False)))
-
-        d_target = device(target_tokens)
-        d_trees = SimpleNamespace(**{name: device(getattr(trees, name)) for name in TREE_LINK_FIELDS})
+        d_target = cp.asarray(np.ascontiguousarray(np.asarray(target_tokens).astype(np.int64, copy=False)))
+        d_trees = SimpleNamespace(**{name: cp.asarray(array) for name, array in host.items()})
         out = DeviceAccept(batch, budget)
         self.launch(d_target, d_trees, out)
         return out.to_host()

@@ -40,7 +40,7 @@ from types import SimpleNamespace
 import numpy as np
 import pandas as pd
 
-from ddtree_bench.accept import TREE_LINK_FIELDS, DeviceAccept, GpuAccept, accept_cpu
+from ddtree_bench.accept import TREE_LINK_FIELDS, DeviceAccept, GpuAccept, accept_cpu, host_field
 from ddtree_bench.acceptance import expected_acceptance, sample_target_tokens
 from ddtree_bench.bench import TimingPolicy, read_batch
 from ddtree_bench.environment import ENVIRONMENT_COLUMNS, collect_environment
@@ -246,12 +246,7 @@ def _device_rows(policy, base, trees, target, expected, accept: GpuAccept, util_
     stream = cp.cuda.Stream(non_blocking=True)
     with stream:
         d_target = cp.asarray(np.ascontiguousarray(target, np.int64))
-        d_trees = SimpleNamespace(
-            **{
-                name: cp.asarray(np.ascontiguousarray(getattr(trees, name), np.int64))
-                for name in TREE_LINK_FIELDS
-            }
-        )
+        d_trees = SimpleNamespace(**{name: cp.asarray(host_field(trees, name)) for name in TREE_LINK_FIELDS})
     stream.synchronize()
     pinned_target = _pinned(d_target.nbytes).view(np.int64).reshape(d_target.shape)
     rows = _cpu_walk_rows(policy, base, trees, target, expected, device=(stream, d_target, pinned_target))
