@@ -40,7 +40,7 @@
 #define VA_THREADS 256
 #define VA_LDS (VA_DIM + 8) // shared row stride in bf16 elements (16-byte shift per row: conflict-free ldmatrix)
 #define VA_LDP (VA_BN + 8)  // P tile row stride
-#define VA_LDS_S (VA_BN + 1)
+#define VA_LDS_S (VA_BN + 8)  // S partial row stride in floats: conflict-free float2 stores
 
 struct VaShared {
     __nv_bfloat16 q[VA_BM * VA_LDS];
@@ -85,13 +85,21 @@ __device__ __forceinline__ void mma_bf16(float (&c)[4], const unsigned (&a)[4], 
 // Keys [key0, key0 + VA_BN) of request b into a shared tile; keys at or past kv_len read as zeros.
 __device__ __forceinline__ void load_key_tile(__nv_bfloat16* dst, const __nv_bfloat16* kv_b, int key0,
                                               int kv_len) {
-    constexpr int chunks_per_row = VA_DIM / 8;  // 16-byte chunks
-    for (int c = threadIdx.x; c < VA_BN * chunks_per_row; c += VA_THREADS) {
-        int row = c / chunks_per_row, col = (c % chunks_per_row) * 8;
-        int key = key0 + row;
-        bool valid = key < kv_len;
+    // chunk c = threadIdx.x + i * VA_THREADS of the tile's 16-byte chunks: row c / 72, column (c % 72) * 8;
+    // stepping by VA_THREADS = 3 rows + 40 chunks keeps the index arithmetic to adds
+    static_assert(VA_THREADS == 3 * (VA_DIM / 8) + 40, "load_key_tile's stepping assumes 256 threads");
+    int row = threadIdx.x / (VA_DIM / 8), col = (threadIdx.x % (VA_DIM / 8)) * 8;
+    while (row < VA_BN) {
+        const int key = key0 + row;
+        const bool valid = key < kv_len;
         const __nv_bfloat16* src = kv_b + (valid ? static_cast<long long>(key) * VA_DIM + col : 0);
         cp_async16(dst + row * VA_LDS + col, src, valid);
+        row += 3;
+        col += 40 * 8;
+        if (col >= VA_DIM) {
+            col -= VA_DIM;
+            row += 1;
+        }
     }
 }
 
@@ -189,8 +197,9 @@ extern "C" __global__ void __launch_bounds__(VA_THREADS, 1)
 #pragma unroll
                 for (int n = 0; n < 4; ++n)
 #pragma unroll
-                    for (int e = 0; e < 4; ++e)
-                        sp[(rh * 32 + m * 16 + g + (e >> 1) * 8) * VA_LDS_S + n * 8 + tig * 2 + (e & 1)] = s[m][n][e];
+                    for (int hi = 0; hi < 2; ++hi)
+                        *reinterpret_cast<float2*>(sp + (rh * 32 + m * 16 + g + hi * 8) * VA_LDS_S + n * 8 + tig * 2) =
+                            make_float2(s[m][n][2 * hi], s[m][n][2 * hi + 1]);
         }
         __syncthreads();
 
@@ -201,16 +210,29 @@ extern "C" __global__ void __launch_bounds__(VA_THREADS, 1)
             const bool live = row0 + (srow & ~15) < rows;
             const int row = row0 + srow;
             const int token = row < rows ? row / heads : 0;
+            float sum4[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+            if (live) {
+#pragma unroll
+                for (int part = 0; part < 4; ++part) {
+                    const float4 lo = *reinterpret_cast<const float4*>(&sm.s[part][srow * VA_LDS_S + spart * 8]);
+                    const float4 hi = *reinterpret_cast<const float4*>(&sm.s[part][srow * VA_LDS_S + spart * 8 + 4]);
+                    sum4[0] += lo.x;
+                    sum4[1] += lo.y;
+                    sum4[2] += lo.z;
+                    sum4[3] += lo.w;
+                    sum4[4] += hi.x;
+                    sum4[5] += hi.y;
+                    sum4[6] += hi.z;
+                    sum4[7] += hi.w;
+                }
+            }
 #pragma unroll
             for (int e = 0; e < 8; ++e) {
                 const int kcol = spart * 8 + e;
                 const int key = key0 + kcol;
                 float x = -INFINITY;
                 if (live && key < kv_len) {
-                    x = 0.f;
-#pragma unroll
-                    for (int part = 0; part < 4; ++part) x += sm.s[part][srow * VA_LDS_S + kcol];
-                    x *= scale_log2;
+                    x = sum4[e] * scale_log2;
                     if (key >= prefix) {
                         const int j = key - prefix;
                         const bool visible =
@@ -253,12 +275,15 @@ extern "C" __global__ void __launch_bounds__(VA_THREADS, 1)
         // ---- O = O * alpha + P V for rows rg*16.., dims half*256..
         if (rows_live) {
             const float alpha_lo = sm.alpha[rg * 16 + g], alpha_hi = sm.alpha[rg * 16 + g + 8];
+            // rescale only when a running max of the warp's rows moved (alpha is exactly 1 otherwise)
+            if (__any_sync(0xffffffffu, alpha_lo != 1.f || alpha_hi != 1.f)) {
 #pragma unroll
-            for (int n = 0; n < 32; ++n) {
-                acc[n][0] *= alpha_lo;
-                acc[n][1] *= alpha_lo;
-                acc[n][2] *= alpha_hi;
-                acc[n][3] *= alpha_hi;
+                for (int n = 0; n < 32; ++n) {
+                    acc[n][0] *= alpha_lo;
+                    acc[n][1] *= alpha_lo;
+                    acc[n][2] *= alpha_hi;
+                    acc[n][3] *= alpha_hi;
+                }
             }
 #pragma unroll
             for (int kb = 0; kb < VA_BN / 16; ++kb) {
