@@ -94,7 +94,9 @@ def test_step_sections_of_the_other_configs(name):
     assert set(step["budgets"]) <= set(config["budgets"])
     if name == "h200":
         assert step["batch_sizes"] == [1, 8, 64] and step["prefix_lengths"] == [4096, 32768]
-        assert step["heads"] == [8] and set(step["batch_sizes"]) <= set(config["batch_sizes"])
+        # the step batches need not have tree-build timings (the breakdown shows none there) but must fit
+        # the traces, which hold max(batch_sizes) requests
+        assert step["heads"] == [8] and max(step["batch_sizes"]) <= max(config["batch_sizes"])
     else:
         assert max(step["prefix_lengths"]) <= 1024 and max(step["batch_sizes"]) <= 4
 

@@ -290,7 +290,14 @@ def test_step_breakdown_sums_build_attention_and_accept():
     assert row["accept_s"] == pytest.approx(accept)
     assert row["total_s"] == pytest.approx(2e-5 + 61 * attention + accept)
     assert row["share"] == pytest.approx(2e-5 / (2e-5 + 61 * attention + accept))
-    assert row["expected_accept_mean"] == 3.5
+    # the accept job's own trees (this batch's requests) first; the tree-shape table only where it has none
+    assert row["expected_accept_mean"] == 2.5
+    raw = synthetic_step()
+    no_expected = summarize_steps(raw.assign(expected_accept_mean=np.nan))
+    fallback = step_breakdown(
+        build_summary(), no_expected, shapes_frame(), layers=61, depth=16, distribution="peaked"
+    )
+    assert set(fallback.loc[fallback["budget"] == 64, "expected_accept_mean"]) == {3.5}
     table = breakdown_table(breakdown, "m", 61)
     assert {"E[accepted]", "attention x 61", "accept", "gpu kernel: build (share)"} <= set(table.columns)
     assert len(table) == 8

@@ -887,7 +887,10 @@ def _step_sections(machines: list[Machine], breakdowns: dict, settings: dict) ->
             where = ", ".join(x for x in (f"L = {depth}" if depth else "", str(distribution or "")) if x)
             note = f"{layers} layers; {where} trees" if where else f"{layers} layers"
             breakdown.append((label, note, table))
-        acceptance.append(step_report.acceptance_table(machine.shapes, label, depth, distribution))
+        table = step_report.acceptance_table(machine.shapes, label, depth, distribution)
+        if table.empty and not machine.step.empty:  # shapes from before the expected acceptance was kept
+            table = step_report.acceptance_from_accept(machine.step, label)
+        acceptance.append(table)
 
     def concat(frames):
         frames = [f for f in frames if not f.empty]

@@ -350,7 +350,8 @@ def step_breakdown(
     """One row per (prefix, heads, batch, budget, builder): ``build_s`` (the builder's median per call,
     from ``summary``), ``attention_layer_s`` (our verify attention per layer), ``attention_s`` (times
     ``layers``), ``accept_s`` (the GPU accept kernel), ``total_s`` (their sum; NaN where one is missing),
-    ``share`` (build / total), and ``expected_accept_mean`` of the budget's trees. ``depth`` and
+    ``share`` (build / total), and ``expected_accept_mean`` of the budget's trees (the accept job's, i.e. the
+    first ``batch`` requests' trees; else the tree-shape table's mean over all requests). ``depth`` and
     ``distribution``: the step's trees (default: the first in the step rows)."""
     columns = [
         "prefix",
@@ -379,7 +380,10 @@ def step_breakdown(
     attention = attention[["prefix", "heads", "batch", "budget", "median_s"]].rename(
         columns={"median_s": "attention_layer_s"}
     )
-    accept = accept[["batch", "budget", "median_s"]].rename(columns={"median_s": "accept_s"})
+    # the accept job's trees are exactly this (batch, budget)'s: its expected acceptance comes first
+    accept = accept[["batch", "budget", "median_s", "expected_accept_mean"]].rename(
+        columns={"median_s": "accept_s", "expected_accept_mean": "accept_expected"}
+    )
     grid = attention[["prefix", "heads", "batch", "budget"]].drop_duplicates()
     if grid.empty:
         return pd.DataFrame(columns=columns)
@@ -412,6 +416,9 @@ def step_breakdown(
     rows["share"] = rows["build_s"].astype("float64") / rows["total_s"]
     accepts = expected_acceptance(shapes, depth, distribution)
     rows = rows.merge(accepts[["budget", "expected_accept_mean"]], on="budget", how="left")
+    rows["expected_accept_mean"] = (
+        rows["accept_expected"].astype("float64").fillna(rows["expected_accept_mean"].astype("float64"))
+    )
     order = {label: i for i, label in enumerate(labels)}
     rows["_order"] = rows["builder"].map(order)
     rows = rows.sort_values(["prefix", "heads", "batch", "budget", "_order"]).drop(columns="_order")

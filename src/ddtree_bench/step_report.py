@@ -18,6 +18,7 @@ __all__ = [
     "LEFT_OUT",
     "accept_table",
     "acceptance_table",
+    "acceptance_from_accept",
     "attention_table",
     "breakdown_table",
     "figure_step_share",
@@ -471,3 +472,26 @@ def step_targets(step: pd.DataFrame, *, missing: str = "no step data") -> list[t
             status, text = "not met", f"{text}; output wrong at {wrong} budgets"
         results.append((TARGET_ACCEPT, STEP_SOURCE, status, text))
     return results
+
+
+def acceptance_from_accept(step: pd.DataFrame, machine: str) -> pd.DataFrame:
+    """The expected acceptance the accept jobs recorded (their first ``B`` requests' trees), per budget and
+    batch: for machines whose tree-shape table predates the expected acceptance."""
+    rows = step[
+        (step["stage"] == "accept") & (step["impl"] == "gpu-kernel") & step["expected_accept_mean"].notna()
+    ]
+    if rows.empty:
+        return pd.DataFrame()
+    rows = rows.drop_duplicates(["distribution", "depth", "budget", "batch"]).sort_values(["budget", "batch"])
+    return pd.DataFrame(
+        {
+            "machine": machine,
+            "distribution": rows["distribution"].to_numpy(),
+            "L": rows["depth"].to_numpy(),
+            "N": rows["budget"].to_numpy(),
+            "requests": rows["batch"].to_numpy(),
+            "E[accepted draft tokens] mean": rows["expected_accept_mean"]
+            .map(lambda v: _num(v, 2))
+            .to_numpy(),
+        }
+    )
