@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import base64
 import json
-import math
 import warnings
 from dataclasses import dataclass, field
 from html import escape
@@ -534,16 +533,7 @@ def _build_targets(machines: list[Machine]) -> list[TargetResult]:
 
 
 def _us(value) -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "-"
-    us = value * 1e6
-    if us >= 1e5:
-        return f"{us / 1e3:,.0f} ms"
-    if us >= 1e4:
-        return f"{us / 1e3:,.1f} ms"
-    if us >= 100:
-        return f"{us:,.0f} µs"
-    return f"{us:.1f} µs"
+    return step_report.fmt_us(value)
 
 
 def medians_table(data: pd.DataFrame) -> pd.DataFrame:

@@ -422,14 +422,6 @@ def step_breakdown(
     order = {label: i for i, label in enumerate(labels)}
     rows["_order"] = rows["builder"].map(order)
     rows = rows.sort_values(["prefix", "heads", "batch", "budget", "_order"]).drop(columns="_order")
-    for column in (
-        "build_s",
-        "attention_layer_s",
-        "attention_s",
-        "accept_s",
-        "total_s",
-        "share",
-        "expected_accept_mean",
-    ):
+    for column in columns[columns.index("build_s") :]:  # every measured column
         rows[column] = rows[column].astype("float64")
     return rows[columns].reset_index(drop=True)
