@@ -90,7 +90,7 @@ def run_attention_benchmark(
         **{key: env.get(key) for key in ENVIRONMENT_COLUMNS},
     }
 
-    from ddtree_bench.attention import VerifyAttention
+    from ddtree_bench.attention import AttentionUnavailable, VerifyAttention
     from ddtree_bench.builders import get_builder
     from ddtree_bench.tree import packed_visibility
 
@@ -165,8 +165,17 @@ def run_attention_benchmark(
         return cp.cuda.get_elapsed_time(start, end) / 1e3
 
     rows = []
+    ours_reason = None
+    if "ours" in impls:
+        try:
+            _ = ours.kernels  # loads the fatbin: a GPU with too little shared memory per block refuses it
+        except AttentionUnavailable as exc:
+            ours_reason = str(exc)
     for impl in impls:
         out, backend = None, None
+        if impl == "ours" and ours_reason is not None:
+            rows.append(unavailable(impl, ours_reason))
+            continue
         try:
             with torch.cuda.stream(torch_stream):
                 if impl == "ours":
