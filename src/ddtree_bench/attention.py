@@ -27,7 +27,6 @@ anything touches the device), uploads the prefix lengths and allocates the split
 from __future__ import annotations
 
 import math
-import numbers
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -87,12 +86,6 @@ def _shape(array, name: str) -> tuple[int, ...]:
     if shape is None:
         raise ValueError(f"verify attention: {name} must be an array, got {type(array).__name__}")
     return tuple(int(s) for s in shape)
-
-
-def _int(value, name: str, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
-        raise ValueError(f"verify attention: {name} must be an integer >= {minimum}, got {value!r}")
-    return int(value)
 
 
 @dataclass(frozen=True)
@@ -360,25 +353,24 @@ class VerifyAttention:
 # ----------------------------------------------------------------------------------------------- reference
 
 
-def reference_attention(q, kv, prefix_lengths, visibility, requests=None):
+def reference_attention(q, kv, prefix_lengths, visibility, *, requests=None, scale=None):
     """float32 reference (PyTorch, on q's device), ``[len(requests), N+1, H, 512]`` float32: per request,
-    softmax over the prefix plus the tree keys ``visibility[b, i]`` marks, of ``scale * q.k``, times V."""
+    softmax over the prefix plus the tree keys ``visibility[b, i]`` marks (numpy or torch) of ``scale * q.k``
+    (default ``SOFTMAX_SCALE``), times V. Rows of ``kv`` past ``S_b + N`` are never read; a query with no
+    visible key gives zeros, like the kernel."""
     import torch
 
-    batch, tokens, heads, _ = q.shape
+    scale = SOFTMAX_SCALE if scale is None else float(scale)
+    batch, tokens, _, _ = q.shape
     requests = range(batch) if requests is None else requests
     outs = []
     for b in requests:
         s_b = int(prefix_lengths[b])
-        keys = kv[b, : s_b + tokens].float()
-        qb = q[b].float().reshape(tokens * heads, HEAD_DIM)
-        scores = (qb @ keys.T) * SOFTMAX_SCALE
-        vis = torch.as_tensor(np.asarray(visibility[b]), device=q.device)
+        keys = kv[b, : s_b + tokens].float()  # [S+N+1, 576]
         allowed = torch.ones((tokens, s_b + tokens), dtype=torch.bool, device=q.device)
-        allowed[:, s_b:] = vis
-        allowed = allowed.repeat_interleave(heads, dim=0)
-        scores = scores.masked_fill(~allowed, float("-inf"))
-        probs = torch.softmax(scores, dim=-1)
-        probs = torch.nan_to_num(probs, nan=0.0)  # a query with no visible key gives zeros, like the kernel
-        outs.append((probs @ keys[:, :VALUE_DIM]).reshape(tokens, heads, VALUE_DIM))
+        allowed[:, s_b:] = torch.as_tensor(visibility[b], device=q.device)
+        scores = torch.einsum("ihd,kd->ihk", q[b].float(), keys) * scale
+        scores = scores.masked_fill(~allowed[:, None, :], float("-inf"))
+        probs = torch.nan_to_num(torch.softmax(scores, dim=-1), nan=0.0)
+        outs.append(torch.einsum("ihk,kd->ihd", probs, keys[:, :VALUE_DIM]))
     return torch.stack(outs)

@@ -33,19 +33,26 @@ Layout choices made once during setup (untimed), the same for both peers:
   SDPA backends and in partial blocks of FlexAttention, so masking alone does not protect the output.
   The copy holds exactly the rows the unpadded cache would; the prefix and tree rows are unchanged.
 
-The float32 reference the peers are checked against is ``reference_attention`` (one request at a time).
+The float32 reference the peers are checked against is ``attention.reference_attention`` (one request at a
+time), re-exported here.
 """
 
 from __future__ import annotations
 
 import inspect
-import math
 from collections.abc import Callable
 
+from ddtree_bench.attention import HEAD_DIM, SOFTMAX_SCALE, VALUE_DIM, reference_attention
+
 PEERS = ("flexattention", "sdpa")
-QK_DIM = 576  # 512 latent + 64 rope
-V_DIM = 512
-SOFTMAX_SCALE = 1.0 / math.sqrt(192.0)
+__all__ = [
+    "PEERS",
+    "PeerUnavailable",
+    "dense_mask",
+    "make_peer",
+    "reference_attention",
+    "torch_unavailable_reason",
+]
 #: torch.compile's per-function recompile limit is raised to at least this, so that a grid of shapes never
 #: hits the limit (past it Dynamo silently runs flex_attention eagerly, a different algorithm).
 RECOMPILE_LIMIT = 1024
@@ -97,11 +104,11 @@ def _check_inputs(torch, q, kv, prefix_lengths, visibility) -> tuple[int, int, i
             raise ValueError(f"{name} must be a CUDA tensor, got device {tensor.device}")
     if q.dtype != torch.bfloat16 or kv.dtype != torch.bfloat16:
         raise ValueError(f"q and kv must be bfloat16, got {q.dtype} and {kv.dtype}")
-    if q.dim() != 4 or q.shape[-1] != QK_DIM:
-        raise ValueError(f"q must be [B, N+1, H, {QK_DIM}], got {list(q.shape)}")
+    if q.dim() != 4 or q.shape[-1] != HEAD_DIM:
+        raise ValueError(f"q must be [B, N+1, H, {HEAD_DIM}], got {list(q.shape)}")
     batch, nodes, heads, _ = q.shape
-    if kv.dim() != 3 or kv.shape[0] != batch or kv.shape[-1] != QK_DIM:
-        raise ValueError(f"kv must be [B={batch}, T, {QK_DIM}], got {list(kv.shape)}")
+    if kv.dim() != 3 or kv.shape[0] != batch or kv.shape[-1] != HEAD_DIM:
+        raise ValueError(f"kv must be [B={batch}, T, {HEAD_DIM}], got {list(kv.shape)}")
     if prefix_lengths.dtype != torch.int32 or tuple(prefix_lengths.shape) != (batch,):
         raise ValueError(
             f"prefix_lengths must be int32 [B={batch}], "
@@ -148,25 +155,6 @@ def dense_mask(prefix_lengths, visibility, used: int):
     return mask[:, None]
 
 
-def reference_attention(q, kv, prefix_lengths, visibility, *, scale=None):
-    """The float32 reference, one request at a time: ``[B, N+1, H, 512]`` float32 (padding rows of ``kv``
-    are never read)."""
-    import torch
-
-    scale = SOFTMAX_SCALE if scale is None else float(scale)
-    batch, nodes, heads, _ = q.shape
-    out = torch.empty(batch, nodes, heads, V_DIM, dtype=torch.float32, device=q.device)
-    for b, s in enumerate(int(x) for x in prefix_lengths.tolist()):
-        keys = kv[b, : s + nodes].float()  # [S+N+1, 576]
-        allowed = torch.cat(
-            [torch.ones(nodes, s, dtype=torch.bool, device=q.device), visibility[b].to(q.device)], dim=1
-        )  # [N+1, S+N+1]
-        scores = torch.einsum("ihd,kd->ihk", q[b].float(), keys) * scale
-        scores = scores.masked_fill(~allowed[:, None, :], float("-inf"))
-        out[b] = torch.einsum("ihk,kd->ihd", torch.softmax(scores, dim=-1), keys[:, :V_DIM])
-    return out
-
-
 def _sdpa_backend(torch, query, key, value, mask, scale) -> str | None:
     """The SDPA backend PyTorch chooses for these inputs (``torch._fused_sdp_choice``), or None."""
     try:
@@ -200,8 +188,8 @@ def _build_sdpa(torch, q_bhld, kv_used, mask, scale, heads: int):
     import torch.nn.functional as F
 
     batch, used, _ = kv_used.shape
-    key = kv_used[:, None, :, :].expand(batch, heads, used, QK_DIM)
-    value = kv_used[:, None, :, :V_DIM].expand(batch, heads, used, V_DIM)
+    key = kv_used[:, None, :, :].expand(batch, heads, used, HEAD_DIM)
+    value = kv_used[:, None, :, :VALUE_DIM].expand(batch, heads, used, VALUE_DIM)
     sdpa = F.scaled_dot_product_attention
 
     def call():
@@ -240,10 +228,10 @@ def _build_flex(torch, q_bhld, kv_used, prefix_lengths, visibility, scale, kerne
     gqa = "enable_gqa" in inspect.signature(flex_attention).parameters
     if gqa:
         key = kv_used[:, None, :, :]
-        value = kv_used[:, None, :, :V_DIM]
+        value = kv_used[:, None, :, :VALUE_DIM]
     else:
-        key = kv_used[:, None, :, :].expand(batch, heads, used, QK_DIM)
-        value = kv_used[:, None, :, :V_DIM].expand(batch, heads, used, V_DIM)
+        key = kv_used[:, None, :, :].expand(batch, heads, used, HEAD_DIM)
+        value = kv_used[:, None, :, :VALUE_DIM].expand(batch, heads, used, VALUE_DIM)
     kwargs = {"block_mask": block_mask, "scale": scale}
     if gqa:
         kwargs["enable_gqa"] = True
@@ -296,7 +284,7 @@ def make_peer(
     batch, budget, heads, _length, prefix = _check_inputs(torch, q, kv, prefix_lengths, visibility)
     nodes = budget + 1
     used = max(prefix) + nodes
-    shape = f"B={batch} N={budget} H={heads} T_used={used} (qk {QK_DIM}, v {V_DIM})"
+    shape = f"B={batch} N={budget} H={heads} T_used={used} (qk {HEAD_DIM}, v {VALUE_DIM})"
     # No torch.no_grad() here: the inputs need no grad, and the timed calls must run under the same grad
     # mode as the warm call (Dynamo guards on it; a mismatch would recompile inside the timed calls).
     try:
@@ -317,7 +305,7 @@ def make_peer(
     except Exception as exc:
         torch.cuda.empty_cache()
         raise PeerUnavailable(f"{name} failed at {shape}: {_describe(exc)}") from exc
-    expected = (batch, nodes, heads, V_DIM)
+    expected = (batch, nodes, heads, VALUE_DIM)
     if tuple(out.shape) != expected:
         raise RuntimeError(f"{name} returned shape {list(out.shape)}, expected {list(expected)}")
     del out
