@@ -58,6 +58,19 @@ def test_launch_plan_refuses_shapes_it_cannot_take():
     assert plan.cap >= 2 * 1024 and plan.shared_bytes <= 232_448 - 2048
 
 
+def test_launch_plan_picks_the_warp_heap_for_small_budgets():
+    from ddtree_bench.builders.gpu import plan_launch, warp_shared_bytes, warp_slots
+
+    for budget in (1, 8, 32, 64):
+        plan = plan_launch(64, 16, budget, budget, 232_448)
+        assert (plan.path, plan.threads) == ("warp-heap", 32)
+    assert plan_launch(64, 16, 65, 65, 232_448).path == "parallel"
+    forced = plan_launch(1, 32, 1000, 128, 232_448, "warp-heap")
+    assert forced.path == "warp-heap" and forced.shared_bytes == warp_shared_bytes(128, 32, 128)
+    assert plan_launch(1, 16, 64, 64, 232_448, "parallel").path == "parallel"
+    assert [warp_slots(n) for n in (1, 32, 33, 64, 65, 128)] == [1, 1, 2, 2, 4, 4]
+
+
 @pytest.fixture(scope="module")
 def gpu():
     return get_builder("gpu")
@@ -70,7 +83,7 @@ def gpu_heap():
 
 @pytest.fixture(scope="module")
 def gpu_warp():
-    """The warp heap forced up to its limit (budget 64, L 18)."""
+    """The warp heap forced up to its limit (budget 128)."""
     return get_builder("gpu", path="warp-heap")
 
 
@@ -100,7 +113,7 @@ def test_gpu_equals_reference(gpu, gpu_heap, gpu_parallel, gpu_warp, kind, budge
     assert stats.shape == (batch,)
     if budget <= 256:
         assert (assert_same(lp, ids, budget, gpu_heap) == 3).all()
-    if budget <= 64:
+    if budget <= 128:
         assert (assert_same(lp, ids, budget, gpu_parallel) <= 2).all()
         assert (assert_same(lp, ids, budget, gpu_warp) == 4).all()
 
@@ -121,20 +134,25 @@ def test_gpu_equals_reference(gpu, gpu_heap, gpu_parallel, gpu_warp, kind, budge
         (2, 16, 64, 1024),
         (1, 16, 2048, 2048),
         (1, 32, 1024, 1024),
+        (2, 32, 2, 128),
+        (3, 32, 200, 33),
+        (2, 20, 3, 65),
     ],
 )
-def test_gpu_shape_edges(gpu, gpu_parallel, batch, depth, k, budget):
-    """K < N, K > N, heap drain (n < N), L = 1, K = 1, deep trees."""
+def test_gpu_shape_edges(gpu, gpu_parallel, gpu_warp, batch, depth, k, budget):
+    """K < N, K > N, heap drain (n < N), L = 1, K = 1, deep trees; every path that takes the shape."""
     for kind in ("uniform", "bf16", "equal"):
         lp, ids = topk_inputs(kind, batch, depth, k, vocab=max(k, 64), seed=k + depth)
         assert_same(lp, ids, budget, gpu)
         assert_same(lp, ids, budget, gpu_parallel)
+        if budget <= 128:
+            assert (assert_same(lp, ids, budget, gpu_warp) == 4).all()
 
 
 @needs_gpu
-@pytest.mark.parametrize("budget,path", [(8, 4), (12, 4), (13, 0), (64, 0), (256, 0), (1024, 0)])
+@pytest.mark.parametrize("budget,path", [(8, 4), (33, 4), (64, 4), (65, 0), (256, 0), (1024, 0)])
 def test_fast_paths_are_taken_on_ordinary_inputs(gpu, budget, path):
-    """Budgets <= 12: the warp heap (stat 4); larger: the parallel pool path (stat 0), no fallback."""
+    """Budgets <= 64: the warp heap (stat 4); larger: the parallel pool path (stat 0), no fallback."""
     for kind in ("uniform", "peaked", "bf16"):
         lp, ids = topk_inputs(kind, 4, 16, budget, seed=3)
         stats = assert_same(lp, ids, budget, gpu)
@@ -154,7 +172,7 @@ def test_fast_paths_are_taken_on_ordinary_inputs(gpu, budget, path):
 def test_gpu_property(gpu, gpu_parallel, gpu_warp, batch, depth, k, budget, kind, seed):
     lp, ids = topk_inputs(kind, batch, depth, k, vocab=max(64, k), seed=seed)
     builder = (gpu, gpu_parallel, gpu_warp)[seed % 3]
-    if builder is gpu_warp and (budget > 64 or depth > 18):
+    if builder is gpu_warp and budget > 128:
         builder = gpu
     assert_same(lp, ids, budget, builder)
 

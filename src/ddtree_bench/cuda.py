@@ -132,7 +132,7 @@ def fatbin_runs(fatbin: Path, cc: int) -> str:
 class LoadedKernels:
     module: object
     build: object
-    build_small: object
+    build_warp: dict  # heap slots per lane (1, 2, 4) -> the warp-heap kernel
     expand_visibility: object
     empty: object
     spin: object
@@ -165,7 +165,7 @@ def load_kernels(fatbin: Path, util_fatbin: Path | None = None) -> LoadedKernels
     return LoadedKernels(
         module=module,
         build=build,
-        build_small=module.get_function("ddtree_build_tree_small"),
+        build_warp={s: module.get_function(f"ddtree_build_tree_warp{s}") for s in (1, 2, 4)},
         expand_visibility=module.get_function("ddtree_expand_visibility"),
         empty=util.get_function("ddtree_empty_kernel"),
         spin=util.get_function("ddtree_spin_kernel"),

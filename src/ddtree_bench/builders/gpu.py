@@ -19,9 +19,8 @@ MAX_DEPTH = 32
 MAX_BUDGET = 2048
 FLAG_FORCE_HEAP = 1
 FLAG_ROWS_IN_SHARED = 4
-SMALL_MAX_BUDGET = 64  # the warp-heap kernel takes budgets up to this
-AUTO_WARP_HEAP_MAX_BUDGET = 12  # measured on the H200: the parallel path wins from about 16 up
-SMALL_MAX_DEPTH = 18
+WARP_MAX_BUDGET = 128  # the warp-heap kernels take budgets up to this (4 heap slots per lane)
+AUTO_WARP_HEAP_MAX_BUDGET = 64  # by default the warp heap up to here, the parallel pool path above
 STAT_NAMES = {
     0: "parallel",
     1: "heap (anomaly)",
@@ -43,6 +42,18 @@ def shared_bytes(cap: int, budget: int, depth: int = 0, topk: int = 0, staged: b
     if staged:
         total = ((total + 15) & ~15) + 4 * depth * topk
     return total
+
+
+def warp_shared_bytes(budget: int, depth: int, topk: int) -> int:
+    """Dynamic shared memory of the warp-heap kernels (mirrors warp_build_tree in tree_build.cu)."""
+    n1 = budget + 1
+    words = (n1 + 31) // 32
+    return 12 * depth * topk + 12 * n1 + 4 * n1 * words
+
+
+def warp_slots(budget: int) -> int:
+    """Heap slots per lane of the warp kernel for a budget (ddtree_build_tree_warp1/2/4)."""
+    return 1 if budget <= 32 else 2 if budget <= 64 else 4
 
 
 @dataclass(frozen=True)
@@ -81,12 +92,11 @@ def plan_launch(
         raise ValueError(f"gpu builder: batch {batch} outside 1..2^31-1")
     limit = max_shared_bytes - STATIC_SHARED_BYTES
     topk = min(budget, k)
-    small_limit = SMALL_MAX_BUDGET if path == "warp-heap" else AUTO_WARP_HEAP_MAX_BUDGET
-    if budget <= small_limit and depth <= SMALL_MAX_DEPTH and path in (None, "warp-heap"):
-        cap = _next_pow2(max(2 * budget + 4, 64))  # the output stage reuses the pool for ancestor lists
-        size = shared_bytes(cap, budget, depth, topk, True)
-        if size <= limit:
-            return LaunchPlan(batch, depth, k, budget, cap, 32, size, True, "warp-heap")
+    warp_limit = WARP_MAX_BUDGET if path == "warp-heap" else AUTO_WARP_HEAP_MAX_BUDGET
+    if budget <= warp_limit and path in (None, "warp-heap"):
+        size = warp_shared_bytes(budget, depth, topk)
+        if size <= max_shared_bytes:
+            return LaunchPlan(batch, depth, k, budget, 0, 32, size, True, "warp-heap")
     cap = _next_pow2(max(4 * budget, 512))
     floor = _next_pow2(max(2 * budget, budget + 2, 256))
     while shared_bytes(cap, budget) > limit and cap > floor:
@@ -206,7 +216,9 @@ class GpuBuilder(Builder):
         return self._kernels
 
     def plan(self, batch: int, depth: int, k: int, budget: int) -> LaunchPlan:
-        return plan_launch(batch, depth, k, budget, self.kernels.max_shared_bytes, self.path)
+        # the forced sequential heap (tests) lives in the parallel kernel
+        path = "parallel" if self.force_heap and self.path is None else self.path
+        return plan_launch(batch, depth, k, budget, self.kernels.max_shared_bytes, path)
 
     def flags(self) -> int:
         return FLAG_FORCE_HEAP if self.force_heap else 0
@@ -223,13 +235,16 @@ class GpuBuilder(Builder):
         bool_visibility: bool | None = None,
     ):
         """Enqueue one build of the whole batch on ``stream`` (no allocation, no host sync): the tree kernel,
-        then (when the bool mask is wanted) the kernel expanding the packed bits to it."""
+        then (when the bool mask is wanted) the kernel expanding the packed bits to it; the warp-heap
+        kernels write the bool mask themselves."""
         import cupy as cp
 
         stream = stream or cp.cuda.get_current_stream()
         k = self.kernels
-        kernel = k.build_small if plan.path == "warp-heap" else k.build
-        key = (plan.path, plan.shared_bytes)
+        warp = plan.path == "warp-heap"
+        want_bool = self.bool_visibility if bool_visibility is None else bool_visibility
+        kernel = k.build_warp[warp_slots(plan.budget)] if warp else k.build
+        key = (plan.path, warp_slots(plan.budget) if warp else 0, plan.shared_bytes)
         if key not in self._shared_set:
             kernel.max_dynamic_shared_size_bytes = max(
                 plan.shared_bytes, kernel.max_dynamic_shared_size_bytes
@@ -254,8 +269,10 @@ class GpuBuilder(Builder):
             out.stats,
             profile if profile is not None else np.uint64(0),
         )
+        if warp:
+            args += (out.visibility if want_bool else np.uint64(0),)
         kernel((plan.batch,), (plan.threads,), args, shared_mem=plan.shared_bytes, stream=stream)
-        if self.bool_visibility if bool_visibility is None else bool_visibility:
+        if want_bool and not warp:
             chunks = (out.visibility.size + 15) // 16
             blocks = max(1, min((chunks + 255) // 256, 8 * k.sm_count))
             k.expand_visibility(
