@@ -737,7 +737,9 @@ extern "C" __global__ void ddtree_expand_visibility(const unsigned int* __restri
     // below 2^64 for every q < total (< 2^40) and d <= S (< 2^23).
     const unsigned long long inv_s = ~0ull / static_cast<unsigned long long>(S) + 1ull;
     const unsigned long long inv_n1 = ~0ull / static_cast<unsigned long long>(N1) + 1ull;
-    auto div_s = [&](long long q) { return static_cast<long long>(__umul64hi(static_cast<unsigned long long>(q), inv_s)); };
+    auto div_s = [&](long long q) {
+        return static_cast<long long>(__umul64hi(static_cast<unsigned long long>(q), inv_s));
+    };
     auto div_n1 = [&](int q) { return static_cast<int>(__umul64hi(static_cast<unsigned long long>(q), inv_n1)); };
     auto bit_at = [&](long long q) -> unsigned int {
         long long b = div_s(q);
@@ -887,12 +889,10 @@ __device__ __forceinline__ void warp_build_tree(DDT_BUILD_PARAMS, unsigned char*
     long long* prof = profile ? profile + static_cast<long long>(b) * 8 : nullptr;
     if (prof && lane == 0) prof[0] = clock64();
 
-    // ---- shared memory: ids [L*topk] i64, rows [L*topk] f64 (converted from the f32 staging rows, so no
-    //      conversion sits on a pop's dependency chain), staging rows [L*topk] f32, meta [N1], next token /
-    //      sibling [N1] each, masks [N1*W] u32
+    // ---- shared memory: ids [L*topk] i64, rows [L*topk] f32, meta [N1], next token / sibling [N1] each,
+    //      masks [N1*W] u32
     unsigned char* sp = smem;
     long long* s_ids = reinterpret_cast<long long*>(sp); sp += sizeof(long long) * L * topk;
-    double* s_lp = reinterpret_cast<double*>(sp); sp += sizeof(double) * L * topk;
     float* s_rows = reinterpret_cast<float*>(sp); sp += sizeof(float) * L * topk;
     int* s_meta = reinterpret_cast<int*>(sp); sp += sizeof(int) * N1;
     int* s_next = reinterpret_cast<int*>(sp); sp += sizeof(int) * N1;
@@ -910,15 +910,13 @@ __device__ __forceinline__ void warp_build_tree(DDT_BUILD_PARAMS, unsigned char*
     if (lane < W) s_mask[lane] = lane == 0 ? 1u : 0u;   // the root sees itself
     asm volatile("cp.async.wait_all;\n" ::);
     __syncwarp();
-    for (int i = lane; i < L * topk; i += 32) s_lp[i] = static_cast<double>(s_rows[i]);
-    __syncwarp();
 
     unsigned long long key[SLOTS];
     int meta[SLOTS];
 #pragma unroll
     for (int s = 0; s < SLOTS; ++s) { key[s] = 0ull; meta[s] = 0; }  // key 0: empty (every real key > 0)
     if (lane == 0) {
-        key[0] = ordered_key(__dadd_rn(s_lp[0], 0.0));  // + 0.0: -0.0 == 0.0
+        key[0] = ordered_key(__dadd_rn(static_cast<double>(s_rows[0]), 0.0));  // + 0.0: -0.0 == 0.0
         meta[0] = warp_meta(0, -1, 0, 1);
     }
     int ncand = 1, count = 0;
@@ -959,10 +957,11 @@ __device__ __forceinline__ void warp_build_tree(DDT_BUILD_PARAMS, unsigned char*
         if (cur == N) break;
         // push the next sibling and the first child, with exactly the heap's float64 operations
         const double E = key_to_double(best);
-        const double* row = s_lp + (depth - 1) * topk;
+        const float* row = s_rows + (depth - 1) * topk;
         const bool sibling = rank + 1 < topk, child = depth < L;
-        const double es = __dadd_rn(__dsub_rn(E, row[rank]), row[sibling ? rank + 1 : rank]);
-        const double ec = __dadd_rn(E, s_lp[child ? depth * topk : 0]);
+        const double es = __dadd_rn(__dsub_rn(E, static_cast<double>(row[rank])),
+                                    static_cast<double>(row[sibling ? rank + 1 : rank]));
+        const double ec = __dadd_rn(E, static_cast<double>(s_rows[child ? depth * topk : 0]));
         const unsigned long long ks = ordered_key(__dadd_rn(es, 0.0));
         const unsigned long long kc = ordered_key(__dadd_rn(ec, 0.0));
         const int ms = warp_meta(parent, cur, rank + 1, depth), mc = warp_meta(cur, -1, 0, depth + 1);
@@ -982,44 +981,20 @@ __device__ __forceinline__ void warp_build_tree(DDT_BUILD_PARAMS, unsigned char*
     if (prof && lane == 0) prof[1] = clock64();
 
     // ---- outputs: child / sibling links, ancestor masks (node i: itself and its ancestors, root included)
-    if (SLOTS == 1) {  // N <= 32: node i on lane i - 1, its mask in 64 bits, by pointer jumping (5 rounds)
-        const int i = lane + 1;
-        const bool real = i <= n;
-        const int m = real ? s_meta[i] : 0;
-        if (real) {
-            if (((m >> 16) & 0x7f) == 0) s_next[m & 0xff] = i;
-            else s_sib[((m >> 8) & 0xff) - 1] = i;
-        }
-        int anc = m & 0xff;  // the 2^k-th ancestor after k rounds (0: the root, nothing more to add)
-        unsigned long long mask = real ? 1ull << i : 0ull;
+    for (int i = 1 + lane; i <= n; i += 32) {
+        const int m = s_meta[i];
+        if (((m >> 16) & 0x7f) == 0) s_next[m & 0xff] = i;           // the first child
+        else s_sib[((m >> 8) & 0xff) - 1] = i;                        // the elder sibling's next
+        unsigned int acc[WARP_MASK_WORDS];
 #pragma unroll
-        for (int k = 0; k < 5; ++k) {
-            const int src = anc > 0 ? anc - 1 : lane;
-            const unsigned long long other = __shfl_sync(0xffffffffu, mask, src);
-            const int other_anc = __shfl_sync(0xffffffffu, anc, src);
-            if (anc > 0) { mask |= other; anc = other_anc; }
-        }
-        mask |= 1ull;  // the root
-        if (real) {
-            s_mask[i * W] = static_cast<unsigned int>(mask);
-            if (W > 1) s_mask[i * W + 1] = static_cast<unsigned int>(mask >> 32);
-        }
-    } else {
-        for (int i = 1 + lane; i <= n; i += 32) {
-            const int m = s_meta[i];
-            if (((m >> 16) & 0x7f) == 0) s_next[m & 0xff] = i;           // the first child
-            else s_sib[((m >> 8) & 0xff) - 1] = i;                        // the elder sibling's next
-            unsigned int acc[WARP_MASK_WORDS];
+        for (int w = 0; w < WARP_MASK_WORDS; ++w) acc[w] = w == 0 ? 1u : 0u;
+        for (int v = i; v != 0; v = s_meta[v] & 0xff) {
 #pragma unroll
-            for (int w = 0; w < WARP_MASK_WORDS; ++w) acc[w] = w == 0 ? 1u : 0u;
-            for (int v = i; v != 0; v = s_meta[v] & 0xff) {
-#pragma unroll
-                for (int w = 0; w < WARP_MASK_WORDS; ++w) acc[w] |= (v >> 5) == w ? 1u << (v & 31) : 0u;
-            }
-#pragma unroll
-            for (int w = 0; w < WARP_MASK_WORDS; ++w)
-                if (w < W) s_mask[i * W + w] = acc[w];
+            for (int w = 0; w < WARP_MASK_WORDS; ++w) acc[w] |= (v >> 5) == w ? 1u << (v & 31) : 0u;
         }
+#pragma unroll
+        for (int w = 0; w < WARP_MASK_WORDS; ++w)
+            if (w < W) s_mask[i * W + w] = acc[w];
     }
     __syncwarp();
     const long long o = static_cast<long long>(b);

@@ -48,7 +48,7 @@ def warp_shared_bytes(budget: int, depth: int, topk: int) -> int:
     """Dynamic shared memory of the warp-heap kernels (mirrors warp_build_tree in tree_build.cu)."""
     n1 = budget + 1
     words = (n1 + 31) // 32
-    return 20 * depth * topk + 12 * n1 + 4 * n1 * words
+    return 12 * depth * topk + 12 * n1 + 4 * n1 * words
 
 
 def warp_slots(budget: int) -> int:
