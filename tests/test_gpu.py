@@ -150,6 +150,16 @@ def test_gpu_shape_edges(gpu, gpu_parallel, gpu_warp, batch, depth, k, budget):
 
 
 @needs_gpu
+@pytest.mark.parametrize("budget", [8, 64, 256])
+def test_gpu_batch_512(gpu, gpu_parallel, budget):
+    """The largest batch in the contract (one block per request): every path, every tree equal."""
+    for kind in ("peaked", "bf16"):
+        lp, ids = topk_inputs(kind, 512, 16, budget, seed=budget)
+        assert_same(lp, ids, budget, gpu)
+        assert_same(lp, ids, budget, gpu_parallel)
+
+
+@needs_gpu
 @pytest.mark.parametrize("budget,path", [(8, 4), (33, 4), (64, 4), (65, 0), (256, 0), (1024, 0)])
 def test_fast_paths_are_taken_on_ordinary_inputs(gpu, budget, path):
     """Budgets <= 64: the warp heap (stat 4); larger: the parallel pool path (stat 0), no fallback."""
