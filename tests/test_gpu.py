@@ -7,6 +7,7 @@ import json
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -38,6 +39,26 @@ def test_compile_error_is_reported(tmp_path):
     with pytest.raises(RuntimeError, match="nvcc failed"):
         cuda.build_fatbin(bad, tmp_path / "bad.fatbin", ["sm_90"])
     assert not (tmp_path / "bad.fatbin").exists()
+
+
+def test_cached_fatbin_is_rebuilt_when_a_header_changes(tmp_path, monkeypatch):
+    built = []
+
+    def fake_build(source, output, archs):
+        built.append(Path(output))
+        Path(output).parent.mkdir(parents=True, exist_ok=True)
+        Path(output).write_bytes(b"fatbin")
+        return {}
+
+    monkeypatch.setattr(cuda, "build_fatbin", fake_build)
+    monkeypatch.setenv("DDTREE_CACHE", str(tmp_path / "cache"))
+    (tmp_path / "k.cu").write_text('#include "k.cuh"\n')
+    (tmp_path / "k.cuh").write_text("// one\n")
+    first = cuda.cached_fatbin(tmp_path / "k.cu", ["sm_90"])
+    assert cuda.cached_fatbin(tmp_path / "k.cu", ["sm_90"]) == first and len(built) == 1
+    (tmp_path / "k.cuh").write_text("// two\n")
+    second = cuda.cached_fatbin(tmp_path / "k.cu", ["sm_90"])
+    assert second != first and built == [first, second]
 
 
 def test_unknown_arch_is_refused():

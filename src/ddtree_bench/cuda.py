@@ -91,9 +91,13 @@ def build_fatbin(source: Path, output: Path, archs=DEFAULT_ARCHS, ptx: bool = Tr
 
 
 def cached_fatbin(source: Path = TREE_BUILD_SOURCE, archs=DEFAULT_ARCHS) -> Path:
-    """A fatbin of ``source`` in the cache directory, built on first use (keyed by source and archs)."""
+    """A fatbin of ``source`` in the cache directory, built on first use (keyed by the source, the headers
+    next to it and the archs)."""
     source = Path(source)
-    digest = hashlib.sha256(source.read_bytes() + repr(sorted(archs)).encode()).hexdigest()[:16]
+    content = source.read_bytes()
+    for header in sorted(p for p in source.parent.iterdir() if p.suffix in (".cuh", ".h")):
+        content += header.name.encode() + header.read_bytes()
+    digest = hashlib.sha256(content + repr(sorted(archs)).encode()).hexdigest()[:16]
     cache = Path(os.environ.get("DDTREE_CACHE", Path.home() / ".cache" / "ddtree-bench"))
     output = cache / f"{source.stem}-{digest}.fatbin"
     if not output.exists():

@@ -45,7 +45,7 @@ def shared_bytes(cap: int, budget: int, depth: int = 0, topk: int = 0, staged: b
 
 
 def warp_shared_bytes(budget: int, depth: int, topk: int) -> int:
-    """Dynamic shared memory of the warp-heap kernels (mirrors warp_build_tree in tree_build.cu)."""
+    """Dynamic shared memory of the warp-heap kernels (mirrors warp_build_tree in tree_build_warp.cuh)."""
     n1 = budget + 1
     words = (n1 + 31) // 32
     return 12 * depth * topk + 12 * n1 + 4 * n1 * words

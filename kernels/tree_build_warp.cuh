@@ -1,0 +1,286 @@
+// The one-warp heap of the tree-build kernels (budgets <= 128), included by tree_build.cu (its extern "C"
+// entries ddtree_build_tree_warp1/2/4) and by the host emulator in tests/test_tree_build_emulator.py, which
+// runs this very code on the CPU, a host thread per lane.
+#pragma once
+
+#include "tree_build_common.cuh"
+
+// ---- small budgets: the heap simulated by one warp ----------------------------------------------------
+// One warp per request, no block barriers. The live heap entries sit in registers, SLOTS per lane: a pop
+// frees its slot and pushes at most two entries (the next sibling into the freed slot, the first child into
+// a new one), so before the k-th pop at most k slots were ever used and N <= 32 * SLOTS fits. Every pop is
+// a warp-wide arg-max of the 64-bit ordered key of logw (two redux.sync), then, only where several entries
+// share the best logw, an arg-min of their ranks tuples: 8 bits a level (rank + 1, 0 for an absent level),
+// 32 levels in four 64-bit words compared from the most significant end == Python's tuple order, built by
+// walking the popped ancestors. After the last pop every lane builds the ancestor masks of its nodes, and
+// the packed mask, and the bool mask when asked for, come out of this one launch. Inputs: the log-prob
+// rows and token ids are staged in shared memory with cp.async.
+namespace {
+
+constexpr int WARP_PATH_WORDS = 4;  // 4 x 64 bits = 32 levels of 8 bits
+constexpr int WARP_MASK_WORDS = 5;  // 32-bit words of an ancestor mask row, budget <= 128 (N + 1 <= 160)
+
+__device__ __forceinline__ int warp_meta(int parent, int prev, int rank, int depth) {
+    // parent node (8 bits) | pusher node + 1 (8 bits) | rank (7 bits) | depth (6 bits)
+    return parent | ((prev + 1) << 8) | (rank << 16) | (depth << 23);
+}
+
+__device__ __forceinline__ unsigned long long level_field(int word, int depth, int rank) {
+    const int level = depth - 1;
+    return word == (level >> 3) ? static_cast<unsigned long long>(rank + 1) << (56 - 8 * (level & 7)) : 0ull;
+}
+
+#ifndef DDT_HOST_EMULATOR  // the host emulator (tests) brings its own copies
+__device__ __forceinline__ void cp_async(void* dst, const void* src, int bytes) {
+    const unsigned int d = static_cast<unsigned int>(__cvta_generic_to_shared(dst));
+    if (bytes == 8) asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(d), "l"(src));
+    else asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(d), "l"(src));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::); }
+#endif
+
+// The ranks tuple of the entry (parent node, rank, depth) as four words (see above), from the popped
+// nodes' meta (ancestor walk).
+__device__ __forceinline__ void ranks_words(const int* node_meta, int parent, int rank, int depth,
+                                            unsigned long long (&q)[WARP_PATH_WORDS]) {
+#pragma unroll
+    for (int w = 0; w < WARP_PATH_WORDS; ++w) q[w] = level_field(w, depth, rank);
+    for (int v = parent; v != 0;) {
+        const int m = node_meta[v];
+#pragma unroll
+        for (int w = 0; w < WARP_PATH_WORDS; ++w) q[w] += level_field(w, (m >> 23) & 0x3f, (m >> 16) & 0x7f);
+        v = m & 0xff;
+    }
+}
+
+// Among the entries whose key equals `best` (at least two), the one whose ranks tuple is smallest; returns
+// (slot << 5) | lane of the winner, the same on every lane.
+template <int SLOTS>
+__device__ int tie_break(const unsigned long long (&key)[SLOTS], const int (&meta)[SLOTS],
+                         unsigned long long best, const int* node_meta) {
+    const int lane = threadIdx.x & 31;
+    __syncwarp();  // lane 0's node_meta stores are visible
+    unsigned long long p[WARP_PATH_WORDS];
+#pragma unroll
+    for (int w = 0; w < WARP_PATH_WORDS; ++w) p[w] = ~0ull;
+    int id = 0x7fffffff;
+#pragma unroll
+    for (int s = 0; s < SLOTS; ++s) {
+        if (key[s] != best) continue;
+        unsigned long long q[WARP_PATH_WORDS];
+        ranks_words(node_meta, meta[s] & 0xff, (meta[s] >> 16) & 0x7f, (meta[s] >> 23) & 0x3f, q);
+        bool less = false, decided = false;
+#pragma unroll
+        for (int w = 0; w < WARP_PATH_WORDS; ++w)
+            if (!decided && q[w] != p[w]) { less = q[w] < p[w]; decided = true; }
+        if (id == 0x7fffffff || less) {
+#pragma unroll
+            for (int w = 0; w < WARP_PATH_WORDS; ++w) p[w] = q[w];
+            id = (s << 5) | lane;
+        }
+    }
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) {
+        unsigned long long o[WARP_PATH_WORDS];
+#pragma unroll
+        for (int w = 0; w < WARP_PATH_WORDS; ++w) o[w] = __shfl_xor_sync(0xffffffffu, p[w], off);
+        const int oid = __shfl_xor_sync(0xffffffffu, id, off);
+        bool less = false, decided = false;
+#pragma unroll
+        for (int w = 0; w < WARP_PATH_WORDS; ++w)
+            if (!decided && o[w] != p[w]) { less = o[w] < p[w]; decided = true; }
+        if (oid != 0x7fffffff && (id == 0x7fffffff || less)) {
+#pragma unroll
+            for (int w = 0; w < WARP_PATH_WORDS; ++w) p[w] = o[w];
+            id = oid;
+        }
+    }
+    return id;
+}
+
+template <int SLOTS>
+__device__ __forceinline__ void warp_build_tree(DDT_BUILD_PARAMS, unsigned char* __restrict__ visibility) {
+#ifdef DDT_HOST_EMULATOR
+    unsigned char* smem = DDT_HOST_EMULATOR_SHARED;
+#else
+    extern __shared__ __align__(16) unsigned char smem[];
+#endif
+    const int b = blockIdx.x;
+    if (b >= batch) return;
+    const int lane = threadIdx.x;
+    const int N = budget, N1 = N + 1, W = (N1 + 31) >> 5;
+    const int topk = min(N, K);
+    const float* lp = top_log_probs + static_cast<long long>(b) * L * K;
+    const long long* ids = top_token_ids + static_cast<long long>(b) * L * K;
+    long long* prof = profile ? profile + static_cast<long long>(b) * 8 : nullptr;
+    if (prof && lane == 0) prof[0] = clock64();
+
+    // ---- shared memory: ids [L*topk] i64, rows [L*topk] f32, meta [N1], next token / sibling [N1] each,
+    //      masks [N1*W] u32
+    unsigned char* sp = smem;
+    long long* s_ids = reinterpret_cast<long long*>(sp); sp += sizeof(long long) * L * topk;
+    float* s_rows = reinterpret_cast<float*>(sp); sp += sizeof(float) * L * topk;
+    int* s_meta = reinterpret_cast<int*>(sp); sp += sizeof(int) * N1;
+    int* s_next = reinterpret_cast<int*>(sp); sp += sizeof(int) * N1;
+    int* s_sib = reinterpret_cast<int*>(sp); sp += sizeof(int) * N1;
+    unsigned int* s_mask = reinterpret_cast<unsigned int*>(sp);
+
+    for (int i = lane, d = lane / topk, r = lane - d * topk; i < L * topk; i += 32) {
+        const long long at = static_cast<long long>(d) * K + r;
+        cp_async(s_rows + i, lp + at, 4);
+        cp_async(s_ids + i, ids + at, 8);
+        for (r += 32; r >= topk; r -= topk) ++d;
+    }
+    cp_async_commit();
+    for (int i = lane; i < N1; i += 32) { s_next[i] = -1; s_sib[i] = -1; }
+    if (lane < W) s_mask[lane] = lane == 0 ? 1u : 0u;   // the root sees itself
+    cp_async_wait_all();
+    __syncwarp();
+
+    unsigned long long key[SLOTS];
+    int meta[SLOTS];
+#pragma unroll
+    for (int s = 0; s < SLOTS; ++s) { key[s] = 0ull; meta[s] = 0; }  // key 0: empty (every real key > 0)
+    if (lane == 0) {
+        key[0] = ordered_key(__dadd_rn(static_cast<double>(s_rows[0]), 0.0));  // + 0.0: -0.0 == 0.0
+        meta[0] = warp_meta(0, -1, 0, 1);
+    }
+    int ncand = 1, count = 0;
+    while (count < N) {
+        unsigned long long lane_best = key[0];
+#pragma unroll
+        for (int s = 1; s < SLOTS; ++s) lane_best = key[s] > lane_best ? key[s] : lane_best;
+        const unsigned int lane_hi = static_cast<unsigned int>(lane_best >> 32);
+        const unsigned int hi = __reduce_max_sync(0xffffffffu, lane_hi);
+        const unsigned int lo =
+            __reduce_max_sync(0xffffffffu, lane_hi == hi ? static_cast<unsigned int>(lane_best) : 0u);
+        const unsigned long long best = (static_cast<unsigned long long>(hi) << 32) | lo;
+        if (best == 0ull) break;  // the heap is drained
+        int mine = 0, my = 0;
+#pragma unroll
+        for (int s = 0; s < SLOTS; ++s)
+            if (key[s] == best) { ++mine; my = (s << 30) | meta[s]; }
+        const unsigned int holders = __ballot_sync(0xffffffffu, mine != 0);
+        const bool unique = __popc(holders) == 1 && (SLOTS == 1 || !__any_sync(0xffffffffu, mine > 1));
+        int m, wlane, wslot;
+        if (unique) {
+            wlane = __ffs(holders) - 1;
+            m = __shfl_sync(0xffffffffu, my, wlane);
+            wslot = (m >> 30) & 3;
+            m &= 0x3fffffff;
+        } else {  // several entries share the best logw: the smallest ranks tuple pops first
+            const int id = tie_break<SLOTS>(key, meta, best, s_meta);
+            wlane = id & 31;
+            wslot = id >> 5;
+            int mm = meta[0];
+#pragma unroll
+            for (int s = 1; s < SLOTS; ++s) mm = wslot == s ? meta[s] : mm;
+            m = __shfl_sync(0xffffffffu, mm, wlane);
+        }
+        const int parent = m & 0xff, rank = (m >> 16) & 0x7f, depth = (m >> 23) & 0x3f;
+        const int cur = ++count;
+        if (lane == 0) s_meta[cur] = m;
+        if (cur == N) break;
+        // push the next sibling and the first child, with exactly the heap's float64 operations
+        const double E = key_to_double(best);
+        const float* row = s_rows + (depth - 1) * topk;
+        const bool sibling = rank + 1 < topk, child = depth < L;
+        const double es = __dadd_rn(__dsub_rn(E, static_cast<double>(row[rank])),
+                                    static_cast<double>(row[sibling ? rank + 1 : rank]));
+        const double ec = __dadd_rn(E, static_cast<double>(s_rows[child ? depth * topk : 0]));
+        const unsigned long long ks = ordered_key(__dadd_rn(es, 0.0));
+        const unsigned long long kc = ordered_key(__dadd_rn(ec, 0.0));
+        const int ms = warp_meta(parent, cur, rank + 1, depth), mc = warp_meta(cur, -1, 0, depth + 1);
+        const unsigned long long k1 = sibling ? ks : (child ? kc : 0ull);
+        const int m1 = sibling ? ms : mc;
+        const bool two = sibling && child;
+        const int nlane = ncand & 31, nslot = ncand >> 5;
+#pragma unroll
+        for (int s = 0; s < SLOTS; ++s) {
+            if (lane == wlane && s == wslot) { key[s] = k1; meta[s] = m1; }
+            if (two && lane == nlane && s == nslot) { key[s] = kc; meta[s] = mc; }
+        }
+        ncand += two ? 1 : 0;
+    }
+    const int n = count;
+    __syncwarp();
+    if (prof && lane == 0) prof[1] = clock64();
+
+    // ---- outputs: child / sibling links, ancestor masks (node i: itself and its ancestors, root included)
+    for (int i = 1 + lane; i <= n; i += 32) {
+        const int m = s_meta[i];
+        if (((m >> 16) & 0x7f) == 0) s_next[m & 0xff] = i;           // the first child
+        else s_sib[((m >> 8) & 0xff) - 1] = i;                        // the elder sibling's next
+        unsigned int acc[WARP_MASK_WORDS];
+#pragma unroll
+        for (int w = 0; w < WARP_MASK_WORDS; ++w) acc[w] = w == 0 ? 1u : 0u;
+        for (int v = i; v != 0; v = s_meta[v] & 0xff) {
+#pragma unroll
+            for (int w = 0; w < WARP_MASK_WORDS; ++w) acc[w] |= (v >> 5) == w ? 1u << (v & 31) : 0u;
+        }
+#pragma unroll
+        for (int w = 0; w < WARP_MASK_WORDS; ++w)
+            if (w < W) s_mask[i * W + w] = acc[w];
+    }
+    __syncwarp();
+    const long long o = static_cast<long long>(b);
+    for (int i = lane; i <= N; i += 32) {
+        retrieve_next_token[o * N1 + i] = s_next[i];
+        retrieve_next_sibling[o * N1 + i] = s_sib[i];
+        const int m = i >= 1 && i <= n ? s_meta[i] : 0;
+        const int depth = (m >> 23) & 0x3f, rank = (m >> 16) & 0x7f;
+        parents[o * N1 + i] = (i >= 1 && i <= n) ? (m & 0xff) : -1;
+        if (i >= 1) {
+            node_token_ids[o * N + i - 1] = i <= n ? s_ids[(depth - 1) * topk + rank] : -1;
+            node_depths[o * N + i - 1] = i <= n ? depth : 0;
+        }
+    }
+    unsigned int* bits = visibility_bits + o * N1 * W;
+    for (int r = 0; r <= N; r += 32 / W) {  // 32 / W rows a step, one word a lane
+        const int row = r + lane / W, q = row * W + lane % W;
+        if (lane < (32 / W) * W && row <= N) bits[q] = row <= n ? s_mask[q] : 0u;
+    }
+    if (lane == 0) {
+        node_count[b] = n;
+        if (stats) stats[b] = DDT_STAT_WARP_HEAP;
+    }
+    if (visibility) {  // the bool mask [N1, N1] of this tree: 16 bytes a store where aligned
+        unsigned char* v = visibility + o * N1 * N1;
+        const int S = N1 * N1;
+        // `count` (<= 16) mask bits of the flat mask from position q on, bit k = position q + k
+        const unsigned int inv_n1 = 0xffffffffu / N1 + 1u;  // q / N1 == umulhi(q, inv_n1) for q < 2^16
+        auto bits_from = [&](int q, int count) -> unsigned int {
+            int r = static_cast<int>(__umulhi(static_cast<unsigned int>(q), inv_n1)), c = q - r * N1;
+            unsigned int out = 0u;
+            for (int filled = 0; filled < count; ++r, c = 0) {
+                const int take = min(count - filled, N1 - c);
+                if (r <= n) {
+                    const int w = c >> 5;
+                    const unsigned int lo = s_mask[r * W + w], hi = w + 1 < W ? s_mask[r * W + w + 1] : 0u;
+                    out |= (__funnelshift_r(lo, hi, c & 31) & ((1u << take) - 1u)) << filled;
+                }
+                filled += take;
+            }
+            return out;
+        };
+        const int head = min(S, static_cast<int>((16 - (reinterpret_cast<unsigned long long>(v) & 15)) & 15));
+        const int chunks = (S - head) >> 4;
+        if (lane < head) v[lane] = static_cast<unsigned char>(bits_from(lane, 1));
+        uint4* vc = reinterpret_cast<uint4*>(v + head);
+        for (int k = lane; k < chunks; k += 32) {
+            const unsigned int x = bits_from(head + 16 * k, 16);
+            uint4 out;  // bit j -> byte j (0 or 1)
+            out.x = ((x & 0xfu) * 0x00204081u) & 0x01010101u;
+            out.y = (((x >> 4) & 0xfu) * 0x00204081u) & 0x01010101u;
+            out.z = (((x >> 8) & 0xfu) * 0x00204081u) & 0x01010101u;
+            out.w = (((x >> 12) & 0xfu) * 0x00204081u) & 0x01010101u;
+            vc[k] = out;
+        }
+        const int tail = head + 16 * chunks;
+        if (tail + lane < S) v[tail + lane] = static_cast<unsigned char>(bits_from(tail + lane, 1));
+    }
+    if (prof && lane == 0) { prof[2] = clock64(); prof[3] = prof[2]; }
+}
+
+}  // namespace
