@@ -5,6 +5,7 @@ under AddressSanitizer -- equals the CPU walk on every case; on a GPU, ``GpuAcce
 from __future__ import annotations
 
 import subprocess
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -610,64 +611,15 @@ EMULATOR_MAIN = r"""
 // memory is an exact-size heap allocation refilled with garbage before every block, the inputs and outputs
 // exact-size allocations too, so AddressSanitizer reports any out-of-bounds access; built with
 // ThreadSanitizer instead, a missing barrier shows up as a data race.
-#include <pthread.h>
-#include <unistd.h>
-#include <cstdio>
-#include <cstdlib>
-#include <cstring>
-#define __host__
-#define __device__
-#define __global__
+enum { EMU_SYNCTHREADS, EMU_KERNEL_END, EMU_BLOCK_START };
+#define EMU_KIND_NAMES {"__syncthreads", "the kernel's end", "the block's start"}
+#include "host_emulator.h"
 #define __launch_bounds__(n)
 #define __shared__ static
-struct EmuDim { unsigned int x = 0, y = 1, z = 1; };
-static thread_local EmuDim threadIdx, blockIdx;
-static EmuDim blockDim, gridDim;
-static unsigned char* emu_shared = nullptr;
 static unsigned int emu_shared_bytes = 0;
 #define DDTREE_ACCEPT_DYNAMIC_SHARED emu_shared
 #define DDTREE_ACCEPT_DYNAMIC_SHARED_BYTES() emu_shared_bytes
 
-enum { EMU_SYNCTHREADS = 0, EMU_KERNEL_END = 1, EMU_BLOCK_START = 2 };
-// Consecutive meetings alternate between two mutex / condition pairs: a thread leaving meeting k re-locks
-// only meeting k's mutex, which no thread touches again before every thread has left meeting k, so
-// ThreadSanitizer sees exactly the ordering a barrier gives (one mutex for all would also order a slow
-// leaver after the other threads' work up to the next barrier, and hide races).
-struct EmuMeeting {
-    pthread_mutex_t mutex = PTHREAD_MUTEX_INITIALIZER;
-    pthread_cond_t cond = PTHREAD_COND_INITIALIZER;
-    unsigned int arrived = 0;
-    unsigned long generation = 0;
-    int kind = -1;
-};
-static EmuMeeting emu_meetings[2];
-static thread_local unsigned long emu_attended = 0;
-static int emu_syncs = 0;  // __syncthreads meetings held
-
-// every thread of the block meets here; all must come for the same reason
-static void emu_meet(int kind) {
-    EmuMeeting& m = emu_meetings[emu_attended++ & 1];
-    pthread_mutex_lock(&m.mutex);
-    if (m.arrived == 0) {
-        m.kind = kind;
-    } else if (m.kind != kind) {
-        std::fprintf(stderr, "emulator: a thread reached %s while others wait at %s\n",
-                     kind == EMU_SYNCTHREADS ? "__syncthreads" : "the kernel's end",
-                     m.kind == EMU_SYNCTHREADS ? "__syncthreads" : "the kernel's end");
-        std::fflush(stderr);
-        _exit(4);
-    }
-    if (++m.arrived == blockDim.x) {
-        m.arrived = 0;
-        ++m.generation;
-        if (kind == EMU_SYNCTHREADS) ++emu_syncs;
-        pthread_cond_broadcast(&m.cond);
-    } else {
-        const unsigned long generation = m.generation;
-        while (generation == m.generation) pthread_cond_wait(&m.cond, &m.mutex);
-    }
-    pthread_mutex_unlock(&m.mutex);
-}
 static void __syncthreads() { emu_meet(EMU_SYNCTHREADS); }
 static int atomicMax(int* address, int value) {
     int old = __atomic_load_n(address, __ATOMIC_RELAXED);
@@ -677,12 +629,6 @@ static int atomicMax(int* address, int value) {
     return old;
 }
 #include KERNEL_PATH
-
-template <class T> static T* read_array(FILE* f, long long n) {
-    T* p = static_cast<T*>(std::malloc(n > 0 ? n * sizeof(T) : 1));
-    if (n > 0 && std::fread(p, sizeof(T), n, f) != static_cast<size_t>(n)) std::exit(2);
-    return p;
-}
 
 static long long B, N;
 static long long *target, *tokens, *bonus;
@@ -738,7 +684,7 @@ int main(int argc, char** argv) {
     std::fwrite(length, sizeof(int), B, o);
     std::fwrite(bonus, sizeof(long long), B, o);
     std::fclose(o);
-    std::fprintf(stderr, "emulator: %d barriers\n", emu_syncs);
+    std::fprintf(stderr, "emulator: %d barriers\n", emu_held[EMU_SYNCTHREADS]);
     std::free(target); std::free(tokens); std::free(parents); std::free(counts);
     std::free(accepted); std::free(length); std::free(bonus); std::free(emu_shared); std::free(threads);
     return 0;
@@ -762,6 +708,7 @@ def compile_emulator(source_path, output, compiler, sanitizer: str = "address") 
         "-O1",
         "-g",
         "-pthread",
+        f"-I{Path(__file__).parent}",
         f'-DKERNEL_PATH="{source_path}"',
         f"-DSENTINEL32={SENTINEL32}",
         f"-DSENTINEL64={SENTINEL64}LL",

@@ -7,6 +7,7 @@ bool mask, and the shared memory must be exactly what the host plans (``warp_sha
 from __future__ import annotations
 
 import subprocess
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -31,65 +32,20 @@ EMULATOR_MAIN = r"""
 // others (divergent collectives, which the GPU forbids with a full mask) is an error. The dynamic shared
 // memory is an exact-size heap allocation of the bytes the host plans, refilled with garbage before every
 // block; inputs and outputs are exact-size allocations; AddressSanitizer reports any out-of-bounds access.
-#include <pthread.h>
-#include <unistd.h>
 #include <algorithm>
-#include <cstdio>
-#include <cstdlib>
-#include <cstring>
-#define __host__
-#define __device__
-#define __global__
+enum { EMU_SYNCWARP, EMU_BALLOT, EMU_REDUX, EMU_SHFL, EMU_KERNEL_END, EMU_BLOCK_START };
+#define EMU_KIND_NAMES {"__syncwarp", "__ballot_sync", "__reduce_max_sync", "__shfl_sync", \
+                        "the kernel's end", "the block's start"}
+#include "host_emulator.h"
 #define __forceinline__ inline
 #define __restrict__
 #define DDT_HOST_EMULATOR 1
 #define DDT_HOST_EMULATOR_SHARED emu_shared
-struct EmuDim { unsigned int x = 0, y = 1, z = 1; };
 struct uint4 { unsigned int x, y, z, w; };
-static thread_local EmuDim threadIdx, blockIdx;
-static EmuDim blockDim, gridDim;
-static unsigned char* emu_shared = nullptr;
 using std::max;
 using std::min;
+static unsigned long long emu_values[32];  // what each lane publishes at a collective
 
-enum { EMU_SYNCWARP, EMU_BALLOT, EMU_REDUX, EMU_SHFL, EMU_KERNEL_END, EMU_BLOCK_START };
-static const char* emu_name(int kind) {
-    static const char* names[] = {"__syncwarp", "__ballot_sync", "__reduce_max_sync", "__shfl_sync",
-                                  "the kernel's end", "the block's start"};
-    return names[kind];
-}
-struct EmuMeeting {
-    pthread_mutex_t mutex = PTHREAD_MUTEX_INITIALIZER;
-    pthread_cond_t cond = PTHREAD_COND_INITIALIZER;
-    unsigned int arrived = 0;
-    unsigned long generation = 0;
-    int kind = -1;
-};
-static EmuMeeting emu_meetings[2];
-static thread_local unsigned long emu_attended = 0;
-static unsigned long long emu_values[32];
-
-static void emu_meet(int kind) {
-    EmuMeeting& m = emu_meetings[emu_attended++ & 1];
-    pthread_mutex_lock(&m.mutex);
-    if (m.arrived == 0) {
-        m.kind = kind;
-    } else if (m.kind != kind) {
-        std::fprintf(stderr, "emulator: lane %u reached %s while others wait at %s\n", threadIdx.x,
-                     emu_name(kind), emu_name(m.kind));
-        std::fflush(stderr);
-        _exit(4);
-    }
-    if (++m.arrived == blockDim.x) {
-        m.arrived = 0;
-        ++m.generation;
-        pthread_cond_broadcast(&m.cond);
-    } else {
-        const unsigned long generation = m.generation;
-        while (generation == m.generation) pthread_cond_wait(&m.cond, &m.mutex);
-    }
-    pthread_mutex_unlock(&m.mutex);
-}
 static void emu_check_mask(unsigned int mask) {
     if (mask != 0xffffffffu) { std::fprintf(stderr, "emulator: a partial warp mask\n"); _exit(5); }
 }
@@ -155,11 +111,6 @@ static void cp_async_commit() {}
 static void cp_async_wait_all() {}
 #include KERNEL_PATH
 
-template <class T> static T* read_array(FILE* f, long long n) {
-    T* p = static_cast<T*>(std::malloc(n > 0 ? n * sizeof(T) : 1));
-    if (n > 0 && std::fread(p, sizeof(T), n, f) != static_cast<size_t>(n)) std::exit(2);
-    return p;
-}
 template <class T> static T* output_array(long long n) {
     T* p = static_cast<T*>(std::malloc(n > 0 ? n * sizeof(T) : 1));
     std::memset(p, UNWRITTEN, n > 0 ? n * sizeof(T) : 1);
@@ -260,6 +211,7 @@ def emulator(tmp_path_factory):
         "-pthread",
         "-ffp-contract=off",
         f"-I{KERNEL_DIR}",
+        f"-I{Path(__file__).parent}",
         f'-DKERNEL_PATH="{WARP_HEADER}"',
         f"-DUNWRITTEN={UNWRITTEN}",
         "-o",

@@ -1,0 +1,74 @@
+// What the host emulators of our CUDA kernels share (tests/test_accept.py, tests/test_tree_build_emulator.py):
+// the CUDA qualifiers as nothing, the thread and block indices (each emulated thread a host thread), and
+// the meeting every thread of a block attends at a barrier or a warp collective. A thread that reaches a
+// different meeting than the others (a collective or barrier inside divergent code) is an error.
+//
+// Before including, an emulator defines its meeting kinds as EMU_KIND_NAMES, a brace list of names indexed by
+// kind. Consecutive meetings alternate between two mutex / condition pairs: a thread leaving meeting k
+// re-locks only meeting k's mutex, which no thread touches again before every thread has left meeting k, so
+// ThreadSanitizer sees exactly the ordering a barrier gives (one mutex for all would also order a slow
+// leaver after the other threads' work up to the next barrier, and hide races).
+#pragma once
+
+#include <pthread.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+#define __host__
+#define __device__
+#define __global__
+
+struct EmuDim {
+    unsigned int x = 0, y = 1, z = 1;
+};
+static thread_local EmuDim threadIdx, blockIdx;
+static EmuDim blockDim, gridDim;
+static unsigned char* emu_shared = nullptr;
+
+static const char* const emu_kind_names[] = EMU_KIND_NAMES;
+static constexpr int EMU_KINDS = sizeof(emu_kind_names) / sizeof(emu_kind_names[0]);
+static int emu_held[EMU_KINDS] = {};  // meetings held, per kind
+
+struct EmuMeeting {
+    pthread_mutex_t mutex = PTHREAD_MUTEX_INITIALIZER;
+    pthread_cond_t cond = PTHREAD_COND_INITIALIZER;
+    unsigned int arrived = 0;
+    unsigned long generation = 0;
+    int kind = -1;
+};
+static EmuMeeting emu_meetings[2];
+static thread_local unsigned long emu_attended = 0;
+
+// every thread of the block meets here; all must come for the same reason
+static void emu_meet(int kind) {
+    EmuMeeting& m = emu_meetings[emu_attended++ & 1];
+    pthread_mutex_lock(&m.mutex);
+    if (m.arrived == 0) {
+        m.kind = kind;
+    } else if (m.kind != kind) {
+        std::fprintf(stderr, "emulator: thread %u reached %s while others wait at %s\n", threadIdx.x,
+                     emu_kind_names[kind], emu_kind_names[m.kind]);
+        std::fflush(stderr);
+        _exit(4);
+    }
+    if (++m.arrived == blockDim.x) {
+        m.arrived = 0;
+        ++m.generation;
+        ++emu_held[kind];
+        pthread_cond_broadcast(&m.cond);
+    } else {
+        const unsigned long generation = m.generation;
+        while (generation == m.generation) pthread_cond_wait(&m.cond, &m.mutex);
+    }
+    pthread_mutex_unlock(&m.mutex);
+}
+
+// n elements of T from f (an exact-size allocation, so AddressSanitizer sees any read past them)
+template <class T> static T* read_array(FILE* f, long long n) {
+    T* p = static_cast<T*>(std::malloc(n > 0 ? n * sizeof(T) : 1));
+    if (n > 0 && std::fread(p, sizeof(T), n, f) != static_cast<size_t>(n)) std::exit(2);
+    return p;
+}
