@@ -20,7 +20,8 @@
 //   3. sorts the pool by (-E, preorder rank in the ranks trie == Python tuple order) with a bitonic sort;
 //   4. writes the first N as the tree, with parents, depths, tokens, retrieve_next_token/sibling and the
 //      ancestor mask as packed bits (ddtree_expand_visibility, launched next, writes the bool form).
-// Budgets <= 12 (ddtree_build_tree_small) simulate the heap in one warp instead; see warp_heap.
+// Budgets <= 64 (up to 128 when asked) run the heap itself in one warp instead: ddtree_build_tree_warp1/2/4,
+// code in tree_build_warp.cuh.
 // Where the fast path cannot prove its result -- an anomaly inside the pool, or a pool that would overflow
 // its shared-memory capacity (massive exact ties) -- the block runs the exact sequential heap instead
 // (thread 0, same entries and tie order as Python's heapq), and records that in `stats`.

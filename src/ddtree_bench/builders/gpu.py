@@ -244,7 +244,7 @@ class GpuBuilder(Builder):
         warp = plan.path == "warp-heap"
         want_bool = self.bool_visibility if bool_visibility is None else bool_visibility
         kernel = k.build_warp[warp_slots(plan.budget)] if warp else k.build
-        key = (plan.path, warp_slots(plan.budget) if warp else 0, plan.shared_bytes)
+        key = (id(kernel), plan.shared_bytes)
         if key not in self._shared_set:
             kernel.max_dynamic_shared_size_bytes = max(
                 plan.shared_bytes, kernel.max_dynamic_shared_size_bytes
