@@ -370,3 +370,6 @@ extern "C" __global__ void __launch_bounds__(128)
 
 // Shared memory one block of ddtree_verify_attn needs (the loader sets the dynamic size from this).
 extern "C" __global__ void ddtree_verify_attn_smem_bytes(int* bytes) { *bytes = static_cast<int>(sizeof(VaShared)); }
+
+// The Hopper path (wgmma, sm_90a): same arguments, grid and workspace as ddtree_verify_attn.
+#include "verify_attn_wgmma.cuh"

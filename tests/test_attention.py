@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from gpu_inputs import topk_inputs
 
+from ddtree_bench import cuda
 from ddtree_bench.attention import (
     HEAD_DIM,
     MIN_TILES_PER_SPLIT,
@@ -107,6 +108,29 @@ def test_visible_keys_and_work():
     assert attention_bytes([5], 3, 8, 1) == 8 * 576 * 2 + 3 * 8 * (576 + 512) * 2 + 3 * 4
 
 
+@pytest.mark.skipif(cuda.find_nvcc() is None, reason="nvcc not found")
+def test_fatbin_has_sm90a_code_for_the_wgmma_path(tmp_path):
+    from ddtree_bench.attention import KERNEL_SOURCE
+
+    info = cuda.build_fatbin(KERNEL_SOURCE, tmp_path / "verify_attn.fatbin", ["sm_90", "sm_120"])
+    assert info["archs"] == ["sm_120", "sm_90a"] and info["ptx"] == "compute_120"
+    assert "arch=compute_90a,code=sm_90a" in info["command"]
+    assert cuda.fatbin_runs(tmp_path / "verify_attn.fatbin", 90) == "sm_90a SASS"
+    assert cuda.fatbin_runs(tmp_path / "verify_attn.fatbin", 120) == "sm_120 SASS"
+    # the tree builder has no arch-specific path: plain sm_90
+    assert cuda.gencode_flags(["sm_90"]) == [
+        "-gencode=arch=compute_90,code=sm_90",
+        "-gencode=arch=compute_90,code=compute_90",
+    ]
+
+
+def test_unknown_path_is_refused():
+    from ddtree_bench.attention import VerifyAttention
+
+    with pytest.raises(ValueError, match="path must be one of"):
+        VerifyAttention(path="tensor-cores")
+
+
 # ------------------------------------------------------------------------------------------------- GPU
 
 GPU_REASON = gpu_unavailable_reason()
@@ -160,15 +184,17 @@ def assert_close(out, ref, tol=2e-2):
         (4, 256, 8, [2000, 100, 33, 4096]),
         (1, 1024, 8, [512]),  # the largest budget, 33 mask words
         (64, 16, 8, [128] * 64),  # enough blocks: a single split
+        (2, 128, 8, [4097, 31]),  # many key tiles per split, a partial last tile
     ],
 )
-def test_equals_float32_reference(batch, budget, heads, prefix):
-    from ddtree_bench.attention import VerifyAttention, reference_attention
+@pytest.mark.parametrize("path", ["wgmma", "mma"])
+def test_equals_float32_reference(batch, budget, heads, prefix, path):
+    from ddtree_bench.attention import reference_attention
 
     trees = tree_mask(batch, budget, seed=budget)
     bits = torch.as_tensor(packed_visibility(trees.visibility).view(np.int32), device="cuda")
     q, kv, out = random_case(trees, heads, prefix, seed=batch)
-    attn = VerifyAttention()
+    attn = attention_on_path(path)
     prepared = attn.prepare(q, kv, np.array(prefix), bits, out)
     prepared.launch()
     torch.cuda.synchronize()
@@ -176,11 +202,34 @@ def test_equals_float32_reference(batch, budget, heads, prefix):
     assert_close(out, ref)
 
 
+def attention_on_path(path):
+    """Our kernel on ``path``; the wgmma path is skipped (with the reason) where it is not compiled in."""
+    from ddtree_bench.attention import AttentionUnavailable, VerifyAttention
+
+    attn = VerifyAttention(path=path)
+    try:
+        assert attn.kernels.path == path
+    except AttentionUnavailable as exc:
+        pytest.skip(str(exc))
+    return attn
+
+
 @needs_gpu
-def test_mask_from_the_gpu_builder_and_both_split_paths_agree():
+def test_auto_takes_the_wgmma_path_on_hopper():
+    from ddtree_bench.attention import VerifyAttention
+
+    major = torch.cuda.get_device_capability()[0]
+    kernels = VerifyAttention().kernels
+    assert kernels.path == ("wgmma" if major == 9 else "mma")
+    assert kernels.runs.endswith(f"{kernels.path} path")
+
+
+@needs_gpu
+@pytest.mark.parametrize("path", ["wgmma", "mma"])
+def test_mask_from_the_gpu_builder_and_both_split_paths_agree(path):
     import cupy as cp
 
-    from ddtree_bench.attention import VerifyAttention, plan_attention, reference_attention
+    from ddtree_bench.attention import plan_attention, reference_attention
     from ddtree_bench.builders.gpu import DeviceTrees, GpuBuilder
 
     batch, budget, heads = 2, 64, 8
@@ -192,7 +241,7 @@ def test_mask_from_the_gpu_builder_and_both_split_paths_agree():
     trees = get_builder("native").build(lp, ids, budget)
     prefix = [700, 3000]
     q, kv, out = random_case(trees, heads, prefix)
-    attn = VerifyAttention()
+    attn = attention_on_path(path)
     prepared = attn.prepare(q, kv, np.array(prefix), d_trees.visibility_bits, out)
     assert prepared.plan.splits > 1
     prepared.launch()

@@ -207,6 +207,9 @@ def _as_cupy(array, name: str):
     raise ValueError(f"verify attention: {name} must be a CuPy array or a PyTorch CUDA tensor")
 
 
+ATTENTION_PATHS = ("auto", "wgmma", "mma")
+
+
 class PreparedAttention:
     """One validated call: device views, the plan and the split workspace. ``launch`` enqueues only."""
 
@@ -272,16 +275,24 @@ class AttentionKernels:
     combine: object
     smem_bytes: int
     sm_count: int
-    runs: str
+    runs: str  # which code runs, e.g. "sm_90a SASS, wgmma path"
     fatbin: Path
+    path: str  # "wgmma" (Hopper warpgroup MMAs, sm_90a) or "mma" (mma.sync, every architecture)
 
 
 class VerifyAttention:
-    """The CUDA verify attention (``kernels/verify_attn.cu``), loaded from ``fatbin`` or the cached build."""
+    """The CUDA verify attention (``kernels/verify_attn.cu``), loaded from ``fatbin`` or the cached build.
 
-    def __init__(self, fatbin: str | Path | None = None, archs=None):
+    ``path``: "auto" takes the Hopper kernel (``ddtree_verify_attn_wgmma``: warpgroup MMAs from shared memory)
+    where the fatbin has sm_90a code for the device, else the ``mma.sync`` kernel; "wgmma" insists on the
+    former (AttentionUnavailable where it is not compiled in), "mma" always takes the latter."""
+
+    def __init__(self, fatbin: str | Path | None = None, archs=None, path: str = "auto"):
+        if path not in ATTENTION_PATHS:
+            raise ValueError(f"verify attention: path must be one of {ATTENTION_PATHS}, got {path!r}")
         self._fatbin = Path(fatbin) if fatbin else None
         self._archs = tuple(archs) if archs else None
+        self._path = path
         self._kernels: AttentionKernels | None = None
 
     def unavailable_reason(self) -> str | None:
@@ -307,10 +318,22 @@ class VerifyAttention:
 
             fatbin = self._fatbin or cuda.cached_fatbin(KERNEL_SOURCE, self._archs or cuda.DEFAULT_ARCHS)
             module = cp.RawModule(path=str(fatbin))
-            probe = cp.zeros(1, cp.int32)
-            module.get_function("ddtree_verify_attn_smem_bytes")((1,), (1,), (probe,))
-            smem = int(probe.get()[0])
-            attn = module.get_function("ddtree_verify_attn")
+            probe = cp.zeros(2, cp.int32)
+            module.get_function("ddtree_verify_attn_wgmma_info")((1,), (1,), (probe,))
+            wgmma_smem, wgmma_compiled = (int(x) for x in probe.get())
+            if self._path == "wgmma" and not wgmma_compiled:
+                raise AttentionUnavailable(
+                    "gpu verify attention: the wgmma path needs sm_90a code for this GPU (compute capability "
+                    "9.0 and sm_90 in cuda_archs)"
+                )
+            path = "wgmma" if wgmma_compiled and self._path != "mma" else "mma"
+            if path == "wgmma":
+                smem = wgmma_smem
+                attn = module.get_function("ddtree_verify_attn_wgmma")
+            else:
+                module.get_function("ddtree_verify_attn_smem_bytes")((1,), (1,), (probe,))
+                smem = int(probe.get()[0])
+                attn = module.get_function("ddtree_verify_attn")
             dev = cp.cuda.Device()
             optin = cp.cuda.runtime.deviceGetAttribute(
                 cp.cuda.runtime.cudaDevAttrMaxSharedMemoryPerBlockOptin, dev.id
@@ -328,8 +351,9 @@ class VerifyAttention:
                 combine=module.get_function("ddtree_verify_attn_combine"),
                 smem_bytes=smem,
                 sm_count=int(props["multiProcessorCount"]),
-                runs=cuda.fatbin_runs(Path(fatbin), cc),
+                runs=f"{cuda.fatbin_runs(Path(fatbin), cc)}, {path} path",
                 fatbin=Path(fatbin),
+                path=path,
             )
         return self._kernels
 

@@ -25,6 +25,10 @@ TREE_BUILD_SOURCE = KERNEL_DIR / "tree_build.cu"
 BENCH_UTIL_SOURCE = KERNEL_DIR / "bench_util.cu"
 DEFAULT_ARCHS = ("sm_90", "sm_120")
 NVCC_FLAGS = ("-O3", "-std=c++17", "--fmad=false", "-lineinfo")
+# Sources with a path for arch-specific features (wgmma on sm_90a): their sm_90 machine code is built as
+# sm_90a, which runs on exactly the GPUs sm_90 code runs on (compute capability 9.0).
+ARCH_SPECIFIC_SOURCES = frozenset({"verify_attn.cu"})
+ARCH_SPECIFIC = {90: "90a"}
 
 
 def _arch_number(arch: str) -> int:
@@ -46,8 +50,9 @@ def find_nvcc() -> str | None:
     return None
 
 
-def gencode_flags(archs, ptx: bool = True) -> list[str]:
-    """``-gencode`` flags: SASS for every ``sm_XX`` plus PTX of the newest (when ``ptx``)."""
+def gencode_flags(archs, ptx: bool = True, arch_specific: bool = False) -> list[str]:
+    """``-gencode`` flags: SASS for every ``sm_XX`` plus PTX of the newest (when ``ptx``); with
+    ``arch_specific``, sm_90 is built as sm_90a (``ARCH_SPECIFIC``)."""
     archs = list(archs)
     if not archs:
         raise ValueError("cuda_archs must name at least one architecture")
@@ -55,6 +60,8 @@ def gencode_flags(archs, ptx: bool = True) -> list[str]:
     flags = []
     for arch in archs:
         suffix = re.fullmatch(r"(?:sm|compute)_(\d+[a-z]?)", arch).group(1)
+        if arch_specific:
+            suffix = ARCH_SPECIFIC.get(_arch_number(arch), suffix)
         flags.append(f"-gencode=arch=compute_{suffix},code=sm_{suffix}")
     if ptx:
         flags.append(f"-gencode=arch=compute_{numbers[-1]},code=compute_{numbers[-1]}")
@@ -65,11 +72,12 @@ def build_fatbin(source: Path, output: Path, archs=DEFAULT_ARCHS, ptx: bool = Tr
     """Compile ``source`` to ``output`` (a fatbin) atomically; writes ``output + '.json'`` describing it.
     Raises RuntimeError with nvcc's message when the compile fails."""
     source, output = Path(source), Path(output)
+    arch_specific = source.name in ARCH_SPECIFIC_SOURCES
     nvcc = find_nvcc()
     if nvcc is None:
         raise RuntimeError("nvcc not found (set $NVCC or put CUDA's bin directory on PATH)")
     output.parent.mkdir(parents=True, exist_ok=True)
-    flags = gencode_flags(archs, ptx)
+    flags = gencode_flags(archs, ptx, arch_specific)
     with tempfile.TemporaryDirectory(dir=output.parent) as tmp:
         tmp_out = Path(tmp) / output.name
         cmd = [nvcc, *NVCC_FLAGS, "-fatbin", *flags, "-o", str(tmp_out), str(source)]
@@ -80,7 +88,7 @@ def build_fatbin(source: Path, output: Path, archs=DEFAULT_ARCHS, ptx: bool = Tr
         info = {
             "source": str(source),
             "source_sha256": hashlib.sha256(source.read_bytes()).hexdigest(),
-            "archs": sorted({f"sm_{_arch_number(a)}" for a in archs}),
+            "archs": sorted({re.search(r"code=(sm_\w+)", f).group(1) for f in flags if "code=sm_" in f}),
             "ptx": f"compute_{max(_arch_number(a) for a in archs)}" if ptx else None,
             "nvcc": version.strip().splitlines()[-1] if version else "unknown",
             "command": " ".join(cmd[:-3] + ["-o", str(output), str(source)]),
@@ -97,7 +105,8 @@ def cached_fatbin(source: Path = TREE_BUILD_SOURCE, archs=DEFAULT_ARCHS) -> Path
     content = source.read_bytes()
     for header in sorted(p for p in source.parent.iterdir() if p.suffix in (".cuh", ".h")):
         content += header.name.encode() + header.read_bytes()
-    digest = hashlib.sha256(content + repr(sorted(archs)).encode()).hexdigest()[:16]
+    flags = gencode_flags(archs, True, source.name in ARCH_SPECIFIC_SOURCES)
+    digest = hashlib.sha256(content + repr(sorted(archs)).encode() + repr(flags).encode()).hexdigest()[:16]
     cache = Path(os.environ.get("DDTREE_CACHE", Path.home() / ".cache" / "ddtree-bench"))
     output = cache / f"{source.stem}-{digest}.fatbin"
     if not output.exists():
@@ -125,8 +134,9 @@ def fatbin_runs(fatbin: Path, cc: int) -> str:
     """Which of a fatbin's code runs on a device of compute capability ``cc`` (from its build record)."""
     meta_path = Path(str(fatbin) + ".json")
     meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
-    if f"sm_{cc}" in meta.get("archs", []):
-        return f"sm_{cc} SASS"
+    for arch in (f"sm_{cc}", f"sm_{cc}a"):
+        if arch in meta.get("archs", []):
+            return f"{arch} SASS"
     if meta.get("ptx"):
         return f"PTX {meta['ptx']} compiled by the driver for sm_{cc}"
     return f"unknown (no build record next to {Path(fatbin).name})"
