@@ -25,7 +25,8 @@
 #define VW_K_BLOCK_BYTES (VW_BN * 128)              // one 64-dim block of a key tile: 4096
 #define VW_K_BYTES (VW_DIM_BLOCKS * VW_K_BLOCK_BYTES)  // 36864
 #define VW_X_FLOATS (16 * 128)                      // one warpgroup's partial S: 16 floats x 128 threads
-#define VW_SMEM_BYTES (VW_Q_BYTES + 2 * VW_K_BYTES + 2 * VW_X_FLOATS * 4 + 1024)  // + 1024: alignment slack
+#define VW_STAGES 3                                 // key-tile buffers
+#define VW_SMEM_BYTES (VW_Q_BYTES + VW_STAGES * VW_K_BYTES + 2 * VW_X_FLOATS * 4 + 1024)  // + 1024: alignment slack
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define VW_ENABLED 1
@@ -41,7 +42,8 @@ __device__ __forceinline__ uint64_t wgmma_desc(unsigned addr, unsigned lead_byte
 }
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory"); }
 // generic-proxy writes to shared memory (cp.async, st.shared) made visible to wgmma's async proxy
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 // keep the compiler from moving accumulator reads/writes across the asynchronous MMAs
@@ -49,6 +51,12 @@ template <int N>
 __device__ __forceinline__ void wgmma_fence_regs(float (&d)[N]) {
 #pragma unroll
     for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+// registers an in-flight wgmma reads (its A fragments) kept alive, unmoved, until after the wait
+template <int N>
+__device__ __forceinline__ void wgmma_keep_regs(unsigned (&r)[N]) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) asm volatile("" ::"r"(r[i]) : "memory");
 }
 
 // D[64 x 32] (+)= A[64 x 16] B[16 x 32]: A and B in shared memory (descriptors), B K-major
@@ -87,6 +95,31 @@ __device__ __forceinline__ void vw_load_key_tile(unsigned char* dst, const __nv_
         cp_async16(dst + vw_swizzled(row, chunk, VW_K_BLOCK_BYTES), src, valid);
     }
 }
+
+// Partial S of one key tile over this warpgroup's 288 dims (18 k-steps), issued and committed, not waited for.
+__device__ __forceinline__ void vw_issue_qk(float (&s)[16], unsigned sq_addr, unsigned sk_addr, int wg) {
+#pragma unroll
+    for (int ks = 0; ks < 18; ++ks) {
+        const int step = wg * 18 + ks;  // k-step of 16 dims: block step / 4, 32 bytes a step inside it
+        const unsigned a = sq_addr + (step >> 2) * (VW_BM * 128) + (step & 3) * 32;
+        const unsigned k = sk_addr + (step >> 2) * VW_K_BLOCK_BYTES + (step & 3) * 32;
+        wgmma_m64n32k16_ss(s, wgmma_desc(a, 16, 1024), wgmma_desc(k, 16, 1024), ks > 0);
+    }
+    wgmma_commit();
+}
+
+// O += P V for one key tile: P (bf16 A fragments of the two k-steps) from registers, V = keys x this
+// warpgroup's 256 dims, read transposed from the key tile. Issued and committed, not waited for.
+__device__ __forceinline__ void vw_issue_pv(float (&acc)[128], const unsigned (&p)[8], unsigned sk_addr, int wg) {
+#pragma unroll
+    for (int kk = 0; kk < VW_BN / 16; ++kk) {
+        const unsigned a_frag[4] = {p[4 * kk + 0], p[4 * kk + 1], p[4 * kk + 2], p[4 * kk + 3]};
+        // keys 16 kk .. (two 8-key groups 1024 bytes apart), dims 256 wg .. (four 64-dim blocks apart)
+        const unsigned v = sk_addr + (4 * wg) * VW_K_BLOCK_BYTES + kk * 16 * 128;
+        wgmma_m64n256k16_rs_tb(acc, a_frag, wgmma_desc(v, VW_K_BLOCK_BYTES, 1024));
+    }
+    wgmma_commit();
+}
 #endif  // VW_ENABLED
 
 extern "C" __global__ void __launch_bounds__(VW_THREADS, 1)
@@ -100,8 +133,8 @@ extern "C" __global__ void __launch_bounds__(VW_THREADS, 1)
     // 1024-byte alignment of the swizzle atoms (the dynamic window's start is not guaranteed to have it)
     unsigned char* smem = vw_smem_raw + ((1024 - (smem_addr(vw_smem_raw) & 1023)) & 1023);
     unsigned char* sq = smem;
-    unsigned char* sk0 = smem + VW_Q_BYTES;  // key tiles: two buffers of VW_K_BYTES
-    float* sx = reinterpret_cast<float*>(smem + VW_Q_BYTES + 2 * VW_K_BYTES);  // [2][16][128]
+    unsigned char* sk0 = smem + VW_Q_BYTES;  // key tiles: VW_STAGES buffers of VW_K_BYTES
+    float* sx = reinterpret_cast<float*>(smem + VW_Q_BYTES + VW_STAGES * VW_K_BYTES);  // [2][16][128]
 
     const int b = blockIdx.z;
     const int split = blockIdx.y;
@@ -119,16 +152,7 @@ extern "C" __global__ void __launch_bounds__(VW_THREADS, 1)
     const __nv_bfloat16* q_b = q + static_cast<long long>(b) * rows * VA_DIM;
     const __nv_bfloat16* kv_b = kv + static_cast<long long>(b) * kv_rows * VA_DIM;
     const unsigned* mask_b = mask_bits + static_cast<long long>(b) * tokens * mask_words;
-
-    // Q tile (rows past M zero-filled) and the first key tile: one cp.async group
-    for (int c = tid; c < VW_BM * (VA_DIM / 8); c += VW_THREADS) {
-        const int r = c / (VA_DIM / 8), chunk = c % (VA_DIM / 8);
-        const bool valid = row0 + r < rows;
-        const __nv_bfloat16* src = q_b + (valid ? static_cast<long long>(row0 + r) * VA_DIM + chunk * 8 : 0);
-        cp_async16(sq + vw_swizzled(r, chunk, VW_BM * 128), src, valid);
-    }
-    if (tile_begin < tile_end) vw_load_key_tile(sk0, kv_b, tile_begin * VW_BN, kv_len);
-    cp_async_commit();
+    const unsigned sq_addr = smem_addr(sq), sk_addr0 = smem_addr(sk0);
 
     // this thread's two rows of the 64-row tile (the m16n8 accumulator layout, warp w of the warpgroup owns
     // rows 16 w ..): r_lo and r_lo + 8; columns 8 j + 2 (lane % 4) + {0, 1} of n-tile j
@@ -143,46 +167,20 @@ extern "C" __global__ void __launch_bounds__(VW_THREADS, 1)
         row_tok[h] = row_ok[h] ? row / heads : 0;
     }
     float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};  // l_run: this thread's columns only
-
     float acc[128];
 #pragma unroll
     for (int i = 0; i < 128; ++i) acc[i] = 0.f;
 
-    const unsigned sq_addr = smem_addr(sq);
-    for (int t = tile_begin; t < tile_end; ++t) {
-        const int buf = (t - tile_begin) & 1;
-        cp_async_wait<0>();
-        fence_proxy_async();
-        __syncthreads();  // tile t landed for everyone; everyone is done with tile t - 1 (its buffer is free)
-        if (t + 1 < tile_end) vw_load_key_tile(sk0 + (buf ^ 1) * VW_K_BYTES, kv_b, (t + 1) * VW_BN, kv_len);
-        cp_async_commit();
-        const unsigned sk_addr = smem_addr(sk0 + buf * VW_K_BYTES);
-        const int key0 = t * VW_BN;
-
-        // ---- partial S over this warpgroup's 288 dims
-        float s[16];
-        wgmma_fence();
-#pragma unroll
-        for (int ks = 0; ks < 18; ++ks) {
-            const int step = wg * 18 + ks;  // k-step of 16 dims: block step / 4, 32 bytes a step inside it
-            const unsigned a = sq_addr + (step >> 2) * (VW_BM * 128) + (step & 3) * 32;
-            const unsigned k = sk_addr + (step >> 2) * VW_K_BLOCK_BYTES + (step & 3) * 32;
-            wgmma_m64n32k16_ss(s, wgmma_desc(a, 16, 1024), wgmma_desc(k, 16, 1024), ks > 0);
-        }
-        wgmma_commit();
-        wgmma_wait_all();
-        wgmma_fence_regs(s);
-
-        // ---- swap the partial sums between the warpgroups and add them
+    // The full S of a tile from this warpgroup's partial sums and the other's (swapped through shared
+    // memory), then scale, tree mask and online softmax (log2 domain; 4 threads share a row): P as bf16
+    // A fragments {row lo keys +0, row hi keys +0, row lo keys +8, row hi keys +8} of the two k-steps, and the
+    // factor alpha that takes the accumulators to the new running max.
+    auto softmax = [&](float (&s)[16], int key0, unsigned (&p)[8], float (&alpha)[2]) {
 #pragma unroll
         for (int i = 0; i < 16; ++i) sx[(wg * 16 + i) * 128 + wtid] = s[i];
         __syncthreads();
 #pragma unroll
         for (int i = 0; i < 16; ++i) s[i] += sx[((wg ^ 1) * 16 + i) * 128 + wtid];
-
-        // ---- scale, mask, online softmax (log2 domain); 4 threads share a row
-        float alpha[2];
-        unsigned p[8];  // P as bf16 pairs: the A fragments of the two k-steps
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             float v[8];
@@ -197,7 +195,8 @@ extern "C" __global__ void __launch_bounds__(VW_THREADS, 1)
                         x = s[4 * j + 2 * h + e] * scale_log2;
                         if (key >= prefix) {
                             const int jj = key - prefix;
-                            if (!((mask_b[static_cast<long long>(row_tok[h]) * mask_words + (jj >> 5)] >> (jj & 31)) & 1u))
+                            if (!((mask_b[static_cast<long long>(row_tok[h]) * mask_words + (jj >> 5)] >> (jj & 31)) &
+                                  1u))
                                 x = -INFINITY;
                         }
                     }
@@ -223,15 +222,64 @@ extern "C" __global__ void __launch_bounds__(VW_THREADS, 1)
                 l_run[h] = l_run[h] * alpha[h] + sum;
             }
             m_run[h] = m_new;
-            // A fragment of k-step kk (keys 16 kk ..): {row lo keys +0, row hi keys +0, row lo keys +8, row hi +8}
 #pragma unroll
             for (int j = 0; j < 4; ++j) {
                 __nv_bfloat162 pair = __floats2bfloat162_rn(pr[2 * j], pr[2 * j + 1]);
                 p[(j >> 1) * 4 + (j & 1) * 2 + h] = *reinterpret_cast<unsigned*>(&pair);
             }
         }
+    };
 
-        // ---- O = O * alpha + P V over this warpgroup's 256 output dims
+    // Q tile (rows past M zero-filled) with the first key tile: one cp.async group; the second tile: another
+    for (int c = tid; c < VW_BM * (VA_DIM / 8); c += VW_THREADS) {
+        const int r = c / (VA_DIM / 8), chunk = c % (VA_DIM / 8);
+        const bool valid = row0 + r < rows;
+        const __nv_bfloat16* src = q_b + (valid ? static_cast<long long>(row0 + r) * VA_DIM + chunk * 8 : 0);
+        cp_async16(sq + vw_swizzled(r, chunk, VW_BM * 128), src, valid);
+    }
+    if (tile_begin < tile_end) vw_load_key_tile(sk0, kv_b, tile_begin * VW_BN, kv_len);
+    cp_async_commit();
+    if (tile_begin + 1 < tile_end) vw_load_key_tile(sk0 + VW_K_BYTES, kv_b, (tile_begin + 1) * VW_BN, kv_len);
+    cp_async_commit();
+
+    // Software pipeline (in each warpgroup, FA3-style): while P V of tile t runs on the tensor cores, the
+    // softmax of tile t + 1 runs on the other units. Per iteration t: S(t + 1) issued, then P(t) V(t);
+    // wait for S(t + 1); swap and softmax -> P(t + 1); wait for P(t) V(t); rescale O. Three key buffers:
+    // tile t (P V), tile t + 1 (Q K^T), tile t + 2 (loading). The last iteration's S(t + 1) is issued and
+    // softmaxed too (on a stale buffer, every key past the end masked: P = 0, alpha = 1) -- branch-free, so
+    // ptxas keeps the MMAs asynchronous (with the branches it serialises them).
+    unsigned p[8];
+    if (tile_begin < tile_end) {
+        float s[16];
+        float alpha[2];
+        cp_async_wait<1>();
+        fence_proxy_async();
+        __syncthreads();
+        wgmma_fence();
+        vw_issue_qk(s, sq_addr, sk_addr0, wg);
+        wgmma_wait<0>();
+        wgmma_fence_regs(s);
+        softmax(s, tile_begin * VW_BN, p, alpha);  // O is still zero: alpha is not needed
+    }
+    for (int t = tile_begin; t < tile_end; ++t) {
+        const int i = t - tile_begin;
+        cp_async_wait<0>();  // tile t + 1 (this thread's part)
+        fence_proxy_async();
+        __syncthreads();  // tile t + 1 landed; everyone is done with tile t - 1: its buffer takes tile t + 2
+        if (t + 2 < tile_end) vw_load_key_tile(sk0 + ((i + 2) % VW_STAGES) * VW_K_BYTES, kv_b, (t + 2) * VW_BN, kv_len);
+        cp_async_commit();
+        float s[16];
+        float alpha[2] = {1.f, 1.f};
+        unsigned p_next[8];
+        wgmma_fence();
+        vw_issue_qk(s, sq_addr, sk_addr0 + ((i + 1) % VW_STAGES) * VW_K_BYTES, wg);
+        vw_issue_pv(acc, p, sk_addr0 + (i % VW_STAGES) * VW_K_BYTES, wg);
+        wgmma_wait<1>();  // S(t + 1) done; P(t) V(t) may still run
+        wgmma_fence_regs(s);
+        softmax(s, (t + 1) * VW_BN, p_next, alpha);
+        wgmma_wait<0>();
+        wgmma_fence_regs(acc);
+        wgmma_keep_regs(p);  // P(t) stays in its registers until its MMAs are done
         if (alpha[0] != 1.f || alpha[1] != 1.f) {
 #pragma unroll
             for (int n = 0; n < 32; ++n) {
@@ -241,18 +289,8 @@ extern "C" __global__ void __launch_bounds__(VW_THREADS, 1)
                 acc[4 * n + 3] *= alpha[1];
             }
         }
-        wgmma_fence();
 #pragma unroll
-        for (int kk = 0; kk < VW_BN / 16; ++kk) {
-            const unsigned a_frag[4] = {p[4 * kk + 0], p[4 * kk + 1], p[4 * kk + 2], p[4 * kk + 3]};
-            // V rows = keys 16 kk .. (two 8-key groups 1024 bytes apart), dims 256 wg .. (four 64-dim blocks
-            // VW_K_BLOCK_BYTES apart)
-            const unsigned v = sk_addr + (4 * wg) * VW_K_BLOCK_BYTES + kk * 16 * 128;
-            wgmma_m64n256k16_rs_tb(acc, a_frag, wgmma_desc(v, VW_K_BLOCK_BYTES, 1024));
-        }
-        wgmma_commit();
-        wgmma_wait_all();
-        wgmma_fence_regs(acc);
+        for (int k = 0; k < 8; ++k) p[k] = p_next[k];
     }
     cp_async_wait<0>();
 
