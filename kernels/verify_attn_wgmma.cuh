@@ -148,6 +148,7 @@ extern "C" __global__ void __launch_bounds__(VW_THREADS, 1)
     const int tiles = (kv_len + VW_BN - 1) / VW_BN;
     const int tile_begin = split * tiles_per_split;
     const int tile_end = min(tiles, tile_begin + tiles_per_split);
+    const int key_end = min(kv_len, tile_end * VW_BN);  // this split's keys end here (the next split's begin)
 
     const __nv_bfloat16* q_b = q + static_cast<long long>(b) * rows * VA_DIM;
     const __nv_bfloat16* kv_b = kv + static_cast<long long>(b) * kv_rows * VA_DIM;
@@ -191,7 +192,7 @@ extern "C" __global__ void __launch_bounds__(VW_THREADS, 1)
                 for (int e = 0; e < 2; ++e) {
                     const int key = key0 + 8 * j + col0 + e;
                     float x = -INFINITY;
-                    if (row_ok[h] && key < kv_len) {
+                    if (row_ok[h] && key < key_end) {
                         x = s[4 * j + 2 * h + e] * scale_log2;
                         if (key >= prefix) {
                             const int jj = key - prefix;
@@ -246,8 +247,8 @@ extern "C" __global__ void __launch_bounds__(VW_THREADS, 1)
     // softmax of tile t + 1 runs on the other units. Per iteration t: S(t + 1) issued, then P(t) V(t);
     // wait for S(t + 1); swap and softmax -> P(t + 1); wait for P(t) V(t); rescale O. Three key buffers:
     // tile t (P V), tile t + 1 (Q K^T), tile t + 2 (loading). The last iteration's S(t + 1) is issued and
-    // softmaxed too (on a stale buffer, every key past the end masked: P = 0, alpha = 1) -- branch-free, so
-    // ptxas keeps the MMAs asynchronous (with the branches it serialises them).
+    // softmaxed too (on a stale buffer, every key masked as past the split's end: P = 0, alpha = 1) --
+    // branch-free, so ptxas keeps the MMAs asynchronous (with the branches it serialises them).
     unsigned p[8];
     if (tile_begin < tile_end) {
         float s[16];
