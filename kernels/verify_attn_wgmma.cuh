@@ -97,15 +97,35 @@ __device__ __forceinline__ void vw_load_key_tile(unsigned char* dst, const __nv_
 }
 
 // Partial S of one key tile over this warpgroup's 288 dims (18 k-steps), issued and committed, not waited for.
-__device__ __forceinline__ void vw_issue_qk(float (&s)[16], unsigned sq_addr, unsigned sk_addr, int wg) {
+// The k-steps alternate between VW_QK_CHAINS independent accumulators (added by vw_sum_chains): a chain of
+// dependent small-N MMAs waits on each one's latency.
+#ifndef VW_QK_CHAINS
+#define VW_QK_CHAINS 2
+#endif
+// 1: the warpgroups split the 576 dims and swap partial sums; 0: each computes the whole S itself (twice
+// the QK MMAs, no swap, no barrier between the warpgroups in the softmax)
+#ifndef VW_QK_SPLIT
+#define VW_QK_SPLIT 1
+#endif
+#define VW_QK_STEPS (VW_QK_SPLIT ? 18 : 36)
+__device__ __forceinline__ void vw_issue_qk(float (&s)[VW_QK_CHAINS][16], unsigned sq_addr, unsigned sk_addr, int wg) {
 #pragma unroll
-    for (int ks = 0; ks < 18; ++ks) {
-        const int step = wg * 18 + ks;  // k-step of 16 dims: block step / 4, 32 bytes a step inside it
+    for (int ks = 0; ks < VW_QK_STEPS; ++ks) {
+        const int step = VW_QK_SPLIT ? wg * 18 + ks : ks;  // k-step of 16 dims: block step / 4, 32 bytes a step inside it
         const unsigned a = sq_addr + (step >> 2) * (VW_BM * 128) + (step & 3) * 32;
         const unsigned k = sk_addr + (step >> 2) * VW_K_BLOCK_BYTES + (step & 3) * 32;
-        wgmma_m64n32k16_ss(s, wgmma_desc(a, 16, 1024), wgmma_desc(k, 16, 1024), ks > 0);
+        wgmma_m64n32k16_ss(s[ks % VW_QK_CHAINS], wgmma_desc(a, 16, 1024), wgmma_desc(k, 16, 1024),
+                           ks >= VW_QK_CHAINS);
     }
     wgmma_commit();
+}
+__device__ __forceinline__ void vw_sum_chains(float (&s)[VW_QK_CHAINS][16]) {
+#pragma unroll
+    for (int c = 0; c < VW_QK_CHAINS; ++c) wgmma_fence_regs(s[c]);
+#pragma unroll
+    for (int c = 1; c < VW_QK_CHAINS; ++c)
+#pragma unroll
+        for (int i = 0; i < 16; ++i) s[0][i] += s[c][i];
 }
 
 // O += P V for one key tile: P (bf16 A fragments of the two k-steps) from registers, V = keys x this
@@ -177,11 +197,13 @@ extern "C" __global__ void __launch_bounds__(VW_THREADS, 1)
     // A fragments {row lo keys +0, row hi keys +0, row lo keys +8, row hi keys +8} of the two k-steps, and the
     // factor alpha that takes the accumulators to the new running max.
     auto softmax = [&](float (&s)[16], int key0, unsigned (&p)[8], float (&alpha)[2]) {
+#if VW_QK_SPLIT
 #pragma unroll
         for (int i = 0; i < 16; ++i) sx[(wg * 16 + i) * 128 + wtid] = s[i];
         __syncthreads();
 #pragma unroll
         for (int i = 0; i < 16; ++i) s[i] += sx[((wg ^ 1) * 16 + i) * 128 + wtid];
+#endif
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             float v[8];
@@ -251,7 +273,7 @@ extern "C" __global__ void __launch_bounds__(VW_THREADS, 1)
     // branch-free, so ptxas keeps the MMAs asynchronous (with the branches it serialises them).
     unsigned p[8];
     if (tile_begin < tile_end) {
-        float s[16];
+        float s[VW_QK_CHAINS][16];
         float alpha[2];
         cp_async_wait<1>();
         fence_proxy_async();
@@ -259,8 +281,8 @@ extern "C" __global__ void __launch_bounds__(VW_THREADS, 1)
         wgmma_fence();
         vw_issue_qk(s, sq_addr, sk_addr0, wg);
         wgmma_wait<0>();
-        wgmma_fence_regs(s);
-        softmax(s, tile_begin * VW_BN, p, alpha);  // O is still zero: alpha is not needed
+        vw_sum_chains(s);
+        softmax(s[0], tile_begin * VW_BN, p, alpha);  // O is still zero: alpha is not needed
     }
     for (int t = tile_begin; t < tile_end; ++t) {
         const int i = t - tile_begin;
@@ -269,15 +291,15 @@ extern "C" __global__ void __launch_bounds__(VW_THREADS, 1)
         __syncthreads();  // tile t + 1 landed; everyone is done with tile t - 1: its buffer takes tile t + 2
         if (t + 2 < tile_end) vw_load_key_tile(sk0 + ((i + 2) % VW_STAGES) * VW_K_BYTES, kv_b, (t + 2) * VW_BN, kv_len);
         cp_async_commit();
-        float s[16];
+        float s[VW_QK_CHAINS][16];
         float alpha[2] = {1.f, 1.f};
         unsigned p_next[8];
         wgmma_fence();
         vw_issue_qk(s, sq_addr, sk_addr0 + ((i + 1) % VW_STAGES) * VW_K_BYTES, wg);
         vw_issue_pv(acc, p, sk_addr0 + (i % VW_STAGES) * VW_K_BYTES, wg);
         wgmma_wait<1>();  // S(t + 1) done; P(t) V(t) may still run
-        wgmma_fence_regs(s);
-        softmax(s, (t + 1) * VW_BN, p_next, alpha);
+        vw_sum_chains(s);
+        softmax(s[0], (t + 1) * VW_BN, p_next, alpha);
         wgmma_wait<0>();
         wgmma_fence_regs(acc);
         wgmma_keep_regs(p);  // P(t) stays in its registers until its MMAs are done
