@@ -4,18 +4,20 @@
 // features exist (__CUDA_ARCH_FEAT_SM90_ALL); elsewhere the kernel body is empty and the loader never picks
 // it (ddtree_verify_attn_wgmma_info says which).
 //
-// Block: 64 query rows, 256 threads = two warpgroups; key tiles of 32 keys, double-buffered with cp.async
-// into 128-byte-swizzled shared memory (the layout wgmma's descriptors read: 64 dims = 128 bytes a row,
+// Block: 64 query rows, 256 threads = two warpgroups; key tiles of 32 keys in three buffers, loaded with
+// cp.async into 128-byte-swizzled shared memory (the layout wgmma's descriptors read: 64 dims = 128 bytes a row,
 // 16-byte chunk c of row r stored at chunk c ^ (r % 8), 8-row atoms 1024 bytes apart, one block of
 // (rows x 64 dims) per 64 dims).
 //   S = Q K^T: warpgroup g multiplies dims [288 g, 288 g + 288) (18 k-steps of m64n32k16, both operands from
-//     shared memory); the two partial S tiles are swapped through shared memory (thread t of one warpgroup
+//     shared memory; the k-steps alternate between two accumulators); the two partial S tiles are swapped through shared memory (thread t of one warpgroup
 //     holds the same elements as thread t of the other) and added -- the same sum in both warpgroups, so both
 //     run the identical online softmax on the full S tile in registers.
 //   O += P V: warpgroup g owns output dims [256 g, 256 g + 256): P (bf16) stays in registers as wgmma's A
 //     fragment, V is the key tile read transposed (MN-major) from the same shared memory: 2 k-steps of
 //     m64n256k16 into 128 fp32 accumulators a thread.
+//   Pipelined: S of tile t + 1 and its softmax run while P V of tile t is on the tensor cores (see the loop).
 // The mask, the scale (log2 domain), the -inf handling and the split outputs are those of ddtree_verify_attn.
+// 198 KB of shared memory, one block per SM, 231 registers a thread.
 
 #define VW_BM 64
 #define VW_BN 32
@@ -102,16 +104,10 @@ __device__ __forceinline__ void vw_load_key_tile(unsigned char* dst, const __nv_
 #ifndef VW_QK_CHAINS
 #define VW_QK_CHAINS 2
 #endif
-// 1: the warpgroups split the 576 dims and swap partial sums; 0: each computes the whole S itself (twice
-// the QK MMAs, no swap, no barrier between the warpgroups in the softmax)
-#ifndef VW_QK_SPLIT
-#define VW_QK_SPLIT 1
-#endif
-#define VW_QK_STEPS (VW_QK_SPLIT ? 18 : 36)
 __device__ __forceinline__ void vw_issue_qk(float (&s)[VW_QK_CHAINS][16], unsigned sq_addr, unsigned sk_addr, int wg) {
 #pragma unroll
-    for (int ks = 0; ks < VW_QK_STEPS; ++ks) {
-        const int step = VW_QK_SPLIT ? wg * 18 + ks : ks;  // k-step of 16 dims: block step / 4, 32 bytes a step inside it
+    for (int ks = 0; ks < 18; ++ks) {
+        const int step = wg * 18 + ks;  // k-step of 16 dims: block step / 4, 32 bytes a step inside it
         const unsigned a = sq_addr + (step >> 2) * (VW_BM * 128) + (step & 3) * 32;
         const unsigned k = sk_addr + (step >> 2) * VW_K_BLOCK_BYTES + (step & 3) * 32;
         wgmma_m64n32k16_ss(s[ks % VW_QK_CHAINS], wgmma_desc(a, 16, 1024), wgmma_desc(k, 16, 1024),
@@ -197,13 +193,11 @@ extern "C" __global__ void __launch_bounds__(VW_THREADS, 1)
     // A fragments {row lo keys +0, row hi keys +0, row lo keys +8, row hi keys +8} of the two k-steps, and the
     // factor alpha that takes the accumulators to the new running max.
     auto softmax = [&](float (&s)[16], int key0, unsigned (&p)[8], float (&alpha)[2]) {
-#if VW_QK_SPLIT
 #pragma unroll
         for (int i = 0; i < 16; ++i) sx[(wg * 16 + i) * 128 + wtid] = s[i];
         __syncthreads();
 #pragma unroll
         for (int i = 0; i < 16; ++i) s[i] += sx[((wg ^ 1) * 16 + i) * 128 + wtid];
-#endif
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             float v[8];
