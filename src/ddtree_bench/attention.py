@@ -174,7 +174,8 @@ class AttentionPlan:
 
 def plan_attention(shape: AttentionShape, max_kv_len: int, sm_count: int) -> AttentionPlan:
     """Split a request's keys between blocks (split-KV) only while there are fewer blocks than SMs (one block
-    of ours fits an SM: 192-198 KiB of shared memory), each split keeping at least ``MIN_TILES_PER_SPLIT`` key tiles."""
+    of either path fits an SM: 192-198 KiB of shared memory), each split keeping at least
+    ``MIN_TILES_PER_SPLIT`` key tiles."""
     row_tiles = -(-shape.rows // ROWS_PER_BLOCK)
     tiles = max(1, -(-max_kv_len // KEYS_PER_TILE))
     blocks = row_tiles * shape.batch
