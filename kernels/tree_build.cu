@@ -689,8 +689,66 @@ __device__ __forceinline__ void build_tree(DDT_BUILD_PARAMS) {
     if (prof && threadIdx.x == 0) prof[3] = clock64();
 }
 
-extern "C" __global__ void __launch_bounds__(1024) ddtree_build_tree(DDT_BUILD_PARAMS) {
+// The bool rows of tree b [N1, N1] from its packed bits (written by this block, visible to all its threads),
+// by the whole block: 16-byte stores for the chunks of the batch's flat mask that lie inside the tree's
+// region [b * N1^2, (b + 1) * N1^2), byte stores for the bytes it shares a chunk with trees b - 1 and b + 1.
+__device__ void expand_own_tree(const unsigned int* __restrict__ bits_b, int N1, int W, long long b,
+                                unsigned char* __restrict__ visibility) {
+    const int S = N1 * N1;
+    const long long lo = b * S, hi = lo + S;
+    const long long c_lo = (lo + 15) >> 4, c_hi = hi >> 4;  // chunks wholly inside the tree
+    auto bit_at = [&](int rem) -> unsigned int {
+        const int r = rem / N1, c = rem - r * N1;
+        return (bits_b[r * W + (c >> 5)] >> (c & 31)) & 1u;
+    };
+    auto bits16 = [&](const unsigned int* words, int col) -> unsigned int {
+        const int w = col >> 5, sh = col & 31;
+        const unsigned int lo_w = words[w];
+        const unsigned int hi_w = (w + 1 < W) ? words[w + 1] : 0u;
+        return __funnelshift_r(lo_w, hi_w, sh) & 0xffffu;
+    };
+    uint4* out = reinterpret_cast<uint4*>(visibility);  // allocation is 256-byte aligned
+    for (long long ci = c_lo + threadIdx.x; ci < c_hi; ci += blockDim.x) {
+        const int rem = static_cast<int>((ci << 4) - lo);
+        unsigned int v = 0u;
+        if (N1 >= 16) {  // the 16 bytes span this row and at most the next one, both in the tree
+            const int r = rem / N1, c = rem - r * N1;
+            const unsigned int* rw = bits_b + r * W;
+            v = bits16(rw, c);
+            const int in_row = N1 - c;
+            if (in_row < 16) {
+                v &= (1u << in_row) - 1u;
+                v |= (bits16(rw + W, 0) << in_row) & 0xffffu;
+            }
+        } else {
+            for (int k = 0; k < 16; ++k) v |= bit_at(rem + k) << k;
+        }
+        uint4 o;
+        o.x = ((v & 0xfu) * 0x00204081u) & 0x01010101u;
+        o.y = (((v >> 4) & 0xfu) * 0x00204081u) & 0x01010101u;
+        o.z = (((v >> 8) & 0xfu) * 0x00204081u) & 0x01010101u;
+        o.w = (((v >> 12) & 0xfu) * 0x00204081u) & 0x01010101u;
+        out[ci] = o;
+    }
+    const long long head_end = c_lo < c_hi ? (c_lo << 4) : hi;  // no whole chunk: every byte goes singly
+    const long long tail_begin = c_lo < c_hi ? (c_hi << 4) : hi;
+    for (long long q = lo + threadIdx.x; q < head_end; q += blockDim.x)
+        visibility[q] = static_cast<unsigned char>(bit_at(static_cast<int>(q - lo)));
+    for (long long q = tail_begin + threadIdx.x; q < hi; q += blockDim.x)
+        visibility[q] = static_cast<unsigned char>(bit_at(static_cast<int>(q - lo)));
+}
+
+// visibility: the bool mask [B, N+1, N+1] to write as well (each block its own tree's rows), or null (packed
+// bits only; ddtree_expand_visibility can expand them over the whole GPU afterwards).
+extern "C" __global__ void __launch_bounds__(1024)
+    ddtree_build_tree(DDT_BUILD_PARAMS, unsigned char* __restrict__ visibility) {
     build_tree(DDT_BUILD_ARGS);
+    if (visibility != nullptr && blockIdx.x < batch) {
+        const int N1 = budget + 1;
+        const int W = (N1 + 31) >> 5;
+        expand_own_tree(visibility_bits + static_cast<long long>(blockIdx.x) * N1 * W, N1, W, blockIdx.x,
+                        visibility);
+    }
 }
 
 

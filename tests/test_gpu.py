@@ -181,6 +181,29 @@ def test_gpu_batch_512(gpu, gpu_parallel, budget):
 
 
 @needs_gpu
+@pytest.mark.parametrize("budget", [1, 3, 7, 15, 16, 100, 257, 1024])
+@pytest.mark.parametrize("batch", [1, 3, 5])
+def test_bool_mask_written_by_the_build_kernel_or_the_expansion(batch, budget):
+    """The parallel kernel's own bool rows (16-byte chunks inside a tree, single bytes where a chunk is
+    shared with the neighbouring trees, byte by byte below 16 columns) equal the expansion kernel's and the
+    reference's."""
+    lp, ids = topk_inputs("bf16", batch, 16, budget, seed=batch * budget)
+    for in_build in (True, False):
+        builder = get_builder("gpu", path="parallel", bool_in_build=in_build)
+        assert builder.bool_in_build_kernel(builder.plan(batch, 16, budget, budget)) is in_build
+        assert_same(lp, ids, budget, builder)
+
+
+def test_bool_mask_goes_into_the_build_kernel_from_a_batch_on():
+    from ddtree_bench.builders.gpu import BOOL_IN_BUILD_MIN_BATCH, GpuBuilder, plan_launch
+
+    builder = GpuBuilder()
+    for batch in (1, BOOL_IN_BUILD_MIN_BATCH - 1, BOOL_IN_BUILD_MIN_BATCH, 512):
+        plan = plan_launch(batch, 16, 1024, 1024, 227 * 1024)
+        assert builder.bool_in_build_kernel(plan) is (batch >= BOOL_IN_BUILD_MIN_BATCH)
+
+
+@needs_gpu
 @pytest.mark.parametrize("budget,path", [(8, 4), (33, 4), (64, 4), (65, 0), (256, 0), (1024, 0)])
 def test_fast_paths_are_taken_on_ordinary_inputs(gpu, budget, path):
     """Budgets <= 64: the warp heap (stat 4); larger: the parallel pool path (stat 0), no fallback."""

@@ -26,10 +26,15 @@ def main(argv=None) -> int:
         order = np.argsort(-logp, axis=-1, kind="stable")[..., :budget]
         lp = np.take_along_axis(logp, order, -1).astype(np.float32)
         ids = order.astype(np.int64)
-        for force in (False, True):
-            gpu.force_heap = force
-            diff = first_difference(ref.build(lp, ids, budget), gpu.build(lp, ids, budget))
-            print(f"budget {budget} force_heap={force}: {'ok' if diff is None else diff}")
+        expected = ref.build(lp, ids, budget)
+        # the default path; the sequential heap; the parallel kernel writing the bool mask itself and
+        # leaving it to the expansion kernel
+        for force, in_build in ((False, None), (True, None), (False, True), (False, False)):
+            gpu.force_heap, gpu.bool_in_build = force, in_build
+            gpu.path = "parallel" if in_build is not None else None
+            diff = first_difference(expected, gpu.build(lp, ids, budget))
+            result = "ok" if diff is None else diff
+            print(f"budget {budget} force_heap={force} bool_in_build={in_build}: {result}")
             failures += diff is not None
     return 1 if failures else 0
 

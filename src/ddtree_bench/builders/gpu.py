@@ -19,6 +19,7 @@ MAX_DEPTH = 32
 MAX_BUDGET = 2048
 FLAG_FORCE_HEAP = 1
 FLAG_ROWS_IN_SHARED = 4
+BOOL_IN_BUILD_MIN_BATCH = 16  # see GpuBuilder.bool_in_build_kernel
 WARP_MAX_BUDGET = 128  # the warp-heap kernels take budgets up to this (4 heap slots per lane)
 AUTO_WARP_HEAP_MAX_BUDGET = 64  # by default the warp heap up to here, the parallel pool path above
 STAT_NAMES = {
@@ -186,6 +187,7 @@ class GpuBuilder(Builder):
         bool_visibility: bool = True,
         force_heap: bool = False,
         path: str | None = None,
+        bool_in_build: bool | None = None,
     ):
         self._fatbin = Path(fatbin) if fatbin else None
         self._util_fatbin = Path(util_fatbin) if util_fatbin else None
@@ -193,6 +195,9 @@ class GpuBuilder(Builder):
         self.bool_visibility = bool_visibility
         self.force_heap = force_heap
         self.path = path  # None: by budget; "parallel" or "warp-heap" to force one (tests, measurements)
+        # the parallel kernel writes the bool mask itself (True) or leaves it to the expansion kernel (False);
+        # None: by batch (bool_in_build_kernel)
+        self.bool_in_build = bool_in_build
         self._kernels = None
         self._shared_set = set()
 
@@ -223,6 +228,14 @@ class GpuBuilder(Builder):
     def flags(self) -> int:
         return FLAG_FORCE_HEAP if self.force_heap else 0
 
+    def bool_in_build_kernel(self, plan: LaunchPlan) -> bool:
+        """Whether the parallel kernel writes the bool mask itself: from BOOL_IN_BUILD_MIN_BATCH trees on
+        (each block then writes its own tree's rows, next to the other blocks' work); below it one block per
+        tree would write alone, and the expansion kernel over the whole GPU is faster."""
+        if self.bool_in_build is not None:
+            return self.bool_in_build
+        return plan.batch >= BOOL_IN_BUILD_MIN_BATCH
+
     def launch(
         self,
         plan: LaunchPlan,
@@ -235,8 +248,8 @@ class GpuBuilder(Builder):
         bool_visibility: bool | None = None,
     ):
         """Enqueue one build of the whole batch on ``stream`` (no allocation, no host sync): the tree kernel,
-        then (when the bool mask is wanted) the kernel expanding the packed bits to it; the warp-heap
-        kernels write the bool mask themselves."""
+        which writes the bool mask too where wanted (the warp-heap kernels always; the parallel kernel per
+        ``bool_in_build_kernel``), else followed by the kernel expanding the packed bits to it."""
         import cupy as cp
 
         stream = stream or cp.cuda.get_current_stream()
@@ -269,10 +282,10 @@ class GpuBuilder(Builder):
             out.stats,
             profile if profile is not None else np.uint64(0),
         )
-        if warp:
-            args += (out.visibility if want_bool else np.uint64(0),)
+        in_kernel = want_bool and (warp or self.bool_in_build_kernel(plan))
+        args += (out.visibility if in_kernel else np.uint64(0),)
         kernel((plan.batch,), (plan.threads,), args, shared_mem=plan.shared_bytes, stream=stream)
-        if want_bool and not warp:
+        if want_bool and not in_kernel:
             chunks = (out.visibility.size + 15) // 16
             blocks = max(1, min((chunks + 255) // 256, 8 * k.sm_count))
             k.expand_visibility(
