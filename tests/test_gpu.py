@@ -194,13 +194,21 @@ def test_bool_mask_written_by_the_build_kernel_or_the_expansion(batch, budget):
         assert_same(lp, ids, budget, builder)
 
 
-def test_bool_mask_goes_into_the_build_kernel_from_a_batch_on():
-    from ddtree_bench.builders.gpu import BOOL_IN_BUILD_MIN_BATCH, GpuBuilder, plan_launch
+def test_bool_mask_goes_into_the_build_kernel_at_mid_budgets_and_large_batches():
+    from ddtree_bench.builders.gpu import (
+        BOOL_IN_BUILD_MAX_BUDGET,
+        BOOL_IN_BUILD_MIN_BATCH,
+        GpuBuilder,
+        plan_launch,
+    )
 
     builder = GpuBuilder()
-    for batch in (1, BOOL_IN_BUILD_MIN_BATCH - 1, BOOL_IN_BUILD_MIN_BATCH, 512):
-        plan = plan_launch(batch, 16, 1024, 1024, 227 * 1024)
-        assert builder.bool_in_build_kernel(plan) is (batch >= BOOL_IN_BUILD_MIN_BATCH)
+    for budget in (128, BOOL_IN_BUILD_MAX_BUDGET, BOOL_IN_BUILD_MAX_BUDGET + 1, 1024):
+        for batch in (1, BOOL_IN_BUILD_MIN_BATCH - 1, BOOL_IN_BUILD_MIN_BATCH, 512):
+            plan = plan_launch(batch, 16, budget, budget, 227 * 1024)
+            expected = budget <= BOOL_IN_BUILD_MAX_BUDGET and batch >= BOOL_IN_BUILD_MIN_BATCH
+            assert builder.bool_in_build_kernel(plan) is expected
+    assert GpuBuilder(bool_in_build=True).bool_in_build_kernel(plan) is True
 
 
 @needs_gpu
