@@ -291,6 +291,30 @@ def attention_trace(tmp_path_factory):
 TIMING = dict(warmup=1, repeats=2, min_seconds=0.0, max_seconds=0.1, min_repeats=1, max_repeats=5)
 
 
+@needs_gpu
+def test_benchmark_times_both_of_our_paths(attention_trace):
+    from ddtree_bench.attention import VerifyAttention
+    from ddtree_bench.attention_bench import run_attention_benchmark
+
+    df = run_attention_benchmark(
+        attention_trace,
+        16,
+        2,
+        heads=8,
+        prefix=300,
+        impls=["ours", "ours-mma"],
+        timing=TIMING,
+        machine="m",
+        distribution=None,
+    )
+    assert set(df["impl"]) == {"ours", "ours-mma"}
+    assert set(df["status"]) == {"ok"} and df["correct"].all()
+    assert (df["seconds"] > 0).all()
+    assert set(df.loc[df["impl"] == "ours-mma", "status_reason"]) == {"backend: mma path"}
+    expected = f"backend: {VerifyAttention().kernels.path} path"
+    assert set(df.loc[df["impl"] == "ours", "status_reason"]) == {expected}
+
+
 def test_benchmark_without_a_gpu_gives_one_unavailable_row_per_impl(attention_trace, monkeypatch):
     from ddtree_bench.attention import VerifyAttention
     from ddtree_bench.attention_bench import run_attention_benchmark
@@ -301,7 +325,7 @@ def test_benchmark_without_a_gpu_gives_one_unavailable_row_per_impl(attention_tr
         attention_trace, 16, 2, heads=8, prefix=100, timing=TIMING, machine="m", distribution=None
     )
     assert list(df.columns) == list(STAGE_COLUMNS)
-    assert df["impl"].tolist() == ["ours", "flexattention", "sdpa"]
+    assert df["impl"].tolist() == ["ours", "ours-mma", "flexattention", "sdpa"]
     assert set(df["status"]) == {"unavailable"}
     assert set(df["status_reason"]) == {"no GPU in this test"}
     assert df["seconds"].isna().all()

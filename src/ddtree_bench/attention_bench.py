@@ -7,7 +7,7 @@ For one grid point (trace, budget N, batch B, heads H, prefix length S):
   bool visibility the peers' mask. Every request has the same prefix length ``S``.
 - ``q [B, N+1, H, 576]`` and the latent cache ``kv [B, S+N+1, 576]`` are standard-normal bf16 (seeded); the
   values do not change the work, the tree does.
-- Each implementation (``ours``, ``flexattention``, ``sdpa``) is set up untimed (allocation, masks,
+- Each implementation (``ours``, ``ours-mma``, ``flexattention``, ``sdpa``) is set up untimed (allocation, masks,
   compilation, one call), checked against the float32 reference on the first and the last request (max abs
   error, ``correct`` when below ``TOLERANCE``), then timed: CUDA events around one call queued behind a spin
   kernel (so the host's launch cost is hidden, as for the tree build), ``warm`` samples back to back and
@@ -33,7 +33,10 @@ from ddtree_bench.bench import TimingPolicy, read_batch
 from ddtree_bench.environment import ENVIRONMENT_COLUMNS, collect_environment
 from ddtree_bench.stage_records import stage_frame
 
-IMPLS = ("ours", "flexattention", "sdpa")
+IMPLS = ("ours", "ours-mma", "flexattention", "sdpa")
+# our kernel's paths: "ours" is what VerifyAttention picks (wgmma on sm_90a, else mma.sync); "ours-mma" forces
+# the mma.sync kernel, to set the two side by side on a Hopper GPU
+OUR_PATHS = {"ours": "auto", "ours-mma": "mma"}
 TOLERANCE = 2e-2  # max abs error against float32 on outputs of unit-variance inputs (bf16 output rounding)
 SPIN_NS = 200_000
 
@@ -117,8 +120,8 @@ def run_attention_benchmark(
             "status_reason": " ".join(str(reason).split()),
         }
 
-    ours = VerifyAttention(attention_fatbin)
-    reason = ours.unavailable_reason()
+    ours = {impl: VerifyAttention(attention_fatbin, path=path) for impl, path in OUR_PATHS.items()}
+    reason = ours["ours"].unavailable_reason()
     if reason is not None:
         return stage_frame([unavailable(impl, reason) for impl in impls])
 
@@ -165,22 +168,24 @@ def run_attention_benchmark(
         return cp.cuda.get_elapsed_time(start, end) / 1e3
 
     rows = []
-    ours_reason = None
-    if "ours" in impls:
-        try:
-            _ = ours.kernels  # loads the fatbin: a GPU with too little shared memory per block refuses it
-        except AttentionUnavailable as exc:
-            ours_reason = str(exc)
+    ours_reason = {}
+    for impl in OUR_PATHS:
+        if impl in impls:
+            try:
+                _ = ours[impl].kernels  # loads the fatbin: a GPU with too little shared memory refuses it
+            except AttentionUnavailable as exc:
+                ours_reason[impl] = str(exc)
     for impl in impls:
         out, backend = None, None
-        if impl == "ours" and ours_reason is not None:
-            rows.append(unavailable(impl, ours_reason))
+        if impl in ours_reason:
+            rows.append(unavailable(impl, ours_reason[impl]))
             continue
         try:
             with torch.cuda.stream(torch_stream):
-                if impl == "ours":
+                if impl in OUR_PATHS:
                     out = torch.empty((batch, tokens, heads, VALUE_DIM), device="cuda", dtype=torch.bfloat16)
-                    prepared = ours.prepare(q, kv, lengths, bits, out)
+                    prepared = ours[impl].prepare(q, kv, lengths, bits, out)
+                    backend = f"{ours[impl].kernels.path} path"
 
                     def call(prepared=prepared):
                         prepared.launch(stream)
@@ -225,7 +230,7 @@ def run_attention_benchmark(
             )
             continue
         except Exception as exc:  # a peer that fails at run time: recorded, not fatal for the other impls
-            if impl == "ours":
+            if impl in OUR_PATHS:
                 raise
             rows.append(
                 unavailable(

@@ -20,7 +20,7 @@ SCHEMA_PATH = REPO_ROOT / "workflow" / "schemas" / "config.schema.yaml"
 BUILDERS = ("sglang", "reference", "native", "native-mt", "gpu")
 DISTRIBUTIONS = ("uniform", "peaked", "bf16", "recorded")
 TIMING_KEYS = ("warmup", "repeats", "min_repeats", "max_repeats", "min_seconds", "max_seconds")
-ATTENTION_IMPLS = ("ours", "flexattention", "sdpa")
+ATTENTION_IMPLS = ("ours", "ours-mma", "flexattention", "sdpa")
 
 
 def load_schema(path: str | Path | None = None) -> dict:

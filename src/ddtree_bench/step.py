@@ -30,7 +30,7 @@ from ddtree_bench.stage_records import stage_frame
 #: The record stage of each workflow stage (file names use the short ones), and its impls.
 RECORD_STAGE = {"attention": "verify-attention", "accept": "accept", "peaks": "peak"}
 STAGE_IMPLS = {
-    "verify-attention": ("ours", "flexattention", "sdpa"),
+    "verify-attention": ("ours", "ours-mma", "flexattention", "sdpa"),
     "accept": ("gpu-kernel", "gpu-host-inclusive", "cpu-walk", "floor"),
     "peak": ("bf16-gemm", "device-copy", "floor"),
 }
