@@ -7,10 +7,10 @@ For one grid point (trace, budget N, batch B, heads H, prefix length S):
   bool visibility the peers' mask. Every request has the same prefix length ``S``.
 - ``q [B, N+1, H, 576]`` and the latent cache ``kv [B, S+N+1, 576]`` are standard-normal bf16 (seeded); the
   values do not change the work, the tree does.
-- Each implementation (``ours``, ``ours-mma``, ``flexattention``, ``sdpa``) is set up untimed (allocation, masks,
-  compilation, one call), checked against the float32 reference on the first and the last request (max abs
-  error, ``correct`` when below ``TOLERANCE``), then timed: CUDA events around one call queued behind a spin
-  kernel (so the host's launch cost is hidden, as for the tree build), ``warm`` samples back to back and
+- Each implementation (``ours``, ``ours-mma``, ``flexattention``, ``sdpa``) is set up untimed (allocation,
+  masks, compilation, one call), checked against the float32 reference on the first and the last request (max
+  abs error, ``correct`` when below ``TOLERANCE``), then timed: CUDA events around one call queued behind a
+  spin kernel (so the host's launch cost is hidden, as for the tree build), ``warm`` samples back to back and
   ``cold`` samples after an L2 flush. An implementation that cannot run a shape (missing, unsupported head
   dims, out of memory) gives one ``unavailable`` row with the reason, never a number.
 - FLOPs and bytes per call (``attention.attention_flops`` / ``attention_bytes``) go on every row, so
