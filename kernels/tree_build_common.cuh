@@ -1,5 +1,5 @@
 // Shared by the tree-build kernels (tree_build.cu) and their host emulator (tests): path codes, the
-// order-preserving 64-bit key of a double, and the kernels' parameter list.
+// order-preserving 64-bit key of a double, bits to bool bytes, and the kernels' parameter list.
 #pragma once
 
 #define DDT_STAT_FAST 0
@@ -17,6 +17,16 @@ __device__ __forceinline__ unsigned long long ordered_key(double x) {
 __device__ __forceinline__ double key_to_double(unsigned long long k) {
     unsigned long long u = (k >> 63) ? (k & 0x7fffffffffffffffull) : ~k;
     return __longlong_as_double(static_cast<long long>(u));
+}
+
+// 16 mask bits as 16 bool bytes (bit j -> byte j, 0 or 1), one 16-byte store.
+__device__ __forceinline__ uint4 bool_bytes16(unsigned int v) {
+    uint4 o;
+    o.x = ((v & 0xfu) * 0x00204081u) & 0x01010101u;
+    o.y = (((v >> 4) & 0xfu) * 0x00204081u) & 0x01010101u;
+    o.z = (((v >> 8) & 0xfu) * 0x00204081u) & 0x01010101u;
+    o.w = (((v >> 12) & 0xfu) * 0x00204081u) & 0x01010101u;
+    return o;
 }
 
 #define DDT_BUILD_PARAMS                                                                              \

@@ -269,13 +269,7 @@ __device__ __forceinline__ void warp_build_tree(DDT_BUILD_PARAMS, unsigned char*
         if (lane < head) v[lane] = static_cast<unsigned char>(bits_from(lane, 1));
         uint4* vc = reinterpret_cast<uint4*>(v + head);
         for (int k = lane; k < chunks; k += 32) {
-            const unsigned int x = bits_from(head + 16 * k, 16);
-            uint4 out;  // bit j -> byte j (0 or 1)
-            out.x = ((x & 0xfu) * 0x00204081u) & 0x01010101u;
-            out.y = (((x >> 4) & 0xfu) * 0x00204081u) & 0x01010101u;
-            out.z = (((x >> 8) & 0xfu) * 0x00204081u) & 0x01010101u;
-            out.w = (((x >> 12) & 0xfu) * 0x00204081u) & 0x01010101u;
-            vc[k] = out;
+            vc[k] = bool_bytes16(bits_from(head + 16 * k, 16));
         }
         const int tail = head + 16 * chunks;
         if (tail + lane < S) v[tail + lane] = static_cast<unsigned char>(bits_from(tail + lane, 1));

@@ -42,6 +42,15 @@
 #define VA_LDP (VA_BN + 8)  // P tile row stride
 #define VA_LDS_S (VA_BN + 8)  // S partial row stride in floats: conflict-free float2 stores
 
+// The arguments of both attention kernels (ddtree_verify_attn and the Hopper path's ddtree_verify_attn_wgmma):
+// the host launches either with the same list.
+#define VA_KERNEL_PARAMS                                                                                  \
+    const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ kv,                           \
+        const int* __restrict__ prefix_lengths, const unsigned* __restrict__ mask_bits,                  \
+        __nv_bfloat16* __restrict__ out, float* __restrict__ partial_out, float* __restrict__ partial_lse, \
+        int batch, int tokens, int heads, long long kv_rows, int mask_words, int splits, int tiles_per_split, \
+        float scale_log2
+
 struct VaShared {
     __nv_bfloat16 q[VA_BM * VA_LDS];
     __nv_bfloat16 k[2][VA_BN * VA_LDS];
@@ -103,12 +112,7 @@ __device__ __forceinline__ void load_key_tile(__nv_bfloat16* dst, const __nv_bfl
     }
 }
 
-extern "C" __global__ void __launch_bounds__(VA_THREADS, 1)
-    ddtree_verify_attn(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ kv,
-                       const int* __restrict__ prefix_lengths, const unsigned* __restrict__ mask_bits,
-                       __nv_bfloat16* __restrict__ out, float* __restrict__ partial_out,
-                       float* __restrict__ partial_lse, int batch, int tokens, int heads, long long kv_rows,
-                       int mask_words, int splits, int tiles_per_split, float scale_log2) {
+extern "C" __global__ void __launch_bounds__(VA_THREADS, 1) ddtree_verify_attn(VA_KERNEL_PARAMS) {
     extern __shared__ __align__(16) unsigned char va_smem_raw[];
     VaShared& sm = *reinterpret_cast<VaShared*>(va_smem_raw);
 

@@ -138,12 +138,7 @@ __device__ __forceinline__ void vw_issue_pv(float (&acc)[128], const unsigned (&
 }
 #endif  // VW_ENABLED
 
-extern "C" __global__ void __launch_bounds__(VW_THREADS, 1)
-    ddtree_verify_attn_wgmma(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ kv,
-                             const int* __restrict__ prefix_lengths, const unsigned* __restrict__ mask_bits,
-                             __nv_bfloat16* __restrict__ out, float* __restrict__ partial_out,
-                             float* __restrict__ partial_lse, int batch, int tokens, int heads, long long kv_rows,
-                             int mask_words, int splits, int tiles_per_split, float scale_log2) {
+extern "C" __global__ void __launch_bounds__(VW_THREADS, 1) ddtree_verify_attn_wgmma(VA_KERNEL_PARAMS) {
 #if VW_ENABLED
     extern __shared__ __align__(1024) unsigned char vw_smem_raw[];
     // 1024-byte alignment of the swizzle atoms (the dynamic window's start is not guaranteed to have it)
