@@ -1,5 +1,5 @@
-// Shared by the tree-build kernels (tree_build.cu) and their host emulator (tests): path codes, the
-// order-preserving 64-bit key of a double, bits to bool bytes, and the kernels' parameter list.
+// Shared by the tree-build kernels (tree_build.cu) and their host emulators (tests): path codes, the
+// order-preserving 64-bit key of a double, 16 bits to 16 bool bytes, and the kernels' parameter list.
 #pragma once
 
 #define DDT_STAT_FAST 0
