@@ -1,7 +1,8 @@
 // What the host emulators of our CUDA kernels share (tests/test_accept.py, tests/test_tree_build_emulator.py):
-// the CUDA qualifiers as nothing, the thread and block indices (each emulated thread a host thread), and
-// the meeting every thread of a block attends at a barrier or a warp collective. A thread that reaches a
-// different meeting than the others (a collective or barrier inside divergent code) is an error.
+// the CUDA qualifiers as nothing, the thread and block indices (each emulated thread a host thread, started
+// by emu_run_block_threads), and the meeting every thread of a block attends at a barrier or a warp
+// collective. A thread that reaches a different meeting than the others (a collective or barrier inside
+// divergent code) is an error.
 //
 // Before including, an emulator defines its meeting kinds as EMU_KIND_NAMES, a brace list of names indexed by
 // kind. Consecutive meetings alternate between two mutex / condition pairs: a thread leaving meeting k
@@ -71,4 +72,21 @@ template <class T> static T* read_array(FILE* f, long long n) {
     T* p = static_cast<T*>(std::malloc(n > 0 ? n * sizeof(T) : 1));
     if (n > 0 && std::fread(p, sizeof(T), n, f) != static_cast<size_t>(n)) std::exit(2);
     return p;
+}
+
+// The block's blockDim.x threads as host threads (1 MiB stacks), each running body with its thread index as
+// the argument, joined before returning; false when one could not start (the caller exits: the others may
+// wait at a meeting forever).
+static bool emu_run_block_threads(void* (*body)(void*)) {
+    pthread_t* threads = static_cast<pthread_t*>(std::malloc(blockDim.x * sizeof(pthread_t)));
+    pthread_attr_t attr;
+    pthread_attr_init(&attr);
+    pthread_attr_setstacksize(&attr, 1 << 20);
+    for (unsigned int t = 0; t < blockDim.x; ++t)
+        if (pthread_create(&threads[t], &attr, body, reinterpret_cast<void*>(static_cast<size_t>(t))) != 0)
+            return false;
+    for (unsigned int t = 0; t < blockDim.x; ++t) pthread_join(threads[t], nullptr);
+    pthread_attr_destroy(&attr);
+    std::free(threads);
+    return true;
 }

@@ -5,11 +5,11 @@ under AddressSanitizer -- equals the CPU walk on every case; on a GPU, ``GpuAcce
 from __future__ import annotations
 
 import subprocess
-from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from host_programs import compile_host_program, host_program
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -670,15 +670,7 @@ int main(int argc, char** argv) {
     blockDim.x = static_cast<unsigned int>(std::atoi(argv[4]));
     emu_shared_bytes = static_cast<unsigned int>(std::atol(argv[5]));
     emu_shared = static_cast<unsigned char*>(std::malloc(emu_shared_bytes > 0 ? emu_shared_bytes : 1));
-    pthread_t* threads = static_cast<pthread_t*>(std::malloc(blockDim.x * sizeof(pthread_t)));
-    pthread_attr_t attr;
-    pthread_attr_init(&attr);
-    pthread_attr_setstacksize(&attr, 1 << 20);
-    for (unsigned int t = 0; t < blockDim.x; ++t) {
-        void* index = reinterpret_cast<void*>(static_cast<size_t>(t));
-        if (pthread_create(&threads[t], &attr, emu_thread, index) != 0) return 3;
-    }
-    for (unsigned int t = 0; t < blockDim.x; ++t) pthread_join(threads[t], nullptr);
+    if (!emu_run_block_threads(emu_thread)) return 3;
     FILE* o = std::fopen(argv[2], "wb");
     std::fwrite(accepted, sizeof(int), B * n1, o);
     std::fwrite(length, sizeof(int), B, o);
@@ -686,55 +678,21 @@ int main(int argc, char** argv) {
     std::fclose(o);
     std::fprintf(stderr, "emulator: %d barriers\n", emu_held[EMU_SYNCTHREADS]);
     std::free(target); std::free(tokens); std::free(parents); std::free(counts);
-    std::free(accepted); std::free(length); std::free(bonus); std::free(emu_shared); std::free(threads);
+    std::free(accepted); std::free(length); std::free(bonus); std::free(emu_shared);
     return 0;
 }
 """
-SANITIZERS = {
-    "address": ["-fsanitize=address,undefined", "-fno-sanitize-recover=all", "-fno-omit-frame-pointer"],
-    "thread": ["-fsanitize=thread", "-fno-omit-frame-pointer"],
-}
 TSAN_OPTIONS = "halt_on_error=1 exitcode=66 report_signal_unsafe=0"
 
 
-def compile_emulator(source_path, output, compiler, sanitizer: str = "address") -> bool:
-    """Build the emulator around ``source_path`` (the kernel); True when the sanitizer is on (for
-    ``address`` the build falls back to none when the compiler lacks it; ``thread`` never falls back)."""
-    main = output.with_suffix(".cpp")
-    main.write_text(EMULATOR_MAIN)
-    base = [
-        *compiler,
-        "-std=c++17",
-        "-O1",
-        "-g",
-        "-pthread",
-        f"-I{Path(__file__).parent}",
-        f'-DKERNEL_PATH="{source_path}"',
-        f"-DSENTINEL32={SENTINEL32}",
-        f"-DSENTINEL64={SENTINEL64}LL",
-        "-o",
-        str(output),
-        str(main),
-    ]
-    proc = subprocess.run(base[:1] + SANITIZERS[sanitizer] + base[1:], capture_output=True, text=True)
-    if proc.returncode == 0:
-        return True
-    if sanitizer == "thread":
-        return False
-    proc = subprocess.run(base, capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr
-    return False
+def emulator_flags(source_path) -> list[str]:
+    """The emulator around the kernel at ``source_path`` (the kernel file, or a mutant of it)."""
+    return [f'-DKERNEL_PATH="{source_path}"', f"-DSENTINEL32={SENTINEL32}", f"-DSENTINEL64={SENTINEL64}LL"]
 
 
 def _emulator_fixture(tmp_path_factory, sanitizer):
-    from ddtree_bench.native_build import compiler_unavailable_reason, find_compiler
-
-    reason = compiler_unavailable_reason()
-    if reason is not None:
-        pytest.skip(reason)
-    output = tmp_path_factory.mktemp(f"accept_emulator_{sanitizer}") / "tree_accept_emulator"
-    sanitized = compile_emulator(KERNEL_SOURCE, output, find_compiler(), sanitizer)
-    return SimpleNamespace(path=output, sanitized=sanitized)
+    flags = emulator_flags(KERNEL_SOURCE)
+    return host_program(tmp_path_factory, f"accept_emulator_{sanitizer}", EMULATOR_MAIN, flags, sanitizer)
 
 
 @pytest.fixture(scope="module")
@@ -925,8 +883,6 @@ def test_kernel_code_has_no_data_race(tsan_emulator, case, block, path, tmp_path
 
 def _mutant(tmp_path, *edits, sanitizer="address"):
     """The kernel with each ``(old, new)`` edit applied (``old`` must occur once), built into the emulator."""
-    from ddtree_bench.native_build import find_compiler
-
     source = KERNEL_SOURCE.read_text()
     for old, new in edits:
         assert source.count(old) == 1, old
@@ -934,7 +890,7 @@ def _mutant(tmp_path, *edits, sanitizer="address"):
     mutant = tmp_path / "mutant.cu"
     mutant.write_text(source)
     exe = tmp_path / f"mutant_{sanitizer}"
-    compile_emulator(mutant, exe, find_compiler(), sanitizer)
+    compile_host_program(EMULATOR_MAIN, exe, emulator_flags(mutant), sanitizer)
     return exe
 
 

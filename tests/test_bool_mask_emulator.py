@@ -9,14 +9,13 @@ leave every other byte alone."""
 from __future__ import annotations
 
 import subprocess
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
 from gpu_inputs import topk_inputs
+from host_programs import host_program
 
 from ddtree_bench.builders import get_builder
-from ddtree_bench.cuda import KERNEL_DIR
 from ddtree_bench.tree import packed_visibility
 
 SENTINEL = 0x5A
@@ -75,23 +74,7 @@ int main(int argc, char** argv) {
 
 @pytest.fixture(scope="module")
 def harness(tmp_path_factory):
-    from ddtree_bench.native_build import compiler_unavailable_reason, find_compiler
-
-    reason = compiler_unavailable_reason()
-    if reason is not None:
-        pytest.skip(reason)
-    folder = tmp_path_factory.mktemp("bool_mask_emulator")
-    main, exe = folder / "harness.cpp", folder / "harness"
-    main.write_text(HARNESS)
-    base = ["-std=c++17", "-O1", "-g", f"-I{KERNEL_DIR}", f"-DSENTINEL={SENTINEL}", "-o", str(exe), str(main)]
-    compiler = find_compiler()
-    sanitizer = ["-fsanitize=address,undefined", "-fno-sanitize-recover=all", "-fno-omit-frame-pointer"]
-    proc = subprocess.run([*compiler, *sanitizer, *base], capture_output=True, text=True)
-    sanitized = proc.returncode == 0
-    if not sanitized:  # a compiler without AddressSanitizer still runs the code
-        proc = subprocess.run([*compiler, *base], capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return SimpleNamespace(path=exe, sanitized=sanitized)
+    return host_program(tmp_path_factory, "bool_mask_emulator", HARNESS, [f"-DSENTINEL={SENTINEL}"])
 
 
 def run_block(harness, bits, batch, tree, threads, tmp_path) -> np.ndarray:

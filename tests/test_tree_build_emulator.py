@@ -7,12 +7,11 @@ bool mask, and the shared memory must be exactly what the host plans (``warp_sha
 from __future__ import annotations
 
 import subprocess
-from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
 from gpu_inputs import topk_inputs
+from host_programs import host_program
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -165,15 +164,7 @@ int main(int argc, char** argv) {
     emu_shared = static_cast<unsigned char*>(std::malloc(shared_bytes > 0 ? shared_bytes : 1));
     gridDim.x = static_cast<unsigned int>(B);
     blockDim.x = 32;
-    pthread_t threads[32];
-    pthread_attr_t attr;
-    pthread_attr_init(&attr);
-    pthread_attr_setstacksize(&attr, 1 << 20);
-    for (unsigned int t = 0; t < 32; ++t) {
-        void* lane = reinterpret_cast<void*>(static_cast<size_t>(t));
-        if (pthread_create(&threads[t], &attr, emu_thread, lane) != 0) return 3;
-    }
-    for (unsigned int t = 0; t < 32; ++t) pthread_join(threads[t], nullptr);
+    if (!emu_run_block_threads(emu_thread)) return 3;
     FILE* o = std::fopen(argv[2], "wb");
     std::fwrite(counts, sizeof(int), B, o);
     std::fwrite(tokens, sizeof(long long), B * N, o);
@@ -191,40 +182,10 @@ int main(int argc, char** argv) {
     return 0;
 }
 """
-SANITIZER = ["-fsanitize=address,undefined", "-fno-sanitize-recover=all", "-fno-omit-frame-pointer"]
-
-
 @pytest.fixture(scope="module")
 def emulator(tmp_path_factory):
-    from ddtree_bench.native_build import compiler_unavailable_reason, find_compiler
-
-    reason = compiler_unavailable_reason()
-    if reason is not None:
-        pytest.skip(reason)
-    folder = tmp_path_factory.mktemp("tree_build_emulator")
-    main, exe = folder / "emulator.cpp", folder / "emulator"
-    main.write_text(EMULATOR_MAIN)
-    base = [
-        "-std=c++17",
-        "-O1",
-        "-g",
-        "-pthread",
-        "-ffp-contract=off",
-        f"-I{KERNEL_DIR}",
-        f"-I{Path(__file__).parent}",
-        f'-DKERNEL_PATH="{WARP_HEADER}"',
-        f"-DUNWRITTEN={UNWRITTEN}",
-        "-o",
-        str(exe),
-        str(main),
-    ]
-    compiler = find_compiler()
-    proc = subprocess.run([*compiler, *SANITIZER, *base], capture_output=True, text=True)
-    sanitized = proc.returncode == 0
-    if not sanitized:  # a compiler without AddressSanitizer still runs the code
-        proc = subprocess.run([*compiler, *base], capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return SimpleNamespace(path=exe, sanitized=sanitized)
+    flags = ["-ffp-contract=off", f'-DKERNEL_PATH="{WARP_HEADER}"', f"-DUNWRITTEN={UNWRITTEN}"]
+    return host_program(tmp_path_factory, "tree_build_emulator", EMULATOR_MAIN, flags)
 
 
 def run_warp_kernel(emulator, lp, ids, budget, tmp_path, with_bool=True):
