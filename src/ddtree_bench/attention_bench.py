@@ -30,10 +30,11 @@ from ddtree_bench.attention import (
     visible_keys,
 )
 from ddtree_bench.bench import TimingPolicy, read_batch
+from ddtree_bench.config import ATTENTION_IMPLS
 from ddtree_bench.environment import ENVIRONMENT_COLUMNS, collect_environment
 from ddtree_bench.stage_records import stage_frame
 
-IMPLS = ("ours", "ours-mma", "flexattention", "sdpa")
+IMPLS = ATTENTION_IMPLS  # ours, ours-mma, flexattention, sdpa
 # our kernel's paths: "ours" is what VerifyAttention picks (wgmma on sm_90a, else mma.sync); "ours-mma" forces
 # the mma.sync kernel, to set the two side by side on a Hopper GPU
 OUR_PATHS = {"ours": "auto", "ours-mma": "mma"}

@@ -106,7 +106,7 @@ def cached_fatbin(source: Path = TREE_BUILD_SOURCE, archs=DEFAULT_ARCHS) -> Path
     for header in sorted(p for p in source.parent.iterdir() if p.suffix in (".cuh", ".h")):
         content += header.name.encode() + header.read_bytes()
     flags = gencode_flags(archs, True, source.name in ARCH_SPECIFIC_SOURCES)
-    digest = hashlib.sha256(content + repr(sorted(archs)).encode() + repr(flags).encode()).hexdigest()[:16]
+    digest = hashlib.sha256(content + repr(flags).encode()).hexdigest()[:16]
     cache = Path(os.environ.get("DDTREE_CACHE", Path.home() / ".cache" / "ddtree-bench"))
     output = cache / f"{source.stem}-{digest}.fatbin"
     if not output.exists():

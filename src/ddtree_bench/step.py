@@ -24,13 +24,14 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from ddtree_bench.config import ATTENTION_IMPLS
 from ddtree_bench.environment import ENVIRONMENT_COLUMNS, collect_environment
 from ddtree_bench.stage_records import stage_frame
 
 #: The record stage of each workflow stage (file names use the short ones), and its impls.
 RECORD_STAGE = {"attention": "verify-attention", "accept": "accept", "peaks": "peak"}
 STAGE_IMPLS = {
-    "verify-attention": ("ours", "ours-mma", "flexattention", "sdpa"),
+    "verify-attention": ATTENTION_IMPLS,
     "accept": ("gpu-kernel", "gpu-host-inclusive", "cpu-walk", "floor"),
     "peak": ("bf16-gemm", "device-copy", "floor"),
 }
