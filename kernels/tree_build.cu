@@ -109,7 +109,7 @@ struct Pool {
     int* aux;         // per-parent scratch [cap]
     short* par;       // pool index of the parent, -1 = root
     short* pre;       // preorder rank (tie order)
-    short* sz;        // subtree size / scratch
+    short* sz;        // node index of an entry (0 = not in the tree)
     unsigned short* rnk;
     unsigned short* order;
     unsigned char* dep;
@@ -296,6 +296,70 @@ __device__ double select_lower_bound(const Pool& p, int size, int need, int* his
     double t = key_to_double(s_prefix);
     __syncthreads();
     return t;
+}
+
+// The n-th largest (n <= size) of the pool's composite keys (ordered_key(E), 0xffff - preorder) -- the
+// heap's pop order, preorders being unique -- by radix selection, 8 bits a pass from the most significant
+// end: afterwards exactly n entries have a composite >= (t_key, t_inv_pre). Stops at the first pass whose
+// chosen digit holds exactly the entries still wanted (at the latest at the last, as composites are unique).
+__device__ void select_top_n(const Pool& p, int size, int n, int* hist, unsigned long long& t_key,
+                             int& t_inv_pre) {
+    __shared__ unsigned long long s_key;
+    __shared__ int s_inv_pre, s_need, s_done;
+    if (threadIdx.x == 0) { s_key = 0; s_inv_pre = 0; s_need = n; s_done = 0; }
+    __syncthreads();
+    for (int pass = 0; pass < 10; ++pass) {
+        if (s_done) break;  // read after the barrier that ended the previous pass: uniform
+        for (int i = threadIdx.x; i < 256; i += blockDim.x) hist[i] = 0;
+        __syncthreads();
+        const unsigned long long key_prefix = s_key;
+        const int pre_prefix = s_inv_pre;
+        // passes 0..7: byte 7 - pass of the key; passes 8, 9: the high, then low byte of 0xffff - preorder
+        const unsigned long long key_mask = pass >= 8 ? ~0ull : (pass == 0 ? 0ull : (~0ull << (64 - 8 * pass)));
+        const int pre_mask = pass == 9 ? 0xff00 : 0;
+        for (int base = threadIdx.x & ~31; base < size; base += blockDim.x) {
+            const int i = base + (threadIdx.x & 31);
+            int digit = -1;
+            if (i < size) {
+                const unsigned long long k = ordered_key(p.E[i]);
+                const int inv = 0xffff - p.pre[i];
+                if ((k & key_mask) == key_prefix && (inv & pre_mask) == pre_prefix)
+                    digit = pass < 8 ? static_cast<int>((k >> (56 - 8 * pass)) & 255)
+                                     : (pass == 8 ? inv >> 8 : inv & 255);
+            }
+            const unsigned int peers = __match_any_sync(0xffffffffu, digit);
+            if (digit >= 0 && (threadIdx.x & 31) == __ffs(peers) - 1) atomicAdd(&hist[digit], __popc(peers));
+        }
+        __syncthreads();
+        if (threadIdx.x < 32) {  // one warp finds the digit holding the want-th largest composite
+            const int lane = threadIdx.x, top = 255 - 8 * lane;  // lane 0: digits 255..248
+            const int want = s_need;
+            int sum = 0;
+            for (int k = 0; k < 8; ++k) sum += hist[top - k];
+            int incl = sum;
+            for (int off = 1; off < 32; off <<= 1) {
+                const int v = __shfl_up_sync(0xffffffffu, incl, off);
+                if (lane >= off) incl += v;
+            }
+            const unsigned int ball = __ballot_sync(0xffffffffu, incl >= want);
+            if (lane == __ffs(ball) - 1) {
+                int acc = incl - sum, digit = top;
+                for (int k = 0; k < 8; ++k) {
+                    digit = top - k;
+                    if (acc + hist[digit] >= want) break;
+                    acc += hist[digit];
+                }
+                s_need = want - acc;
+                s_done = hist[digit] == want - acc;
+                if (pass < 8) s_key = key_prefix | (static_cast<unsigned long long>(digit) << (56 - 8 * pass));
+                else s_inv_pre = pre_prefix | (pass == 8 ? digit << 8 : digit);
+            }
+        }
+        __syncthreads();
+    }
+    t_key = s_key;
+    t_inv_pre = s_inv_pre;
+    __syncthreads();
 }
 
 }  // namespace
@@ -535,62 +599,116 @@ __device__ __forceinline__ void build_tree(DDT_BUILD_PARAMS) {
             }
         }
         if (s_flag == DDT_STAT_FAST) {
-            // subtree sizes (bottom-up by depth) and preorder ranks (top-down) in the pool trie
-            for (int i = threadIdx.x; i < size; i += blockDim.x) pool.aux[i] = 1;
-            __syncthreads();
-            for (int d = L; d >= 2; --d) {
-                // siblings add to one parent: aggregate them per warp before the atomic
-                for (int base = threadIdx.x & ~31; base < size; base += blockDim.x) {
-                    const int i = base + (threadIdx.x & 31);
-                    const bool mine = i < size && pool.dep[i] == d;
-                    const int parent = mine ? pool.par[i] : -1;
-                    const unsigned int peers = __match_any_sync(0xffffffffu, parent);
-                    const int sum = __reduce_add_sync(peers, mine ? pool.aux[i] : 0);
-                    if (mine && (threadIdx.x & 31) == __ffs(peers) - 1) atomicAdd(&pool.aux[parent], sum);
+            // preorder ranks in the pool trie (Python's tuple order of the ranks, a proper prefix first).
+            // The pool is ordered by depth, and within a depth by the ranks tuple (expansion in parent order,
+            // siblings by rank; compaction keeps the order), so its parent indices are sorted. An entry y
+            // precedes x at depth d' < depth(x) iff y is at or before x's ancestor there; at depth(x) iff y is
+            // before x; at d' > depth(x) iff y's ancestor at depth(x) is before x, i.e. y lies before the
+            // first entry of depth d' descending from x or a later entry: lo(d') = childstart[lo(d' - 1)],
+            // lo(depth(x)) = x, where childstart[i] = the first pool index whose parent is >= i. The sum over
+            // the depths is x's preorder rank, counted without a barrier per depth.
+            __shared__ int s_dstart[DDT_MAX_DEPTH + 2];  // entries of depth d: [s_dstart[d], s_dstart[d + 1])
+            int* childstart = pool.tmp;                   // [size + 1]
+            for (int i = threadIdx.x; i <= size; i += blockDim.x) {
+                const int d = i < size ? pool.dep[i] : L + 1;
+                for (int dd = (i > 0 ? pool.dep[i - 1] : 0) + 1; dd <= d; ++dd) s_dstart[dd] = i;
+                int lo = 0, hi = size;  // the first j with par[j] >= i
+                while (lo < hi) {
+                    const int mid = (lo + hi) >> 1;
+                    if (pool.par[mid] < i) lo = mid + 1; else hi = mid;
                 }
-                __syncthreads();
+                childstart[i] = lo;
             }
-            // preorder: pre[x] = pre[parent] + 1 + sum of elder siblings' subtree sizes (siblings are
-            // contiguous, elder first). Root has preorder -1 conceptually (its first child is 0).
-            for (int i = threadIdx.x; i < size; i += blockDim.x) pool.tmp[i] = pool.aux[i];
             __syncthreads();
-            block_exclusive_scan(pool.tmp, size, warp_buf);  // tmp[i] = sum of sizes of pool[0, i)
-            for (int d = 1; d <= L; ++d) {
-                for (int i = threadIdx.x; i < size; i += blockDim.x) {
-                    if (pool.dep[i] != d) continue;
-                    int first = i - pool.rnk[i];
-                    int elder = pool.tmp[i] - pool.tmp[first];
-                    int base = pool.par[i] < 0 ? 0 : pool.pre[pool.par[i]] + 1;
-                    pool.pre[i] = static_cast<short>(base + elder);
+            const int max_depth = pool.dep[size - 1];
+            for (int x = threadIdx.x; x < size; x += blockDim.x) {
+                const int dx = pool.dep[x];
+                int rank = x - s_dstart[dx];
+                for (int d = dx - 1, v = pool.par[x]; d >= 1; --d, v = pool.par[v]) rank += v - s_dstart[d] + 1;
+                for (int d = dx + 1, lo = x; d <= max_depth; ++d) {
+                    lo = childstart[lo];
+                    rank += lo - s_dstart[d];
                 }
-                __syncthreads();
+                pool.pre[x] = static_cast<short>(rank);
             }
-            // bitonic sort of (E descending, preorder ascending) keys; values carry the pool index.
+            __syncthreads();
+            // the first n = min(N, size) pool entries in (E descending, preorder ascending) order: select
+            // exactly them, then sort only those (the pool holds up to cap entries, the tree N).
+            n = min(N, size);
+            int m = 1;  // the sort's size: a power of two
+            while (m < n) m <<= 1;
+            // where the whole pool fits the same sort, no selection: all of it is sorted
+            const int chosen = size <= m ? size : n;
+            unsigned long long t_key = 0ull;  // every entry's key is above 0
+            int t_inv_pre = 0;
+            if (chosen < size) select_top_n(pool, size, n, hist, t_key, t_inv_pre);
+            // bitonic sort of the chosen (E descending, preorder ascending); values carry the pool index.
             // Q and tmp are dead here and hold the keys: sk = E, sv = preorder << 16 | pool index.
-            int m = 1;
-            while (m < size) m <<= 1;
             double* sk = pool.Q;
             int* sv = pool.tmp;
             const double NEG_INF = -__longlong_as_double(0x7ff0000000000000ll);
-            for (int i = threadIdx.x; i < m; i += blockDim.x) {
-                if (i < size) { sk[i] = pool.E[i]; sv[i] = (static_cast<int>(pool.pre[i]) << 16) | i; }
-                else { sk[i] = NEG_INF; sv[i] = 0x7fffffff; }
-            }
+            if (threadIdx.x == 0) warp_buf[0] = 0;
             __syncthreads();
-            for (int k = 2; k <= m; k <<= 1) {
-                for (int j = k >> 1; j > 0; j >>= 1) {
-                    for (int t = threadIdx.x; t < (m >> 1); t += blockDim.x) {
-                        const int i = 2 * t - (t & (j - 1));
-                        const int l = i + j;
-                        const double ea = sk[i], ec = sk[l];
-                        const int va = sv[i], vc = sv[l];
-                        const bool a_first = ea > ec || (ea == ec && va < vc);
-                        if (a_first != ((i & k) == 0)) { sk[i] = ec; sk[l] = ea; sv[i] = vc; sv[l] = va; }
+            for (int base = threadIdx.x & ~31; base < size; base += blockDim.x) {
+                const int i = base + (threadIdx.x & 31);
+                bool in = false;
+                if (i < size) {
+                    const unsigned long long k = ordered_key(pool.E[i]);
+                    in = k > t_key || (k == t_key && 0xffff - pool.pre[i] >= t_inv_pre);
+                }
+                const unsigned int ball = __ballot_sync(0xffffffffu, in);
+                int at = 0;
+                if ((threadIdx.x & 31) == 0 && ball) at = atomicAdd(&warp_buf[0], __popc(ball));
+                at = __shfl_sync(0xffffffffu, at, 0) + __popc(ball & ((1u << (threadIdx.x & 31)) - 1u));
+                if (in) { sk[at] = pool.E[i]; sv[at] = (static_cast<int>(pool.pre[i]) << 16) | i; }
+            }
+            for (int i = chosen + threadIdx.x; i < m; i += blockDim.x) { sk[i] = NEG_INF; sv[i] = 0x7fffffff; }
+            __syncthreads();
+            if (m <= static_cast<int>(blockDim.x)) {
+                // one element a thread, in registers: partners less than 32 apart by shuffles, farther ones
+                // through shared memory (a barrier each)
+                const int t = threadIdx.x;
+                double e = t < m ? sk[t] : NEG_INF;
+                int v = t < m ? sv[t] : 0x7fffffff;
+                for (int k = 2; k <= m; k <<= 1) {
+                    for (int j = k >> 1; j > 0; j >>= 1) {
+                        double oe;
+                        int ov;
+                        if (j >= 32) {
+                            __syncthreads();  // the previous stage's reads are done
+                            if (t < m) { sk[t] = e; sv[t] = v; }
+                            __syncthreads();
+                            oe = t < m ? sk[t ^ j] : NEG_INF;
+                            ov = t < m ? sv[t ^ j] : 0x7fffffff;
+                        } else {
+                            oe = __shfl_xor_sync(0xffffffffu, e, j);
+                            ov = __shfl_xor_sync(0xffffffffu, v, j);
+                        }
+                        // the lower index of an ascending pair, or the upper of a descending one, keeps the
+                        // element that comes first
+                        const bool want_first = ((t & j) == 0) == ((t & k) == 0);
+                        const bool mine_first = e > oe || (e == oe && v < ov);
+                        if (mine_first != want_first) { e = oe; v = ov; }
                     }
-                    __syncthreads();
+                }
+                __syncthreads();
+                if (t < m) { sk[t] = e; sv[t] = v; }
+                __syncthreads();
+            } else {
+                for (int k = 2; k <= m; k <<= 1) {
+                    for (int j = k >> 1; j > 0; j >>= 1) {
+                        for (int t = threadIdx.x; t < (m >> 1); t += blockDim.x) {
+                            const int i = 2 * t - (t & (j - 1));
+                            const int l = i + j;
+                            const double ea = sk[i], ec = sk[l];
+                            const int va = sv[i], vc = sv[l];
+                            const bool a_first = ea > ec || (ea == ec && va < vc);
+                            if (a_first != ((i & k) == 0)) { sk[i] = ec; sk[l] = ea; sv[i] = vc; sv[l] = va; }
+                        }
+                        __syncthreads();
+                    }
                 }
             }
-            n = min(N, size);
             for (int pos = threadIdx.x; pos < n; pos += blockDim.x)
                 pool.order[pos] = static_cast<unsigned short>(sv[pos] & 0xffff);
             __syncthreads();
@@ -659,31 +777,36 @@ __device__ __forceinline__ void build_tree(DDT_BUILD_PARAMS) {
     }
     if (threadIdx.x == 0) par_out[0] = -1;
 
-    // packed ancestor bits: one thread per row, words written high to low
+    // packed ancestor bits, built in shared memory (the pool's memory is dead by now), as many rows at a
+    // time as fit, then copied out with coalesced stores. Each row is its own thread's: walking from the node
+    // up to the root, the ancestors' indices decrease, so every word of the row is finished in one run.
     const int W = (N1 + 31) >> 5;
     unsigned int* bits = visibility_bits + static_cast<long long>(b) * N1 * W;
     __syncthreads();
     if (prof && threadIdx.x == 0) prof[2] = clock64();
     {
-        // ancestors of every node, root excluded, by depth: anc[i * L + k] is i's ancestor at depth k + 1
-        // (i itself at k = depth - 1). The pool's memory is dead by now and holds them.
-        short* anc = reinterpret_cast<short*>(pool.E);
-        for (int i = 1 + threadIdx.x; i <= n; i += blockDim.x)
-            for (int v = i; v > 0; v = nodes.parent[v]) anc[i * L + nodes.depth[v] - 1] = static_cast<short>(v);
-        __syncthreads();
-        const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
-        for (int i = warp; i < N1; i += nwarps) {  // one warp per row, lane w owns words w, w + 32, ...
-            unsigned int* rowp = bits + static_cast<long long>(i) * W;
-            const int depth = (i >= 1 && i <= n) ? nodes.depth[i] : 0;
-            for (int w0 = 0; w0 < W; w0 += 32) {
-                const int w = w0 + lane;
-                unsigned int acc = (w == 0 && i <= n) ? 1u : 0u;  // the root
-                for (int k = 0; k < depth; ++k) {
-                    const int v = anc[i * L + k];
-                    if ((v >> 5) == w) acc |= 1u << (v & 31);
+        unsigned int* s_bits = reinterpret_cast<unsigned int*>(smem);
+        const int rows_at_once =
+            static_cast<int>((reinterpret_cast<unsigned char*>(nodes.parent) - smem) / (4 * W));
+        for (int r0 = 0; r0 < N1; r0 += rows_at_once) {
+            const int rows = min(rows_at_once, N1 - r0);
+            for (int i = r0 + threadIdx.x; i < r0 + rows; i += blockDim.x) {
+                unsigned int* row = s_bits + (i - r0) * W;
+                int w = W - 1;
+                unsigned int acc = 0u;
+                if (i <= n) {
+                    for (int v = i;; v = nodes.parent[v]) {  // i, its ancestors, the root (parent[0] = -1)
+                        const int vw = v >> 5;
+                        for (; w > vw; --w, acc = 0u) row[w] = acc;
+                        acc |= 1u << (v & 31);
+                        if (v == 0) break;
+                    }
                 }
-                if (w < W) rowp[w] = acc;
+                for (; w >= 0; --w, acc = 0u) row[w] = acc;
             }
+            __syncthreads();
+            for (int q = threadIdx.x; q < rows * W; q += blockDim.x) bits[r0 * W + q] = s_bits[q];
+            __syncthreads();
         }
     }
     __syncthreads();  // bits of this tree are visible to the whole block from here
