@@ -75,6 +75,32 @@ __device__ int block_exclusive_scan(int* data, int n, int* warp_buf) {
     return total;
 }
 
+// Exclusive scan of one value a thread (thread order) by the whole block, two barriers; total to every thread.
+__device__ int block_exclusive_scan_one(int v, int* warp_buf, int& total) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = (blockDim.x + 31) >> 5;
+    int incl = v;
+    for (int off = 1; off < 32; off <<= 1) {
+        const int u = __shfl_up_sync(0xffffffffu, incl, off);
+        if (lane >= off) incl += u;
+    }
+    if (lane == 31) warp_buf[warp] = incl;
+    __syncthreads();
+    if (warp == 0) {
+        const int w = lane < nwarps ? warp_buf[lane] : 0;
+        int wi = w;
+        for (int off = 1; off < 32; off <<= 1) {
+            const int u = __shfl_up_sync(0xffffffffu, wi, off);
+            if (lane >= off) wi += u;
+        }
+        __syncwarp();
+        if (lane < nwarps) warp_buf[lane] = wi - w;  // exclusive warp offsets
+        if (lane == 31) warp_buf[32] = wi;
+    }
+    __syncthreads();
+    total = warp_buf[32];
+    return warp_buf[warp] + incl - v;
+}
+
 __device__ int block_sum(int v, int* warp_buf) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = (blockDim.x + 31) >> 5;
     for (int off = 16; off > 0; off >>= 1) v += __shfl_down_sync(0xffffffffu, v, off);
@@ -369,6 +395,7 @@ __device__ __forceinline__ void build_tree(DDT_BUILD_PARAMS) {
     __shared__ int warp_buf[33];
     __shared__ int hist[256];
     __shared__ int s_flag;
+    __shared__ int s_inexact;  // some candidate score of this depth was rounded
     __shared__ double s_margin;
 
     const int b = blockIdx.x;
@@ -452,18 +479,23 @@ __device__ __forceinline__ void build_tree(DDT_BUILD_PARAMS) {
             if (nparents == 0) break;
             // 1. children per parent above the pruning threshold
             const double thr = have_beta ? beta - margin : beta;
-            for (int j = threadIdx.x; j < nparents; j += blockDim.x) {
-                int c;
-                if (root) c = have_beta ? count_at_least(row, topk, 0.0, thr) : topk;
-                else {
-                    int pidx = front_begin + j;
-                    c = (have_beta && pool.Q[pidx] < thr) ? 0
-                        : (have_beta ? count_at_least(row, topk, pool.E[pidx], thr) : topk);
-                }
-                pool.tmp[j] = c;
+            auto children = [&](int j) -> int {
+                if (root) return have_beta ? count_at_least(row, topk, 0.0, thr) : topk;
+                const int pidx = front_begin + j;
+                return (have_beta && pool.Q[pidx] < thr) ? 0
+                       : (have_beta ? count_at_least(row, topk, pool.E[pidx], thr) : topk);
+            };
+            int total;
+            if (nparents <= static_cast<int>(blockDim.x)) {  // a parent a thread: scanned in registers
+                const int j = threadIdx.x;
+                const int c = j < nparents ? children(j) : 0;
+                const int offset = block_exclusive_scan_one(c, warp_buf, total);
+                if (j < nparents) pool.tmp[j] = offset;  // published by the barrier before the expansion
+            } else {
+                for (int j = threadIdx.x; j < nparents; j += blockDim.x) pool.tmp[j] = children(j);
+                __syncthreads();
+                total = block_exclusive_scan(pool.tmp, nparents, warp_buf);
             }
-            __syncthreads();
-            int total = block_exclusive_scan(pool.tmp, nparents, warp_buf);
             if (total == 0) break;
             if (size + total > cap) {
                 if (prof && threadIdx.x == 0) { prof[5] += 1; prof[4] -= clock64(); }
@@ -525,6 +557,7 @@ __device__ __forceinline__ void build_tree(DDT_BUILD_PARAMS) {
             if (threadIdx.x == 0) pool.tmp[np] = total;
             // 3. expand: slot j -> (parent, rank); candidate score fl(E_p + lp[r]) and its exactness
             for (int j = threadIdx.x; j < np; j += blockDim.x) pool.aux[j] = 0x7fffffff;  // first inexact
+            if (threadIdx.x == 0) s_inexact = 0;
             __syncthreads();
             for (int j = threadIdx.x; j < total; j += blockDim.x) {
                 int lo = 0, hi = np;  // last parent with tmp[parent] <= j
@@ -541,7 +574,7 @@ __device__ __forceinline__ void build_tree(DDT_BUILD_PARAMS) {
                 // TwoSum: s == base + a exactly?
                 double bb = __dsub_rn(s, base);
                 double err = __dadd_rn(__dsub_rn(base, __dsub_rn(s, bb)), __dsub_rn(a, bb));
-                if (err != 0.0) atomicMin(&pool.aux[lo], r);
+                if (err != 0.0) { atomicMin(&pool.aux[lo], r); s_inexact = 1; }
                 int at = size + j;
                 pool.E[at] = s;
                 double qp = root ? 0.0 : pool.Q[pidx];
@@ -551,21 +584,24 @@ __device__ __forceinline__ void build_tree(DDT_BUILD_PARAMS) {
                 pool.dep[at] = static_cast<unsigned char>(d);
             }
             __syncthreads();
-            // 4. sibling chains past their first inexact step: sequential, exactly as the heap
-            for (int j = threadIdx.x; j < np; j += blockDim.x) {
-                int first = pool.aux[j];
-                int cnt = pool.tmp[j + 1] - pool.tmp[j];
-                if (first < cnt - 1) {
-                    int at = size + pool.tmp[j];
-                    double e = pool.E[at + first];
-                    for (int r = first + 1; r < cnt; ++r) {
-                        e = __dadd_rn(__dsub_rn(e, static_cast<double>(row[r - 1])),
-                                      static_cast<double>(row[r]));
-                        pool.E[at + r] = e;
+            // 4. sibling chains past their first inexact step: sequential, exactly as the heap (nothing to do,
+            //    and no barrier, where every step was exact)
+            if (s_inexact) {
+                for (int j = threadIdx.x; j < np; j += blockDim.x) {
+                    int first = pool.aux[j];
+                    int cnt = pool.tmp[j + 1] - pool.tmp[j];
+                    if (first < cnt - 1) {
+                        int at = size + pool.tmp[j];
+                        double e = pool.E[at + first];
+                        for (int r = first + 1; r < cnt; ++r) {
+                            e = __dadd_rn(__dsub_rn(e, static_cast<double>(row[r - 1])),
+                                          static_cast<double>(row[r]));
+                            pool.E[at + r] = e;
+                        }
                     }
                 }
+                __syncthreads();
             }
-            __syncthreads();
             front_begin = size;
             size += total;
             front_end = size;
@@ -667,19 +703,24 @@ __device__ __forceinline__ void build_tree(DDT_BUILD_PARAMS) {
             if (m <= static_cast<int>(blockDim.x)) {
                 // one element a thread, in registers: partners less than 32 apart by shuffles, farther ones
                 // through shared memory (a barrier each)
+                // (two buffers taking turns, so one barrier a stage: a buffer is written again only after
+                // the next stage's barrier, when every read of it is done; E and aux are dead here)
                 const int t = threadIdx.x;
                 double e = t < m ? sk[t] : NEG_INF;
                 int v = t < m ? sv[t] : 0x7fffffff;
+                bool turn = false;
                 for (int k = 2; k <= m; k <<= 1) {
                     for (int j = k >> 1; j > 0; j >>= 1) {
                         double oe;
                         int ov;
                         if (j >= 32) {
-                            __syncthreads();  // the previous stage's reads are done
-                            if (t < m) { sk[t] = e; sv[t] = v; }
+                            double* xe = turn ? pool.E : sk;
+                            int* xv = turn ? pool.aux : sv;
+                            turn = !turn;
+                            if (t < m) { xe[t] = e; xv[t] = v; }
                             __syncthreads();
-                            oe = t < m ? sk[t ^ j] : NEG_INF;
-                            ov = t < m ? sv[t ^ j] : 0x7fffffff;
+                            oe = t < m ? xe[t ^ j] : NEG_INF;
+                            ov = t < m ? xv[t ^ j] : 0x7fffffff;
                         } else {
                             oe = __shfl_xor_sync(0xffffffffu, e, j);
                             ov = __shfl_xor_sync(0xffffffffu, v, j);
@@ -778,34 +819,44 @@ __device__ __forceinline__ void build_tree(DDT_BUILD_PARAMS) {
     if (threadIdx.x == 0) par_out[0] = -1;
 
     // packed ancestor bits, built in shared memory (the pool's memory is dead by now), as many rows at a
-    // time as fit, then copied out with coalesced stores. Each row is its own thread's: walking from the node
-    // up to the root, the ancestors' indices decrease, so every word of the row is finished in one run.
+    // time as fit: zeroed with 16-byte stores, then each row's thread writes its nonzero words (walking from
+    // the node up to the root, the ancestors' indices decrease, so every word is finished in one run), then
+    // copied out with coalesced 16-byte stores (the buffer is offset so its words line up with the output's).
     const int W = (N1 + 31) >> 5;
     unsigned int* bits = visibility_bits + static_cast<long long>(b) * N1 * W;
     __syncthreads();
     if (prof && threadIdx.x == 0) prof[2] = clock64();
     {
-        unsigned int* s_bits = reinterpret_cast<unsigned int*>(smem);
-        const int rows_at_once =
-            static_cast<int>((reinterpret_cast<unsigned char*>(nodes.parent) - smem) / (4 * W));
+        const int words_at_once =
+            static_cast<int>((reinterpret_cast<unsigned char*>(nodes.parent) - smem) / 4) - 8;  // room for the offset and the zeroing
+        const int rows_at_once = words_at_once / W;
         for (int r0 = 0; r0 < N1; r0 += rows_at_once) {
-            const int rows = min(rows_at_once, N1 - r0);
-            for (int i = r0 + threadIdx.x; i < r0 + rows; i += blockDim.x) {
+            const int rows = min(rows_at_once, N1 - r0), words = rows * W;
+            unsigned int* out = bits + static_cast<long long>(r0) * W;
+            const int head = static_cast<int>((16 - (reinterpret_cast<unsigned long long>(out) & 15)) & 15) >> 2;
+            unsigned int* s_bits = reinterpret_cast<unsigned int*>(smem) + ((4 - head) & 3);  // s_bits + head: 16 B
+            uint4* s_vec = reinterpret_cast<uint4*>(smem);
+            for (int q = threadIdx.x; q < (words + 7) >> 2; q += blockDim.x) s_vec[q] = make_uint4(0u, 0u, 0u, 0u);
+            __syncthreads();
+            for (int i = r0 + threadIdx.x; i <= min(n, r0 + rows - 1); i += blockDim.x) {
                 unsigned int* row = s_bits + (i - r0) * W;
-                int w = W - 1;
+                int w = i >> 5;
                 unsigned int acc = 0u;
-                if (i <= n) {
-                    for (int v = i;; v = nodes.parent[v]) {  // i, its ancestors, the root (parent[0] = -1)
-                        const int vw = v >> 5;
-                        for (; w > vw; --w, acc = 0u) row[w] = acc;
-                        acc |= 1u << (v & 31);
-                        if (v == 0) break;
-                    }
+                for (int v = i;; v = nodes.parent[v]) {  // i, its ancestors, the root (parent[0] = -1)
+                    const int vw = v >> 5;
+                    if (vw != w) { row[w] = acc; w = vw; acc = 0u; }
+                    acc |= 1u << (v & 31);
+                    if (v == 0) break;
                 }
-                for (; w >= 0; --w, acc = 0u) row[w] = acc;
+                row[0] = acc;
             }
             __syncthreads();
-            for (int q = threadIdx.x; q < rows * W; q += blockDim.x) bits[r0 * W + q] = s_bits[q];
+            const int h = min(head, words), nvec = (words - h) >> 2;
+            if (threadIdx.x < h) out[threadIdx.x] = s_bits[threadIdx.x];
+            const uint4* src = reinterpret_cast<const uint4*>(s_bits + h);
+            uint4* dst = reinterpret_cast<uint4*>(out + h);
+            for (int q = threadIdx.x; q < nvec; q += blockDim.x) dst[q] = src[q];
+            for (int q = h + 4 * nvec + threadIdx.x; q < words; q += blockDim.x) out[q] = s_bits[q];
             __syncthreads();
         }
     }
