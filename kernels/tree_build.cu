@@ -391,7 +391,11 @@ __device__ void select_top_n(const Pool& p, int size, int n, int* hist, unsigned
 }  // namespace
 
 __device__ __forceinline__ void build_tree(DDT_BUILD_PARAMS) {
+#ifdef DDT_HOST_EMULATOR  // tests/test_tree_build_block_emulator.py runs this code on the CPU
+    unsigned char* smem = DDT_HOST_EMULATOR_SHARED;
+#else
     extern __shared__ __align__(16) unsigned char smem[];
+#endif
     __shared__ int warp_buf[33];
     __shared__ int hist[256];
     __shared__ int s_flag;

@@ -1,8 +1,8 @@
-// What the host emulators of our CUDA kernels share (tests/test_accept.py, tests/test_tree_build_emulator.py):
-// the CUDA qualifiers as nothing, the thread and block indices (each emulated thread a host thread, started
-// by emu_run_block_threads), and the meeting every thread of a block attends at a barrier or a warp
-// collective. A thread that reaches a different meeting than the others (a collective or barrier inside
-// divergent code) is an error.
+// What the host emulators of our CUDA kernels share (tests/test_accept.py, tests/test_tree_build_emulator.py,
+// tests/test_tree_build_block_emulator.py): the CUDA qualifiers as nothing, the thread and block indices (each
+// emulated thread a host thread, started by emu_run_block_threads), and the meetings: every thread of a block
+// attends at a barrier, every thread of a warp at a warp collective (host_warp_intrinsics.h). A thread that
+// reaches a different meeting than the others (a collective or barrier inside divergent code) is an error.
 //
 // Before including, an emulator defines its meeting kinds as EMU_KIND_NAMES, a brace list of names indexed by
 // kind. Consecutive meetings alternate between two mutex / condition pairs: a thread leaving meeting k
@@ -31,7 +31,7 @@ static unsigned char* emu_shared = nullptr;
 
 static const char* const emu_kind_names[] = EMU_KIND_NAMES;
 static constexpr int EMU_KINDS = sizeof(emu_kind_names) / sizeof(emu_kind_names[0]);
-static int emu_held[EMU_KINDS] = {};  // meetings held, per kind
+static int emu_held[EMU_KINDS] = {};  // meetings held, per kind (a warp's count each)
 
 struct EmuMeeting {
     pthread_mutex_t mutex = PTHREAD_MUTEX_INITIALIZER;
@@ -40,12 +40,13 @@ struct EmuMeeting {
     unsigned long generation = 0;
     int kind = -1;
 };
-static EmuMeeting emu_meetings[2];
-static thread_local unsigned long emu_attended = 0;
+static EmuMeeting emu_meetings[2];           // the block's
+static EmuMeeting emu_warp_meetings[32][2];  // each warp's (warp collectives)
+static thread_local unsigned long emu_attended = 0, emu_warp_attended = 0;
 
-// every thread of the block meets here; all must come for the same reason
-static void emu_meet(int kind) {
-    EmuMeeting& m = emu_meetings[emu_attended++ & 1];
+// every member of a group (the block, or one warp) meets here; all must come for the same reason
+static void emu_meet_in(EmuMeeting (&pair)[2], unsigned long& attended, unsigned int members, int kind) {
+    EmuMeeting& m = pair[attended++ & 1];
     pthread_mutex_lock(&m.mutex);
     if (m.arrived == 0) {
         m.kind = kind;
@@ -55,16 +56,26 @@ static void emu_meet(int kind) {
         std::fflush(stderr);
         _exit(4);
     }
-    if (++m.arrived == blockDim.x) {
+    if (++m.arrived == members) {
         m.arrived = 0;
         ++m.generation;
-        ++emu_held[kind];
+        __atomic_fetch_add(&emu_held[kind], 1, __ATOMIC_RELAXED);
         pthread_cond_broadcast(&m.cond);
     } else {
         const unsigned long generation = m.generation;
         while (generation == m.generation) pthread_cond_wait(&m.cond, &m.mutex);
     }
     pthread_mutex_unlock(&m.mutex);
+}
+
+// every thread of the block meets here
+static void emu_meet(int kind) { emu_meet_in(emu_meetings, emu_attended, blockDim.x, kind); }
+
+// every thread of the caller's warp meets here
+static void emu_meet_warp(int kind) {
+    const unsigned int warp = threadIdx.x >> 5, first = warp * 32;
+    emu_meet_in(emu_warp_meetings[warp], emu_warp_attended, blockDim.x - first < 32 ? blockDim.x - first : 32,
+                kind);
 }
 
 // n elements of T from f (an exact-size allocation, so AddressSanitizer sees any read past them)

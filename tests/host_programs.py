@@ -1,5 +1,6 @@
 """Building the host programs that run our kernels' code on the CPU (tests/host_emulator.h and the emulator
-tests): one compile with a sanitizer, the fallback without one, and the pytest fixture's skip."""
+tests): one compile with a sanitizer, the fallback without one, and the pytest fixture's skip; running an
+emulated tree-build launch and reading its outputs back; comparing them with the reference."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import subprocess
 from pathlib import Path
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 
 from ddtree_bench.cuda import KERNEL_DIR
@@ -59,3 +61,61 @@ def host_program(tmp_path_factory, name: str, source: str, flags=(), sanitizer: 
     output = tmp_path_factory.mktemp(name) / name
     sanitized = compile_host_program(source, output, flags, sanitizer)
     return SimpleNamespace(path=output, sanitized=sanitized)
+
+
+def run_tree_emulator(emulator, data: Path, out: Path, batch: int, budget: int, with_bool: bool):
+    """Run an emulated tree-build launch (input file ``data``, outputs to ``out``, in the order of the
+    kernels' parameter list) and read back ``(TreeBatch, packed bits, path codes)``."""
+    import subprocess
+
+    from ddtree_bench.tree import TreeBatch
+
+    proc = subprocess.run(
+        [str(emulator.path), str(data), str(out)], capture_output=True, text=True, timeout=900
+    )
+    assert proc.returncode == 0, f"emulator exit {proc.returncode}: {proc.stderr[-3000:]}"
+    n1 = budget + 1
+    words = (n1 + 31) // 32
+    raw = out.read_bytes()
+    fields = [
+        ("node_count", np.int32, (batch,)),
+        ("node_token_ids", np.int64, (batch, budget)),
+        ("node_depths", np.int64, (batch, budget)),
+        ("parents", np.int32, (batch, n1)),
+        ("bits", np.uint32, (batch, n1, words)),
+        ("retrieve_next_token", np.int64, (batch, n1)),
+        ("retrieve_next_sibling", np.int64, (batch, n1)),
+        ("stats", np.int32, (batch,)),
+    ]
+    if with_bool:
+        fields.append(("visibility", np.bool_, (batch, n1, n1)))
+    got, at = {}, 0
+    for name, dtype, shape in fields:
+        size = int(np.prod(shape)) * np.dtype(dtype).itemsize
+        array = np.frombuffer(raw, np.uint8, size, at)
+        if name == "visibility":
+            assert set(np.unique(array).tolist()) <= {0, 1}, "bool mask bytes other than 0 and 1 (unwritten?)"
+        got[name] = array.view(dtype).reshape(shape)
+        at += size
+    assert at == len(raw)
+    bits, stats = got.pop("bits"), got.pop("stats")
+    if not with_bool:
+        got["visibility"] = np.zeros((batch, n1, n1), np.bool_)
+    return TreeBatch(**got), bits, stats
+
+
+def assert_trees_equal_reference(trees, bits, lp, ids, budget: int, with_bool: bool):
+    """Every output of an emulated launch equals the reference builder's on the same inputs (the bool mask
+    where it was written), and the packed bits are the reference's mask packed."""
+    from ddtree_bench.builders import get_builder
+    from ddtree_bench.tree import packed_visibility
+
+    want = get_builder("reference").build(lp, ids, budget)
+    fields = ["node_count", "node_token_ids", "node_depths", "parents", "retrieve_next_token"]
+    fields += ["retrieve_next_sibling"] + (["visibility"] if with_bool else [])
+    for name in fields:
+        g, w = getattr(trees, name), getattr(want, name)
+        if not np.array_equal(g, w):
+            at = tuple(int(i) for i in np.argwhere(g != w)[0])
+            raise AssertionError(f"{name} differs at {at}: got {g[at]}, expected {w[at]}")
+    np.testing.assert_array_equal(bits, packed_visibility(want.visibility))
