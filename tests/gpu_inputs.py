@@ -16,7 +16,9 @@ def topk_inputs(kind: str, batch: int, depth: int, k: int, vocab: int = 4096, se
 
     kinds: uniform (softmax of Gaussian logits), peaked (confident early positions), bf16 (logits and
     log-probs rounded through bfloat16: many exact ties), equal (all-equal rows), tied (few distinct
-    values), tiny (log-probs near zero and very negative together: a wide span of magnitudes)."""
+    values), tiny (log-probs near zero and very negative together: a wide span of magnitudes), certain (a
+    top log-prob of exactly 0.0 at every position -- a token of probability 1 in float32 -- so a whole chain
+    of nodes ties with its ancestors at score 0; -0.0 in every other request, which must tie with 0.0)."""
     rng = np.random.default_rng(seed)
     vocab = max(vocab, k)
     if kind == "equal":
@@ -34,9 +36,9 @@ def topk_inputs(kind: str, batch: int, depth: int, k: int, vocab: int = 4096, se
         boost = 12.0 * np.exp(-np.arange(depth) / 4.0)
         top = rng.integers(0, vocab, size=(batch, depth))
         np.put_along_axis(logits, top[..., None], boost[None, :, None] + 3.0, axis=-1)
-    elif kind == "tiny":
+    elif kind in ("tiny", "certain"):
         top = rng.integers(0, vocab, size=(batch, depth))
-        np.put_along_axis(logits, top[..., None], 40.0, axis=-1)
+        np.put_along_axis(logits, top[..., None], 40.0 if kind == "tiny" else 200.0, axis=-1)
     if kind == "bf16":
         logits = _bf16(logits.astype(np.float32)).astype(np.float64)
     logz = np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1, keepdims=True)) + logits.max(
@@ -48,4 +50,6 @@ def topk_inputs(kind: str, batch: int, depth: int, k: int, vocab: int = 4096, se
     logp = np.minimum(logp, 0.0)
     order = np.argsort(-logp, axis=-1, kind="stable")[..., :k]
     lp = np.take_along_axis(logp, order, axis=-1).astype(np.float32)
+    if kind == "certain":
+        lp[1::2] = np.where(lp[1::2] == 0.0, np.float32(-0.0), lp[1::2])
     return np.ascontiguousarray(lp), np.ascontiguousarray(order.astype(np.int64))

@@ -124,7 +124,7 @@ def assert_same(lp, ids, budget, builder):
 
 
 @needs_gpu
-@pytest.mark.parametrize("kind", ["uniform", "peaked", "bf16", "equal", "tied", "tiny"])
+@pytest.mark.parametrize("kind", ["uniform", "peaked", "bf16", "equal", "tied", "tiny", "certain"])
 @pytest.mark.parametrize("budget", [1, 2, 3, 8, 16, 31, 64, 100, 256, 1024, 2048])
 def test_gpu_equals_reference(gpu, gpu_heap, gpu_parallel, gpu_warp, kind, budget):
     depth, k = 16, min(budget, 256) if budget > 256 else budget
@@ -228,7 +228,7 @@ def test_fast_paths_are_taken_on_ordinary_inputs(gpu, budget, path):
     depth=st.integers(1, 20),
     k=st.integers(1, 48),
     budget=st.integers(1, 160),
-    kind=st.sampled_from(["uniform", "peaked", "bf16", "equal", "tied", "tiny"]),
+    kind=st.sampled_from(["uniform", "peaked", "bf16", "equal", "tied", "tiny", "certain"]),
     seed=st.integers(0, 2**31 - 1),
 )
 def test_gpu_property(gpu, gpu_parallel, gpu_warp, batch, depth, k, budget, kind, seed):

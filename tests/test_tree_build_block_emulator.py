@@ -115,7 +115,7 @@ def test_block_emulator_has_address_sanitizer(emulator):
         pytest.skip("the C++ compiler here has no AddressSanitizer (the emulator still runs, unchecked)")
 
 
-@pytest.mark.parametrize("kind", ["uniform", "peaked", "bf16", "equal", "tied", "tiny"])
+@pytest.mark.parametrize("kind", ["uniform", "peaked", "bf16", "equal", "tied", "tiny", "certain"])
 @pytest.mark.parametrize("budget", [1, 8, 33, 100, 128, 200])
 def test_block_kernel_equals_reference(emulator, kind, budget, tmp_path):
     lp, ids = topk_inputs(kind, 2, 16, budget, seed=budget)
@@ -177,7 +177,7 @@ def test_block_kernel_shape_edges(emulator, batch, depth, k, budget, tmp_path):
     depth=st.integers(1, 32),
     k=st.integers(1, 60),
     budget=st.integers(1, 160),
-    kind=st.sampled_from(["uniform", "peaked", "bf16", "equal", "tied", "tiny"]),
+    kind=st.sampled_from(["uniform", "peaked", "bf16", "equal", "tied", "tiny", "certain"]),
     seed=st.integers(0, 2**31 - 1),
     with_bool=st.booleans(),
 )
