@@ -249,15 +249,16 @@ __device__ int sequential_heap(const float* lp, int L, int K, int topk, int budg
 
 // ---- the parallel path ------------------------------------------------------------------------------
 
-// Keep pool entries with keep[i] != 0 (in aux), preserving order and remapping parents. Returns new size.
-__device__ int compact_pool(Pool& p, int size, int* warp_buf) {
-    for (int i = threadIdx.x; i < size; i += blockDim.x) p.tmp[i] = p.aux[i];
-    __syncthreads();
-    int kept = block_exclusive_scan(p.tmp, size, warp_buf);  // tmp[i] = new index if kept
+// Keep the pool entries whose flag tmp[i] (0 or 1, written before a barrier) is set, preserving order and
+// remapping parents. Returns the new size; `at` (an index < size) becomes the number of kept entries before
+// it (its new index where it is kept).
+__device__ int compact_pool(Pool& p, int size, int* warp_buf, int& at) {
+    const int kept = block_exclusive_scan(p.tmp, size, warp_buf);  // tmp[i] = kept entries before i
+    at = p.tmp[at];
     // move in chunks of blockDim so each thread holds one element in registers
     for (int base = 0; base < size; base += blockDim.x) {
         int i = base + threadIdx.x;
-        bool live = i < size && p.aux[i];
+        bool live = i < size && (i + 1 < size ? p.tmp[i + 1] : kept) > p.tmp[i];
         double e = 0, q = 0; short pr = -1; unsigned short rk = 0; unsigned char dp = 0; int dst = 0;
         if (live) {
             e = p.E[i]; q = p.Q[i]; pr = p.par[i]; rk = p.rnk[i]; dp = p.dep[i]; dst = p.tmp[i];
@@ -270,122 +271,102 @@ __device__ int compact_pool(Pool& p, int size, int* warp_buf) {
     return kept;
 }
 
-// Largest value t (as a bucket floor) such that at least `need` entries have Q >= t. Valid lower bound.
-__device__ double select_lower_bound(const Pool& p, int size, int need, int* hist, int* warp_buf) {
-    __shared__ unsigned long long s_prefix;
-    __shared__ int s_need;
-    if (threadIdx.x == 0) { s_prefix = 0; s_need = need; }
-    __syncthreads();
-    const int passes = 3;  // 24 most significant bits of the ordered key
-    for (int pass = 0; pass < passes; ++pass) {
-        const int shift = 56 - 8 * pass;
-        for (int i = threadIdx.x; i < 256; i += blockDim.x) hist[i] = 0;
-        __syncthreads();
-        const unsigned long long prefix = s_prefix;
-        const unsigned long long mask = pass == 0 ? 0ull : (~0ull << (64 - 8 * pass));
-        // warp-aggregated histogram: most keys share their leading digits, so plain atomics would serialize
-        for (int base = threadIdx.x & ~31; base < size; base += blockDim.x) {
-            const int i = base + (threadIdx.x & 31);
-            int digit = -1;
-            if (i < size) {
-                unsigned long long k = ordered_key(p.Q[i]);
-                if ((k & mask) == prefix) digit = static_cast<int>((k >> shift) & 255);
-            }
-            const unsigned int peers = __match_any_sync(0xffffffffu, digit);
-            if (digit >= 0 && (threadIdx.x & 31) == __ffs(peers) - 1) atomicAdd(&hist[digit], __popc(peers));
-        }
-        __syncthreads();
-        if (threadIdx.x < 32) {  // one warp finds the digit holding the want-th largest key
-            const int lane = threadIdx.x, top = 255 - 8 * lane;  // lane 0: digits 255..248
-            const int want = s_need;
-            int sum = 0;
-            for (int k = 0; k < 8; ++k) sum += hist[top - k];
-            int incl = sum;
-            for (int off = 1; off < 32; off <<= 1) {
-                int v = __shfl_up_sync(0xffffffffu, incl, off);
-                if (lane >= off) incl += v;
-            }
-            unsigned int ball = __ballot_sync(0xffffffffu, incl >= want);
-            if (lane == __ffs(ball) - 1) {
-                int acc = incl - sum, digit = top;
-                for (int k = 0; k < 8; ++k) {
-                    digit = top - k;
-                    if (acc + hist[digit] >= want) break;
-                    acc += hist[digit];
-                }
-                s_need = want - acc;
-                s_prefix = prefix | (static_cast<unsigned long long>(digit) << shift);
-            }
-        }
-        __syncthreads();
+// Radix selection, 8-bit digits from the most significant end. Two 256-bin histograms take turns: a pass
+// counts into the one zeroed by the pass before (or at the kernel's start) and zeroes the other, so a pass
+// costs two barriers. `turn` (block-uniform) says which histogram is clean.
+struct Histograms {
+    int (*bins)[256];  // [2][256], shared
+    int turn;
+};
+struct RadixPick {
+    int digit;  // the digit holding the want-th largest entry
+    int above;  // entries in larger digits
+    int count;  // entries in that digit
+};
+
+// One pass over entries [0, size): digit_of(i) is i's digit, or -1 where i is not a candidate. Every thread
+// gets the same pick; want must not exceed the candidates.
+template <class DigitOf>
+__device__ RadixPick radix_pick(int size, int want, Histograms& h, DigitOf digit_of) {
+    __shared__ RadixPick s_pick;
+    int* hist = h.bins[h.turn & 1];
+    int* next = h.bins[(h.turn + 1) & 1];
+    ++h.turn;
+    for (int i = threadIdx.x; i < 256; i += blockDim.x) next[i] = 0;
+    // warp-aggregated histogram: most keys share their leading digits, so plain atomics would serialize
+    for (int base = threadIdx.x & ~31; base < size; base += blockDim.x) {
+        const int i = base + (threadIdx.x & 31);
+        const int digit = i < size ? digit_of(i) : -1;
+        const unsigned int peers = __match_any_sync(0xffffffffu, digit);
+        if (digit >= 0 && (threadIdx.x & 31) == __ffs(peers) - 1) atomicAdd(&hist[digit], __popc(peers));
     }
-    double t = key_to_double(s_prefix);
     __syncthreads();
-    return t;
+    if (threadIdx.x < 32) {  // one warp finds the digit holding the want-th largest entry
+        const int lane = threadIdx.x, top = 255 - 8 * lane;  // lane 0: digits 255..248
+        int sum = 0;
+        for (int k = 0; k < 8; ++k) sum += hist[top - k];
+        int incl = sum;
+        for (int off = 1; off < 32; off <<= 1) {
+            const int v = __shfl_up_sync(0xffffffffu, incl, off);
+            if (lane >= off) incl += v;
+        }
+        const unsigned int ball = __ballot_sync(0xffffffffu, incl >= want);
+        if (lane == __ffs(ball) - 1) {
+            int acc = incl - sum, digit = top;
+            for (int k = 0; k < 8; ++k) {
+                digit = top - k;
+                if (acc + hist[digit] >= want) break;
+                acc += hist[digit];
+            }
+            s_pick = RadixPick{digit, acc, hist[digit]};
+        }
+    }
+    __syncthreads();
+    return s_pick;  // read by every thread before the next pass's first barrier, its next write after it
+}
+
+// Largest value t (as a bucket floor: the 24 most significant bits of the ordered key) such that at least
+// `need` entries have Q >= t. Valid lower bound.
+__device__ double select_lower_bound(const Pool& p, int size, int need, Histograms& h) {
+    unsigned long long prefix = 0ull;
+    for (int pass = 0; pass < 3; ++pass) {
+        const int shift = 56 - 8 * pass;
+        const unsigned long long mask = pass == 0 ? 0ull : (~0ull << (64 - 8 * pass));
+        const RadixPick pick = radix_pick(size, need, h, [&](int i) {
+            const unsigned long long k = ordered_key(p.Q[i]);
+            return (k & mask) == prefix ? static_cast<int>((k >> shift) & 255) : -1;
+        });
+        need -= pick.above;
+        prefix |= static_cast<unsigned long long>(pick.digit) << shift;
+    }
+    return key_to_double(prefix);
 }
 
 // The n-th largest (n <= size) of the pool's composite keys (ordered_key(E), 0xffff - preorder) -- the
-// heap's pop order, preorders being unique -- by radix selection, 8 bits a pass from the most significant
-// end: afterwards exactly n entries have a composite >= (t_key, t_inv_pre). Stops at the first pass whose
-// chosen digit holds exactly the entries still wanted (at the latest at the last, as composites are unique).
-__device__ void select_top_n(const Pool& p, int size, int n, int* hist, unsigned long long& t_key,
+// heap's pop order, preorders being unique: afterwards exactly n entries have a composite >= (t_key,
+// t_inv_pre). Passes 0..7 take the key's bytes, 8 and 9 the high and low byte of 0xffff - preorder; stops
+// at the first pass whose chosen digit holds exactly the entries still wanted (at the latest at the last,
+// as composites are unique).
+__device__ void select_top_n(const Pool& p, int size, int n, Histograms& h, unsigned long long& t_key,
                              int& t_inv_pre) {
-    __shared__ unsigned long long s_key;
-    __shared__ int s_inv_pre, s_need, s_done;
-    if (threadIdx.x == 0) { s_key = 0; s_inv_pre = 0; s_need = n; s_done = 0; }
-    __syncthreads();
+    unsigned long long key_prefix = 0ull;
+    int pre_prefix = 0, want = n;
     for (int pass = 0; pass < 10; ++pass) {
-        if (s_done) break;  // read after the barrier that ended the previous pass: uniform
-        for (int i = threadIdx.x; i < 256; i += blockDim.x) hist[i] = 0;
-        __syncthreads();
-        const unsigned long long key_prefix = s_key;
-        const int pre_prefix = s_inv_pre;
-        // passes 0..7: byte 7 - pass of the key; passes 8, 9: the high, then low byte of 0xffff - preorder
         const unsigned long long key_mask = pass >= 8 ? ~0ull : (pass == 0 ? 0ull : (~0ull << (64 - 8 * pass)));
         const int pre_mask = pass == 9 ? 0xff00 : 0;
-        for (int base = threadIdx.x & ~31; base < size; base += blockDim.x) {
-            const int i = base + (threadIdx.x & 31);
-            int digit = -1;
-            if (i < size) {
-                const unsigned long long k = ordered_key(p.E[i]);
-                const int inv = 0xffff - p.pre[i];
-                if ((k & key_mask) == key_prefix && (inv & pre_mask) == pre_prefix)
-                    digit = pass < 8 ? static_cast<int>((k >> (56 - 8 * pass)) & 255)
-                                     : (pass == 8 ? inv >> 8 : inv & 255);
-            }
-            const unsigned int peers = __match_any_sync(0xffffffffu, digit);
-            if (digit >= 0 && (threadIdx.x & 31) == __ffs(peers) - 1) atomicAdd(&hist[digit], __popc(peers));
-        }
-        __syncthreads();
-        if (threadIdx.x < 32) {  // one warp finds the digit holding the want-th largest composite
-            const int lane = threadIdx.x, top = 255 - 8 * lane;  // lane 0: digits 255..248
-            const int want = s_need;
-            int sum = 0;
-            for (int k = 0; k < 8; ++k) sum += hist[top - k];
-            int incl = sum;
-            for (int off = 1; off < 32; off <<= 1) {
-                const int v = __shfl_up_sync(0xffffffffu, incl, off);
-                if (lane >= off) incl += v;
-            }
-            const unsigned int ball = __ballot_sync(0xffffffffu, incl >= want);
-            if (lane == __ffs(ball) - 1) {
-                int acc = incl - sum, digit = top;
-                for (int k = 0; k < 8; ++k) {
-                    digit = top - k;
-                    if (acc + hist[digit] >= want) break;
-                    acc += hist[digit];
-                }
-                s_need = want - acc;
-                s_done = hist[digit] == want - acc;
-                if (pass < 8) s_key = key_prefix | (static_cast<unsigned long long>(digit) << (56 - 8 * pass));
-                else s_inv_pre = pre_prefix | (pass == 8 ? digit << 8 : digit);
-            }
-        }
-        __syncthreads();
+        const RadixPick pick = radix_pick(size, want, h, [&](int i) {
+            const unsigned long long k = ordered_key(p.E[i]);
+            const int inv = 0xffff - p.pre[i];
+            if ((k & key_mask) != key_prefix || (inv & pre_mask) != pre_prefix) return -1;
+            return pass < 8 ? static_cast<int>((k >> (56 - 8 * pass)) & 255) : (pass == 8 ? inv >> 8 : inv & 255);
+        });
+        want -= pick.above;
+        if (pass < 8) key_prefix |= static_cast<unsigned long long>(pick.digit) << (56 - 8 * pass);
+        else pre_prefix |= pass == 8 ? pick.digit << 8 : pick.digit;
+        if (pick.count == want) break;
     }
-    t_key = s_key;
-    t_inv_pre = s_inv_pre;
-    __syncthreads();
+    t_key = key_prefix;
+    t_inv_pre = pre_prefix;
 }
 
 }  // namespace
@@ -397,7 +378,7 @@ __device__ __forceinline__ void build_tree(DDT_BUILD_PARAMS) {
     extern __shared__ __align__(16) unsigned char smem[];
 #endif
     __shared__ int warp_buf[33];
-    __shared__ int hist[256];
+    __shared__ int hist_bins[2][256];
     __shared__ int s_flag;
     __shared__ int s_inexact;  // some candidate score of this depth was rounded
     __shared__ double s_margin;
@@ -464,6 +445,8 @@ __device__ __forceinline__ void build_tree(DDT_BUILD_PARAMS) {
             s_flag = (flags & DDT_FLAG_FORCE_HEAP) ? DDT_STAT_HEAP_FORCED : DDT_STAT_FAST;
         }
     }
+    for (int i = threadIdx.x; i < 256; i += blockDim.x) hist_bins[0][i] = 0;  // the radix passes' first
+    Histograms hists{hist_bins, 0};
     __syncthreads();
     const double margin = s_margin;
     long long* prof = profile ? profile + static_cast<long long>(b) * 8 : nullptr;
@@ -527,14 +510,11 @@ __device__ __forceinline__ void build_tree(DDT_BUILD_PARAMS) {
                     if (!have_beta || t > beta) { beta = t; have_beta = true; }
                 }
                 // prune the pool and recount
-                for (int i = threadIdx.x; i < size; i += blockDim.x) pool.aux[i] = pool.Q[i] >= beta - margin;
+                for (int i = threadIdx.x; i < size; i += blockDim.x) pool.tmp[i] = pool.Q[i] >= beta - margin;
                 __syncthreads();
-                size = compact_pool(pool, size, warp_buf);
                 // the frontier (depth d-1) is the tail of the pool: it starts after every shallower entry
-                int shallower = 0;
-                for (int i = threadIdx.x; i < size; i += blockDim.x) shallower += pool.dep[i] < d - 1;
-                const int fb = block_sum(shallower, warp_buf);
-                front_begin = root ? 0 : fb;
+                size = compact_pool(pool, size, warp_buf, front_begin);
+                if (root) front_begin = 0;
                 front_end = size;
                 const int np2 = root ? 1 : front_end - front_begin;
                 const double thr2 = beta - margin;
@@ -612,18 +592,16 @@ __device__ __forceinline__ void build_tree(DDT_BUILD_PARAMS) {
             // 5. once N paths are known, prune what N known paths beat by more than the margin
             if (size >= N && size > 2 * N) {
                 if (prof && threadIdx.x == 0) prof[6] -= clock64();
-                double t = select_lower_bound(pool, size, N, hist, warp_buf);
+                double t = select_lower_bound(pool, size, N, hists);
                 if (!have_beta || t > beta) { beta = t; have_beta = true; }
-                for (int i = threadIdx.x; i < size; i += blockDim.x) pool.aux[i] = pool.Q[i] >= beta - margin;
+                for (int i = threadIdx.x; i < size; i += blockDim.x) pool.tmp[i] = pool.Q[i] >= beta - margin;
                 __syncthreads();
-                size = compact_pool(pool, size, warp_buf);
-                int shallower = 0;
-                for (int i = threadIdx.x; i < size; i += blockDim.x) shallower += pool.dep[i] < d;
-                front_begin = block_sum(shallower, warp_buf);
+                // the frontier (depth d) starts after every shallower entry
+                size = compact_pool(pool, size, warp_buf, front_begin);
                 front_end = size;
                 if (prof && threadIdx.x == 0) prof[6] += clock64();
             } else if (size >= N && !have_beta) {
-                beta = select_lower_bound(pool, size, N, hist, warp_buf);
+                beta = select_lower_bound(pool, size, N, hists);
                 have_beta = true;
             }
         }
@@ -681,7 +659,7 @@ __device__ __forceinline__ void build_tree(DDT_BUILD_PARAMS) {
             const int chosen = size <= m ? size : n;
             unsigned long long t_key = 0ull;  // every entry's key is above 0
             int t_inv_pre = 0;
-            if (chosen < size) select_top_n(pool, size, n, hist, t_key, t_inv_pre);
+            if (chosen < size) select_top_n(pool, size, n, hists, t_key, t_inv_pre);
             // bitonic sort of the chosen (E descending, preorder ascending); values carry the pool index.
             // Q and tmp are dead here and hold the keys: sk = E, sv = preorder << 16 | pool index.
             double* sk = pool.Q;

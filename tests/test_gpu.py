@@ -33,6 +33,24 @@ def test_kernels_compile_for_configured_archs(tmp_path):
 
 
 @pytest.mark.skipif(cuda.find_nvcc() is None, reason="nvcc not found")
+@pytest.mark.parametrize("arch", ["sm_90", "sm_120"])
+def test_static_shared_memory_within_what_the_plan_reserves_ptxas(tmp_path, arch):
+    """ptxas's count of the parallel kernel's static __shared__ bytes fits what plan_launch keeps free for
+    them (the rest of the block's shared memory goes to the pool)."""
+    import re
+
+    from ddtree_bench.builders.gpu import STATIC_SHARED_BYTES
+
+    cmd = [cuda.find_nvcc(), *cuda.NVCC_FLAGS, "-cubin", f"-arch={arch}", "-Xptxas", "-v"]
+    cmd += ["-o", str(tmp_path / "k.cubin"), str(cuda.TREE_BUILD_SOURCE)]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    entry = proc.stderr.split("Compiling entry function 'ddtree_build_tree'")[1]
+    static = int(re.search(r"(\d+) bytes smem", entry).group(1))
+    assert 0 < static <= STATIC_SHARED_BYTES
+
+
+@pytest.mark.skipif(cuda.find_nvcc() is None, reason="nvcc not found")
 def test_compile_error_is_reported(tmp_path):
     bad = tmp_path / "bad.cu"
     bad.write_text('extern "C" __global__ void k() { this is not C++ }\n')
@@ -121,6 +139,15 @@ def assert_same(lp, ids, budget, builder):
     assert diff is None, diff
     np.testing.assert_array_equal(builder.last_visibility_bits, packed_visibility(expected.visibility))
     return builder.last_stats
+
+
+@needs_gpu
+def test_static_shared_memory_within_what_the_plan_reserves(gpu):
+    """The parallel kernel's static __shared__ arrays fit the bytes plan_launch keeps free for them (the rest
+    of the block's shared memory goes to the pool)."""
+    from ddtree_bench.builders.gpu import STATIC_SHARED_BYTES
+
+    assert 0 < gpu.kernels.build.shared_size_bytes <= STATIC_SHARED_BYTES
 
 
 @needs_gpu

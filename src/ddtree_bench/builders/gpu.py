@@ -31,7 +31,7 @@ STAT_NAMES = {
     3: "heap (forced)",
     4: "warp heap",
 }
-STATIC_SHARED_BYTES = 2048  # the kernel's static __shared__ arrays, rounded up
+STATIC_SHARED_BYTES = 3072  # the kernel's static __shared__ arrays (2368 B for sm_90), rounded up
 
 
 def _next_pow2(x: int) -> int:
