@@ -4,7 +4,9 @@ the CPU: its code compiled by the host C++ compiler, every thread of the block a
 warp collectives emulated, under AddressSanitizer with the exact shared memory the host plans
 (``plan_launch``, for the H200's shared memory and for a GPU with less, whose smaller pool takes other code
 paths). Wherever a C++ compiler is (CI has no GPU), its trees must equal the reference's on every
-distribution, budgets 1...1024, shape edges, with and without the bool mask, forced heap included."""
+distribution, budgets 1...1024, shape edges, with and without the bool mask, forced heap included; and under
+ThreadSanitizer (the CPU's racecheck) no two threads may touch shared memory without a barrier, warp
+collective or atomic between them."""
 
 from __future__ import annotations
 
@@ -185,3 +187,25 @@ def test_block_kernel_property(emulator, tmp_path_factory, batch, depth, k, budg
     lp, ids = topk_inputs(kind, batch, depth, k, vocab=max(64, k), seed=seed)
     tmp = tmp_path_factory.mktemp("case")
     assert_block_kernel_equals_reference(emulator, lp, ids, budget, tmp, with_bool)
+
+
+@pytest.fixture(scope="module")
+def race_emulator(tmp_path_factory):
+    flags = ["-ffp-contract=off", f"-DUNWRITTEN={UNWRITTEN}", "-Wno-unused-function"]
+    program = host_program(
+        tmp_path_factory, "tree_build_block_race", EMULATOR_MAIN, flags, sanitizer="thread"
+    )
+    if not program.sanitized:
+        pytest.skip("the C++ compiler here has no ThreadSanitizer")
+    return program
+
+
+@pytest.mark.parametrize(
+    "kind,budget",
+    [("peaked", 100), ("bf16", 256), ("tied", 64), ("uniform", 8), ("peaked", 1024), ("certain", 300)],
+)
+def test_block_kernel_has_no_data_race(race_emulator, kind, budget, tmp_path):
+    """ThreadSanitizer over the emulated block (the CPU's racecheck): every shared-memory access between two
+    threads is ordered by a barrier, a warp collective or an atomic."""
+    lp, ids = topk_inputs(kind, 2, 16, budget, seed=7)
+    assert_block_kernel_equals_reference(race_emulator, lp, ids, budget, tmp_path)
