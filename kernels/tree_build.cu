@@ -303,8 +303,12 @@ __device__ RadixPick radix_pick(int size, int want, Histograms& h, DigitOf digit
     __syncthreads();
     if (threadIdx.x < 32) {  // one warp finds the digit holding the want-th largest entry
         const int lane = threadIdx.x, top = 255 - 8 * lane;  // lane 0: digits 255..248
-        int sum = 0;
-        for (int k = 0; k < 8; ++k) sum += hist[top - k];
+        int h[8], sum = 0;
+#pragma unroll
+        for (int k = 0; k < 8; ++k) {  // eight independent loads, then registers only
+            h[k] = hist[top - k];
+            sum += h[k];
+        }
         int incl = sum;
         for (int off = 1; off < 32; off <<= 1) {
             const int v = __shfl_up_sync(0xffffffffu, incl, off);
@@ -312,13 +316,14 @@ __device__ RadixPick radix_pick(int size, int want, Histograms& h, DigitOf digit
         }
         const unsigned int ball = __ballot_sync(0xffffffffu, incl >= want);
         if (lane == __ffs(ball) - 1) {
-            int acc = incl - sum, digit = top;
-            for (int k = 0; k < 8; ++k) {
-                digit = top - k;
-                if (acc + hist[digit] >= want) break;
-                acc += hist[digit];
-            }
-            s_pick = RadixPick{digit, acc, hist[digit]};
+            int acc = incl - sum, k = 0;
+#pragma unroll
+            for (int j = 0; j < 7; ++j)  // the first of the lane's digits where the count reaches want
+                if (k == j && acc + h[j] < want) { acc += h[j]; k = j + 1; }
+            int count = h[0];
+#pragma unroll
+            for (int j = 1; j < 8; ++j) count = k == j ? h[j] : count;
+            s_pick = RadixPick{top - k, acc, count};
         }
     }
     __syncthreads();
