@@ -420,9 +420,24 @@ __device__ __forceinline__ void build_tree(DDT_BUILD_PARAMS) {
     float* srows = reinterpret_cast<float*>(sp);
     if (staged) {
         sp += sizeof(float) * L * topk;
-        for (int i = threadIdx.x; i < L * topk; i += blockDim.x) {
-            int d = i / topk;
-            srows[i] = lp[static_cast<long long>(d) * K + (i - d * topk)];
+        // rows of topk floats, 16 bytes a load where K and topk allow (the input is 16-byte aligned), as many
+        // rows a pass as the block holds (one division a thread, not one an element)
+        const bool aligned = (reinterpret_cast<unsigned long long>(top_log_probs) & 15) == 0;
+        const int vec = aligned && ((K | topk) & 3) == 0 ? 4 : 1, per_row = topk / vec;
+        const int threads = static_cast<int>(blockDim.x);
+        const bool fits = per_row <= threads;  // a row a thread each, several rows a pass
+        const int rows_at_once = fits ? threads / per_row : 1;
+        const int d0 = fits ? static_cast<int>(threadIdx.x) / per_row : 0;
+        const int r0 = static_cast<int>(threadIdx.x) - d0 * per_row, r_step = fits ? per_row : threads;
+        if (d0 < rows_at_once) {
+            for (int d = d0; d < L; d += rows_at_once) {
+                for (int r = r0; r < per_row; r += r_step) {
+                    const float* src = lp + static_cast<long long>(d) * K + r * vec;
+                    float* dst = srows + d * topk + r * vec;
+                    if (vec == 4) *reinterpret_cast<float4*>(dst) = *reinterpret_cast<const float4*>(src);
+                    else *dst = *src;
+                }
+            }
         }
     }
     const float* rowbase = staged ? srows : lp;

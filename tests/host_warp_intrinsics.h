@@ -20,6 +20,9 @@
 struct uint4 {
     unsigned int x, y, z, w;
 };
+struct float4 {
+    float x, y, z, w;
+};
 static inline uint4 make_uint4(unsigned int x, unsigned int y, unsigned int z, unsigned int w) {
     return uint4{x, y, z, w};
 }
