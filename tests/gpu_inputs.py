@@ -4,6 +4,20 @@ from __future__ import annotations
 
 import numpy as np
 
+# every input kind topk_inputs makes, for tests that run all of them
+KINDS = ("uniform", "peaked", "bf16", "equal", "tied", "tiny", "certain")
+
+# (batch, depth L, K, budget N) at the shape edges the emulated kernels are checked on
+EMULATOR_SHAPE_EDGES = [
+    (3, 1, 5, 8),  # L = 1: siblings only
+    (2, 2, 3, 64),  # heap drain: 2 + 4 + ... < N
+    (2, 32, 2, 128),  # the deepest trees (8-bit levels in all four of the warp heap's rank words)
+    (2, 32, 200, 33),  # K > N, deep
+    (5, 8, 1, 8),  # K = 1: a chain
+    (1, 1, 1, 1),
+    (3, 20, 3, 65),
+]
+
 
 def _bf16(x: np.ndarray) -> np.ndarray:
     u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32).astype(np.uint64)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from gpu_inputs import topk_inputs
+from gpu_inputs import KINDS, topk_inputs
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -151,7 +151,7 @@ def test_static_shared_memory_within_what_the_plan_reserves(gpu):
 
 
 @needs_gpu
-@pytest.mark.parametrize("kind", ["uniform", "peaked", "bf16", "equal", "tied", "tiny", "certain"])
+@pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("budget", [1, 2, 3, 8, 16, 31, 64, 100, 256, 1024, 2048])
 def test_gpu_equals_reference(gpu, gpu_heap, gpu_parallel, gpu_warp, kind, budget):
     depth, k = 16, min(budget, 256) if budget > 256 else budget
@@ -255,7 +255,7 @@ def test_fast_paths_are_taken_on_ordinary_inputs(gpu, budget, path):
     depth=st.integers(1, 20),
     k=st.integers(1, 48),
     budget=st.integers(1, 160),
-    kind=st.sampled_from(["uniform", "peaked", "bf16", "equal", "tied", "tiny", "certain"]),
+    kind=st.sampled_from(KINDS),
     seed=st.integers(0, 2**31 - 1),
 )
 def test_gpu_property(gpu, gpu_parallel, gpu_warp, batch, depth, k, budget, kind, seed):

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from gpu_inputs import topk_inputs
+from gpu_inputs import EMULATOR_SHAPE_EDGES, KINDS, topk_inputs
 from host_programs import assert_trees_equal_reference, host_program, run_tree_emulator
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -117,7 +117,7 @@ def test_block_emulator_has_address_sanitizer(emulator):
         pytest.skip("the C++ compiler here has no AddressSanitizer (the emulator still runs, unchecked)")
 
 
-@pytest.mark.parametrize("kind", ["uniform", "peaked", "bf16", "equal", "tied", "tiny", "certain"])
+@pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("budget", [1, 8, 33, 100, 128, 200])
 def test_block_kernel_equals_reference(emulator, kind, budget, tmp_path):
     lp, ids = topk_inputs(kind, 2, 16, budget, seed=budget)
@@ -155,18 +155,7 @@ def test_block_kernel_forced_heap(emulator, budget, tmp_path):
         assert (stats == 3).all()
 
 
-@pytest.mark.parametrize(
-    "batch,depth,k,budget",
-    [
-        (3, 1, 5, 8),  # L = 1: siblings only
-        (2, 2, 3, 64),  # heap drain: 2 + 4 + ... < N
-        (2, 32, 2, 128),  # the deepest trees
-        (2, 32, 200, 33),  # K > N, deep
-        (2, 8, 1, 8),  # K = 1: a chain
-        (1, 1, 1, 1),
-        (3, 20, 3, 65),
-    ],
-)
+@pytest.mark.parametrize("batch,depth,k,budget", EMULATOR_SHAPE_EDGES)
 def test_block_kernel_shape_edges(emulator, batch, depth, k, budget, tmp_path):
     for kind in ("uniform", "bf16", "equal"):
         lp, ids = topk_inputs(kind, batch, depth, k, vocab=max(k, 64), seed=k + depth)
@@ -179,7 +168,7 @@ def test_block_kernel_shape_edges(emulator, batch, depth, k, budget, tmp_path):
     depth=st.integers(1, 32),
     k=st.integers(1, 60),
     budget=st.integers(1, 160),
-    kind=st.sampled_from(["uniform", "peaked", "bf16", "equal", "tied", "tiny", "certain"]),
+    kind=st.sampled_from(KINDS),
     seed=st.integers(0, 2**31 - 1),
     with_bool=st.booleans(),
 )
