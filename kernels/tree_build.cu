@@ -35,7 +35,6 @@
 #define DDT_MAX_DEPTH 32
 #define DDT_FLAG_FORCE_HEAP 1
 #define DDT_FLAG_ROWS_IN_SMEM 4
-#define DDT_EXPAND_BY_PARENT_MAX 4  // at most this many children for every parent: a thread per parent expands
 
 namespace {
 
@@ -76,9 +75,8 @@ __device__ int block_exclusive_scan(int* data, int n, int* warp_buf) {
     return total;
 }
 
-// Exclusive scan of one value a thread (thread order) by the whole block, two barriers; total to every thread,
-// and `any`: whether some thread's `flag` is set.
-__device__ int block_exclusive_scan_one(int v, int* warp_buf, int& total, bool flag, int& any) {
+// Exclusive scan of one value a thread (thread order) by the whole block, two barriers; total to every thread.
+__device__ int block_exclusive_scan_one(int v, int* warp_buf, int& total) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = (blockDim.x + 31) >> 5;
     int incl = v;
     for (int off = 1; off < 32; off <<= 1) {
@@ -86,7 +84,7 @@ __device__ int block_exclusive_scan_one(int v, int* warp_buf, int& total, bool f
         if (lane >= off) incl += u;
     }
     if (lane == 31) warp_buf[warp] = incl;
-    any = __syncthreads_or(flag);
+    __syncthreads();
     if (warp == 0) {
         const int w = lane < nwarps ? warp_buf[lane] : 0;
         int wi = w;
@@ -494,16 +492,12 @@ __device__ __forceinline__ void build_tree(DDT_BUILD_PARAMS) {
                 return (have_beta && pool.Q[pidx] < thr) ? 0
                        : (have_beta ? count_at_least(row, topk, pool.E[pidx], thr) : topk);
             };
-            int total, my_children = 0, my_offset = 0;
-            bool by_parent = false;  // every parent has few children: each thread expands its own (below)
+            int total;
             if (nparents <= static_cast<int>(blockDim.x)) {  // a parent a thread: scanned in registers
                 const int j = threadIdx.x;
-                my_children = j < nparents ? children(j) : 0;
-                int many;
-                my_offset = block_exclusive_scan_one(my_children, warp_buf, total,
-                                                     my_children > DDT_EXPAND_BY_PARENT_MAX, many);
-                by_parent = !many;
-                if (!by_parent && j < nparents) pool.tmp[j] = my_offset;  // published by the next barrier
+                const int c = j < nparents ? children(j) : 0;
+                const int offset = block_exclusive_scan_one(c, warp_buf, total);
+                if (j < nparents) pool.tmp[j] = offset;  // published by the barrier before the expansion
             } else {
                 for (int j = threadIdx.x; j < nparents; j += blockDim.x) pool.tmp[j] = children(j);
                 __syncthreads();
@@ -511,7 +505,6 @@ __device__ __forceinline__ void build_tree(DDT_BUILD_PARAMS) {
             }
             if (total == 0) break;
             if (size + total > cap) {
-                by_parent = false;  // the counts change here
                 if (prof && threadIdx.x == 0) { prof[5] += 1; prof[4] -= clock64(); }
                 // 2. tighten: raise beta to the N-th best over pool + candidates, by bisection on the
                 //    ordered 64-bit key of the value (exact in at most 64 steps).
@@ -565,76 +558,53 @@ __device__ __forceinline__ void build_tree(DDT_BUILD_PARAMS) {
                 if (total == 0) break;
             }
             const int np = root ? 1 : front_end - front_begin;
-            if (by_parent) {
-                // 3'. a thread per parent writes its few children: the first fl(E_p + lp[0]), each next one
-                //     from its elder sibling by the heap's own sibling step, so no exactness check is needed
-                if (static_cast<int>(threadIdx.x) < np && my_children > 0) {
-                    const int pidx = root ? -1 : front_begin + static_cast<int>(threadIdx.x);
-                    const double base = root ? 0.0 : pool.E[pidx];
-                    const double qp = root ? 0.0 : pool.Q[pidx];
-                    double e = 0.0;
-                    for (int r = 0; r < my_children; ++r) {
-                        const double a = static_cast<double>(row[r]);
-                        e = r == 0 ? __dadd_rn(base, a)
-                                   : __dadd_rn(__dsub_rn(e, static_cast<double>(row[r - 1])), a);
-                        const int at = size + my_offset + r;
-                        pool.E[at] = e;
-                        pool.Q[at] = fmin(__dadd_rn(base, a), qp);
-                        pool.par[at] = static_cast<short>(pidx);
-                        pool.rnk[at] = static_cast<unsigned short>(r);
-                        pool.dep[at] = static_cast<unsigned char>(d);
-                    }
+            if (threadIdx.x == 0) pool.tmp[np] = total;
+            // 3. expand: slot j -> (parent, rank); candidate score fl(E_p + lp[r]) and its exactness
+            for (int j = threadIdx.x; j < np; j += blockDim.x) pool.aux[j] = 0x7fffffff;  // first inexact
+            if (threadIdx.x == 0) s_inexact = 0;
+            __syncthreads();
+            for (int j = threadIdx.x; j < total; j += blockDim.x) {
+                int lo = 0, hi = np;  // last parent with tmp[parent] <= j
+                while (hi - lo > 1) {
+                    int mid = (lo + hi) >> 1;
+                    if (pool.tmp[mid] <= j) lo = mid; else hi = mid;
                 }
-                __syncthreads();
-            } else {
-                if (threadIdx.x == 0) pool.tmp[np] = total;
-                // 3. expand: slot j -> (parent, rank); candidate score fl(E_p + lp[r]) and its exactness
-                for (int j = threadIdx.x; j < np; j += blockDim.x) pool.aux[j] = 0x7fffffff;  // first inexact
-                if (threadIdx.x == 0) s_inexact = 0;
-                __syncthreads();
-                for (int j = threadIdx.x; j < total; j += blockDim.x) {
-                    int lo = 0, hi = np;  // last parent with tmp[parent] <= j
-                    while (hi - lo > 1) {
-                        int mid = (lo + hi) >> 1;
-                        if (pool.tmp[mid] <= j) lo = mid; else hi = mid;
-                    }
-                    // skip parents with zero children (equal offsets): lo is the last with offset <= j
-                    int r = j - pool.tmp[lo];
-                    int pidx = root ? -1 : front_begin + lo;
-                    double base = root ? 0.0 : pool.E[pidx];
-                    double a = static_cast<double>(row[r]);
-                    double s = __dadd_rn(base, a);
-                    // TwoSum: s == base + a exactly?
-                    double bb = __dsub_rn(s, base);
-                    double err = __dadd_rn(__dsub_rn(base, __dsub_rn(s, bb)), __dsub_rn(a, bb));
-                    if (err != 0.0) { atomicMin(&pool.aux[lo], r); s_inexact = 1; }
-                    int at = size + j;
-                    pool.E[at] = s;
-                    double qp = root ? 0.0 : pool.Q[pidx];
-                    pool.Q[at] = fmin(s, qp);
-                    pool.par[at] = static_cast<short>(pidx);
-                    pool.rnk[at] = static_cast<unsigned short>(r);
-                    pool.dep[at] = static_cast<unsigned char>(d);
-                }
-                __syncthreads();
-                // 4. sibling chains past their first inexact step: sequential, exactly as the heap (nothing
-                //    to do, and no barrier, where every step was exact)
-                if (s_inexact) {
-                    for (int j = threadIdx.x; j < np; j += blockDim.x) {
-                        int first = pool.aux[j];
-                        int cnt = pool.tmp[j + 1] - pool.tmp[j];
-                        if (first < cnt - 1) {
-                            int at = size + pool.tmp[j];
-                            double e = pool.E[at + first];
-                            for (int r = first + 1; r < cnt; ++r) {
-                                e = __dadd_rn(__dsub_rn(e, static_cast<double>(row[r - 1])),
-                                              static_cast<double>(row[r]));
-                                pool.E[at + r] = e;
-                            }
+                // skip parents with zero children (equal offsets): lo is the last with offset <= j
+                int r = j - pool.tmp[lo];
+                int pidx = root ? -1 : front_begin + lo;
+                double base = root ? 0.0 : pool.E[pidx];
+                double a = static_cast<double>(row[r]);
+                double s = __dadd_rn(base, a);
+                // TwoSum: s == base + a exactly?
+                double bb = __dsub_rn(s, base);
+                double err = __dadd_rn(__dsub_rn(base, __dsub_rn(s, bb)), __dsub_rn(a, bb));
+                if (err != 0.0) { atomicMin(&pool.aux[lo], r); s_inexact = 1; }
+                int at = size + j;
+                pool.E[at] = s;
+                double qp = root ? 0.0 : pool.Q[pidx];
+                pool.Q[at] = fmin(s, qp);
+                pool.par[at] = static_cast<short>(pidx);
+                pool.rnk[at] = static_cast<unsigned short>(r);
+                pool.dep[at] = static_cast<unsigned char>(d);
+            }
+            __syncthreads();
+            // 4. sibling chains past their first inexact step: sequential, exactly as the heap (nothing to do,
+            //    and no barrier, where every step was exact)
+            if (s_inexact) {
+                for (int j = threadIdx.x; j < np; j += blockDim.x) {
+                    int first = pool.aux[j];
+                    int cnt = pool.tmp[j + 1] - pool.tmp[j];
+                    if (first < cnt - 1) {
+                        int at = size + pool.tmp[j];
+                        double e = pool.E[at + first];
+                        for (int r = first + 1; r < cnt; ++r) {
+                            e = __dadd_rn(__dsub_rn(e, static_cast<double>(row[r - 1])),
+                                          static_cast<double>(row[r]));
+                            pool.E[at + r] = e;
                         }
                     }
-                    __syncthreads();
                 }
+                __syncthreads();
             }
             front_begin = size;
             size += total;

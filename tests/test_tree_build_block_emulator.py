@@ -35,14 +35,6 @@ enum { EMU_SYNCWARP, EMU_BALLOT, EMU_REDUX, EMU_SHFL, EMU_MATCH, EMU_SYNCTHREADS
 #include "host_emulator.h"
 #include "host_warp_intrinsics.h"
 static void __syncthreads() { emu_meet(EMU_SYNCTHREADS); }
-static int __syncthreads_or(int predicate) {
-    emu_values[threadIdx.x] = predicate != 0;
-    emu_meet(EMU_SYNCTHREADS);
-    int any = 0;
-    for (unsigned int i = 0; i < blockDim.x; ++i) any |= static_cast<int>(emu_values[i]);
-    emu_meet(EMU_SYNCTHREADS);
-    return any;
-}
 #include "tree_build.cu"
 #include "host_tree_io.h"
 
