@@ -17,9 +17,12 @@
 //      is beaten by N pool paths by more than a rigorous rounding-error margin (see `margin` below);
 //   2. evaluates E exactly for every pool path (sibling chains evaluated in parallel where each step is
 //      exact -- checked with an error-free TwoSum -- and sequentially from the first inexact step on);
-//   3. sorts the pool by (-E, preorder rank in the ranks trie == Python tuple order) with a bitonic sort;
+//   3. orders the pool by (-E, preorder rank in the ranks trie == Python tuple order): preorder ranks by a
+//      walk over the depths (no barrier per depth), the first N selected exactly by radix selection, and
+//      only those sorted (bitonic, in registers and shuffles);
 //   4. writes the first N as the tree, with parents, depths, tokens, retrieve_next_token/sibling and the
-//      ancestor mask as packed bits (ddtree_expand_visibility, launched next, writes the bool form).
+//      ancestor mask as packed bits (built in shared memory), and the bool form where asked (the block's own
+//      rows, or ddtree_expand_visibility launched next over the whole GPU).
 // Budgets <= 64 (up to 128 when asked) run the heap itself in one warp instead: ddtree_build_tree_warp1/2/4,
 // code in tree_build_warp.cuh.
 // Where the fast path cannot prove its result -- an anomaly inside the pool, or a pool that would overflow
