@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 # every input kind topk_inputs makes, for tests that run all of them
-KINDS = ("uniform", "peaked", "bf16", "equal", "tied", "tiny", "certain")
+KINDS = ("uniform", "peaked", "bf16", "equal", "tied", "tiny", "certain", "rounding")
 
 # (batch, depth L, K, budget N) at the shape edges the emulated kernels are checked on
 EMULATOR_SHAPE_EDGES = [
@@ -32,11 +32,25 @@ def topk_inputs(kind: str, batch: int, depth: int, k: int, vocab: int = 4096, se
     log-probs rounded through bfloat16: many exact ties), equal (all-equal rows), tied (few distinct
     values), tiny (log-probs near zero and very negative together: a wide span of magnitudes), certain (a
     top log-prob of exactly 0.0 at every position -- a token of probability 1 in float32 -- so a whole chain
-    of nodes ties with its ancestors at score 0; -0.0 in every other request, which must tie with 0.0)."""
+    of nodes ties with its ancestors at score 0; -0.0 in every other request, which must tie with 0.0),
+    rounding (made so the heap's sibling step ``logw - lp[r] + lp[r+1]`` rounds differently from the direct
+    sum ``logw_parent + lp[r+1]``: the first row starts with a few -1.0, the second with -2^-53 and
+    -1.5 2^-53, so a builder that scores siblings by the direct sum orders some paths differently from the
+    heap)."""
     rng = np.random.default_rng(seed)
     vocab = max(vocab, k)
     if kind == "equal":
         lp = np.full((batch, depth, k), -np.log(vocab), np.float32)
+        ids = np.tile(np.arange(k, dtype=np.int64), (batch, depth, 1))
+        return lp, ids
+    if kind == "rounding":
+        lp = np.empty((batch, depth, k), np.float32)
+        for b in range(batch):
+            ones, tiny = min(k, 2 + b % 3), min(k, 2)
+            lp[b, 0] = [-1.0] * ones + [-5.0 - r for r in range(k - ones)]
+            lp[b, 1:] = [-2.0 - 0.5 * r for r in range(k)]
+            if depth > 1:  # few near-ties, so the parallel path keeps them all in its pool
+                lp[b, 1, :tiny] = [-(2.0**-53) * (1.0 + 0.5 * r) for r in range(tiny)]
         ids = np.tile(np.arange(k, dtype=np.int64), (batch, depth, 1))
         return lp, ids
     if kind == "tied":
