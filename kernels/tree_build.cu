@@ -581,7 +581,7 @@ __device__ __forceinline__ void build_tree(DDT_BUILD_PARAMS) {
                 // TwoSum: s == base + a exactly?
                 double bb = __dsub_rn(s, base);
                 double err = __dadd_rn(__dsub_rn(base, __dsub_rn(s, bb)), __dsub_rn(a, bb));
-                if (err != 0.0) { atomicMin(&pool.aux[lo], r); s_inexact = 1; }
+                if (err != 0.0) { atomicMin(&pool.aux[lo], r); atomicOr(&s_inexact, 1); }
                 int at = size + j;
                 pool.E[at] = s;
                 double qp = root ? 0.0 : pool.Q[pidx];
@@ -707,9 +707,9 @@ __device__ __forceinline__ void build_tree(DDT_BUILD_PARAMS) {
             __syncthreads();
             if (m <= static_cast<int>(blockDim.x)) {
                 // one element a thread, in registers: partners less than 32 apart by shuffles, farther ones
-                // through shared memory (a barrier each)
-                // (two buffers taking turns, so one barrier a stage: a buffer is written again only after
-                // the next stage's barrier, when every read of it is done; E and aux are dead here)
+                // through shared memory, two buffers taking turns (E and aux are dead here), so one barrier a
+                // stage: a buffer is written again only after the next stage's barrier, when every read of it
+                // is done
                 const int t = threadIdx.x;
                 double e = t < m ? sk[t] : NEG_INF;
                 int v = t < m ? sv[t] : 0x7fffffff;
@@ -832,8 +832,8 @@ __device__ __forceinline__ void build_tree(DDT_BUILD_PARAMS) {
     __syncthreads();
     if (prof && threadIdx.x == 0) prof[2] = clock64();
     {
-        const int words_at_once =
-            static_cast<int>((reinterpret_cast<unsigned char*>(nodes.parent) - smem) / 4) - 8;  // room for the offset and the zeroing
+        // the pool's words, less room for the alignment offset and the 16-byte zeroing
+        const int words_at_once = static_cast<int>((reinterpret_cast<unsigned char*>(nodes.parent) - smem) / 4) - 8;
         const int rows_at_once = words_at_once / W;
         for (int r0 = 0; r0 < N1; r0 += rows_at_once) {
             const int rows = min(rows_at_once, N1 - r0), words = rows * W;

@@ -191,7 +191,15 @@ def race_emulator(tmp_path_factory):
 
 @pytest.mark.parametrize(
     "kind,budget",
-    [("peaked", 100), ("bf16", 256), ("tied", 64), ("uniform", 8), ("peaked", 1024), ("certain", 300)],
+    [
+        ("peaked", 100),
+        ("bf16", 256),
+        ("tied", 64),
+        ("uniform", 8),
+        ("peaked", 1024),
+        ("certain", 300),
+        ("rounding", 100),
+    ],
 )
 def test_block_kernel_has_no_data_race(race_emulator, kind, budget, tmp_path):
     """ThreadSanitizer over the emulated block (the CPU's racecheck): every shared-memory access between two
