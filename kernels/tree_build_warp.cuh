@@ -178,30 +178,76 @@ __device__ __forceinline__ void warp_build_tree(DDT_BUILD_PARAMS, unsigned char*
             for (int s = 1; s < SLOTS; ++s) mm = wslot == s ? meta[s] : mm;
             m = __shfl_sync(0xffffffffu, mm, wlane);
         }
-        const int parent = m & 0xff, rank = (m >> 16) & 0x7f, depth = (m >> 23) & 0x3f;
-        const int cur = ++count;
-        if (lane == 0) s_meta[cur] = m;
-        if (cur == N) break;
-        // push the next sibling and the first child, with exactly the heap's float64 operations
-        const double E = key_to_double(best);
-        const float* row = s_rows + (depth - 1) * topk;
-        const bool sibling = rank + 1 < topk, child = depth < L;
-        const double es = __dadd_rn(__dsub_rn(E, static_cast<double>(row[rank])),
-                                    static_cast<double>(row[sibling ? rank + 1 : rank]));
-        const double ec = __dadd_rn(E, static_cast<double>(s_rows[child ? depth * topk : 0]));
-        const unsigned long long ks = ordered_key(__dadd_rn(es, 0.0));
-        const unsigned long long kc = ordered_key(__dadd_rn(ec, 0.0));
-        const int ms = warp_meta(parent, cur, rank + 1, depth), mc = warp_meta(cur, -1, 0, depth + 1);
-        const unsigned long long k1 = sibling ? ks : (child ? kc : 0ull);
-        const int m1 = sibling ? ms : mc;
-        const bool two = sibling && child;
-        const int nlane = ncand & 31, nslot = ncand >> 5;
+        // A round pops the winner, then keeps popping the better of the last pop's two successors while it
+        // is strictly above every other live entry and every successor this round left behind: exactly the
+        // heap's next pop. Anything closer ends the round; the next round's arg-max and tie break decide.
+        // The other live entries are summed up by their best key's high word (conservative), as the largest
+        // double with that high word: `ahead` must beat it.
+        unsigned int lane_other = 0u;
 #pragma unroll
         for (int s = 0; s < SLOTS; ++s) {
-            if (lane == wlane && s == wslot) { key[s] = k1; meta[s] = m1; }
-            if (two && lane == nlane && s == nslot) { key[s] = kc; meta[s] = mc; }
+            const unsigned int h = static_cast<unsigned int>(key[s] >> 32);
+            if (!(lane == wlane && s == wslot) && h > lane_other) lane_other = h;
+            if (lane == wlane && s == wslot) key[s] = 0ull;  // freed: the round's first push goes here
         }
-        ncand += two ? 1 : 0;
+        const unsigned int other_hi = __reduce_max_sync(0xffffffffu, lane_other);
+        const double minus_inf = __longlong_as_double(static_cast<long long>(0xfff0000000000000ull));
+        double ahead = other_hi == 0u
+            ? minus_inf : key_to_double((static_cast<unsigned long long>(other_hi) << 32) | 0xffffffffull);
+        bool freed = true;  // the winner's slot takes the next push, later ones take new slots (ncand)
+        int parent = m & 0xff, rank = (m >> 16) & 0x7f, depth = (m >> 23) & 0x3f;
+        double E = key_to_double(best);
+        // the popped node's own log-prob, its next sibling's and its first child's, as doubles (indices
+        // clamped: a missing successor is never scored)
+        auto lp_at = [&](int d, int r) { return static_cast<double>(s_rows[d * topk + r]); };
+        double lp_self = lp_at(depth - 1, rank), lp_next = lp_at(depth - 1, min(rank + 1, topk - 1));
+        double lp_child = lp_at(min(depth, L - 1), 0);
+        for (;;) {
+            const int cur = ++count;
+            if (lane == 0) s_meta[cur] = m;
+            if (cur == N) break;
+            const bool sibling = rank + 1 < topk, child = depth < L;
+            // what either next pop needs, loaded before the choice: a child (depth + 1, rank 0) scores its
+            // sibling with row depth, rank 1 and its child with row depth + 1; a sibling scores its own
+            // next sibling with rank + 2 of this row (its child row is this node's)
+            const double next_child_sib = lp_at(min(depth, L - 1), min(1, topk - 1));
+            const double next_child_child = lp_at(min(depth + 1, L - 1), 0);
+            const double next_sib_sib = lp_at(depth - 1, min(rank + 2, topk - 1));
+            // the successors' scores, exactly the heap's float64 operations
+            const double es = sibling ? __dadd_rn(__dsub_rn(E, lp_self), lp_next) : minus_inf;
+            const double ec = child ? __dadd_rn(E, lp_child) : minus_inf;
+            // on equal scores the child pops first: its ranks tuple (..., rank, 0) < (..., rank + 1)
+            const bool pick_child = ec >= es;
+            const double ep = pick_child ? ec : es, eo = pick_child ? es : ec;
+            const int ms = warp_meta(parent, cur, rank + 1, depth), mc = warp_meta(cur, -1, 0, depth + 1);
+            const int mp = pick_child ? mc : ms, mo = pick_child ? ms : mc;
+            const bool go = ep > ahead;  // never true for a missing successor (-inf)
+            // push what is not popped next: the other successor, and the picked one when the round ends
+#pragma unroll
+            for (int push = 0; push < 2; ++push) {
+                const double e = push == 0 ? eo : ep;
+                if (e == minus_inf || (push == 1 && go)) continue;
+                const unsigned long long k = ordered_key(__dadd_rn(e, 0.0));  // + 0.0: -0.0 == 0.0
+                const int mm = push == 0 ? mo : mp;
+                const int tlane = freed ? wlane : ncand & 31, tslot = freed ? wslot : ncand >> 5;
+#pragma unroll
+                for (int s = 0; s < SLOTS; ++s)
+                    if (lane == tlane && s == tslot) { key[s] = k; meta[s] = mm; }
+                ncand += freed ? 0 : 1;
+                freed = false;
+            }
+            if (!go) break;
+            ahead = eo > ahead ? eo : ahead;
+            m = mp;
+            E = ep;
+            if (pick_child) {
+                parent = cur; ++depth; rank = 0;
+                lp_self = lp_child; lp_next = next_child_sib; lp_child = next_child_child;
+            } else {
+                ++rank;
+                lp_self = lp_next; lp_next = next_sib_sib;
+            }
+        }
     }
     const int n = count;
     __syncwarp();
