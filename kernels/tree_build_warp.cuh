@@ -194,7 +194,9 @@ __device__ __forceinline__ void warp_build_tree(DDT_BUILD_PARAMS, unsigned char*
         const double minus_inf = __longlong_as_double(static_cast<long long>(0xfff0000000000000ull));
         double ahead = other_hi == 0u
             ? minus_inf : key_to_double((static_cast<unsigned long long>(other_hi) << 32) | 0xffffffffull);
-        bool freed = true;  // the winner's slot takes the next push, later ones take new slots (ncand)
+        // the next push goes to slot id `target` (slot * 32 + lane): the winner's freed slot first, then
+        // new ones (ncand: the next id never used)
+        int target = (wslot << 5) | wlane;
         int parent = m & 0xff, rank = (m >> 16) & 0x7f, depth = (m >> 23) & 0x3f;
         double E = key_to_double(best);
         // the popped node's own log-prob, its next sibling's and its first child's, as doubles (indices
@@ -202,11 +204,11 @@ __device__ __forceinline__ void warp_build_tree(DDT_BUILD_PARAMS, unsigned char*
         auto lp_at = [&](int d, int r) { return static_cast<double>(s_rows[d * topk + r]); };
         double lp_self = lp_at(depth - 1, rank), lp_next = lp_at(depth - 1, min(rank + 1, topk - 1));
         double lp_child = lp_at(min(depth, L - 1), 0);
-        for (;;) {
+        bool more = true;
+        while (more) {  // straight-line steps (selects, no branches but the loop's)
             const int cur = ++count;
             if (lane == 0) s_meta[cur] = m;
-            if (cur == N) break;
-            const bool sibling = rank + 1 < topk, child = depth < L;
+            const bool sibling = rank + 1 < topk, child = depth < L, room = cur < N;
             // what either next pop needs, loaded before the choice: a child (depth + 1, rank 0) scores its
             // sibling with row depth, rank 1 and its child with row depth + 1; a sibling scores its own
             // next sibling with rank + 2 of this row (its child row is this node's)
@@ -221,32 +223,34 @@ __device__ __forceinline__ void warp_build_tree(DDT_BUILD_PARAMS, unsigned char*
             const double ep = pick_child ? ec : es, eo = pick_child ? es : ec;
             const int ms = warp_meta(parent, cur, rank + 1, depth), mc = warp_meta(cur, -1, 0, depth + 1);
             const int mp = pick_child ? mc : ms, mo = pick_child ? ms : mc;
-            const bool go = ep > ahead;  // never true for a missing successor (-inf)
+            const bool go = room && ep > ahead;  // never true for a missing successor (-inf)
             // push what is not popped next: the other successor, and the picked one when the round ends
+            const bool push_o = room && eo != minus_inf, push_p = room && !go && ep != minus_inf;
+            const unsigned long long ko = ordered_key(__dadd_rn(eo, 0.0));  // + 0.0: -0.0 == 0.0
+            const unsigned long long kq = ordered_key(__dadd_rn(ep, 0.0));
+            // a new slot (id ncand) counts as taken once a push lands there
+            const int target_o = target;
+            ncand += push_o && target_o == ncand ? 1 : 0;
+            target = push_o ? ncand : target;
+            const int target_p = target;
+            ncand += push_p && target_p == ncand ? 1 : 0;
+            target = push_p ? ncand : target;
 #pragma unroll
-            for (int push = 0; push < 2; ++push) {
-                const double e = push == 0 ? eo : ep;
-                if (e == minus_inf || (push == 1 && go)) continue;
-                const unsigned long long k = ordered_key(__dadd_rn(e, 0.0));  // + 0.0: -0.0 == 0.0
-                const int mm = push == 0 ? mo : mp;
-                const int tlane = freed ? wlane : ncand & 31, tslot = freed ? wslot : ncand >> 5;
-#pragma unroll
-                for (int s = 0; s < SLOTS; ++s)
-                    if (lane == tlane && s == tslot) { key[s] = k; meta[s] = mm; }
-                ncand += freed ? 0 : 1;
-                freed = false;
+            for (int s = 0; s < SLOTS; ++s) {
+                const int id = (s << 5) | lane;
+                if (push_o && id == target_o) { key[s] = ko; meta[s] = mo; }
+                if (push_p && id == target_p) { key[s] = kq; meta[s] = mp; }
             }
-            if (!go) break;
+            more = go;
             ahead = eo > ahead ? eo : ahead;
             m = mp;
             E = ep;
-            if (pick_child) {
-                parent = cur; ++depth; rank = 0;
-                lp_self = lp_child; lp_next = next_child_sib; lp_child = next_child_child;
-            } else {
-                ++rank;
-                lp_self = lp_next; lp_next = next_sib_sib;
-            }
+            parent = pick_child ? cur : parent;
+            depth += pick_child ? 1 : 0;
+            rank = pick_child ? 0 : rank + 1;
+            lp_self = pick_child ? lp_child : lp_next;
+            lp_next = pick_child ? next_child_sib : next_sib_sib;
+            lp_child = pick_child ? next_child_child : lp_child;
         }
     }
     const int n = count;
