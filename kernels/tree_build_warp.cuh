@@ -18,7 +18,6 @@
 namespace {
 
 constexpr int WARP_PATH_WORDS = 4;  // 4 x 64 bits = 32 levels of 8 bits
-constexpr int WARP_MASK_WORDS = 5;  // 32-bit words of an ancestor mask row, budget <= 128 (N + 1 <= 160)
 
 __device__ __forceinline__ int warp_meta(int parent, int prev, int rank, int depth) {
     // parent node (8 bits) | pusher node + 1 (8 bits) | rank (7 bits) | depth (6 bits)
@@ -207,7 +206,12 @@ __device__ __forceinline__ void warp_build_tree(DDT_BUILD_PARAMS, unsigned char*
         bool more = true;
         while (more) {  // straight-line steps (selects, no branches but the loop's)
             const int cur = ++count;
-            if (lane == 0) s_meta[cur] = m;
+            // the node's record, its link from its parent (first child) or elder sibling, and its ancestor
+            // mask row: word w by lane w, which also wrote the parent's row (no barrier needed)
+            int* const link = rank == 0 ? s_next + parent : s_sib + ((m >> 8) & 0xff) - 1;
+            if (lane == 0) { s_meta[cur] = m; *link = cur; }
+            const unsigned int own = (cur >> 5) == lane ? 1u << (cur & 31) : 0u;
+            if (lane < W) s_mask[cur * W + lane] = s_mask[parent * W + lane] | own;
             const bool sibling = rank + 1 < topk, child = depth < L, room = cur < N;
             // what either next pop needs, loaded before the choice: a child (depth + 1, rank 0) scores its
             // sibling with row depth, rank 1 and its child with row depth + 1; a sibling scores its own
@@ -257,39 +261,21 @@ __device__ __forceinline__ void warp_build_tree(DDT_BUILD_PARAMS, unsigned char*
     __syncwarp();
     if (prof && lane == 0) prof[1] = clock64();
 
-    // ---- outputs: child / sibling links, ancestor masks (node i: itself and its ancestors, root included)
-    for (int i = 1 + lane; i <= n; i += 32) {
-        const int m = s_meta[i];
-        if (((m >> 16) & 0x7f) == 0) s_next[m & 0xff] = i;           // the first child
-        else s_sib[((m >> 8) & 0xff) - 1] = i;                        // the elder sibling's next
-        unsigned int acc[WARP_MASK_WORDS];
-#pragma unroll
-        for (int w = 0; w < WARP_MASK_WORDS; ++w) acc[w] = w == 0 ? 1u : 0u;
-        for (int v = i; v != 0; v = s_meta[v] & 0xff) {
-#pragma unroll
-            for (int w = 0; w < WARP_MASK_WORDS; ++w) acc[w] |= (v >> 5) == w ? 1u << (v & 31) : 0u;
-        }
-#pragma unroll
-        for (int w = 0; w < WARP_MASK_WORDS; ++w)
-            if (w < W) s_mask[i * W + w] = acc[w];
-    }
-    __syncwarp();
+    // ---- outputs: the TreeBatch and the packed mask, a row a lane
     const long long o = static_cast<long long>(b);
+    unsigned int* bits = visibility_bits + o * N1 * W;
     for (int i = lane; i <= N; i += 32) {
+        const bool node = i >= 1 && i <= n;
+        const int m = node ? s_meta[i] : 0;
+        const int depth = (m >> 23) & 0x3f, rank = (m >> 16) & 0x7f;
         retrieve_next_token[o * N1 + i] = s_next[i];
         retrieve_next_sibling[o * N1 + i] = s_sib[i];
-        const int m = i >= 1 && i <= n ? s_meta[i] : 0;
-        const int depth = (m >> 23) & 0x3f, rank = (m >> 16) & 0x7f;
-        parents[o * N1 + i] = (i >= 1 && i <= n) ? (m & 0xff) : -1;
+        parents[o * N1 + i] = node ? (m & 0xff) : -1;
         if (i >= 1) {
-            node_token_ids[o * N + i - 1] = i <= n ? s_ids[(depth - 1) * topk + rank] : -1;
-            node_depths[o * N + i - 1] = i <= n ? depth : 0;
+            node_token_ids[o * N + i - 1] = node ? s_ids[(depth - 1) * topk + rank] : -1;
+            node_depths[o * N + i - 1] = node ? depth : 0;
         }
-    }
-    unsigned int* bits = visibility_bits + o * N1 * W;
-    for (int r = 0; r <= N; r += 32 / W) {  // 32 / W rows a step, one word a lane
-        const int row = r + lane / W, q = row * W + lane % W;
-        if (lane < (32 / W) * W && row <= N) bits[q] = row <= n ? s_mask[q] : 0u;
+        for (int w = 0; w < W; ++w) bits[i * W + w] = i <= n ? s_mask[i * W + w] : 0u;
     }
     if (lane == 0) {
         node_count[b] = n;
@@ -315,14 +301,17 @@ __device__ __forceinline__ void warp_build_tree(DDT_BUILD_PARAMS, unsigned char*
             return out;
         };
         const int head = min(S, static_cast<int>((16 - (reinterpret_cast<unsigned long long>(v) & 15)) & 15));
-        const int chunks = (S - head) >> 4;
-        if (lane < head) v[lane] = static_cast<unsigned char>(bits_from(lane, 1));
+        const int chunks = (S - head) >> 4, tail = head + 16 * chunks;
+        // one pass over the aligned 16-byte chunks, then the head's and the tail's single bytes
         uint4* vc = reinterpret_cast<uint4*>(v + head);
-        for (int k = lane; k < chunks; k += 32) {
-            vc[k] = bool_bytes16(bits_from(head + 16 * k, 16));
+        for (int u = lane; u < chunks + head + (S - tail); u += 32) {
+            if (u < chunks) {
+                vc[u] = bool_bytes16(bits_from(head + 16 * u, 16));
+            } else {
+                const int q = u - chunks < head ? u - chunks : tail + (u - chunks - head);
+                v[q] = static_cast<unsigned char>(bits_from(q, 1));
+            }
         }
-        const int tail = head + 16 * chunks;
-        if (tail + lane < S) v[tail + lane] = static_cast<unsigned char>(bits_from(tail + lane, 1));
     }
     if (prof && lane == 0) { prof[2] = clock64(); prof[3] = prof[2]; }
 }
