@@ -18,6 +18,7 @@
 namespace {
 
 constexpr int WARP_PATH_WORDS = 4;  // 4 x 64 bits = 32 levels of 8 bits
+constexpr int WARP_MASK_WORDS = 5;  // 32-bit words of an ancestor mask row, budget <= 128 (N + 1 <= 160)
 
 __device__ __forceinline__ int warp_meta(int parent, int prev, int rank, int depth) {
     // parent node (8 bits) | pusher node + 1 (8 bits) | rank (7 bits) | depth (6 bits)
@@ -154,6 +155,19 @@ __device__ __forceinline__ void warp_build_tree(DDT_BUILD_PARAMS, unsigned char*
         const unsigned int hi = __reduce_max_sync(0xffffffffu, lane_hi);
         const unsigned int lo =
             __reduce_max_sync(0xffffffffu, lane_hi == hi ? static_cast<unsigned int>(lane_best) : 0u);
+        // The other live entries, for the round below: the best high word below `hi` (issued next to the
+        // low word's reduction), or `hi` itself when another entry shares it
+        unsigned int lane_below = 0u;
+        int lane_at_hi = 0;
+#pragma unroll
+        for (int s = 0; s < SLOTS; ++s) {
+            const unsigned int h = static_cast<unsigned int>(key[s] >> 32);
+            lane_below = h < hi && h > lane_below ? h : lane_below;
+            lane_at_hi += h == hi ? 1 : 0;
+        }
+        const unsigned int below = __reduce_max_sync(0xffffffffu, lane_below);
+        const unsigned int at_hi = __ballot_sync(0xffffffffu, lane_at_hi != 0);
+        const bool shared_hi = __popc(at_hi) > 1 || (SLOTS > 1 && __any_sync(0xffffffffu, lane_at_hi > 1));
         const unsigned long long best = (static_cast<unsigned long long>(hi) << 32) | lo;
         if (best == 0ull) break;  // the heap is drained
         int mine = 0, my = 0;
@@ -182,14 +196,10 @@ __device__ __forceinline__ void warp_build_tree(DDT_BUILD_PARAMS, unsigned char*
         // heap's next pop. Anything closer ends the round; the next round's arg-max and tie break decide.
         // The other live entries are summed up by their best key's high word (conservative), as the largest
         // double with that high word: `ahead` must beat it.
-        unsigned int lane_other = 0u;
 #pragma unroll
-        for (int s = 0; s < SLOTS; ++s) {
-            const unsigned int h = static_cast<unsigned int>(key[s] >> 32);
-            if (!(lane == wlane && s == wslot) && h > lane_other) lane_other = h;
+        for (int s = 0; s < SLOTS; ++s)
             if (lane == wlane && s == wslot) key[s] = 0ull;  // freed: the round's first push goes here
-        }
-        const unsigned int other_hi = __reduce_max_sync(0xffffffffu, lane_other);
+        const unsigned int other_hi = shared_hi ? hi : below;
         const double minus_inf = __longlong_as_double(static_cast<long long>(0xfff0000000000000ull));
         double ahead = other_hi == 0u
             ? minus_inf : key_to_double((static_cast<unsigned long long>(other_hi) << 32) | 0xffffffffull);
@@ -206,12 +216,7 @@ __device__ __forceinline__ void warp_build_tree(DDT_BUILD_PARAMS, unsigned char*
         bool more = true;
         while (more) {  // straight-line steps (selects, no branches but the loop's)
             const int cur = ++count;
-            // the node's record, its link from its parent (first child) or elder sibling, and its ancestor
-            // mask row: word w by lane w, which also wrote the parent's row (no barrier needed)
-            int* const link = rank == 0 ? s_next + parent : s_sib + ((m >> 8) & 0xff) - 1;
-            if (lane == 0) { s_meta[cur] = m; *link = cur; }
-            const unsigned int own = (cur >> 5) == lane ? 1u << (cur & 31) : 0u;
-            if (lane < W) s_mask[cur * W + lane] = s_mask[parent * W + lane] | own;
+            if (lane == 0) s_meta[cur] = m;  // (no other shared-memory store here: it slows every step)
             const bool sibling = rank + 1 < topk, child = depth < L, room = cur < N;
             // what either next pop needs, loaded before the choice: a child (depth + 1, rank 0) scores its
             // sibling with row depth, rank 1 and its child with row depth + 1; a sibling scores its own
@@ -261,7 +266,24 @@ __device__ __forceinline__ void warp_build_tree(DDT_BUILD_PARAMS, unsigned char*
     __syncwarp();
     if (prof && lane == 0) prof[1] = clock64();
 
-    // ---- outputs: the TreeBatch and the packed mask, a row a lane
+    // ---- outputs: child / sibling links, ancestor masks (node i: itself and its ancestors, root included)
+    for (int i = 1 + lane; i <= n; i += 32) {
+        const int m = s_meta[i];
+        if (((m >> 16) & 0x7f) == 0) s_next[m & 0xff] = i;           // the first child
+        else s_sib[((m >> 8) & 0xff) - 1] = i;                        // the elder sibling's next
+        unsigned int acc[WARP_MASK_WORDS];
+#pragma unroll
+        for (int w = 0; w < WARP_MASK_WORDS; ++w) acc[w] = w == 0 ? 1u : 0u;
+        for (int v = i; v != 0; v = s_meta[v] & 0xff) {
+#pragma unroll
+            for (int w = 0; w < WARP_MASK_WORDS; ++w) acc[w] |= (v >> 5) == w ? 1u << (v & 31) : 0u;
+        }
+#pragma unroll
+        for (int w = 0; w < WARP_MASK_WORDS; ++w)
+            if (w < W) s_mask[i * W + w] = acc[w];
+    }
+    __syncwarp();
+    // the TreeBatch and the packed mask, a row a lane
     const long long o = static_cast<long long>(b);
     unsigned int* bits = visibility_bits + o * N1 * W;
     for (int i = lane; i <= N; i += 32) {
