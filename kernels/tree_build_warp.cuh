@@ -7,12 +7,16 @@
 
 // ---- small budgets: the heap simulated by one warp ----------------------------------------------------
 // One warp per request, no block barriers. The live heap entries sit in registers, SLOTS per lane: a pop
-// frees its slot and pushes at most two entries (the next sibling into the freed slot, the first child into
-// a new one), so before the k-th pop at most k slots were ever used and N <= 32 * SLOTS fits. Every pop is
-// a warp-wide arg-max of the 64-bit ordered key of logw (two redux.sync), then, only where several entries
-// share the best logw, an arg-min of their ranks tuples: 8 bits a level (rank + 1, 0 for an absent level),
-// 32 levels in four 64-bit words compared from the most significant end == Python's tuple order, built by
-// walking the popped ancestors. After the last pop every lane builds the ancestor masks of its nodes, and
+// frees its slot and pushes at most two entries (the next sibling and the first child: one into the freed
+// slot, one into a new one), so before the k-th pop at most k slots were ever used and N <= 32 * SLOTS
+// fits. Pops come in rounds. A round starts with a warp-wide arg-max of the 64-bit ordered key of logw (two
+// redux.sync), then, only where several entries share the best logw, an arg-min of their ranks tuples: 8
+// bits a level (rank + 1, 0 for an absent level), 32 levels in four 64-bit words compared from the most
+// significant end == Python's tuple order, built by walking the popped ancestors. Then the round keeps
+// popping the better successor of the last pop while it is strictly above every other live entry and every
+// successor the round left behind (float64 comparisons, every lane computing the same straight-line steps):
+// on a peaked tree a chain of first children, on a flat one a run of siblings, at about 200 cycles a pop
+// against about 500 for a round. After the last pop every lane builds the ancestor masks of its nodes, and
 // the packed mask, and the bool mask when asked for, come out of this one launch. Inputs: the log-prob
 // rows and token ids are staged in shared memory with cp.async.
 namespace {
@@ -155,19 +159,6 @@ __device__ __forceinline__ void warp_build_tree(DDT_BUILD_PARAMS, unsigned char*
         const unsigned int hi = __reduce_max_sync(0xffffffffu, lane_hi);
         const unsigned int lo =
             __reduce_max_sync(0xffffffffu, lane_hi == hi ? static_cast<unsigned int>(lane_best) : 0u);
-        // The other live entries, for the round below: the best high word below `hi` (issued next to the
-        // low word's reduction), or `hi` itself when another entry shares it
-        unsigned int lane_below = 0u;
-        int lane_at_hi = 0;
-#pragma unroll
-        for (int s = 0; s < SLOTS; ++s) {
-            const unsigned int h = static_cast<unsigned int>(key[s] >> 32);
-            lane_below = h < hi && h > lane_below ? h : lane_below;
-            lane_at_hi += h == hi ? 1 : 0;
-        }
-        const unsigned int below = __reduce_max_sync(0xffffffffu, lane_below);
-        const unsigned int at_hi = __ballot_sync(0xffffffffu, lane_at_hi != 0);
-        const bool shared_hi = __popc(at_hi) > 1 || (SLOTS > 1 && __any_sync(0xffffffffu, lane_at_hi > 1));
         const unsigned long long best = (static_cast<unsigned long long>(hi) << 32) | lo;
         if (best == 0ull) break;  // the heap is drained
         int mine = 0, my = 0;
@@ -196,10 +187,14 @@ __device__ __forceinline__ void warp_build_tree(DDT_BUILD_PARAMS, unsigned char*
         // heap's next pop. Anything closer ends the round; the next round's arg-max and tie break decide.
         // The other live entries are summed up by their best key's high word (conservative), as the largest
         // double with that high word: `ahead` must beat it.
+        unsigned int lane_other = 0u;
 #pragma unroll
-        for (int s = 0; s < SLOTS; ++s)
+        for (int s = 0; s < SLOTS; ++s) {
+            const unsigned int h = static_cast<unsigned int>(key[s] >> 32);
+            if (!(lane == wlane && s == wslot) && h > lane_other) lane_other = h;
             if (lane == wlane && s == wslot) key[s] = 0ull;  // freed: the round's first push goes here
-        const unsigned int other_hi = shared_hi ? hi : below;
+        }
+        const unsigned int other_hi = __reduce_max_sync(0xffffffffu, lane_other);
         const double minus_inf = __longlong_as_double(static_cast<long long>(0xfff0000000000000ull));
         double ahead = other_hi == 0u
             ? minus_inf : key_to_double((static_cast<unsigned long long>(other_hi) << 32) | 0xffffffffull);
