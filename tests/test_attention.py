@@ -97,6 +97,24 @@ def test_plan_splits_only_when_blocks_are_few():
     assert plan_attention(tiny, 2, sms).splits == 1
 
 
+@pytest.mark.parametrize(
+    "batch, budget, kv_len, splits",
+    [
+        (1, 64, 32833, 14),  # 9 row tiles: 15 splits would leave 3 of 135 blocks for a second wave
+        (8, 8, 32777, 8),  # 16 blocks: 8 splits fill 128 SMs in one wave (9 would need two)
+        (64, 8, 32777, 1),  # 128 blocks already fill one wave: a split would only add a second
+        (1, 1024, 33793, 1),  # 129 blocks: one wave without splits
+    ],
+)
+def test_plan_splits_fill_whole_waves(batch, budget, kv_len, splits):
+    sms = 132
+    shape = AttentionShape(batch=batch, tokens=budget + 1, heads=8, kv_rows=kv_len, mask_words=1)
+    plan = plan_attention(shape, kv_len, sms)
+    assert plan.splits == splits
+    assert plan.row_tiles * batch * plan.splits <= sms or plan.splits == 1
+    assert plan.splits * plan.tiles_per_split >= math.ceil(kv_len / 32)
+
+
 def test_visible_keys_and_work():
     vis = np.zeros((1, 3, 3), bool)
     vis[0, 0, 0] = True

@@ -42,6 +42,9 @@ ROWS_PER_BLOCK = 64
 KEYS_PER_TILE = 32
 THREADS = 256
 MIN_TILES_PER_SPLIT = 4
+#: A block's fixed cost (loading its Q tile, filling the key-tile pipeline, writing its output) in units of
+#: one key tile's time: a planning estimate, used only to choose the number of splits.
+BLOCK_OVERHEAD_TILES = 4
 MAX_ROWS = 2**31 - 1
 
 
@@ -175,15 +178,21 @@ class AttentionPlan:
 def plan_attention(shape: AttentionShape, max_kv_len: int, sm_count: int) -> AttentionPlan:
     """Split a request's keys between blocks (split-KV) only while there are fewer blocks than SMs (one block
     of either path fits an SM: 192-198 KiB of shared memory), each split keeping at least
-    ``MIN_TILES_PER_SPLIT`` key tiles."""
+    ``MIN_TILES_PER_SPLIT`` key tiles. The number of splits minimises the estimated time: waves of blocks
+    (``ceil(blocks * splits / sm_count)``) times one block's time (its key tiles plus
+    ``BLOCK_OVERHEAD_TILES``), the fewest splits among equals. Filling the SMs with one split too many
+    would double the time (a second wave of a few blocks)."""
     row_tiles = -(-shape.rows // ROWS_PER_BLOCK)
     tiles = max(1, -(-max_kv_len // KEYS_PER_TILE))
     blocks = row_tiles * shape.batch
-    splits = 1
+    best_cost, splits, tiles_per_split = None, 1, tiles
     if blocks < sm_count:
-        splits = max(1, min(-(-sm_count // blocks), tiles // MIN_TILES_PER_SPLIT))
-    tiles_per_split = -(-tiles // splits)
-    splits = -(-tiles // tiles_per_split)
+        for wanted in range(1, min(max(1, tiles // MIN_TILES_PER_SPLIT), 4 * sm_count) + 1):
+            per = -(-tiles // wanted)
+            used = -(-tiles // per)  # no empty split
+            cost = -(-blocks * used // sm_count) * (per + BLOCK_OVERHEAD_TILES)
+            if best_cost is None or cost < best_cost:
+                best_cost, splits, tiles_per_split = cost, used, per
     return AttentionPlan(row_tiles=row_tiles, splits=splits, tiles_per_split=tiles_per_split)
 
 
