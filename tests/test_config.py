@@ -311,3 +311,21 @@ def test_gpu_on_without_a_gpu_fails_before_any_job(tmp_path):
     assert result.returncode != 0
     assert "config: gpu: on, but no usable GPU here" in result.stderr + result.stdout
     assert not (work / "results").exists()
+
+
+def test_flexattention_kernel_options_reach_the_attention_jobs():
+    config = default_config()
+    assert step_options(check_config(config))["flex_kernel_options"] == {
+        "BLOCK_M": 64,
+        "BLOCK_N": 32,
+        "num_stages": 1,
+        "num_warps": 4,
+    }
+    config["step"]["attention"]["flexattention_kernel_options"] = None
+    assert step_options(check_config(config))["flex_kernel_options"] is None
+    config["step"]["attention"]["flexattention_kernel_options"] = [64, 32]
+    with pytest.raises(ValueError, match=r"^config: step.attention.flexattention_kernel_options: "):
+        check_config(config)
+    config["step"]["attention"]["flexattention_kernel_options"] = {"BLOCK_M": [64]}
+    with pytest.raises(ValueError, match=r"^config: step.attention.flexattention_kernel_options"):
+        check_config(config)

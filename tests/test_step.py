@@ -537,7 +537,7 @@ def test_step_scripts_call_the_libraries(tmp_path, monkeypatch):
         rule="step_attention",
         input={"trace": str(trace), "attention": None, "util": None},
         output={"rows": str(out["attention"])},
-        params={"impls": ["ours", "sdpa"], "timing": timing, "machine": "m"},
+        params={"impls": ["ours", "sdpa"], "flex_kernel_options": None, "timing": timing, "machine": "m"},
         **common,
     )
     run_script(

@@ -69,6 +69,7 @@ def run_attention_benchmark(
     heads,
     prefix,
     impls=IMPLS,
+    flex_kernel_options: dict | None = None,
     timing: dict,
     machine: str | None,
     distribution: str | None,
@@ -197,7 +198,8 @@ def run_attention_benchmark(
                     from ddtree_bench.attention_peers import PeerUnavailable, make_peer
 
                     try:
-                        peer = make_peer(impl, q, kv, prefix_t, visibility)
+                        options = flex_kernel_options if impl == "flexattention" else None
+                        peer = make_peer(impl, q, kv, prefix_t, visibility, kernel_options=options)
                     except PeerUnavailable as exc:
                         rows.append(unavailable(impl, exc))
                         continue

@@ -243,6 +243,8 @@ def _build_flex(torch, q_bhld, kv_used, prefix_lengths, visibility, scale, kerne
         return compiled(q_bhld, key, value, **kwargs).transpose(1, 2)
 
     call.backend = "flex_attention (torch.compile, Triton)" + (", enable_gqa" if gqa else ", K/V expanded")
+    if kernel_options:
+        call.backend += ", kernel_options " + ", ".join(f"{k}={v}" for k, v in sorted(kernel_options.items()))
     call.block_mask = block_mask
     return call
 

@@ -255,7 +255,8 @@ def timing_options(config: dict, section: dict | None = None) -> dict:
 def step_options(config: dict) -> dict:
     """The step section with its nulls resolved: ``enabled``, ``layers``, ``batch_sizes`` and ``budgets`` (the
     configured ones for null), ``distribution`` and ``depth`` (the first configured for null), ``heads``,
-    ``prefix_lengths``, ``impls``, and the timing dicts ``timing`` (accept and peaks: the top-level section)
+    ``prefix_lengths``, ``impls``, ``flex_kernel_options`` (FlexAttention's kernel_options or None), and the
+    timing dicts ``timing`` (accept and peaks: the top-level section)
     and ``attention_timing``."""
     step = config["step"]
     attention = step["attention"]
@@ -271,6 +272,11 @@ def step_options(config: dict) -> dict:
         "heads": list(attention["heads"]),
         "prefix_lengths": list(attention["prefix_lengths"]),
         "impls": list(attention["impls"]),
+        "flex_kernel_options": (
+            dict(attention["flexattention_kernel_options"])
+            if attention.get("flexattention_kernel_options") is not None
+            else None
+        ),
         "timing": timing_options(config),
         "attention_timing": timing_options(config, attention["timing"]),
     }

@@ -19,6 +19,7 @@ rule step_attention:
         gpu=1,
     params:
         impls=STEP["impls"],
+        flex_kernel_options=STEP["flex_kernel_options"],
         timing=STEP["attention_timing"],
         machine=MACHINE,
     script:

@@ -16,6 +16,7 @@ with logged(snakemake):
         heads=int(wildcards.heads),
         prefix=int(wildcards.prefix),
         impls=list(params.impls),
+        flex_kernel_options=params.flex_kernel_options,
         timing=dict(params.timing),
         machine=params.machine,
         distribution=wildcards.distribution,
