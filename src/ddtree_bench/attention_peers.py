@@ -13,7 +13,8 @@ The problem, per request ``b`` of a batch of ``B``:
 - softmax scale ``1/sqrt(192)`` (the model's ``qk_nope + qk_rope`` head dim); output bf16
   ``[B, N+1, H, 512]``.
 
-Peers (``PEERS``), each measured as PyTorch ships it (no tuning):
+Peers (``PEERS``), each measured as PyTorch ships it (no tuning; FlexAttention takes ``kernel_options``
+only when the caller gives them, and its ``backend`` then names them):
 
 - ``sdpa``: ``torch.nn.functional.scaled_dot_product_attention`` with an explicit boolean mask; PyTorch
   picks the backend (``backend`` attribute of the returned callable).
