@@ -207,8 +207,25 @@ def _palette(series) -> dict:
     return {s: SERIES_COLORS.get(s) or next(extra, "#333333") for s in dict.fromkeys(series)}
 
 
-def _grid(data, *, x, y, lo, hi, col, row, hue_order, xlabel, ylabel, title, path, logx=True, logy=True,
-          col_wrap=None, hline=None):
+def _grid(
+    data,
+    *,
+    x,
+    y,
+    lo,
+    hi,
+    col,
+    row,
+    hue_order,
+    xlabel,
+    ylabel,
+    title,
+    path,
+    logx=True,
+    logy=True,
+    col_wrap=None,
+    hline=None,
+):
     import matplotlib.pyplot as plt  # noqa: PLC0415
     import seaborn as sns  # noqa: PLC0415
 
@@ -271,8 +288,21 @@ def figure_time_vs_budget(data, path, depth, distribution) -> str:
         return "no timings"
     sel = sel.assign(us=sel["median_s"] * 1e6, lo=sel["p10_s"] * 1e6, hi=sel["p90_s"] * 1e6)
     title = f"Time per call vs budget (L = {depth}, {distribution} trace; band: p10-p90)"
-    _grid(sel, x="budget", y="us", lo="lo", hi="hi", col="batch", row="machine", hue_order=SERIES_ORDER,
-          xlabel="budget N", ylabel="µs per call (median)", title=title, path=path, col_wrap=4)
+    _grid(
+        sel,
+        x="budget",
+        y="us",
+        lo="lo",
+        hi="hi",
+        col="batch",
+        row="machine",
+        hue_order=SERIES_ORDER,
+        xlabel="budget N",
+        ylabel="µs per call (median)",
+        title=title,
+        path=path,
+        col_wrap=4,
+    )
     return title
 
 
@@ -290,11 +320,25 @@ def figure_time_vs_batch(data, path, depth, distribution) -> str:
         _empty_figure(path, "no timings")
         return "no timings"
     sel = sel[sel["budget"].isin(_budget_choice(sel["budget"]))]
-    sel = sel.assign(us=sel["median_per_tree_s"] * 1e6, lo=sel["p10_per_tree_s"] * 1e6,
-                     hi=sel["p90_per_tree_s"] * 1e6)
+    sel = sel.assign(
+        us=sel["median_per_tree_s"] * 1e6, lo=sel["p10_per_tree_s"] * 1e6, hi=sel["p90_per_tree_s"] * 1e6
+    )
     title = f"Time per tree vs batch size (L = {depth}, {distribution} trace; band: p10-p90)"
-    _grid(sel, x="batch", y="us", lo="lo", hi="hi", col="budget", row="machine", hue_order=SERIES_ORDER,
-          xlabel="batch size B", ylabel="µs per tree (median)", title=title, path=path, col_wrap=4)
+    _grid(
+        sel,
+        x="batch",
+        y="us",
+        lo="lo",
+        hi="hi",
+        col="budget",
+        row="machine",
+        hue_order=SERIES_ORDER,
+        xlabel="batch size B",
+        ylabel="µs per tree (median)",
+        title=title,
+        path=path,
+        col_wrap=4,
+    )
     return title
 
 
@@ -307,9 +351,22 @@ def figure_speedup(data, path, depth, distribution) -> str:
     bases = sorted({BASELINE_NAMES[b] for b in sp["baseline"]})
     title = f"Speedup over {' / '.join(bases)} (same inputs; L = {depth}, {distribution} trace)"
     sp = sp.assign(machine=sp["panel"])
-    _grid(sp, x="budget", y="speedup", lo=None, hi=None, col="batch", row="machine", hue_order=SERIES_ORDER,
-          xlabel="budget N", ylabel="speedup (x, median / median)", title=title, path=path,
-          col_wrap=4, hline=1.0)
+    _grid(
+        sp,
+        x="budget",
+        y="speedup",
+        lo=None,
+        hi=None,
+        col="batch",
+        row="machine",
+        hue_order=SERIES_ORDER,
+        xlabel="budget N",
+        ylabel="speedup (x, median / median)",
+        title=title,
+        path=path,
+        col_wrap=4,
+        hline=1.0,
+    )
     return title
 
 
@@ -428,17 +485,28 @@ def _build_targets(machines: list[Machine]) -> list[TargetResult]:
 
         pairs = _ratio_pairs(ref, native, "median_per_tree_s") if len(ref) and len(native) else pd.DataFrame()
         if pairs.empty:
-            add("native (1 thread) >= 50x faster per tree than reference, every budget", "issue 2", "no data",
-                "needs native and reference timings")
+            add(
+                "native (1 thread) >= 50x faster per tree than reference, every budget",
+                "issue 2",
+                "no data",
+                "needs native and reference timings",
+            )
         else:
-            add("native (1 thread) >= 50x faster per tree than reference, every budget", "issue 2",
-                *_status_minimum(pairs, 50.0))
+            add(
+                "native (1 thread) >= 50x faster per tree than reference, every budget",
+                "issue 2",
+                *_status_minimum(pairs, 50.0),
+            )
 
         pairs = _ratio_pairs(ref, sglang, "median_per_tree_s") if len(ref) and len(sglang) else pd.DataFrame()
         target = "reference within +-25% of SGLang's per-tree time"
         if pairs.empty:
-            published = ref[(ref["batch"] == 64) & (ref["depth"] == 16) & (ref["topk"] == ref["budget"])
-                            & ref["budget"].isin(list(SGLANG_PUBLISHED_BATCH64_US))]
+            published = ref[
+                (ref["batch"] == 64)
+                & (ref["depth"] == 16)
+                & (ref["topk"] == ref["budget"])
+                & ref["budget"].isin(list(SGLANG_PUBLISHED_BATCH64_US))
+            ]
             measured = "SGLang's builder not measured here"
             if len(published):
                 ratios = published["median_s"] * 1e6 / published["budget"].map(SGLANG_PUBLISHED_BATCH64_US)
@@ -457,8 +525,11 @@ def _build_targets(machines: list[Machine]) -> list[TargetResult]:
         # GPU targets (issue 3): L = 16, K = N, peaked and uniform traces; kernel time by CUDA events (warm).
         def gpu_rows(timing, cache=("warm", "n/a"), ok=ok):
             sel = _medians(ok, "gpu", timing, cache)
-            return sel[(sel["depth"] == 16) & (sel["topk"] == sel["budget"])
-                       & sel["distribution"].isin(["peaked", "uniform"])]
+            return sel[
+                (sel["depth"] == 16)
+                & (sel["topk"] == sel["budget"])
+                & sel["distribution"].isin(["peaked", "uniform"])
+            ]
 
         kernel = gpu_rows("kernel-events")
         floor = ok[(ok["builder"] == "gpu") & (ok["timing"] == "floor")]
@@ -474,8 +545,12 @@ def _build_targets(machines: list[Machine]) -> list[TargetResult]:
         else:
             floor_s = float(floor["median_s"].median())
             worst = small["median_s"].max() / floor_s
-            add(target, "issue 3", "met" if worst <= 2.0 else "not met",
-                f"worst {worst:.2f}x the floor ({floor_s * 1e6:.1f} µs)")
+            add(
+                target,
+                "issue 3",
+                "met" if worst <= 2.0 else "not met",
+                f"worst {worst:.2f}x the floor ({floor_s * 1e6:.1f} µs)",
+            )
 
         for budgets, batch, factor, text in (
             ([8, 16, 32], 64, 500.0, "gpu kernel >= 500x faster than {base}, batch 64, budgets 8/16/32"),
@@ -548,8 +623,10 @@ def medians_table(data: pd.DataFrame) -> pd.DataFrame:
         data = data.assign(speedup=np.nan)
     else:
         data = data.merge(sp[keys + ["speedup"]], on=keys, how="left")
-    data = data.sort_values(["machine", "depth", "distribution", "budget", "batch", "series"],
-                            ascending=[True, False, True, True, True, True])
+    data = data.sort_values(
+        ["machine", "depth", "distribution", "budget", "batch", "series"],
+        ascending=[True, False, True, True, True, True],
+    )
     return pd.DataFrame(
         {
             "machine": data["machine"],
@@ -573,8 +650,12 @@ def compact_table(data: pd.DataFrame, machine: str, depth, distribution) -> pd.D
     sel, _, _ = _select(data[data["machine"] == machine], depth, distribution)
     if sel.empty:
         return pd.DataFrame()
-    sel = sel.assign(cell=[f"{_us(m)} ({_us(a)}-{_us(b)})" for m, a, b in
-                           zip(sel["median_s"], sel["p10_s"], sel["p90_s"], strict=True)])
+    sel = sel.assign(
+        cell=[
+            f"{_us(m)} ({_us(a)}-{_us(b)})"
+            for m, a, b in zip(sel["median_s"], sel["p10_s"], sel["p90_s"], strict=True)
+        ]
+    )
     table = sel.pivot_table(index=["budget", "batch"], columns="series", values="cell", aggfunc="first")
     order = [c for c in SERIES_ORDER if c in table.columns]
     table = table[order + [c for c in table.columns if c not in SERIES_ORDER]]
@@ -596,14 +677,24 @@ def unavailable_table(machines: list[Machine]) -> pd.DataFrame:
                     continue
                 seen.add(key)
                 rows.append(
-                    {"machine": machine.label, "builder": row["builder"], "status": row["status"],
-                     "reason": row["status_reason"] or "-"}
+                    {
+                        "machine": machine.label,
+                        "builder": row["builder"],
+                        "status": row["status"],
+                        "reason": row["status_reason"] or "-",
+                    }
                 )
         env = machine.environment
         wanted = "gpu" in (env.get("config") or {}).get("builders", [])
         if wanted and not (env.get("builds") or {}).get("fatbin"):
-            rows.append({"machine": machine.label, "builder": "gpu (kernel build)", "status": "not compiled",
-                         "reason": "no nvcc found" if not env.get("nvcc") else "gpu: off"})
+            rows.append(
+                {
+                    "machine": machine.label,
+                    "builder": "gpu (kernel build)",
+                    "status": "not compiled",
+                    "reason": "no nvcc found" if not env.get("nvcc") else "gpu: off",
+                }
+            )
     return pd.DataFrame(rows, columns=["machine", "builder", "status", "reason"])
 
 
@@ -617,13 +708,34 @@ def correctness_table(machines: list[Machine]) -> pd.DataFrame:
         for builder, group in ok.groupby("builder", sort=False):
             correct = group["correct"]
             verdict = "yes" if correct.notna().all() and correct.astype(bool).all() else "NO"
-            rows.append({"machine": machine.label, "builder": builder, "configurations": len(group),
-                         "trees equal reference's": verdict})
+            rows.append(
+                {
+                    "machine": machine.label,
+                    "builder": builder,
+                    "configurations": len(group),
+                    "trees equal reference's": verdict,
+                }
+            )
     return pd.DataFrame(rows)
 
 
-ENV_KEYS = ("machine", "hostname", "cpu_model", "cpu_count", "gpu_name", "gpu_driver", "python", "numpy",
-            "cupy", "torch", "sglang", "git_commit", "timestamp", "clock", "platform")
+ENV_KEYS = (
+    "machine",
+    "hostname",
+    "cpu_model",
+    "cpu_count",
+    "gpu_name",
+    "gpu_driver",
+    "python",
+    "numpy",
+    "cupy",
+    "torch",
+    "sglang",
+    "git_commit",
+    "timestamp",
+    "clock",
+    "platform",
+)
 
 
 def environment_table(machines: list[Machine]) -> pd.DataFrame:
@@ -681,8 +793,16 @@ img{max-width:100%;border:1px solid #eee;margin:.5em 0}details{margin:.5em 0}.no
 
 def _target_frame(results: list[TargetResult]) -> pd.DataFrame:
     return pd.DataFrame(
-        [{"machine": r.machine, "target": r.target, "from": r.source, "status": r.status,
-          "measured": r.measured} for r in results],
+        [
+            {
+                "machine": r.machine,
+                "target": r.target,
+                "from": r.source,
+                "status": r.status,
+                "measured": r.measured,
+            }
+            for r in results
+        ],
         columns=["machine", "target", "from", "status", "measured"],
     )
 
@@ -835,7 +955,6 @@ def render_report(
     ]
     with atomic_output(html_path) as tmp:
         Path(tmp).write_text("\n".join(parts))
-
 
 
 # ----------------------------------------------------------------------------------------------- step part
