@@ -33,6 +33,7 @@ from ddtree_bench.step_report import (
     TARGET_MEMORY,
     accept_table,
     attention_table,
+    backends_line,
     breakdown_table,
     step_targets,
 )
@@ -588,3 +589,25 @@ def test_step_scripts_call_the_libraries(tmp_path, monkeypatch):
     if gpu_unavailable_reason() is not None:  # the walk runs without a GPU; the rest says why not
         assert len(walk) == 1 and walk.iloc[0]["n"] >= 1 and walk.iloc[0]["expected_accept_mean"] > 0
         assert set(summary.loc[summary["impl"] != "cpu-walk", "status"]) == {"unavailable"}
+
+
+def test_backends_line_says_how_each_attention_impl_ran():
+    flex = "flex_attention (torch.compile, Triton), enable_gqa, kernel_options BLOCK_M=64, BLOCK_N=32"
+    step = pd.DataFrame(
+        {
+            "stage": ["verify-attention"] * 5 + ["accept"],
+            "impl": ["ours", "ours", "flexattention", "sdpa", "ours-mma", "gpu-kernel"],
+            "status": ["ok", "ok", "ok", "unavailable", "ok", "ok"],
+            "status_reason": [
+                "backend: wgmma path",
+                "backend: wgmma path",
+                f"backend: {flex}",
+                "sdpa: out of memory",
+                None,
+                "backend: not attention",
+            ],
+        }
+    )
+    assert backends_line(step) == f"flexattention: {flex}; ours: wgmma path"
+    assert backends_line(step.iloc[3:4]) == ""  # nothing measured: nothing to say
+    assert backends_line(pd.DataFrame()) == ""

@@ -978,13 +978,14 @@ class StepSections:
     attention: pd.DataFrame
     accept: pd.DataFrame
     peaks: list[tuple[str, str]]
+    backends: list[tuple[str, str]]  # (machine, how each attention impl ran)
     breakdown: list[tuple[str, str, pd.DataFrame]]  # (machine, heading note, table)
     acceptance: pd.DataFrame
     missing: list[tuple[str, str]]  # (machine, why it has no step data)
 
 
 def _step_sections(machines: list[Machine], breakdowns: dict, settings: dict) -> StepSections:
-    attention, accept, acceptance, peaks, breakdown, missing = [], [], [], [], [], []
+    attention, accept, acceptance, peaks, backends, breakdown, missing = [], [], [], [], [], [], []
     for machine in machines:
         label = machine.label
         layers, depth, distribution = (settings[label][k] for k in ("layers", "depth", "distribution"))
@@ -994,6 +995,9 @@ def _step_sections(machines: list[Machine], breakdowns: dict, settings: dict) ->
             attention.append(step_report.attention_table(machine.step, label))
             accept.append(step_report.accept_table(machine.step, label))
             peaks.append((label, step_report.peaks_line(machine.step)))
+            line = step_report.backends_line(machine.step)
+            if line:
+                backends.append((label, line))
             table = step_report.breakdown_table(breakdowns[label], label, layers)
             where = ", ".join(x for x in (f"L = {depth}" if depth else "", str(distribution or "")) if x)
             note = f"{layers} layers; {where} trees" if where else f"{layers} layers"
@@ -1007,7 +1011,9 @@ def _step_sections(machines: list[Machine], breakdowns: dict, settings: dict) ->
         frames = [f for f in frames if not f.empty]
         return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
-    return StepSections(concat(attention), concat(accept), peaks, breakdown, concat(acceptance), missing)
+    return StepSections(
+        concat(attention), concat(accept), peaks, backends, breakdown, concat(acceptance), missing
+    )
 
 
 STEP_INTRO = (
@@ -1038,6 +1044,7 @@ def _step_markdown(step: StepSections, figure_path, title) -> list[str]:
     md += [f"- {line}" for line in _missing_lines(step)] + ([""] if step.missing else [])
     peaks = "; ".join(f"{label}: {line}" for label, line in step.peaks) or "no data"
     md.append(f"GPU peaks: {peaks}\n")
+    md += [f"How each impl ran ({label}): {line}\n" for label, line in step.backends]
     md.append(markdown_table(step.attention) if not step.attention.empty else "_no data_\n")
     md.append(
         "## Tree accept\n\nGPU kernel (CUDA events), host-inclusive (launch, copies out, sync), the "
@@ -1070,6 +1077,10 @@ def _step_html(step: StepSections, image: str, title) -> list[str]:
         f"<p>{escape(STEP_INTRO)}</p>",
         missing,
         f"<p><b>GPU peaks:</b> {escape(peaks)}</p>",
+        *(
+            f"<p><b>How each impl ran ({escape(label)}):</b> {escape(line)}</p>"
+            for label, line in step.backends
+        ),
         f"<details open><summary>{len(step.attention)} rows</summary>{table(step.attention)}</details>",
         "<h2>Tree accept</h2>",
         "<p>GPU kernel (CUDA events), host-inclusive (launch, copies out, sync), the CPU walk including the "

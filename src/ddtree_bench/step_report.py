@@ -24,6 +24,7 @@ __all__ = [
     "figure_step_share",
     "fmt_us",
     "peaks_line",
+    "backends_line",
     "step_targets",
 ]
 
@@ -241,6 +242,22 @@ def peaks_line(step: pd.DataFrame) -> str:
         f"bf16 GEMM {_num(gemm, 0)} TFLOP/s, device copy {_num(copy, 2)} TB/s, "
         f"empty-kernel floor {fmt_us(floor)} (medians of this machine's peak job, the same run)"
     )
+
+
+def backends_line(step: pd.DataFrame) -> str:
+    """How each verify-attention impl ran, from the backend its measured rows record (our kernel's path; a
+    peer's PyTorch backend and any kernel options it was given), or "" where none is recorded."""
+    if step is None or step.empty:
+        return ""
+    rows = step[(step["stage"] == "verify-attention") & (step["status"] == "ok")]
+    parts = []
+    for impl in sorted(rows["impl"].dropna().unique()):
+        reasons = rows.loc[rows["impl"] == impl, "status_reason"].dropna()
+        prefix = "backend: "
+        backends = sorted({str(r)[len(prefix) :] for r in reasons if str(r).startswith(prefix)})
+        if backends:
+            parts.append(f"{impl}: {' / '.join(backends)}")
+    return "; ".join(parts)
 
 
 def breakdown_table(breakdown: pd.DataFrame, machine: str, layers: int) -> pd.DataFrame:
