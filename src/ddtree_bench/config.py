@@ -260,6 +260,7 @@ def step_options(config: dict) -> dict:
     and ``attention_timing``."""
     step = config["step"]
     attention = step["attention"]
+    flex_options = attention["flexattention_kernel_options"]
     return {
         "enabled": bool(step["enabled"]),
         "layers": int(step["layers"]),
@@ -272,11 +273,7 @@ def step_options(config: dict) -> dict:
         "heads": list(attention["heads"]),
         "prefix_lengths": list(attention["prefix_lengths"]),
         "impls": list(attention["impls"]),
-        "flex_kernel_options": (
-            dict(attention["flexattention_kernel_options"])
-            if attention.get("flexattention_kernel_options") is not None
-            else None
-        ),
+        "flex_kernel_options": None if flex_options is None else dict(flex_options),
         "timing": timing_options(config),
         "attention_timing": timing_options(config, attention["timing"]),
     }

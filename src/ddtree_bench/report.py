@@ -25,6 +25,7 @@ import numpy as np
 import pandas as pd
 
 from ddtree_bench import step_report
+from ddtree_bench.environment import ENVIRONMENT_COLUMNS
 
 FIGURE_NAMES = ("time_vs_budget", "time_vs_batch", "speedup", "tree_shape", "step_share")
 #: The figures of the tree build (drawn from summary.parquet); step_share is the step-time breakdown's.
@@ -719,23 +720,7 @@ def correctness_table(machines: list[Machine]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-ENV_KEYS = (
-    "machine",
-    "hostname",
-    "cpu_model",
-    "cpu_count",
-    "gpu_name",
-    "gpu_driver",
-    "python",
-    "numpy",
-    "cupy",
-    "torch",
-    "sglang",
-    "git_commit",
-    "timestamp",
-    "clock",
-    "platform",
-)
+ENV_KEYS = (*ENVIRONMENT_COLUMNS, "platform")  # the benchmark rows' environment, and the platform
 
 
 def environment_table(machines: list[Machine]) -> pd.DataFrame:
