@@ -16,13 +16,15 @@
 // popping the better successor of the last pop while it is strictly above every other live entry and every
 // successor the round left behind (float64 comparisons, every lane computing the same straight-line steps):
 // on a peaked tree a chain of first children, on a flat one a run of siblings, at about 200 cycles a pop
-// against about 500 for a round. After the last pop every lane builds the ancestor masks of its nodes, and
-// the packed mask, and the bool mask when asked for, come out of this one launch. Inputs: the log-prob
-// rows and token ids are staged in shared memory with cp.async.
+// against about 500 for a round. After the last pop (warp_write_outputs, a function of its own so that its
+// code leaves the pops' alone) every lane walks the ancestors of its nodes for their mask rows and ORs each
+// row into the flat bits of the bool mask in shared memory (row i at bit i * (N + 1)), so that every 16
+// bytes of the bool mask are one funnel shift of two words; the packed mask, and the bool mask when asked
+// for, come out of this one launch. Inputs: the log-prob rows and token ids are staged in shared memory
+// with cp.async.
 namespace {
 
 constexpr int WARP_PATH_WORDS = 4;  // 4 x 64 bits = 32 levels of 8 bits
-constexpr int WARP_MASK_WORDS = 5;  // 32-bit words of an ancestor mask row, budget <= 128 (N + 1 <= 160)
 
 __device__ __forceinline__ int warp_meta(int parent, int prev, int rank, int depth) {
     // parent node (8 bits) | pusher node + 1 (8 bits) | rank (7 bits) | depth (6 bits)
@@ -103,6 +105,31 @@ __device__ int tie_break(const unsigned long long (&key)[SLOTS], const int (&met
     return id;
 }
 
+// The warp kernels' dynamic shared memory (its size: warp_shared_bytes in ddtree_bench/builders/gpu.py): token
+// ids [L*topk] i64, log-prob rows [L*topk] f32, popped nodes' meta [N1], next token / sibling [N1] each,
+// packed mask rows [N1*W] u32, the flat bits of the bool mask (row i at bit i * N1) [N1*N1 / 32 + 1] u32.
+struct WarpShared {
+    long long* ids;
+    float* rows;
+    int* meta;
+    int* next;
+    int* sib;
+    unsigned int* mask;
+    unsigned int* flat;
+    __device__ __forceinline__ WarpShared(unsigned char* sp, int L, int topk, int N1, int W) {
+        ids = reinterpret_cast<long long*>(sp); sp += sizeof(long long) * L * topk;
+        rows = reinterpret_cast<float*>(sp); sp += sizeof(float) * L * topk;
+        meta = reinterpret_cast<int*>(sp); sp += sizeof(int) * N1;
+        next = reinterpret_cast<int*>(sp); sp += sizeof(int) * N1;
+        sib = reinterpret_cast<int*>(sp); sp += sizeof(int) * N1;
+        mask = reinterpret_cast<unsigned int*>(sp); sp += sizeof(unsigned int) * N1 * W;
+        flat = reinterpret_cast<unsigned int*>(sp);
+    }
+};
+
+template <int SLOTS>
+__device__ __noinline__ void warp_write_outputs(DDT_BUILD_PARAMS, unsigned char* __restrict__ visibility, int n);
+
 template <int SLOTS>
 __device__ __forceinline__ void warp_build_tree(DDT_BUILD_PARAMS, unsigned char* __restrict__ visibility) {
 #ifdef DDT_HOST_EMULATOR
@@ -120,15 +147,10 @@ __device__ __forceinline__ void warp_build_tree(DDT_BUILD_PARAMS, unsigned char*
     long long* prof = profile ? profile + static_cast<long long>(b) * 8 : nullptr;
     if (prof && lane == 0) prof[0] = clock64();
 
-    // ---- shared memory: ids [L*topk] i64, rows [L*topk] f32, meta [N1], next token / sibling [N1] each,
-    //      masks [N1*W] u32
-    unsigned char* sp = smem;
-    long long* s_ids = reinterpret_cast<long long*>(sp); sp += sizeof(long long) * L * topk;
-    float* s_rows = reinterpret_cast<float*>(sp); sp += sizeof(float) * L * topk;
-    int* s_meta = reinterpret_cast<int*>(sp); sp += sizeof(int) * N1;
-    int* s_next = reinterpret_cast<int*>(sp); sp += sizeof(int) * N1;
-    int* s_sib = reinterpret_cast<int*>(sp); sp += sizeof(int) * N1;
-    unsigned int* s_mask = reinterpret_cast<unsigned int*>(sp);
+    const WarpShared sh(smem, L, topk, N1, W);
+    long long* s_ids = sh.ids;
+    float* s_rows = sh.rows;
+    int* s_meta = sh.meta;
 
     for (int i = lane, d = lane / topk, r = lane - d * topk; i < L * topk; i += 32) {
         const long long at = static_cast<long long>(d) * K + r;
@@ -137,10 +159,10 @@ __device__ __forceinline__ void warp_build_tree(DDT_BUILD_PARAMS, unsigned char*
         for (r += 32; r >= topk; r -= topk) ++d;
     }
     cp_async_commit();
-    for (int i = lane; i < N1; i += 32) { s_next[i] = -1; s_sib[i] = -1; }
-    if (lane < W) s_mask[lane] = lane == 0 ? 1u : 0u;   // the root sees itself
+    for (int i = lane; i < N1; i += 32) { sh.next[i] = -1; sh.sib[i] = -1; }
     cp_async_wait_all();
     __syncwarp();
+    if (prof && lane == 0) prof[4] = clock64();  // staged
 
     unsigned long long key[SLOTS];
     int meta[SLOTS];
@@ -257,27 +279,68 @@ __device__ __forceinline__ void warp_build_tree(DDT_BUILD_PARAMS, unsigned char*
             lp_child = pick_child ? next_child_child : lp_child;
         }
     }
-    const int n = count;
     __syncwarp();
     if (prof && lane == 0) prof[1] = clock64();
+    warp_write_outputs<SLOTS>(DDT_BUILD_ARGS, visibility, count);
+}
 
-    // ---- outputs: child / sibling links, ancestor masks (node i: itself and its ancestors, root included)
+// The outputs of a warp-built tree of n nodes (a function of its own, so that its code leaves the pops' alone)
+template <int SLOTS>
+__device__ __noinline__ void warp_write_outputs(DDT_BUILD_PARAMS, unsigned char* __restrict__ visibility, int n) {
+#ifdef DDT_HOST_EMULATOR
+    unsigned char* smem = DDT_HOST_EMULATOR_SHARED;
+#else
+    extern __shared__ __align__(16) unsigned char smem[];
+#endif
+    const int b = blockIdx.x, lane = threadIdx.x;
+    const int N = budget, N1 = N + 1, W = (N1 + 31) >> 5;
+    const int topk = min(N, K);
+    long long* prof = profile ? profile + static_cast<long long>(b) * 8 : nullptr;
+    const WarpShared sh(smem, L, topk, N1, W);
+    const long long* s_ids = sh.ids;
+    int* s_meta = sh.meta;
+    int* s_next = sh.next;
+    int* s_sib = sh.sib;
+    unsigned int* s_mask = sh.mask;
+    unsigned int* s_flat = sh.flat;
+    const int FW = (N1 * N1 + 31) / 32 + 1;  // the flat bits, plus a word for the funnel shift
+
+    // ---- child / sibling links, ancestor masks (node i: itself and its ancestors, root included)
+    if (lane < W) s_mask[lane] = lane == 0 ? 1u : 0u;  // the root sees itself
+    if (lane == 0) s_meta[0] = 0;                        // the root: its parent field is 0, itself
+    if (visibility)
+        for (int k = lane; k < FW; k += 32) s_flat[k] = k == 0 ? 1u : 0u;  // the root's row, bit 0
+    __syncwarp();
+    constexpr int MW = SLOTS + 1;  // 32-bit words of an ancestor mask row: N + 1 <= 32 * SLOTS + 1
     for (int i = 1 + lane; i <= n; i += 32) {
         const int m = s_meta[i];
         if (((m >> 16) & 0x7f) == 0) s_next[m & 0xff] = i;           // the first child
         else s_sib[((m >> 8) & 0xff) - 1] = i;                        // the elder sibling's next
-        unsigned int acc[WARP_MASK_WORDS];
+        unsigned int acc[MW];
 #pragma unroll
-        for (int w = 0; w < WARP_MASK_WORDS; ++w) acc[w] = w == 0 ? 1u : 0u;
-        for (int v = i; v != 0; v = s_meta[v] & 0xff) {
+        for (int w = 0; w < MW; ++w) acc[w] = w == 0 ? 1u : 0u;
+        for (int v = i; v != 0;) {  // two levels a turn: the root's meta is 0, so its parent is itself
 #pragma unroll
-            for (int w = 0; w < WARP_MASK_WORDS; ++w) acc[w] |= (v >> 5) == w ? 1u << (v & 31) : 0u;
+            for (int w = 0; w < MW; ++w) acc[w] |= (v >> 5) == w ? 1u << (v & 31) : 0u;
+            v = s_meta[v] & 0xff;
+#pragma unroll
+            for (int w = 0; w < MW; ++w) acc[w] |= (v >> 5) == w ? 1u << (v & 31) : 0u;
+            v = s_meta[v] & 0xff;
         }
 #pragma unroll
-        for (int w = 0; w < WARP_MASK_WORDS; ++w)
-            if (w < W) s_mask[i * W + w] = acc[w];
+        for (int w = 0; w < MW; ++w) {
+            if (w < W) {
+                s_mask[i * W + w] = acc[w];
+                if (visibility) {  // the same row into the flat bits (it may share words with its neighbours)
+                    const int p = i * N1 + 32 * w, sh = p & 31;
+                    atomicOr(&s_flat[p >> 5], acc[w] << sh);
+                    if (sh != 0) atomicOr(&s_flat[(p >> 5) + 1], acc[w] >> (32 - sh));
+                }
+            }
+        }
     }
     __syncwarp();
+    if (prof && lane == 0) prof[5] = clock64();  // links and mask rows
     // the TreeBatch and the packed mask, a row a lane
     const long long o = static_cast<long long>(b);
     unsigned int* bits = visibility_bits + o * N1 * W;
@@ -298,36 +361,20 @@ __device__ __forceinline__ void warp_build_tree(DDT_BUILD_PARAMS, unsigned char*
         node_count[b] = n;
         if (stats) stats[b] = DDT_STAT_WARP_HEAP;
     }
+    if (prof && lane == 0) prof[6] = clock64();  // the TreeBatch and the packed mask
     if (visibility) {  // the bool mask [N1, N1] of this tree: 16 bytes a store where aligned
         unsigned char* v = visibility + o * N1 * N1;
         const int S = N1 * N1;
-        // `count` (<= 16) mask bits of the flat mask from position q on, bit k = position q + k
-        const unsigned int inv_n1 = 0xffffffffu / N1 + 1u;  // q / N1 == umulhi(q, inv_n1) for q < 2^16
-        auto bits_from = [&](int q, int count) -> unsigned int {
-            int r = static_cast<int>(__umulhi(static_cast<unsigned int>(q), inv_n1)), c = q - r * N1;
-            unsigned int out = 0u;
-            for (int filled = 0; filled < count; ++r, c = 0) {
-                const int take = min(count - filled, N1 - c);
-                if (r <= n) {
-                    const int w = c >> 5;
-                    const unsigned int lo = s_mask[r * W + w], hi = w + 1 < W ? s_mask[r * W + w + 1] : 0u;
-                    out |= (__funnelshift_r(lo, hi, c & 31) & ((1u << take) - 1u)) << filled;
-                }
-                filled += take;
-            }
-            return out;
-        };
         const int head = min(S, static_cast<int>((16 - (reinterpret_cast<unsigned long long>(v) & 15)) & 15));
         const int chunks = (S - head) >> 4, tail = head + 16 * chunks;
         // one pass over the aligned 16-byte chunks, then the head's and the tail's single bytes
         uint4* vc = reinterpret_cast<uint4*>(v + head);
         for (int u = lane; u < chunks + head + (S - tail); u += 32) {
-            if (u < chunks) {
-                vc[u] = bool_bytes16(bits_from(head + 16 * u, 16));
-            } else {
-                const int q = u - chunks < head ? u - chunks : tail + (u - chunks - head);
-                v[q] = static_cast<unsigned char>(bits_from(q, 1));
-            }
+            const bool chunk = u < chunks;
+            const int q = chunk ? head + 16 * u : u - chunks < head ? u - chunks : tail + (u - chunks - head);
+            const unsigned int got = __funnelshift_r(s_flat[q >> 5], s_flat[(q >> 5) + 1], q & 31);
+            if (chunk) vc[u] = bool_bytes16(got & 0xffffu);
+            else v[q] = static_cast<unsigned char>(got & 1u);
         }
     }
     if (prof && lane == 0) { prof[2] = clock64(); prof[3] = prof[2]; }

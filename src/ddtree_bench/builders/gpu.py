@@ -51,7 +51,8 @@ def warp_shared_bytes(budget: int, depth: int, topk: int) -> int:
     """Dynamic shared memory of the warp-heap kernels (mirrors warp_build_tree in tree_build_warp.cuh)."""
     n1 = budget + 1
     words = (n1 + 31) // 32
-    return 12 * depth * topk + 12 * n1 + 4 * n1 * words
+    flat_words = (n1 * n1 + 31) // 32 + 1  # the bool mask's flat bits, plus a word for the funnel shift
+    return 12 * depth * topk + 12 * n1 + 4 * n1 * words + 4 * flat_words
 
 
 def warp_slots(budget: int) -> int:
