@@ -100,6 +100,56 @@ def test_topk_is_min_of_budget_and_trace_columns(trace_path):
     assert set(rows["topk"]) == {16}
 
 
+class ShapeRecordingBuilder(RecordingBuilder):
+    """reference's trees, recording the shape and layout of the arrays each call was handed."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen = []
+
+    def build(self, top_log_probs, top_token_ids, budget):
+        self.seen.append(
+            (
+                top_log_probs.shape,
+                top_token_ids.shape,
+                top_log_probs.flags.c_contiguous,
+                top_token_ids.flags.c_contiguous,
+            )
+        )
+        return super().build(top_log_probs, top_token_ids, budget)
+
+
+def test_input_columns_topk_hands_builders_the_first_topk_columns(trace_path):
+    lp, ids = load_trace(trace_path).batch(4)
+    builder = ShapeRecordingBuilder()
+    rows = bench(builder, trace_path, budget=8, warmup=1, repeats=2, input_columns="topk")
+    assert builder.seen and set(builder.seen) == {((4, 4, 8), (4, 4, 8), True, True)}
+    assert set(rows["topk"]) == {8} and set(rows["input_columns"]) == {8}
+    assert rows["correct"].all()  # same trees as reference on the full columns
+    expected = get_builder("reference").build(lp, ids, 8)
+    trimmed = get_builder("reference").build(
+        np.ascontiguousarray(lp[:, :, :8]), np.ascontiguousarray(ids[:, :, :8]), 8
+    )
+    assert np.array_equal(expected.node_token_ids, trimmed.node_token_ids)
+
+
+def test_input_columns_trace_hands_builders_every_column(trace_path):
+    builder = ShapeRecordingBuilder()
+    rows = bench(builder, trace_path, budget=8, warmup=0, repeats=1, input_columns="trace")
+    assert set(builder.seen) == {((4, 4, 16), (4, 4, 16), True, True)}
+    assert set(rows["topk"]) == {8} and set(rows["input_columns"]) == {16}
+    # a budget above K: "topk" has nothing to cut, the builder gets all K columns
+    builder = ShapeRecordingBuilder()
+    rows = bench(builder, trace_path, budget=32, warmup=0, repeats=1, input_columns="topk")
+    assert set(builder.seen) == {((4, 4, 16), (4, 4, 16), True, True)}
+    assert set(rows["input_columns"]) == {16}
+
+
+def test_input_columns_must_be_known(trace_path):
+    with pytest.raises(ValueError, match="input_columns must be one of topk, trace, got 'all'"):
+        bench("reference", trace_path, input_columns="all")
+
+
 def test_gc_is_off_while_timing_and_restored(trace_path):
     builder = RecordingBuilder()
     assert gc.isenabled()

@@ -13,6 +13,7 @@ from ddtree_bench.config import (
     ATTENTION_IMPLS,
     BUILDERS,
     DISTRIBUTIONS,
+    builder_input_columns,
     check_config,
     load_config,
     load_schema,
@@ -38,6 +39,7 @@ def test_default_config_is_valid_and_has_the_issue_defaults():
     assert config["gpu"] == "auto"
     assert config["topk"] == "budget"
     assert trace_columns(config) == 1024  # K = N: the traces hold the largest budget's columns
+    assert builder_input_columns(config) == "topk"  # ... and each builder is handed its first min(N, K)
     assert trace_requests(config) == 256
     assert set(timing_options(config)) == {
         "warmup",
@@ -158,6 +160,7 @@ def test_fixed_topk():
     config = default_config()
     config["topk"] = 64
     assert trace_columns(check_config(config)) == 64
+    assert builder_input_columns(check_config(config)) == "trace"  # a fixed K: every builder gets all K
 
 
 BAD = [

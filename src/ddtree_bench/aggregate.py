@@ -26,6 +26,7 @@ KEYS = (
     "depth",
     "budget",
     "topk",
+    "input_columns",
     "batch",
     "timing",
     "cache",
@@ -123,7 +124,7 @@ def summarize(rows: pd.DataFrame) -> pd.DataFrame:
     summary = pd.DataFrame.from_records(out, columns=list(SUMMARY_COLUMNS))
     for column in ("budget", "batch", "n"):
         summary[column] = summary[column].astype("int64")
-    for column in ("depth", "topk", "threads"):
+    for column in ("depth", "topk", "input_columns", "threads"):
         summary[column] = pd.to_numeric(summary[column], errors="coerce").astype("Int64")
     summary["correct"] = summary["correct"].astype("boolean")
     return summary

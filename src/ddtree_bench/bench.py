@@ -8,6 +8,10 @@ Method (the same for every CPU builder, on the same inputs):
 - ``warmup`` untimed calls, then timed calls until both ``repeats`` calls and ``min_seconds`` of timed calls
   are reached; a slow configuration stops at ``max_seconds`` once it has ``min_repeats`` calls, a fast one at
   ``max_repeats`` calls. Warm-up calls are timed too and kept as rows with ``phase = "warmup"``.
+- ``input_columns="topk"`` (the workflow's choice under ``topk: budget``, i.e. K = N) hands every builder
+  the first ``topk = min(N, K)`` columns of the trace, contiguous, as a drafter emitting top-N would;
+  ``"trace"`` hands over all K columns of the trace (each builder still reads only ``topk`` of them). The
+  row's ``input_columns`` says which K the builder was handed: it sets what a host-inclusive GPU call copies.
 - Every call is one row: nothing is averaged away. ``seconds`` is the call's wall time by
   ``time.perf_counter_ns`` (a monotonic clock; its implementation and resolution are in the ``clock``
   column), ``per_tree_seconds`` is ``seconds / batch``.
@@ -44,6 +48,7 @@ COLUMNS = (
     "batch",
     "depth",
     "topk",
+    "input_columns",
     "distribution",
     "repetition",
     "phase",
@@ -102,7 +107,7 @@ def frame(rows: list[dict]) -> pd.DataFrame:
         df[column] = df[column].astype("float64")
     for column in ("budget", "batch", "repetition"):
         df[column] = df[column].astype("int64")
-    for column in ("depth", "topk", "threads", "cpu_count"):
+    for column in ("depth", "topk", "input_columns", "threads", "cpu_count"):
         df[column] = df[column].astype("Int64")
     df["correct"] = df["correct"].astype("boolean")
     return df
@@ -118,6 +123,7 @@ def unavailable_frame(
     batch: int = 0,
     depth: int | None = None,
     topk: int | None = None,
+    input_columns: int | None = None,
     distribution: str | None = None,
     environment: dict | None = None,
 ) -> pd.DataFrame:
@@ -131,6 +137,7 @@ def unavailable_frame(
         "batch": batch,
         "depth": depth,
         "topk": topk,
+        "input_columns": input_columns,
         "distribution": distribution,
         "repetition": -1,
         "phase": "timed",
@@ -258,15 +265,31 @@ class TimingPolicy:
         return out
 
 
-def prepare_run(builder, trace_path, budget, batch, *, machine, distribution, builder_options):
-    """What every timing job starts with: the batch (the trace's first ``batch`` requests), the builder
-    object, and the row fields every row shares. Returns ``(builder_object, lp, ids, budget, base_row)``, or a
-    one-row "unavailable" frame when the builder cannot run here."""
+INPUT_COLUMNS = ("topk", "trace")
+
+
+def check_input_columns(value) -> str:
+    """``input_columns``: "topk" (hand builders the first min(N, K) columns) or "trace" (all K)."""
+    if value not in INPUT_COLUMNS:
+        raise ValueError(f"input_columns must be one of {', '.join(INPUT_COLUMNS)}, got {value!r}")
+    return value
+
+
+def prepare_run(
+    builder, trace_path, budget, batch, *, machine, distribution, builder_options, input_columns="trace"
+):
+    """What every timing job starts with: the batch (the trace's first ``batch`` requests; with
+    ``input_columns="topk"`` only their first ``min(budget, K)`` columns), the builder object, and the row
+    fields every row shares. Returns ``(builder_object, lp, ids, budget, base_row)``, or a one-row
+    "unavailable" frame when the builder cannot run here."""
     budget = check_budget(budget)
     batch = _check_count(batch, "batch", 1)
+    input_columns = check_input_columns(input_columns)
     lp, ids, columns, metadata = read_batch(trace_path, batch)
     depth = int(lp.shape[1])
     topk = min(budget, columns)
+    if input_columns == "topk" and topk < lp.shape[2]:
+        lp, ids = np.ascontiguousarray(lp[:, :, :topk]), np.ascontiguousarray(ids[:, :, :topk])
     if distribution is None:
         distribution = metadata.get("distribution")
     env = collect_environment(machine)
@@ -282,6 +305,7 @@ def prepare_run(builder, trace_path, budget, batch, *, machine, distribution, bu
             batch=batch,
             depth=depth,
             topk=topk,
+            input_columns=int(lp.shape[2]),
             distribution=distribution,
             environment=env,
         )
@@ -293,6 +317,7 @@ def prepare_run(builder, trace_path, budget, batch, *, machine, distribution, bu
         "batch": batch,
         "depth": depth,
         "topk": topk,
+        "input_columns": int(lp.shape[2]),
         "distribution": distribution,
         "status": "ok",
         "status_reason": None,
@@ -317,6 +342,7 @@ def run_benchmark(
     min_repeats: int = 1,
     max_repeats: int | None = None,
     correct: bool | None = None,
+    input_columns: str = "trace",
 ) -> pd.DataFrame:
     """Time ``builder`` (a name, or a builder object) on the first ``batch`` requests of the trace at
     ``trace_path`` with budget ``budget``; one row per call (see the module docstring).
@@ -341,6 +367,7 @@ def run_benchmark(
         machine=machine,
         distribution=distribution,
         builder_options=builder_options,
+        input_columns=input_columns,
     )
     if isinstance(prepared, pd.DataFrame):
         return prepared

@@ -240,6 +240,13 @@ def trace_columns(config: dict) -> int:
     return int(topk)
 
 
+def builder_input_columns(config: dict) -> str:
+    """Which columns the timing jobs hand each builder (``bench.prepare_run``): under ``topk: budget`` (K = N)
+    the first min(N, K) ("topk"), as a drafter emitting top-N would give them; under an integer K all K
+    ("trace")."""
+    return "topk" if config.get("topk", "budget") == "budget" else "trace"
+
+
 def trace_requests(config: dict) -> int:
     """R, the requests every trace holds: the largest batch size."""
     return max(config["batch_sizes"])

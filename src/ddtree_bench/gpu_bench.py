@@ -46,6 +46,7 @@ def run_gpu_benchmark(
     min_repeats: int = 1,
     max_repeats: int | None = None,
     correct: bool | None = None,
+    input_columns: str = "trace",
 ) -> pd.DataFrame:
     from ddtree_bench.builders.gpu import DeviceTrees, GpuBuilder, _layout, _views
 
@@ -65,6 +66,7 @@ def run_gpu_benchmark(
         machine=machine,
         distribution=distribution,
         builder_options=builder_options,
+        input_columns=input_columns,
     )
     if isinstance(prepared, pd.DataFrame):
         return prepared  # unavailable here, with the reason

@@ -17,6 +17,7 @@ rule bench:
         options=lambda wildcards: builder_options(wildcards.builder),
         timing=TIMING,
         machine=MACHINE,
+        input_columns=INPUT_COLUMNS,
     script:
         "../scripts/bench.py"
 
@@ -41,6 +42,7 @@ rule bench_gpu:
         options=lambda wildcards: builder_options(wildcards.builder),
         timing=TIMING,
         machine=MACHINE,
+        input_columns=INPUT_COLUMNS,
     script:
         "../scripts/bench.py"
 

@@ -5,6 +5,7 @@ import shutil
 from pathlib import Path
 
 from ddtree_bench.config import (
+    builder_input_columns,
     step_options,
     timing_options,
     trace_columns,
@@ -23,6 +24,8 @@ DISTRIBUTIONS = config["distributions"]
 BUILDERS = config["builders"]
 TRACE_REQUESTS = trace_requests(config)
 TRACE_COLUMNS = trace_columns(config)
+# The columns each timing job hands the builders: the first min(N, K) under `topk: budget` (K = N).
+INPUT_COLUMNS = builder_input_columns(config)
 TIMING = timing_options(config)
 # The step stages (verify attention, tree accept, peaks): nulls resolved (budgets, distribution, depth).
 STEP = step_options(config)

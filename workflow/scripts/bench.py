@@ -22,6 +22,7 @@ with logged(snakemake):
         min_repeats=timing["min_repeats"],
         max_repeats=timing["max_repeats"],
         correct=correct,
+        input_columns=params.input_columns,
     )
     accepted = inspect.signature(run).parameters
     if not any(p.kind is p.VAR_KEYWORD for p in accepted.values()):
