@@ -267,6 +267,26 @@ def test_gpu_targets_are_evaluated_where_gpu_data_exists(tmp_path):
     assert next(r for t, r in status.items() if "budget 1024, batch 1" in t).status == "no data"
 
 
+@pytest.mark.parametrize(
+    ("columns", "said"), [(None, "K = N columns (min(N, K))"), (1024, "the trace's K columns")]
+)
+def test_host_inclusive_target_says_which_columns_were_copied(tmp_path, columns, said):
+    frames = [synthetic_summary("h200", gpu=True)]
+    for budget in (8, 64):
+        host = rows_for("gpu", [4e-5], budget=budget, batch=64, machine="h200", timing="host-inclusive")
+        host["input_columns"] = budget if columns is None else columns
+        mt = rows_for("native-mt", [2e-5], budget=budget, batch=64, machine="h200")
+        mt["input_columns"] = host["input_columns"]
+        frames += [summarize(host), summarize(mt)]
+    path = tmp_path / "summary.parquet"
+    pd.concat(frames, ignore_index=True).to_parquet(path)
+    target = next(
+        r for r in evaluate_targets(load_machines(path)) if r.target.startswith("gpu host-inclusive")
+    )
+    assert target.status == "not met"  # 40 µs against 20 µs: 0.5x
+    assert "0.5x" in target.measured and f"it copies {said} in" in target.measured
+
+
 def test_speedups_use_sglang_where_present_else_reference_labelled_as_ours(tmp_path):
     ours = write_machine(tmp_path / "ours", "laptop")
     published = write_machine(tmp_path / "published" / "h200", "h200", sglang=True)
