@@ -120,11 +120,19 @@ __device__ int block_sum(int v, int* warp_buf) {
     return total;
 }
 
-// Number of r in [0, topk) with fl(base + row[r]) >= t (row sorted descending, so a prefix).
+// Number of r in [0, topk) with fl(base + row[r]) >= t (row sorted descending, so a prefix). The prefix is
+// mostly short once a bound exists (a few children a parent), so a galloping search first (r = 0, 2, 6, 14,
+// ...: about 2 log2(count) probes instead of log2(topk)), then a binary search between the last probe that
+// held and the first that did not.
 __device__ __forceinline__ int count_at_least(const float* row, int topk, double base, double t) {
-    int lo = 0, hi = topk;
+    int lo = 0, hi = topk;  // every r < lo holds, every r >= hi fails
+    for (int step = 1; lo < hi; step <<= 1) {
+        const int probe = min(lo + step - 1, hi - 1);
+        if (__dadd_rn(base, static_cast<double>(row[probe])) >= t) lo = probe + 1;
+        else { hi = probe; break; }
+    }
     while (lo < hi) {
-        int mid = (lo + hi) >> 1;
+        const int mid = (lo + hi) >> 1;
         if (__dadd_rn(base, static_cast<double>(row[mid])) >= t) lo = mid + 1;
         else hi = mid;
     }
