@@ -345,7 +345,8 @@ def test_report_renders_with_no_timings(tmp_path):
 
 def test_columns_contract_is_what_docs_say():
     documented = (
-        "builder, label, budget, batch, depth, topk, distribution, repetition, phase (warmup|timed), "
+        "builder, label, budget, batch, depth, topk, input_columns, distribution, repetition, "
+        "phase (warmup|timed), "
         "timing, cache, seconds, per_tree_seconds, status, status_reason, correct (bool), nodes_mean, "
         "device_memory_bytes, threads, machine, hostname, cpu_model, cpu_count, gpu_name, gpu_driver, "
         "python, numpy, cupy, torch, sglang, git_commit, timestamp, clock"
