@@ -262,6 +262,7 @@ def test_gpu_targets_are_evaluated_where_gpu_data_exists(tmp_path):
     status = {r.target: r for r in evaluate_targets(machines)}
     floor = next(r for t, r in status.items() if "floor" in t)
     assert floor.status == "met"  # kernel 20 µs, floor 10 µs: 2.0x
+    assert floor.measured == "worst 2.00x the floor (10.0 µs); N=8: 2.00x"  # budget 8 only (16/32 absent)
     speed = next(r for t, r in status.items() if t.startswith("gpu kernel >= 500x"))
     assert "SGLang" in speed.target and speed.status == "met"  # 56 ms / 20 µs
     assert next(r for t, r in status.items() if "budget 1024, batch 1" in t).status == "no data"
@@ -285,6 +286,28 @@ def test_host_inclusive_target_says_which_columns_were_copied(tmp_path, columns,
     )
     assert target.status == "not met"  # 40 µs against 20 µs: 0.5x
     assert "0.5x" in target.measured and f"it copies {said} in" in target.measured
+
+
+def test_floor_target_says_each_budget_and_fails_on_the_slowest(tmp_path):
+    frames = [synthetic_summary("h200", gpu=True)]  # budget 8 at 2.0x the floor
+    for budget, seconds in ((16, 3e-5), (32, 4.5e-5)):
+        for distribution, scale in (("uniform", 1.0), ("peaked", 0.5)):  # the slowest trace counts
+            kernel = rows_for(
+                "gpu",
+                [seconds * scale],
+                budget=budget,
+                batch=64,
+                machine="h200",
+                distribution=distribution,
+                timing="kernel-events",
+                cache="warm",
+            )
+            frames.append(summarize(kernel))
+    path = tmp_path / "summary.parquet"
+    pd.concat(frames, ignore_index=True).to_parquet(path)
+    floor = next(r for r in evaluate_targets(load_machines(path)) if "empty-kernel floor" in r.target)
+    assert floor.status == "not met"
+    assert floor.measured == "worst 4.50x the floor (10.0 µs); N=8: 2.00x, N=16: 3.00x, N=32: 4.50x"
 
 
 def test_speedups_use_sglang_where_present_else_reference_labelled_as_ours(tmp_path):

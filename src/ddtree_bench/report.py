@@ -545,12 +545,14 @@ def _build_targets(machines: list[Machine]) -> list[TargetResult]:
             add(target, "issue 3", "no data", nodata if small.empty else "no floor measured")
         else:
             floor_s = float(floor["median_s"].median())
-            worst = small["median_s"].max() / floor_s
+            per_budget = small.groupby("budget")["median_s"].max() / floor_s  # the slowest trace a budget
+            worst = float(per_budget.max())
+            each = ", ".join(f"N={int(budget)}: {ratio:.2f}x" for budget, ratio in per_budget.items())
             add(
                 target,
                 "issue 3",
                 "met" if worst <= 2.0 else "not met",
-                f"worst {worst:.2f}x the floor ({floor_s * 1e6:.1f} µs)",
+                f"worst {worst:.2f}x the floor ({floor_s * 1e6:.1f} µs); {each}",
             )
 
         for budgets, batch, factor, text in (
