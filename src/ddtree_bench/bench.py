@@ -189,11 +189,16 @@ def _stored_array(path: Path, archive: zipfile.ZipFile, name: str) -> np.ndarray
     return np.memmap(path, dtype=dtype, mode="r", offset=offset, shape=shape)
 
 
-def read_batch(trace_path, batch: int) -> tuple[np.ndarray, np.ndarray, int, dict]:
-    """``(top_log_probs, top_token_ids, K, metadata)`` of the first ``batch`` requests of a trace file,
-    without reading the rest; validated as ``traces.load_trace`` validates a trace (one-line ValueError)."""
+def read_batch(
+    trace_path, batch: int, max_columns: int | None = None
+) -> tuple[np.ndarray, np.ndarray, int, dict]:
+    """``(top_log_probs, top_token_ids, K, metadata)`` of the first ``batch`` requests of a trace file (of
+    their first ``max_columns`` columns where given), contiguous, without reading the rest; K is the trace's
+    column count; validated as ``traces.load_trace`` validates a trace (one-line ValueError)."""
     from ddtree_bench.traces import load_trace  # noqa: PLC0415
     from ddtree_bench.validation import check_topk_arrays  # noqa: PLC0415
+
+    cut = slice(None) if max_columns is None else slice(0, max_columns)
 
     path = Path(trace_path)
     arrays = None
@@ -209,12 +214,14 @@ def read_batch(trace_path, batch: int) -> tuple[np.ndarray, np.ndarray, int, dic
     if arrays is None:  # anything unusual: the full loader says what is wrong with it
         trace = load_trace(path)
         lp, ids = trace.batch(batch)
-        return np.ascontiguousarray(lp), np.ascontiguousarray(ids), trace.topk, dict(trace.metadata)
+        lp, ids = np.ascontiguousarray(lp[:, :, cut]), np.ascontiguousarray(ids[:, :, cut])
+        return lp, ids, trace.topk, dict(trace.metadata)
     lp, ids, names = arrays
     if batch > lp.shape[0]:
         raise ValueError(f"batch {batch} is larger than the {lp.shape[0]} requests in trace {path}")
     columns = int(lp.shape[2])
-    lp, ids = np.array(lp[:batch]), np.array(ids[:batch])  # copies: the file is closed behind them
+    # contiguous copies: the file is closed behind them
+    lp, ids = np.array(lp[:batch, :, cut], order="C"), np.array(ids[:batch, :, cut], order="C")
     check_topk_arrays(lp, ids, where=f"trace {path}")
     metadata = {}
     with np.load(path, allow_pickle=False) as data:
@@ -285,11 +292,9 @@ def prepare_run(
     budget = check_budget(budget)
     batch = _check_count(batch, "batch", 1)
     input_columns = check_input_columns(input_columns)
-    lp, ids, columns, metadata = read_batch(trace_path, batch)
+    lp, ids, columns, metadata = read_batch(trace_path, batch, budget if input_columns == "topk" else None)
     depth = int(lp.shape[1])
     topk = min(budget, columns)
-    if input_columns == "topk" and topk < lp.shape[2]:
-        lp, ids = np.ascontiguousarray(lp[:, :, :topk]), np.ascontiguousarray(ids[:, :, :topk])
     if distribution is None:
         distribution = metadata.get("distribution")
     env = collect_environment(machine)
