@@ -711,43 +711,60 @@ __device__ __forceinline__ void build_tree(DDT_BUILD_PARAMS) {
                 at = __shfl_sync(0xffffffffu, at, 0) + __popc(ball & ((1u << (threadIdx.x & 31)) - 1u));
                 if (in) { sk[at] = pool.E[i]; sv[at] = (static_cast<int>(pool.pre[i]) << 16) | i; }
             }
-            for (int i = chosen + threadIdx.x; i < m; i += blockDim.x) { sk[i] = NEG_INF; sv[i] = 0x7fffffff; }
+            // padding after the chosen: -inf, and values above every real one (preorder < 2^14), unique, so
+            // that every key of the sort is distinct
+            const int PAD_V = 0x40000000;
+            for (int i = chosen + threadIdx.x; i < m; i += blockDim.x) { sk[i] = NEG_INF; sv[i] = PAD_V + i; }
             __syncthreads();
+            const int* sorted_v = sv;  // where the sorted values end up
             if (m <= static_cast<int>(blockDim.x)) {
-                // one element a thread, in registers: partners less than 32 apart by shuffles, farther ones
-                // through shared memory, two buffers taking turns (E and aux are dead here), so one barrier a
-                // stage: a buffer is written again only after the next stage's barrier, when every read of it
-                // is done
+                // one element a thread. Runs of 32: a bitonic sort in registers by shuffles (its last merge
+                // puts every run in the same order). Then the runs merge pairwise, doubling in length: the
+                // element at index i of its run goes to i + (the number of elements of the partner run that
+                // come before it), found by a binary search (keys are distinct), through two shared buffers
+                // taking turns (Q/tmp and E/aux, dead here), one barrier a level.
                 const int t = threadIdx.x;
+                const int M = max(m, 32);  // whole warps
                 double e = t < m ? sk[t] : NEG_INF;
-                int v = t < m ? sv[t] : 0x7fffffff;
-                bool turn = false;
-                for (int k = 2; k <= m; k <<= 1) {
+                int v = t < m ? sv[t] : PAD_V + t;
+                for (int k = 2; k <= 32; k <<= 1) {
                     for (int j = k >> 1; j > 0; j >>= 1) {
-                        double oe;
-                        int ov;
-                        if (j >= 32) {
-                            double* xe = turn ? pool.E : sk;
-                            int* xv = turn ? pool.aux : sv;
-                            turn = !turn;
-                            if (t < m) { xe[t] = e; xv[t] = v; }
-                            __syncthreads();
-                            oe = t < m ? xe[t ^ j] : NEG_INF;
-                            ov = t < m ? xv[t ^ j] : 0x7fffffff;
-                        } else {
-                            oe = __shfl_xor_sync(0xffffffffu, e, j);
-                            ov = __shfl_xor_sync(0xffffffffu, v, j);
-                        }
+                        const double oe = __shfl_xor_sync(0xffffffffu, e, j);
+                        const int ov = __shfl_xor_sync(0xffffffffu, v, j);
                         // the lower index of an ascending pair, or the upper of a descending one, keeps the
-                        // element that comes first
-                        const bool want_first = ((t & j) == 0) == ((t & k) == 0);
+                        // element that comes first; the last merge (k = 32) sorts every run ascending
+                        const bool want_first = k == 32 ? (t & j) == 0 : ((t & j) == 0) == ((t & k) == 0);
                         const bool mine_first = e > oe || (e == oe && v < ov);
                         if (mine_first != want_first) { e = oe; v = ov; }
                     }
                 }
+                double* ae = sk;
+                int* av = sv;
+                double* be = pool.E;
+                int* bv = pool.aux;
+                if (t < M) { ae[t] = e; av[t] = v; }
                 __syncthreads();
-                if (t < m) { sk[t] = e; sv[t] = v; }
-                __syncthreads();
+                for (int run = 32; run < M; run <<= 1) {
+                    if (t < M) {
+                        const double x = ae[t];
+                        const int xv = av[t];
+                        const int first = t & ~(2 * run - 1), mine = t & run, i = t & (run - 1);
+                        const int other = first + (mine ^ run);  // the partner run's first index
+                        int lo = 0, hi = run;                      // partner elements before x: [0, lo)
+                        while (lo < hi) {
+                            const int mid = (lo + hi) >> 1;
+                            const double pe = ae[other + mid];
+                            if (pe > x || (pe == x && av[other + mid] < xv)) lo = mid + 1;
+                            else hi = mid;
+                        }
+                        be[first + i + lo] = x;
+                        bv[first + i + lo] = xv;
+                    }
+                    __syncthreads();
+                    double* te = ae; ae = be; be = te;
+                    int* tv = av; av = bv; bv = tv;
+                }
+                sorted_v = av;
             } else {
                 for (int k = 2; k <= m; k <<= 1) {
                     for (int j = k >> 1; j > 0; j >>= 1) {
@@ -764,7 +781,7 @@ __device__ __forceinline__ void build_tree(DDT_BUILD_PARAMS) {
                 }
             }
             for (int pos = threadIdx.x; pos < n; pos += blockDim.x)
-                pool.order[pos] = static_cast<unsigned short>(sv[pos] & 0xffff);
+                pool.order[pos] = static_cast<unsigned short>(sorted_v[pos] & 0xffff);
             __syncthreads();
             // node index of every pool entry (0 = not in the tree)
             for (int i = threadIdx.x; i < size; i += blockDim.x) pool.sz[i] = 0;
