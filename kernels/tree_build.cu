@@ -326,6 +326,7 @@ __device__ RadixPick radix_pick(int size, int want, Histograms& h, DigitOf digit
             if (lane >= off) incl += v;
         }
         const unsigned int ball = __ballot_sync(0xffffffffu, incl >= want);
+        if (ball == 0u && lane == 0) s_pick = RadixPick{-1, incl, 0};  // fewer candidates than want
         if (lane == __ffs(ball) - 1) {
             int acc = incl - sum, k = 0;
 #pragma unroll
@@ -358,6 +359,24 @@ __device__ double select_lower_bound(const Pool& p, int size, int need, Histogra
     return key_to_double(prefix);
 }
 
+// A lower bound of the same kind from a single pass, for the prunes once a bound exists: 256 equal buckets
+// of Q over [lo, hi] (entries below lo are not candidates, those above hi count in the top bucket). At least
+// `need` entries lie in the bucket holding the need-th largest or above it, so its floor is a valid bound;
+// half a bucket lower absorbs the rounding of the bucket arithmetic (the caller makes sure hi - lo is not
+// tiny against |lo| and |hi|). -inf where that bucket is the lowest (no better than lo). Coarser than
+// select_lower_bound (a bucket is (hi - lo) / 256 wide), one pass instead of three.
+__device__ double bucket_lower_bound(const Pool& p, int size, int need, Histograms& h, double lo, double hi) {
+    const double width = hi - lo, scale = 256.0 / width;
+    const RadixPick pick = radix_pick(size, need, h, [&](int i) {
+        const double q = p.Q[i];
+        if (!(q >= lo)) return -1;
+        const double x = (q - lo) * scale;
+        return x >= 255.0 ? 255 : static_cast<int>(x);
+    });
+    if (pick.digit <= 0) return -__longlong_as_double(0x7ff0000000000000ll);
+    return lo + (static_cast<double>(pick.digit) - 0.5) * (width / 256.0);
+}
+
 // The n-th largest (n <= size) of the pool's composite keys (ordered_key(E), 0xffff - preorder) -- the
 // heap's pop order, preorders being unique: afterwards exactly n entries have a composite >= (t_key,
 // t_inv_pre). Passes 0..7 take the key's bytes, 8 and 9 the high and low byte of 0xffff - preorder; stops
@@ -387,7 +406,10 @@ __device__ void select_top_n(const Pool& p, int size, int n, Histograms& h, unsi
 
 }  // namespace
 
-__device__ __forceinline__ void build_tree(DDT_BUILD_PARAMS) {
+// Builds tree blockIdx.x; returns where its packed rows can be read by the block afterwards: the shared
+// memory they were built in when they fit there all at once, else the output (nullptr for a block past the
+// batch).
+__device__ __forceinline__ const unsigned int* build_tree(DDT_BUILD_PARAMS) {
 #ifdef DDT_HOST_EMULATOR  // tests/test_tree_build_block_emulator.py runs this code on the CPU
     unsigned char* smem = DDT_HOST_EMULATOR_SHARED;
 #else
@@ -400,7 +422,7 @@ __device__ __forceinline__ void build_tree(DDT_BUILD_PARAMS) {
     __shared__ double s_margin;
 
     const int b = blockIdx.x;
-    if (b >= batch) return;
+    if (b >= batch) return nullptr;
     const int N = budget;
     const int N1 = N + 1;
     const int topk = min(N, K);
@@ -623,7 +645,13 @@ __device__ __forceinline__ void build_tree(DDT_BUILD_PARAMS) {
             // 5. once N paths are known, prune what N known paths beat by more than the margin
             if (size >= N && size > 2 * N) {
                 if (prof && threadIdx.x == 0) prof[6] -= clock64();
-                double t = select_lower_bound(pool, size, N, hists);
+                // every pool entry has Q <= min(0, the best first log-prob); once a bound exists, every one
+                // that counts has Q >= beta - margin: one pass of equal buckets over that range
+                const double lo = beta - margin, hi = fmin(static_cast<double>(rowbase[0]), 0.0);
+                const bool buckets = have_beta && fabs(lo) <= 1.7976931348623157e308 && hi > lo &&
+                                     hi - lo >= ldexp(fmax(fabs(lo), fabs(hi)), -30);
+                const double t = buckets ? bucket_lower_bound(pool, size, N, hists, lo, hi)
+                                         : select_lower_bound(pool, size, N, hists);
                 if (!have_beta || t > beta) { beta = t; have_beta = true; }
                 for (int i = threadIdx.x; i < size; i += blockDim.x) pool.tmp[i] = pool.Q[i] >= beta - margin;
                 __syncthreads();
@@ -854,6 +882,7 @@ __device__ __forceinline__ void build_tree(DDT_BUILD_PARAMS) {
     // copied out with coalesced 16-byte stores (the buffer is offset so its words line up with the output's).
     const int W = (N1 + 31) >> 5;
     unsigned int* bits = visibility_bits + static_cast<long long>(b) * N1 * W;
+    const unsigned int* tree_bits = bits;
     __syncthreads();
     if (prof && threadIdx.x == 0) prof[2] = clock64();
     {
@@ -888,22 +917,23 @@ __device__ __forceinline__ void build_tree(DDT_BUILD_PARAMS) {
             for (int q = threadIdx.x; q < nvec; q += blockDim.x) dst[q] = src[q];
             for (int q = h + 4 * nvec + threadIdx.x; q < words; q += blockDim.x) out[q] = s_bits[q];
             __syncthreads();
+            if (rows == N1) tree_bits = s_bits;  // the whole tree in one part: it stays in shared memory
         }
     }
     __syncthreads();  // bits of this tree are visible to the whole block from here
     if (prof && threadIdx.x == 0) prof[3] = clock64();
+    return tree_bits;
 }
 
-// visibility: the bool mask [B, N+1, N+1] to write as well (each block its own tree's rows), or null (packed
+// visibility: the bool mask [B, N+1, N+1] to write as well (each block its own tree's rows, read from the
+// packed rows in shared memory where they were built there in one part), or null (packed
 // bits only; ddtree_expand_visibility can expand them over the whole GPU afterwards).
 extern "C" __global__ void __launch_bounds__(1024)
     ddtree_build_tree(DDT_BUILD_PARAMS, unsigned char* __restrict__ visibility) {
-    build_tree(DDT_BUILD_ARGS);
-    if (visibility != nullptr && blockIdx.x < batch) {
+    const unsigned int* tree_bits = build_tree(DDT_BUILD_ARGS);
+    if (visibility != nullptr && tree_bits != nullptr) {
         const int N1 = budget + 1;
-        const int W = (N1 + 31) >> 5;
-        expand_own_tree(visibility_bits + static_cast<long long>(blockIdx.x) * N1 * W, N1, W, blockIdx.x,
-                        visibility);
+        expand_own_tree(tree_bits, N1, (N1 + 31) >> 5, blockIdx.x, visibility);
     }
 }
 

@@ -91,13 +91,15 @@ def emulator(tmp_path_factory):
 
 
 def run_block_kernel(
-    emulator, lp, ids, budget, tmp_path, with_bool=True, shared=H200_SHARED, force_heap=False
+    emulator, lp, ids, budget, tmp_path, with_bool=True, shared=H200_SHARED, force_heap=False, threads=None
 ):
-    """One emulated launch of the parallel kernel over the batch: ``(TreeBatch, packed bits, path codes)``."""
+    """One emulated launch of the parallel kernel over the batch: ``(TreeBatch, packed bits, path codes)``;
+    ``threads`` overrides the plan's block size."""
     batch, depth, k = lp.shape
     plan = plan_launch(batch, depth, k, budget, shared, path="parallel")
     flags = plan.flags | (FLAG_FORCE_HEAP if force_heap else 0)
-    header = [batch, depth, k, budget, plan.cap, flags, plan.threads, int(with_bool), plan.shared_bytes]
+    threads = plan.threads if threads is None else threads
+    header = [batch, depth, k, budget, plan.cap, flags, threads, int(with_bool), plan.shared_bytes]
     data, out = tmp_path / "in.bin", tmp_path / "out.bin"
     with open(data, "wb") as f:
         np.array(header, np.int64).tofile(f)
@@ -130,12 +132,21 @@ def test_block_kernel_equals_reference(emulator, kind, budget, tmp_path):
 @pytest.mark.parametrize("kind", ["uniform", "peaked", "bf16"])
 @pytest.mark.parametrize("budget", [256, 1024])
 def test_block_kernel_large_budgets(emulator, kind, budget, tmp_path):
-    """The budgets the benchmark runs at their block sizes (256 and 1024 threads), with the bool mask the
+    """The budgets the benchmark runs at their block sizes (512 and 1024 threads), with the bool mask the
     kernel writes itself."""
     lp, ids = topk_inputs(kind, 1, 16, budget, seed=3)
     stats = assert_block_kernel_equals_reference(emulator, lp, ids, budget, tmp_path)
     if kind != "bf16":
         assert stats.tolist() == [0]  # continuous inputs: the parallel path proves its result
+
+
+@pytest.mark.parametrize("kind", ["uniform", "peaked", "bf16"])
+@pytest.mark.parametrize("budget,threads", [(100, 128), (300, 128), (300, 256), (100, 1024)])
+def test_block_kernel_other_block_sizes(emulator, kind, budget, threads, tmp_path):
+    """Block sizes other than the plan's: fewer threads than the selected entries take the sort's
+    several-elements-a-thread path; the tree is the same whatever the block size."""
+    lp, ids = topk_inputs(kind, 2, 16, budget, seed=11)
+    assert_block_kernel_equals_reference(emulator, lp, ids, budget, tmp_path, threads=threads)
 
 
 @pytest.mark.parametrize("kind", ["uniform", "peaked", "equal"])
