@@ -714,7 +714,11 @@ __device__ __forceinline__ const unsigned int* build_tree(DDT_BUILD_PARAMS) {
             n = min(N, size);
             int m = 1;  // the sort's size: a power of two
             while (m < n) m <<= 1;
-            // where the whole pool fits the same sort, no selection: all of it is sorted
+            int m_pool = m;
+            while (m_pool < size) m_pool <<= 1;
+            // where the whole pool fits the sort of one element a thread, no selection: all of it is sorted
+            // (one more merge level costs less than the selection's radix passes)
+            if (m_pool <= static_cast<int>(blockDim.x)) m = m_pool;
             const int chosen = size <= m ? size : n;
             unsigned long long t_key = 0ull;  // every entry's key is above 0
             int t_inv_pre = 0;
