@@ -35,16 +35,23 @@ __device__ void expand_own_tree(const unsigned int* __restrict__ bits_b, int N1,
         return (bits_b[r * W + (c >> 5)] >> (c & 31)) & 1u;
     };
     uint4* out = reinterpret_cast<uint4*>(visibility);  // allocation is 256-byte aligned
+    // the thread's chunk starts at byte rem of the tree, row r, column c; its next chunk is 16 blockDim bytes
+    // on: (step_r rows, step_c columns) further, so one division a thread instead of one a chunk
+    const int step = 16 * static_cast<int>(blockDim.x), step_r = step / N1, step_c = step - step_r * N1;
+    int rem = static_cast<int>((c_lo << 4) - lo) + 16 * static_cast<int>(threadIdx.x);
+    int r = rem / N1, c = rem - r * N1;
     for (long long ci = c_lo + threadIdx.x; ci < c_hi; ci += blockDim.x) {
-        const int rem = static_cast<int>((ci << 4) - lo);
         unsigned int v = 0u;
         if (N1 >= 16) {  // the 16 bytes span this row and at most the next one, both in the tree
-            const int r = rem / N1, c = rem - r * N1;
             v = chunk_bits16(bits_b + r * W, W, N1, c);
         } else {
             for (int k = 0; k < 16; ++k) v |= bit_at(rem + k) << k;
         }
         out[ci] = bool_bytes16(v);
+        rem += step;
+        r += step_r;
+        c += step_c;
+        if (c >= N1) { c -= N1; ++r; }
     }
     const long long head_end = c_lo < c_hi ? (c_lo << 4) : hi;  // no whole chunk: every byte goes singly
     const long long tail_begin = c_lo < c_hi ? (c_hi << 4) : hi;
