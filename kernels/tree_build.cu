@@ -282,6 +282,44 @@ __device__ int compact_pool(Pool& p, int size, int* warp_buf, int& at) {
     return kept;
 }
 
+// The same for at most two entries a thread, keeping those with Q >= keep_at: each thread reads entries
+// 2t and 2t + 1 into registers before the scan's barriers, so every read precedes every move and the moves
+// need no barrier of their own (four barriers in all; compact_pool takes three plus two a block of
+// entries, and its caller one more for the flags).
+__device__ int compact_pool_pairs(Pool& p, int size, int* warp_buf, int& at, double keep_at) {
+    const int i0 = 2 * static_cast<int>(threadIdx.x), i1 = i0 + 1;
+    double e0 = 0, q0 = 0, e1 = 0, q1 = 0;
+    short pr0 = -1, pr1 = -1;
+    unsigned short rk0 = 0, rk1 = 0;
+    unsigned char dp0 = 0, dp1 = 0;
+    bool keep0 = false, keep1 = false;
+    if (i0 < size) {
+        e0 = p.E[i0]; q0 = p.Q[i0]; pr0 = p.par[i0]; rk0 = p.rnk[i0]; dp0 = p.dep[i0];
+        keep0 = q0 >= keep_at;
+    }
+    if (i1 < size) {
+        e1 = p.E[i1]; q1 = p.Q[i1]; pr1 = p.par[i1]; rk1 = p.rnk[i1]; dp1 = p.dep[i1];
+        keep1 = q1 >= keep_at;
+    }
+    int kept;
+    const int o0 = block_exclusive_scan_one(static_cast<int>(keep0) + static_cast<int>(keep1), warp_buf, kept);
+    const int o1 = o0 + static_cast<int>(keep0);
+    if (i0 < size) p.tmp[i0] = o0;  // kept entries before i
+    if (i1 < size) p.tmp[i1] = o1;
+    __syncthreads();
+    at = p.tmp[at];
+    if (keep0) {
+        p.E[o0] = e0; p.Q[o0] = q0; p.par[o0] = pr0 >= 0 ? static_cast<short>(p.tmp[pr0]) : pr0;
+        p.rnk[o0] = rk0; p.dep[o0] = dp0;
+    }
+    if (keep1) {
+        p.E[o1] = e1; p.Q[o1] = q1; p.par[o1] = pr1 >= 0 ? static_cast<short>(p.tmp[pr1]) : pr1;
+        p.rnk[o1] = rk1; p.dep[o1] = dp1;
+    }
+    __syncthreads();
+    return kept;
+}
+
 // Radix selection, 8-bit digits from the most significant end. Two 256-bin histograms take turns: a pass
 // counts into the one zeroed by the pass before (or at the kernel's start) and zeroes the other, so a pass
 // costs two barriers. `turn` (block-uniform) says which histogram is clean.
@@ -653,10 +691,14 @@ __device__ __forceinline__ const unsigned int* build_tree(DDT_BUILD_PARAMS) {
                 const double t = buckets ? bucket_lower_bound(pool, size, N, hists, lo, hi)
                                          : select_lower_bound(pool, size, N, hists);
                 if (!have_beta || t > beta) { beta = t; have_beta = true; }
-                for (int i = threadIdx.x; i < size; i += blockDim.x) pool.tmp[i] = pool.Q[i] >= beta - margin;
-                __syncthreads();
                 // the frontier (depth d) starts after every shallower entry
-                size = compact_pool(pool, size, warp_buf, front_begin);
+                if (size <= 2 * static_cast<int>(blockDim.x)) {
+                    size = compact_pool_pairs(pool, size, warp_buf, front_begin, beta - margin);
+                } else {
+                    for (int i = threadIdx.x; i < size; i += blockDim.x) pool.tmp[i] = pool.Q[i] >= beta - margin;
+                    __syncthreads();
+                    size = compact_pool(pool, size, warp_buf, front_begin);
+                }
                 front_end = size;
                 if (prof && threadIdx.x == 0) prof[6] += clock64();
             } else if (size >= N && !have_beta) {
