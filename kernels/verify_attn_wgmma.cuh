@@ -1,34 +1,43 @@
 // Hopper (sm_90a) path of the tree-verify attention: warpgroup MMAs (wgmma) straight from shared memory.
-// Included by verify_attn.cu; same arguments, grid, split-KV workspace and combine kernel as
-// ddtree_verify_attn (layouts in that file's header comment). Compiled only where the arch-specific sm_90a
-// features exist (__CUDA_ARCH_FEAT_SM90_ALL); elsewhere the kernel body is empty and the loader never picks
-// it (ddtree_verify_attn_wgmma_info says which).
+// Included by verify_attn.cu; same arguments, split-KV workspace and combine kernel as ddtree_verify_attn
+// (layouts in that file's header comment), but key tiles of 64 keys: the split plan counts them in
+// VW_BN-key tiles (ddtree_verify_attn_wgmma_info reports VW_BN). Compiled only where the arch-specific
+// sm_90a features exist (__CUDA_ARCH_FEAT_SM90_ALL); elsewhere the kernel body is empty and the loader never
+// picks it (ddtree_verify_attn_wgmma_info says which).
 //
-// Block: 64 query rows, 256 threads = two warpgroups; key tiles of 32 keys in three buffers, loaded with
-// cp.async into 128-byte-swizzled shared memory (the layout wgmma's descriptors read: 64 dims = 128 bytes a row,
-// 16-byte chunk c of row r stored at chunk c ^ (r % 8), 8-row atoms 1024 bytes apart, one block of
-// (rows x 64 dims) per 64 dims).
-//   S = Q K^T: warpgroup g multiplies dims [288 g, 288 g + 288) (18 k-steps of m64n32k16, both operands from
-//     shared memory; the k-steps alternate between two accumulators); the two partial S tiles are swapped through shared memory (thread t of one warpgroup
-//     holds the same elements as thread t of the other) and added -- the same sum in both warpgroups, so both
-//     run the identical online softmax on the full S tile in registers.
-//   O += P V: warpgroup g owns output dims [256 g, 256 g + 256): P (bf16) stays in registers as wgmma's A
-//     fragment, V is the key tile read transposed (MN-major) from the same shared memory: 2 k-steps of
-//     m64n256k16 into 128 fp32 accumulators a thread.
-//   Pipelined: S of tile t + 1 and its softmax run while P V of tile t is on the tensor cores (see the loop).
+// Block: 64 query rows, 256 threads = two warpgroups with different jobs (as FlashMLA does), key tiles of
+// 64 keys in two buffers, 128-byte-swizzled shared memory (the layout wgmma's descriptors read: 64 dims =
+// 128 bytes a row, 16-byte chunk c of row r stored at chunk c ^ (r % 8), 8-row atoms 1024 bytes apart, one
+// block of (rows x 64 dims) per 64 dims).
+//   Warpgroup 0 (softmax): S = Q K^T over all 576 dims (36 k-steps of m64n64k16, both operands from shared
+//     memory), scale, tree mask and online softmax in registers, then hands P (bf16, in wgmma's A-fragment
+//     layout) and the rescale factor to warpgroup 1 through shared memory (thread t of one warpgroup holds
+//     the same rows as thread t of the other), and O[:, 0:256] += P V (4 k-steps of m64n256k16, P from
+//     registers, V the key tile read transposed).
+//   Warpgroup 1 (loads, second half of O): loads key tile t + 1 with cp.async while warpgroup 0 works on tile
+//     t, takes P and the rescale factor of each tile and adds O[:, 256:512] += P V.
+// The warpgroups meet only at named barriers (producer/consumer pairs: key tile ready, key buffer free, P
+// ready, P taken), never at a block-wide barrier inside the loop: warpgroup 1's P V of tile t and its loads run
+// while warpgroup 0 computes S of tile t + 1.
 // The mask, the scale (log2 domain), the -inf handling and the split outputs are those of ddtree_verify_attn.
-// 198 KB of shared memory, one block per SM, 231 registers a thread.
+// 226 KB of shared memory, one block per SM.
 
 #define VW_BM 64
-#define VW_BN 32
+#define VW_BN 64
 #define VW_THREADS 256
-#define VW_DIM_BLOCKS (VA_DIM / 64)                 // 9 blocks of 64 dims (128 bytes) each
-#define VW_Q_BYTES (VW_DIM_BLOCKS * VW_BM * 128)    // 73728
-#define VW_K_BLOCK_BYTES (VW_BN * 128)              // one 64-dim block of a key tile: 4096
-#define VW_K_BYTES (VW_DIM_BLOCKS * VW_K_BLOCK_BYTES)  // 36864
-#define VW_X_FLOATS (16 * 128)                      // one warpgroup's partial S: 16 floats x 128 threads
-#define VW_STAGES 3                                 // key-tile buffers
-#define VW_SMEM_BYTES (VW_Q_BYTES + VW_STAGES * VW_K_BYTES + 2 * VW_X_FLOATS * 4 + 1024)  // + 1024: alignment slack
+#define VW_DIM_BLOCKS (VA_DIM / 64)                    // 9 blocks of 64 dims (128 bytes) each
+#define VW_Q_BYTES (VW_DIM_BLOCKS * VW_BM * 128)       // 73728
+#define VW_K_BLOCK_BYTES (VW_BN * 128)                 // one 64-dim block of a key tile: 8192
+#define VW_K_BYTES (VW_DIM_BLOCKS * VW_K_BLOCK_BYTES)  // 73728
+#define VW_STAGES 2                                    // key-tile buffers
+#define VW_X_WORDS (16 * 128 + 2 * 128)                // hand-over: P (16 words a thread), 2 floats a thread
+#define VW_SMEM_BYTES (VW_Q_BYTES + VW_STAGES * VW_K_BYTES + VW_X_WORDS * 4 + 1024)  // + 1024: alignment slack
+
+// named barriers (0 is __syncthreads'); each is arrived at by one warpgroup and waited on by the other
+#define VW_BAR_KREADY 1  // + buffer: key tile landed (warpgroup 1 -> 0)
+#define VW_BAR_KFREE 3   // warpgroup 0 is done with the older key buffer (0 -> 1)
+#define VW_BAR_PREADY 4  // P and the rescale factor (or, at the end, the row sums) handed over (0 -> 1)
+#define VW_BAR_PFREE 5   // warpgroup 1 has taken them (1 -> 0)
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define VW_ENABLED 1
@@ -61,12 +70,12 @@ __device__ __forceinline__ void wgmma_keep_regs(unsigned (&r)[N]) {
     for (int i = 0; i < N; ++i) asm volatile("" ::"r"(r[i]) : "memory");
 }
 
-// D[64 x 32] (+)= A[64 x 16] B[16 x 32]: A and B in shared memory (descriptors), B K-major
-__device__ __forceinline__ void wgmma_m64n32k16_ss(float (&d)[16], uint64_t desc_a, uint64_t desc_b, int accumulate) {
+// D[64 x 64] (+)= A[64 x 16] B[16 x 64]: A and B in shared memory (descriptors), B K-major
+__device__ __forceinline__ void wgmma_m64n64k16_ss(float (&d)[32], uint64_t desc_a, uint64_t desc_b, int accumulate) {
     asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1, 0, 0;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
         : "l"(desc_a), "l"(desc_b), "r"(accumulate));
 }
 
@@ -81,15 +90,24 @@ __device__ __forceinline__ void wgmma_m64n256k16_rs_tb(float (&d)[128], const un
 }
 
 
+__device__ __forceinline__ void vw_bar_sync(int id) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "n"(VW_THREADS) : "memory"); }
+__device__ __forceinline__ void vw_bar_arrive(int id) {
+    asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "n"(VW_THREADS) : "memory");
+}
+
 // 16-byte chunk `chunk` (0..71) of row `row` of a swizzled tile whose 64-dim blocks are `block_bytes` apart
 __device__ __forceinline__ unsigned vw_swizzled(int row, int chunk, unsigned block_bytes) {
     return (chunk >> 3) * block_bytes + row * 128 + (((chunk & 7) ^ (row & 7)) << 4);
 }
 
-__device__ __forceinline__ void vw_load_key_tile(unsigned char* dst, const __nv_bfloat16* kv_b, int key0, int kv_len) {
-#pragma unroll
-    for (int i = 0; i < VW_BN * (VA_DIM / 8) / VW_THREADS; ++i) {  // 9 chunks a thread
-        const int c = threadIdx.x + i * VW_THREADS;
+// Keys [key0, key0 + VW_BN) into a swizzled key tile by `NT` threads (t = 0 .. NT-1); keys at or past kv_len
+// read as zeros.
+template <int NT>
+__device__ __forceinline__ void vw_load_key_tile(unsigned char* dst, const __nv_bfloat16* kv_b, int key0, int kv_len,
+                                                 int t) {
+#pragma unroll 4
+    for (int i = 0; i < VW_BN * (VA_DIM / 8) / NT; ++i) {
+        const int c = t + i * NT;
         const int row = c / (VA_DIM / 8), chunk = c % (VA_DIM / 8);
         const int key = key0 + row;
         const bool valid = key < kv_len;
@@ -98,43 +116,40 @@ __device__ __forceinline__ void vw_load_key_tile(unsigned char* dst, const __nv_
     }
 }
 
-// Partial S of one key tile over this warpgroup's 288 dims (18 k-steps), issued and committed, not waited for.
-// The k-steps alternate between VW_QK_CHAINS independent accumulators (added by vw_sum_chains): a chain of
-// dependent small-N MMAs waits on each one's latency.
-#ifndef VW_QK_CHAINS
-#define VW_QK_CHAINS 2
-#endif
-__device__ __forceinline__ void vw_issue_qk(float (&s)[VW_QK_CHAINS][16], unsigned sq_addr, unsigned sk_addr, int wg) {
+// S of one key tile over all 576 dims (36 k-steps), issued and committed, not waited for.
+__device__ __forceinline__ void vw_issue_qk(float (&s)[32], unsigned sq_addr, unsigned sk_addr) {
 #pragma unroll
-    for (int ks = 0; ks < 18; ++ks) {
-        const int step = wg * 18 + ks;  // k-step of 16 dims: block step / 4, 32 bytes a step inside it
+    for (int step = 0; step < 36; ++step) {  // k-step of 16 dims: block step / 4, 32 bytes a step inside it
         const unsigned a = sq_addr + (step >> 2) * (VW_BM * 128) + (step & 3) * 32;
         const unsigned k = sk_addr + (step >> 2) * VW_K_BLOCK_BYTES + (step & 3) * 32;
-        wgmma_m64n32k16_ss(s[ks % VW_QK_CHAINS], wgmma_desc(a, 16, 1024), wgmma_desc(k, 16, 1024),
-                           ks >= VW_QK_CHAINS);
+        wgmma_m64n64k16_ss(s, wgmma_desc(a, 16, 1024), wgmma_desc(k, 16, 1024), step > 0);
     }
     wgmma_commit();
 }
-__device__ __forceinline__ void vw_sum_chains(float (&s)[VW_QK_CHAINS][16]) {
-#pragma unroll
-    for (int c = 0; c < VW_QK_CHAINS; ++c) wgmma_fence_regs(s[c]);
-#pragma unroll
-    for (int c = 1; c < VW_QK_CHAINS; ++c)
-#pragma unroll
-        for (int i = 0; i < 16; ++i) s[0][i] += s[c][i];
-}
 
-// O += P V for one key tile: P (bf16 A fragments of the two k-steps) from registers, V = keys x this
-// warpgroup's 256 dims, read transposed from the key tile. Issued and committed, not waited for.
-__device__ __forceinline__ void vw_issue_pv(float (&acc)[128], const unsigned (&p)[8], unsigned sk_addr, int wg) {
+// O += P V for one key tile: P (bf16 A fragments of the four k-steps) from registers, V = keys x the output
+// dims [256 half, 256 half + 256), read transposed from the key tile. Issued and committed, not waited for.
+__device__ __forceinline__ void vw_issue_pv(float (&acc)[128], const unsigned (&p)[16], unsigned sk_addr, int half) {
 #pragma unroll
     for (int kk = 0; kk < VW_BN / 16; ++kk) {
         const unsigned a_frag[4] = {p[4 * kk + 0], p[4 * kk + 1], p[4 * kk + 2], p[4 * kk + 3]};
-        // keys 16 kk .. (two 8-key groups 1024 bytes apart), dims 256 wg .. (four 64-dim blocks apart)
-        const unsigned v = sk_addr + (4 * wg) * VW_K_BLOCK_BYTES + kk * 16 * 128;
+        // keys 16 kk .. (two 8-key groups 1024 bytes apart), dims 256 half .. (four 64-dim blocks apart)
+        const unsigned v = sk_addr + (4 * half) * VW_K_BLOCK_BYTES + kk * 16 * 128;
         wgmma_m64n256k16_rs_tb(acc, a_frag, wgmma_desc(v, VW_K_BLOCK_BYTES, 1024));
     }
     wgmma_commit();
+}
+
+__device__ __forceinline__ void vw_rescale(float (&acc)[128], const float (&alpha)[2]) {
+    if (alpha[0] != 1.f || alpha[1] != 1.f) {
+#pragma unroll
+        for (int n = 0; n < 32; ++n) {
+            acc[4 * n + 0] *= alpha[0];
+            acc[4 * n + 1] *= alpha[0];
+            acc[4 * n + 2] *= alpha[1];
+            acc[4 * n + 3] *= alpha[1];
+        }
+    }
 }
 #endif  // VW_ENABLED
 
@@ -145,20 +160,25 @@ extern "C" __global__ void __launch_bounds__(VW_THREADS, 1) ddtree_verify_attn_w
     unsigned char* smem = vw_smem_raw + ((1024 - (smem_addr(vw_smem_raw) & 1023)) & 1023);
     unsigned char* sq = smem;
     unsigned char* sk0 = smem + VW_Q_BYTES;  // key tiles: VW_STAGES buffers of VW_K_BYTES
-    float* sx = reinterpret_cast<float*>(smem + VW_Q_BYTES + VW_STAGES * VW_K_BYTES);  // [2][16][128]
+    unsigned* sx_p = reinterpret_cast<unsigned*>(smem + VW_Q_BYTES + VW_STAGES * VW_K_BYTES);  // [16][128]
+    float* sx_f = reinterpret_cast<float*>(sx_p + 16 * 128);                                     // [2][128]
 
     const int b = blockIdx.z;
     const int split = blockIdx.y;
     const int rows = tokens * heads;
     const int row0 = blockIdx.x * VW_BM;
     const int tid = threadIdx.x;
-    const int wg = tid >> 7, wtid = tid & 127;  // warpgroup, thread within it
+    // warpgroup (through a shuffle, so that the compiler knows it is the same in a warp: wgmma under a branch
+    // it cannot prove warp-uniform is serialised), thread within it
+    const int wg = __shfl_sync(0xffffffffu, tid >> 7, 0), wtid = tid & 127;
     const int warp_in_wg = wtid >> 5, lane = tid & 31;
     const int prefix = prefix_lengths[b];
     const int kv_len = prefix + tokens;
     const int tiles = (kv_len + VW_BN - 1) / VW_BN;
     const int tile_begin = split * tiles_per_split;
     const int tile_end = min(tiles, tile_begin + tiles_per_split);
+    const int n_tiles = max(0, tile_end - tile_begin);
+    const int key_begin = tile_begin * VW_BN;
     const int key_end = min(kv_len, tile_end * VW_BN);  // this split's keys end here (the next split's begin)
 
     const __nv_bfloat16* q_b = q + static_cast<long long>(b) * rows * VA_DIM;
@@ -167,153 +187,174 @@ extern "C" __global__ void __launch_bounds__(VW_THREADS, 1) ddtree_verify_attn_w
     const unsigned sq_addr = smem_addr(sq), sk_addr0 = smem_addr(sk0);
 
     // this thread's two rows of the 64-row tile (the m16n8 accumulator layout, warp w of the warpgroup owns
-    // rows 16 w ..): r_lo and r_lo + 8; columns 8 j + 2 (lane % 4) + {0, 1} of n-tile j
+    // rows 16 w ..): r_lo and r_lo + 8; columns 8 j + 2 (lane % 4) + {0, 1} of n-tile j. The same in both
+    // warpgroups.
     const int r_lo = warp_in_wg * 16 + (lane >> 2);
     const int col0 = 2 * (lane & 3);
-    int row_tok[2];
-    bool row_ok[2];
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        const int row = row0 + r_lo + 8 * h;
-        row_ok[h] = row < rows;
-        row_tok[h] = row_ok[h] ? row / heads : 0;
-    }
-    float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};  // l_run: this thread's columns only
     float acc[128];
 #pragma unroll
     for (int i = 0; i < 128; ++i) acc[i] = 0.f;
+    float l_row[2] = {0.f, 0.f}, m_row[2] = {-INFINITY, -INFINITY};  // whole-row sums and maxima at the end
 
-    // The full S of a tile from this warpgroup's partial sums and the other's (swapped through shared
-    // memory), then scale, tree mask and online softmax (log2 domain; 4 threads share a row): P as bf16
-    // A fragments {row lo keys +0, row hi keys +0, row lo keys +8, row hi keys +8} of the two k-steps, and the
-    // factor alpha that takes the accumulators to the new running max.
-    auto softmax = [&](float (&s)[16], int key0, unsigned (&p)[8], float (&alpha)[2]) {
-#pragma unroll
-        for (int i = 0; i < 16; ++i) sx[(wg * 16 + i) * 128 + wtid] = s[i];
-        __syncthreads();
-#pragma unroll
-        for (int i = 0; i < 16; ++i) s[i] += sx[((wg ^ 1) * 16 + i) * 128 + wtid];
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            float v[8];
-            float tmax = -INFINITY;
-#pragma unroll
-            for (int j = 0; j < 4; ++j)
-#pragma unroll
-                for (int e = 0; e < 2; ++e) {
-                    const int key = key0 + 8 * j + col0 + e;
-                    float x = -INFINITY;
-                    if (row_ok[h] && key < key_end) {
-                        x = s[4 * j + 2 * h + e] * scale_log2;
-                        if (key >= prefix) {
-                            const int jj = key - prefix;
-                            if (!((mask_b[static_cast<long long>(row_tok[h]) * mask_words + (jj >> 5)] >> (jj & 31)) &
-                                  1u))
-                                x = -INFINITY;
-                        }
-                    }
-                    v[2 * j + e] = x;
-                    tmax = fmaxf(tmax, x);
-                }
-            tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 1));
-            tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 2));
-            const float m_new = fmaxf(m_run[h], tmax);
-            float pr[8];
-            if (m_new == -INFINITY) {
-                alpha[h] = 1.f;
-#pragma unroll
-                for (int e = 0; e < 8; ++e) pr[e] = 0.f;
-            } else {
-                alpha[h] = exp2f(m_run[h] - m_new);
-                float sum = 0.f;
-#pragma unroll
-                for (int e = 0; e < 8; ++e) {
-                    pr[e] = exp2f(v[e] - m_new);
-                    sum += pr[e];
-                }
-                l_run[h] = l_run[h] * alpha[h] + sum;
-            }
-            m_run[h] = m_new;
-#pragma unroll
-            for (int j = 0; j < 4; ++j) {
-                __nv_bfloat162 pair = __floats2bfloat162_rn(pr[2 * j], pr[2 * j + 1]);
-                p[(j >> 1) * 4 + (j & 1) * 2 + h] = *reinterpret_cast<unsigned*>(&pair);
-            }
-        }
-    };
-
-    // Q tile (rows past M zero-filled) with the first key tile: one cp.async group; the second tile: another
+    // Q tile (rows past M zero-filled) and the first two key tiles, by all threads
     for (int c = tid; c < VW_BM * (VA_DIM / 8); c += VW_THREADS) {
         const int r = c / (VA_DIM / 8), chunk = c % (VA_DIM / 8);
         const bool valid = row0 + r < rows;
         const __nv_bfloat16* src = q_b + (valid ? static_cast<long long>(row0 + r) * VA_DIM + chunk * 8 : 0);
         cp_async16(sq + vw_swizzled(r, chunk, VW_BM * 128), src, valid);
     }
-    if (tile_begin < tile_end) vw_load_key_tile(sk0, kv_b, tile_begin * VW_BN, kv_len);
+    for (int t = 0; t < min(n_tiles, VW_STAGES); ++t)
+        vw_load_key_tile<VW_THREADS>(sk0 + t * VW_K_BYTES, kv_b, key_begin + t * VW_BN, kv_len, tid);
     cp_async_commit();
-    if (tile_begin + 1 < tile_end) vw_load_key_tile(sk0 + VW_K_BYTES, kv_b, (tile_begin + 1) * VW_BN, kv_len);
-    cp_async_commit();
+    cp_async_wait<0>();
+    fence_proxy_async();
+    __syncthreads();
 
-    // Software pipeline (in each warpgroup, FA3-style): while P V of tile t runs on the tensor cores, the
-    // softmax of tile t + 1 runs on the other units. Per iteration t: S(t + 1) issued, then P(t) V(t);
-    // wait for S(t + 1); swap and softmax -> P(t + 1); wait for P(t) V(t); rescale O. Three key buffers:
-    // tile t (P V), tile t + 1 (Q K^T), tile t + 2 (loading). The last iteration's S(t + 1) is issued and
-    // softmaxed too (on a stale buffer, every key masked as past the split's end: P = 0, alpha = 1) --
-    // branch-free, so ptxas keeps the MMAs asynchronous (with the branches it serialises them).
-    unsigned p[8];
-    if (tile_begin < tile_end) {
-        float s[VW_QK_CHAINS][16];
-        float alpha[2];
-        cp_async_wait<1>();
-        fence_proxy_async();
-        __syncthreads();
-        wgmma_fence();
-        vw_issue_qk(s, sq_addr, sk_addr0, wg);
-        wgmma_wait<0>();
-        vw_sum_chains(s);
-        softmax(s[0], tile_begin * VW_BN, p, alpha);  // O is still zero: alpha is not needed
-    }
-    for (int t = tile_begin; t < tile_end; ++t) {
-        const int i = t - tile_begin;
-        cp_async_wait<0>();  // tile t + 1 (this thread's part)
-        fence_proxy_async();
-        __syncthreads();  // tile t + 1 landed; everyone is done with tile t - 1: its buffer takes tile t + 2
-        if (t + 2 < tile_end) vw_load_key_tile(sk0 + ((i + 2) % VW_STAGES) * VW_K_BYTES, kv_b, (t + 2) * VW_BN, kv_len);
-        cp_async_commit();
-        float s[VW_QK_CHAINS][16];
-        float alpha[2] = {1.f, 1.f};
-        unsigned p_next[8];
-        wgmma_fence();
-        vw_issue_qk(s, sq_addr, sk_addr0 + ((i + 1) % VW_STAGES) * VW_K_BYTES, wg);
-        vw_issue_pv(acc, p, sk_addr0 + (i % VW_STAGES) * VW_K_BYTES, wg);
-        wgmma_wait<1>();  // S(t + 1) done; P(t) V(t) may still run
-        vw_sum_chains(s);
-        softmax(s[0], (t + 1) * VW_BN, p_next, alpha);
-        wgmma_wait<0>();
-        wgmma_fence_regs(acc);
-        wgmma_keep_regs(p);  // P(t) stays in its registers until its MMAs are done
-        if (alpha[0] != 1.f || alpha[1] != 1.f) {
+    unsigned p[16];  // P of the current tile: A fragments {row lo keys +0, row hi +0, row lo +8, row hi +8} x 4
+    if (wg == 0) {
+        int row_tok[2];
+        bool row_ok[2];
 #pragma unroll
-            for (int n = 0; n < 32; ++n) {
-                acc[4 * n + 0] *= alpha[0];
-                acc[4 * n + 1] *= alpha[0];
-                acc[4 * n + 2] *= alpha[1];
-                acc[4 * n + 3] *= alpha[1];
+        for (int h = 0; h < 2; ++h) {
+            const int row = row0 + r_lo + 8 * h;
+            row_ok[h] = row < rows;
+            row_tok[h] = row_ok[h] ? row / heads : 0;
+        }
+        float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};  // l_run: this thread's columns only
+        for (int i = 0; i < n_tiles; ++i) {
+            const int buf = i & 1;
+            if (i >= VW_STAGES) vw_bar_sync(VW_BAR_KREADY + buf);
+            float s[32];
+            wgmma_fence();
+            vw_issue_qk(s, sq_addr, sk_addr0 + buf * VW_K_BYTES);
+            wgmma_wait<0>();  // S of tile i, and P V of tile i - 1 (issued last iteration)
+            wgmma_fence_regs(s);
+            wgmma_fence_regs(acc);
+            wgmma_keep_regs(p);
+            if (i >= 1 && i + 1 < n_tiles) vw_bar_arrive(VW_BAR_KFREE);  // tile i - 1's buffer takes tile i + 1
+
+            // scale, tree mask, online softmax (log2 domain; 4 threads share a row)
+            const int key0 = key_begin + i * VW_BN;
+            float alpha[2];
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                float v[16];
+                float tmax = -INFINITY;
+#pragma unroll
+                for (int j = 0; j < 8; ++j)
+#pragma unroll
+                    for (int e = 0; e < 2; ++e) {
+                        const int key = key0 + 8 * j + col0 + e;
+                        float x = -INFINITY;
+                        if (row_ok[h] && key < key_end) {
+                            x = s[4 * j + 2 * h + e] * scale_log2;
+                            if (key >= prefix) {
+                                const int jj = key - prefix;
+                                if (!((mask_b[static_cast<long long>(row_tok[h]) * mask_words + (jj >> 5)] >>
+                                       (jj & 31)) &
+                                      1u))
+                                    x = -INFINITY;
+                            }
+                        }
+                        v[2 * j + e] = x;
+                        tmax = fmaxf(tmax, x);
+                    }
+                tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 1));
+                tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 2));
+                const float m_new = fmaxf(m_run[h], tmax);
+                float pr[16];
+                if (m_new == -INFINITY) {
+                    alpha[h] = 1.f;
+#pragma unroll
+                    for (int e = 0; e < 16; ++e) pr[e] = 0.f;
+                } else {
+                    alpha[h] = exp2f(m_run[h] - m_new);
+                    float sum = 0.f;
+#pragma unroll
+                    for (int e = 0; e < 16; ++e) {
+                        pr[e] = exp2f(v[e] - m_new);
+                        sum += pr[e];
+                    }
+                    l_run[h] = l_run[h] * alpha[h] + sum;
+                }
+                m_run[h] = m_new;
+#pragma unroll
+                for (int j = 0; j < 8; ++j) {
+                    __nv_bfloat162 pair = __floats2bfloat162_rn(pr[2 * j], pr[2 * j + 1]);
+                    p[(j >> 1) * 4 + (j & 1) * 2 + h] = *reinterpret_cast<unsigned*>(&pair);
+                }
             }
+            vw_rescale(acc, alpha);  // P V of tile i - 1 is done
+
+            if (i >= 1) vw_bar_sync(VW_BAR_PFREE);  // warpgroup 1 has taken P of tile i - 1
+#pragma unroll
+            for (int k = 0; k < 16; ++k) sx_p[k * 128 + wtid] = p[k];
+            sx_f[wtid] = alpha[0];
+            sx_f[128 + wtid] = alpha[1];
+            vw_bar_arrive(VW_BAR_PREADY);
+
+            wgmma_fence();
+            vw_issue_pv(acc, p, sk_addr0 + buf * VW_K_BYTES, 0);
         }
 #pragma unroll
-        for (int k = 0; k < 8; ++k) p[k] = p_next[k];
+        for (int h = 0; h < 2; ++h) {
+            float l = l_run[h];
+            l += __shfl_xor_sync(0xffffffffu, l, 1);
+            l += __shfl_xor_sync(0xffffffffu, l, 2);
+            l_row[h] = l;
+            m_row[h] = m_run[h];
+        }
+        wgmma_wait<0>();
+        wgmma_fence_regs(acc);
+        wgmma_keep_regs(p);
+        if (n_tiles > 0) {
+            vw_bar_sync(VW_BAR_PFREE);
+            sx_f[wtid] = l_row[0];
+            sx_f[128 + wtid] = l_row[1];
+            vw_bar_arrive(VW_BAR_PREADY);
+        }
+    } else {
+        for (int i = 0; i < n_tiles; ++i) {
+            const int buf = i & 1;
+            wgmma_wait<0>();  // P V of tile i - 1
+            wgmma_fence_regs(acc);
+            wgmma_keep_regs(p);
+            const bool load = i >= 1 && i + 1 < n_tiles;
+            if (load) {  // tile i + 1 into tile i - 1's buffer, once warpgroup 0 is done with it
+                vw_bar_sync(VW_BAR_KFREE);
+                vw_load_key_tile<128>(sk0 + (buf ^ 1) * VW_K_BYTES, kv_b, key_begin + (i + 1) * VW_BN, kv_len, wtid);
+                cp_async_commit();
+            }
+            vw_bar_sync(VW_BAR_PREADY);
+#pragma unroll
+            for (int k = 0; k < 16; ++k) p[k] = sx_p[k * 128 + wtid];
+            const float alpha[2] = {sx_f[wtid], sx_f[128 + wtid]};
+            vw_bar_arrive(VW_BAR_PFREE);
+            vw_rescale(acc, alpha);
+            wgmma_fence();
+            vw_issue_pv(acc, p, sk_addr0 + buf * VW_K_BYTES, 1);
+            if (load) {
+                cp_async_wait<0>();
+                fence_proxy_async();
+                vw_bar_arrive(VW_BAR_KREADY + (buf ^ 1));
+            }
+        }
+        wgmma_wait<0>();
+        wgmma_fence_regs(acc);
+        wgmma_keep_regs(p);
+        if (n_tiles > 0) {
+            vw_bar_sync(VW_BAR_PREADY);
+            l_row[0] = sx_f[wtid];
+            l_row[1] = sx_f[128 + wtid];
+        }
     }
-    cp_async_wait<0>();
 
     // ---- epilogue: each warpgroup writes its 256 dims of the rows it holds
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-        float l = l_run[h];
-        l += __shfl_xor_sync(0xffffffffu, l, 1);
-        l += __shfl_xor_sync(0xffffffffu, l, 2);
         const int row = row0 + r_lo + 8 * h;
-        if (!row_ok[h]) continue;
+        if (row >= rows) continue;
+        const float l = l_row[h];
         const float inv = l > 0.f ? 1.f / l : 0.f;
         if (splits == 1) {
             __nv_bfloat16* o = out + (static_cast<long long>(b) * rows + row) * VA_DV + wg * 256 + col0;
@@ -328,15 +369,16 @@ extern "C" __global__ void __launch_bounds__(VW_THREADS, 1) ddtree_verify_attn_w
             for (int n = 0; n < 32; ++n)
                 *reinterpret_cast<float2*>(o + n * 8) =
                     make_float2(acc[4 * n + 2 * h] * inv, acc[4 * n + 2 * h + 1] * inv);
-            if (wg == 0 && (lane & 3) == 0) partial_lse[prow] = l > 0.f ? m_run[h] + log2f(l) : -INFINITY;
+            if (wg == 0 && (lane & 3) == 0) partial_lse[prow] = l > 0.f ? m_row[h] + log2f(l) : -INFINITY;
         }
     }
 #endif  // VW_ENABLED
 }
 
 // info[0]: shared memory one block of ddtree_verify_attn_wgmma needs; info[1]: 1 where the wgmma kernel is
-// compiled in for the running device (sm_90a code), else 0.
+// compiled in for the running device (sm_90a code), else 0; info[2]: keys per key tile (the split plan's unit).
 extern "C" __global__ void ddtree_verify_attn_wgmma_info(int* info) {
     info[0] = VW_SMEM_BYTES;
     info[1] = VW_ENABLED;
+    info[2] = VW_BN;
 }

@@ -267,7 +267,9 @@ def test_mask_from_the_gpu_builder_and_both_split_paths_agree(path):
     ref = reference_attention(q, kv, prefix, trees.visibility)
     assert_close(out, ref)
     # the same call without splits (as if the GPU had one SM) gives the same result within rounding
-    single = plan_attention(prepared.shape, max(prefix) + budget + 1, sm_count=1)
+    single = plan_attention(
+        prepared.shape, max(prefix) + budget + 1, sm_count=1, keys_per_tile=attn.kernels.keys_per_tile
+    )
     assert single.splits == 1
     out1 = torch.full_like(out, float("nan"))
     again = attn.prepare(q, kv, np.array(prefix), d_trees.visibility_bits, out1)

@@ -39,12 +39,12 @@ HEAD_DIM = 576  # q/k: kv_lora_rank 512 + qk_rope_head_dim 64
 VALUE_DIM = 512  # v: the latent part
 SOFTMAX_SCALE = 1.0 / math.sqrt(192.0)  # qk_nope_head_dim 128 + qk_rope_head_dim 64
 ROWS_PER_BLOCK = 64
-KEYS_PER_TILE = 32
+KEYS_PER_TILE = 32  # the mma.sync kernel's key tile; the wgmma kernel reports its own (64)
 THREADS = 256
 MIN_TILES_PER_SPLIT = 4
 #: A block's fixed cost (loading its Q tile, filling the key-tile pipeline, writing its output) in units of
-#: one key tile's time: a planning estimate, used only to choose the number of splits.
-BLOCK_OVERHEAD_TILES = 4
+#: one key's time: a planning estimate, used only to choose the number of splits.
+BLOCK_OVERHEAD_KEYS = 128
 MAX_ROWS = 2**31 - 1
 
 
@@ -168,29 +168,31 @@ def check_attention_inputs(q, kv, prefix_lengths, mask_bits, out) -> tuple[Atten
 @dataclass(frozen=True)
 class AttentionPlan:
     """Grid of one call: ``row_tiles`` x ``splits`` x ``batch`` blocks of ``THREADS`` threads; each split
-    covers ``tiles_per_split`` key tiles of ``KEYS_PER_TILE`` keys."""
+    covers ``tiles_per_split`` key tiles of the kernel's size (``keys_per_tile`` in ``plan_attention``)."""
 
     row_tiles: int
     splits: int
     tiles_per_split: int
 
 
-def plan_attention(shape: AttentionShape, max_kv_len: int, sm_count: int) -> AttentionPlan:
+def plan_attention(
+    shape: AttentionShape, max_kv_len: int, sm_count: int, keys_per_tile: int = KEYS_PER_TILE
+) -> AttentionPlan:
     """Split a request's keys between blocks (split-KV) only while there are fewer blocks than SMs (one block
     of either path fits an SM: 192-198 KiB of shared memory), each split keeping at least
     ``MIN_TILES_PER_SPLIT`` key tiles. The number of splits minimises the estimated time: waves of blocks
-    (``ceil(blocks * splits / sm_count)``) times one block's time (its key tiles plus
-    ``BLOCK_OVERHEAD_TILES``), the fewest splits among equals. Filling the SMs with one split too many
+    (``ceil(blocks * splits / sm_count)``) times one block's time (its keys plus ``BLOCK_OVERHEAD_KEYS``),
+    the fewest splits among equals. Filling the SMs with one split too many
     would double the time (a second wave of a few blocks)."""
     row_tiles = -(-shape.rows // ROWS_PER_BLOCK)
-    tiles = max(1, -(-max_kv_len // KEYS_PER_TILE))
+    tiles = max(1, -(-max_kv_len // keys_per_tile))
     blocks = row_tiles * shape.batch
     best_cost, splits, tiles_per_split = None, 1, tiles
     if blocks < sm_count:
         for wanted in range(1, min(max(1, tiles // MIN_TILES_PER_SPLIT), 4 * sm_count) + 1):
             per = -(-tiles // wanted)
             used = -(-tiles // per)  # no empty split
-            cost = -(-blocks * used // sm_count) * (per + BLOCK_OVERHEAD_TILES)
+            cost = -(-blocks * used // sm_count) * (per * keys_per_tile + BLOCK_OVERHEAD_KEYS)
             if best_cost is None or cost < best_cost:
                 best_cost, splits, tiles_per_split = cost, used, per
     return AttentionPlan(row_tiles=row_tiles, splits=splits, tiles_per_split=tiles_per_split)
@@ -285,6 +287,7 @@ class AttentionKernels:
     combine: object
     smem_bytes: int
     sm_count: int
+    keys_per_tile: int  # the split plan's unit
     runs: str  # which code runs, e.g. "sm_90a SASS, wgmma path"
     fatbin: Path
     path: str  # "wgmma" (Hopper warpgroup MMAs, sm_90a) or "mma" (mma.sync, every architecture)
@@ -328,9 +331,9 @@ class VerifyAttention:
 
             fatbin = self._fatbin or cuda.cached_fatbin(KERNEL_SOURCE, self._archs or cuda.DEFAULT_ARCHS)
             module = cp.RawModule(path=str(fatbin))
-            probe = cp.zeros(2, cp.int32)
+            probe = cp.zeros(3, cp.int32)
             module.get_function("ddtree_verify_attn_wgmma_info")((1,), (1,), (probe,))
-            wgmma_smem, wgmma_compiled = (int(x) for x in probe.get())
+            wgmma_smem, wgmma_compiled, wgmma_keys_per_tile = (int(x) for x in probe.get())
             if self._path == "wgmma" and not wgmma_compiled:
                 raise AttentionUnavailable(
                     "gpu verify attention: the wgmma path needs sm_90a code for this GPU (compute capability "
@@ -338,11 +341,11 @@ class VerifyAttention:
                 )
             path = "wgmma" if wgmma_compiled and self._path != "mma" else "mma"
             if path == "wgmma":
-                smem = wgmma_smem
+                smem, keys_per_tile = wgmma_smem, wgmma_keys_per_tile
                 attn = module.get_function("ddtree_verify_attn_wgmma")
             else:
                 module.get_function("ddtree_verify_attn_smem_bytes")((1,), (1,), (probe,))
-                smem = int(probe.get()[0])
+                smem, keys_per_tile = int(probe.get()[0]), KEYS_PER_TILE
                 attn = module.get_function("ddtree_verify_attn")
             dev = cp.cuda.Device()
             optin = cp.cuda.runtime.deviceGetAttribute(
@@ -361,6 +364,7 @@ class VerifyAttention:
                 combine=module.get_function("ddtree_verify_attn_combine"),
                 smem_bytes=smem,
                 sm_count=int(props["multiProcessorCount"]),
+                keys_per_tile=keys_per_tile,
                 runs=f"{cuda.fatbin_runs(Path(fatbin), cc)}, {path} path",
                 fatbin=Path(fatbin),
                 path=path,
@@ -375,7 +379,8 @@ class VerifyAttention:
             name: _as_cupy(a, name)
             for name, a in (("q", q), ("kv", kv), ("mask_bits", mask_bits), ("out", out))
         }
-        plan = plan_attention(shape, int(lengths.max()) + shape.tokens, kernels.sm_count)
+        max_kv_len = int(lengths.max()) + shape.tokens
+        plan = plan_attention(shape, max_kv_len, kernels.sm_count, kernels.keys_per_tile)
         return PreparedAttention(kernels, shape, plan, views, lengths)
 
     def __call__(self, q, kv, prefix_lengths, mask_bits, out, stream=None):
