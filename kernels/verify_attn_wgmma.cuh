@@ -94,6 +94,17 @@ __device__ __forceinline__ void vw_bar_sync(int id) { asm volatile("bar.sync %0,
 __device__ __forceinline__ void vw_bar_arrive(int id) {
     asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "n"(VW_THREADS) : "memory");
 }
+// predicated, not branched around: a branch between a wgmma and its wait makes ptxas serialise the MMAs
+__device__ __forceinline__ void vw_bar_sync_if(bool cond, int id) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %0, 0;\n@p bar.sync %1, %2;\n}\n" ::"r"(int(cond)), "r"(id),
+                 "n"(VW_THREADS)
+                 : "memory");
+}
+__device__ __forceinline__ void vw_bar_arrive_if(bool cond, int id) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %0, 0;\n@p bar.arrive %1, %2;\n}\n" ::"r"(int(cond)), "r"(id),
+                 "n"(VW_THREADS)
+                 : "memory");
+}
 
 // 16-byte chunk `chunk` (0..71) of row `row` of a swizzled tile whose 64-dim blocks are `block_bytes` apart
 __device__ __forceinline__ unsigned vw_swizzled(int row, int chunk, unsigned block_bytes) {
@@ -101,19 +112,30 @@ __device__ __forceinline__ unsigned vw_swizzled(int row, int chunk, unsigned blo
 }
 
 // Keys [key0, key0 + VW_BN) into a swizzled key tile by `NT` threads (t = 0 .. NT-1); keys at or past kv_len
-// read as zeros.
+// read as zeros. Chunk i * NT + t of the tile (in 64-dim blocks of 64 rows x 8 chunks) is row
+// ((i * NT) % 512) / 8 + t / 8, chunk t % 8 of block (i * NT) / 512: every offset is the thread's base plus a
+// constant, and the swizzle (chunk ^ row % 8) is the thread's own.
 template <int NT>
 __device__ __forceinline__ void vw_load_key_tile(unsigned char* dst, const __nv_bfloat16* kv_b, int key0, int kv_len,
                                                  int t) {
-#pragma unroll 4
+    static_assert(NT % 64 == 0 && 512 % NT == 0, "vw_load_key_tile: NT threads must tile a 64-dim block");
+    const int trow = t >> 3, tch = t & 7;
+    unsigned char* d = dst + trow * 128 + ((tch ^ (trow & 7)) << 4);
+    const __nv_bfloat16* src = kv_b + static_cast<long long>(key0 + trow) * VA_DIM + tch * 8;
+    const int rows_left = kv_len - key0 - trow;  // row offset r is a key when r < rows_left
+#pragma unroll
     for (int i = 0; i < VW_BN * (VA_DIM / 8) / NT; ++i) {
-        const int c = t + i * NT;
-        const int row = c / (VA_DIM / 8), chunk = c % (VA_DIM / 8);
-        const int key = key0 + row;
-        const bool valid = key < kv_len;
-        const __nv_bfloat16* src = kv_b + (valid ? static_cast<long long>(key) * VA_DIM + chunk * 8 : 0);
-        cp_async16(dst + vw_swizzled(row, chunk, VW_K_BLOCK_BYTES), src, valid);
+        const int blk = (i * NT) / 512, r = ((i * NT) % 512) / 8;
+        const bool valid = r < rows_left;
+        cp_async16(d + blk * VW_K_BLOCK_BYTES + r * 128, valid ? src + r * VA_DIM + blk * 64 : kv_b, valid);
     }
+}
+
+// 2^x (MUFU.EX2; results below 2^-126 flush to zero: negligible next to the row's largest term, which is 1)
+__device__ __forceinline__ float vw_exp2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
 }
 
 // S of one key tile over all 576 dims (36 k-steps), issued and committed, not waited for.
@@ -221,58 +243,55 @@ extern "C" __global__ void __launch_bounds__(VW_THREADS, 1) ddtree_verify_attn_w
             row_tok[h] = row_ok[h] ? row / heads : 0;
         }
         float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};  // l_run: this thread's columns only
-        for (int i = 0; i < n_tiles; ++i) {
-            const int buf = i & 1;
-            if (i >= VW_STAGES) vw_bar_sync(VW_BAR_KREADY + buf);
-            float s[32];
-            wgmma_fence();
-            vw_issue_qk(s, sq_addr, sk_addr0 + buf * VW_K_BYTES);
-            wgmma_wait<0>();  // S of tile i, and P V of tile i - 1 (issued last iteration)
-            wgmma_fence_regs(s);
-            wgmma_fence_regs(acc);
-            wgmma_keep_regs(p);
-            if (i >= 1 && i + 1 < n_tiles) vw_bar_arrive(VW_BAR_KFREE);  // tile i - 1's buffer takes tile i + 1
 
-            // scale, tree mask, online softmax (log2 domain; 4 threads share a row)
+        // S of tile i in s: scale, tree mask, online softmax (log2 domain; 4 threads share a row) -> P (bf16 A
+        // fragments) and the factor alpha that takes the accumulators to the new running max
+        auto softmax = [&](const float (&s)[32], int i, float (&alpha)[2]) {
             const int key0 = key_begin + i * VW_BN;
-            float alpha[2];
+            const bool plain = key0 + VW_BN <= min(prefix, key_end);  // every key of the tile: visible prefix
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
-                float v[16];
-                float tmax = -INFINITY;
+                float v[16];  // raw scores, -inf where masked (the scale is positive: max commutes with it)
+                if (plain) {
 #pragma unroll
-                for (int j = 0; j < 8; ++j)
+                    for (int e = 0; e < 16; ++e) v[e] = row_ok[h] ? s[4 * (e >> 1) + 2 * h + (e & 1)] : -INFINITY;
+                } else {
 #pragma unroll
-                    for (int e = 0; e < 2; ++e) {
-                        const int key = key0 + 8 * j + col0 + e;
-                        float x = -INFINITY;
-                        if (row_ok[h] && key < key_end) {
-                            x = s[4 * j + 2 * h + e] * scale_log2;
-                            if (key >= prefix) {
-                                const int jj = key - prefix;
-                                if (!((mask_b[static_cast<long long>(row_tok[h]) * mask_words + (jj >> 5)] >>
-                                       (jj & 31)) &
-                                      1u))
-                                    x = -INFINITY;
+                    for (int j = 0; j < 8; ++j)
+#pragma unroll
+                        for (int e = 0; e < 2; ++e) {
+                            const int key = key0 + 8 * j + col0 + e;
+                            float x = -INFINITY;
+                            if (row_ok[h] && key < key_end) {
+                                x = s[4 * j + 2 * h + e];
+                                if (key >= prefix) {
+                                    const int jj = key - prefix;
+                                    if (!((mask_b[static_cast<long long>(row_tok[h]) * mask_words + (jj >> 5)] >>
+                                           (jj & 31)) &
+                                          1u))
+                                        x = -INFINITY;
+                                }
                             }
+                            v[2 * j + e] = x;
                         }
-                        v[2 * j + e] = x;
-                        tmax = fmaxf(tmax, x);
-                    }
+                }
+                float tmax = v[0];
+#pragma unroll
+                for (int e = 1; e < 16; ++e) tmax = fmaxf(tmax, v[e]);
                 tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 1));
                 tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 2));
-                const float m_new = fmaxf(m_run[h], tmax);
+                const float m_new = fmaxf(m_run[h], tmax * scale_log2);
                 float pr[16];
                 if (m_new == -INFINITY) {
                     alpha[h] = 1.f;
 #pragma unroll
                     for (int e = 0; e < 16; ++e) pr[e] = 0.f;
                 } else {
-                    alpha[h] = exp2f(m_run[h] - m_new);
+                    alpha[h] = vw_exp2(m_run[h] - m_new);
                     float sum = 0.f;
 #pragma unroll
                     for (int e = 0; e < 16; ++e) {
-                        pr[e] = exp2f(v[e] - m_new);
+                        pr[e] = vw_exp2(fmaf(v[e], scale_log2, -m_new));
                         sum += pr[e];
                     }
                     l_run[h] = l_run[h] * alpha[h] + sum;
@@ -284,18 +303,54 @@ extern "C" __global__ void __launch_bounds__(VW_THREADS, 1) ddtree_verify_attn_w
                     p[(j >> 1) * 4 + (j & 1) * 2 + h] = *reinterpret_cast<unsigned*>(&pair);
                 }
             }
-            vw_rescale(acc, alpha);  // P V of tile i - 1 is done
-
-            if (i >= 1) vw_bar_sync(VW_BAR_PFREE);  // warpgroup 1 has taken P of tile i - 1
+        };
+        // hand P and alpha over to warpgroup 1
+        auto publish = [&](const float (&alpha)[2]) {
 #pragma unroll
             for (int k = 0; k < 16; ++k) sx_p[k * 128 + wtid] = p[k];
             sx_f[wtid] = alpha[0];
             sx_f[128 + wtid] = alpha[1];
             vw_bar_arrive(VW_BAR_PREADY);
+        };
 
+        if (n_tiles > 0) {  // tile 0: its S and softmax (O is still zero: no rescale)
+            float s[32], alpha[2];
             wgmma_fence();
-            vw_issue_pv(acc, p, sk_addr0 + buf * VW_K_BYTES, 0);
+            vw_issue_qk(s, sq_addr, sk_addr0);
+            wgmma_wait<0>();
+            wgmma_fence_regs(s);
+            softmax(s, 0, alpha);
+            publish(alpha);
         }
+        // Tile i: P V of tile i - 1 issued first, then S of tile i; once P V is done (wait<1>), tile i - 1's
+        // buffer is free for tile i + 1 (warpgroup 1 loads it while S and the softmax of tile i run). The loop
+        // body has no branch between the MMAs and their waits (the barriers are predicated): with one, ptxas
+        // serialises the MMAs.
+        for (int i = 1; i < n_tiles; ++i) {
+            const int buf = i & 1;
+            float s[32], alpha[2];
+            wgmma_fence();
+            vw_issue_pv(acc, p, sk_addr0 + (buf ^ 1) * VW_K_BYTES, 0);
+            vw_bar_sync_if(i >= VW_STAGES, VW_BAR_KREADY + buf);
+            vw_issue_qk(s, sq_addr, sk_addr0 + buf * VW_K_BYTES);
+            wgmma_wait<1>();  // P V of tile i - 1
+            vw_bar_arrive_if(i + 1 < n_tiles, VW_BAR_KFREE);
+            wgmma_wait<0>();  // S of tile i
+            wgmma_fence_regs(s);
+            wgmma_fence_regs(acc);
+            wgmma_keep_regs(p);
+            softmax(s, i, alpha);
+            vw_rescale(acc, alpha);
+            vw_bar_sync(VW_BAR_PFREE);  // warpgroup 1 has taken P of tile i - 1
+            publish(alpha);
+        }
+        if (n_tiles > 0) {
+            wgmma_fence();
+            vw_issue_pv(acc, p, sk_addr0 + ((n_tiles - 1) & 1) * VW_K_BYTES, 0);
+        }
+        wgmma_wait<0>();
+        wgmma_fence_regs(acc);
+        wgmma_keep_regs(p);
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             float l = l_run[h];
@@ -304,9 +359,6 @@ extern "C" __global__ void __launch_bounds__(VW_THREADS, 1) ddtree_verify_attn_w
             l_row[h] = l;
             m_row[h] = m_run[h];
         }
-        wgmma_wait<0>();
-        wgmma_fence_regs(acc);
-        wgmma_keep_regs(p);
         if (n_tiles > 0) {
             vw_bar_sync(VW_BAR_PFREE);
             sx_f[wtid] = l_row[0];
