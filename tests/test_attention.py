@@ -115,6 +115,19 @@ def test_plan_splits_fill_whole_waves(batch, budget, kv_len, splits):
     assert plan.splits * plan.tiles_per_split >= math.ceil(kv_len / 32)
 
 
+def test_plan_counts_in_the_kernels_tile_size():
+    # the wgmma kernel's key tiles have 64 keys: the plan covers the keys with tiles of that size and still
+    # fills one whole wave (16 blocks x 8 splits)
+    sms, kv_len = 132, 32777
+    shape = AttentionShape(batch=8, tokens=9, heads=8, kv_rows=kv_len, mask_words=1)
+    plan = plan_attention(shape, kv_len, sms, keys_per_tile=64)
+    assert plan.splits == 8
+    assert plan.splits * plan.tiles_per_split * 64 >= kv_len
+    assert (plan.splits - 1) * plan.tiles_per_split * 64 < kv_len  # no empty split
+    assert plan.tiles_per_split == math.ceil(kv_len / 64 / 8)
+    assert plan_attention(shape, kv_len, sms).tiles_per_split == math.ceil(kv_len / 32 / 8)
+
+
 def test_visible_keys_and_work():
     vis = np.zeros((1, 3, 3), bool)
     vis[0, 0, 0] = True

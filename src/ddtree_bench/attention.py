@@ -179,7 +179,7 @@ def plan_attention(
     shape: AttentionShape, max_kv_len: int, sm_count: int, keys_per_tile: int = KEYS_PER_TILE
 ) -> AttentionPlan:
     """Split a request's keys between blocks (split-KV) only while there are fewer blocks than SMs (one block
-    of either path fits an SM: 192-198 KiB of shared memory), each split keeping at least
+    of either path fits an SM: 192-226 KiB of shared memory), each split keeping at least
     ``MIN_TILES_PER_SPLIT`` key tiles. The number of splits minimises the estimated time: waves of blocks
     (``ceil(blocks * splits / sm_count)``) times one block's time (its keys plus ``BLOCK_OVERHEAD_KEYS``),
     the fewest splits among equals. Filling the SMs with one split too many
