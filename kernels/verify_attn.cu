@@ -341,36 +341,72 @@ extern "C" __global__ void __launch_bounds__(VA_THREADS, 1) ddtree_verify_attn(V
 }
 
 // Merge the splits' partial outputs: out = sum_s 2^(lse_s - max) o_s / sum_s 2^(lse_s - max).
-// grid (M, B), 128 threads, 4 output dims per thread.
-extern "C" __global__ void __launch_bounds__(128)
+// grid (M, B), VA_COMBINE_THREADS threads: warp w merges splits w, w + 8, ... of the row (lane l holds the
+// float4s l, l + 32, l + 64, l + 96 of its 512 dims: four independent loads a split), then the warps' sums are
+// added through shared memory. Many splits (tens at batch 1) are read by eight warps at once, not one after
+// the other by a single thread.
+#define VA_COMBINE_THREADS 256
+#define VA_COMBINE_WARPS (VA_COMBINE_THREADS / 32)
+extern "C" __global__ void __launch_bounds__(VA_COMBINE_THREADS)
     ddtree_verify_attn_combine(const float* __restrict__ partial_out, const float* __restrict__ partial_lse,
                                __nv_bfloat16* __restrict__ out, int batch, int rows, int splits) {
+    __shared__ float4 s_sum[VA_COMBINE_WARPS][VA_DV / 4];
+    __shared__ float s_weight[VA_COMBINE_WARPS];
     const int row = blockIdx.x, b = blockIdx.y;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const long long stride = static_cast<long long>(batch) * rows;  // between splits, in rows
     const long long base = static_cast<long long>(b) * rows + row;
-    float lse_max = -INFINITY;
-    for (int s = 0; s < splits; ++s) lse_max = fmaxf(lse_max, partial_lse[s * stride + base]);
-    float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
+    float lse_max = -INFINITY;  // every warp computes it (the splits' lse are few and cached)
+    for (int s = lane; s < splits; s += 32) lse_max = fmaxf(lse_max, partial_lse[s * stride + base]);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) lse_max = fmaxf(lse_max, __shfl_xor_sync(0xffffffffu, lse_max, o));
+    float4 sum[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) sum[j] = make_float4(0.f, 0.f, 0.f, 0.f);
     float weight_sum = 0.f;
-    const int d = threadIdx.x * 4;
     if (lse_max != -INFINITY) {
-        for (int s = 0; s < splits; ++s) {
+        for (int s = warp; s < splits; s += VA_COMBINE_WARPS) {
             const float lse = partial_lse[s * stride + base];
             if (lse == -INFINITY) continue;
             const float w = exp2f(lse - lse_max);
-            const float4 o = *reinterpret_cast<const float4*>(partial_out + (s * stride + base) * VA_DV + d);
-            sum.x += w * o.x;
-            sum.y += w * o.y;
-            sum.z += w * o.z;
-            sum.w += w * o.w;
+            const float4* src = reinterpret_cast<const float4*>(partial_out + (s * stride + base) * VA_DV) + lane;
+            float4 o[4];
+#pragma unroll
+            for (int j = 0; j < 4; ++j) o[j] = src[32 * j];
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                sum[j].x += w * o[j].x;
+                sum[j].y += w * o[j].y;
+                sum[j].z += w * o[j].z;
+                sum[j].w += w * o[j].w;
+            }
             weight_sum += w;
         }
     }
-    const float inv = weight_sum > 0.f ? 1.f / weight_sum : 0.f;
-    __nv_bfloat16* o = out + base * VA_DV + d;
-    *reinterpret_cast<__nv_bfloat162*>(o) = __floats2bfloat162_rn(sum.x * inv, sum.y * inv);
-    *reinterpret_cast<__nv_bfloat162*>(o + 2) = __floats2bfloat162_rn(sum.z * inv, sum.w * inv);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) s_sum[warp][32 * j + lane] = sum[j];
+    if (lane == 0) s_weight[warp] = weight_sum;
+    __syncthreads();
+    if (threadIdx.x >= VA_DV / 4) return;
+    float4 total = make_float4(0.f, 0.f, 0.f, 0.f);
+    float weight = 0.f;
+#pragma unroll
+    for (int w = 0; w < VA_COMBINE_WARPS; ++w) {
+        const float4 x = s_sum[w][threadIdx.x];
+        total.x += x.x;
+        total.y += x.y;
+        total.z += x.z;
+        total.w += x.w;
+        weight += s_weight[w];
+    }
+    const float inv = weight > 0.f ? 1.f / weight : 0.f;
+    __nv_bfloat16* o = out + base * VA_DV + threadIdx.x * 4;
+    *reinterpret_cast<__nv_bfloat162*>(o) = __floats2bfloat162_rn(total.x * inv, total.y * inv);
+    *reinterpret_cast<__nv_bfloat162*>(o + 2) = __floats2bfloat162_rn(total.z * inv, total.w * inv);
 }
+
+// threads of one block of ddtree_verify_attn_combine
+extern "C" __global__ void ddtree_verify_attn_combine_threads(int* threads) { *threads = VA_COMBINE_THREADS; }
 
 // Shared memory one block of ddtree_verify_attn needs (the loader sets the dynamic size from this).
 extern "C" __global__ void ddtree_verify_attn_smem_bytes(int* bytes) { *bytes = static_cast<int>(sizeof(VaShared)); }

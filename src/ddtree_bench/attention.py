@@ -268,7 +268,7 @@ class PreparedAttention:
         if p.splits > 1:
             k.combine(
                 (s.rows, s.batch),
-                (128,),
+                (k.combine_threads,),
                 (
                     self.partial_out,
                     self.partial_lse,
@@ -285,6 +285,7 @@ class PreparedAttention:
 class AttentionKernels:
     attn: object
     combine: object
+    combine_threads: int
     smem_bytes: int
     sm_count: int
     keys_per_tile: int  # the split plan's unit
@@ -357,11 +358,14 @@ class VerifyAttention:
                     f"{optin}"
                 )
             attn.max_dynamic_shared_size_bytes = smem
+            module.get_function("ddtree_verify_attn_combine_threads")((1,), (1,), (probe,))
+            combine_threads = int(probe.get()[0])
             props = cp.cuda.runtime.getDeviceProperties(dev.id)
             cc = int(props["major"]) * 10 + int(props["minor"])
             self._kernels = AttentionKernels(
                 attn=attn,
                 combine=module.get_function("ddtree_verify_attn_combine"),
+                combine_threads=combine_threads,
                 smem_bytes=smem,
                 sm_count=int(props["multiProcessorCount"]),
                 keys_per_tile=keys_per_tile,
