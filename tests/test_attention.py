@@ -13,7 +13,7 @@ from gpu_inputs import topk_inputs
 from ddtree_bench import cuda
 from ddtree_bench.attention import (
     HEAD_DIM,
-    MIN_TILES_PER_SPLIT,
+    MIN_KEYS_PER_SPLIT,
     VALUE_DIM,
     AttentionShape,
     attention_bytes,
@@ -92,7 +92,7 @@ def test_plan_splits_only_when_blocks_are_few():
     assert plan.splits > 1
     assert plan.splits * plan.tiles_per_split >= math.ceil(4105 / 32)
     assert (plan.splits - 1) * plan.tiles_per_split < math.ceil(4105 / 32)  # no empty split
-    assert plan.tiles_per_split >= MIN_TILES_PER_SPLIT
+    assert plan.tiles_per_split * 32 >= MIN_KEYS_PER_SPLIT
     tiny = AttentionShape(batch=1, tokens=2, heads=1, kv_rows=2, mask_words=1)
     assert plan_attention(tiny, 2, sms).splits == 1
 
@@ -120,12 +120,25 @@ def test_plan_counts_in_the_kernels_tile_size():
     # fills one whole wave (16 blocks x 8 splits)
     sms, kv_len = 132, 32777
     shape = AttentionShape(batch=8, tokens=9, heads=8, kv_rows=kv_len, mask_words=1)
-    plan = plan_attention(shape, kv_len, sms, keys_per_tile=64)
+    plan = plan_attention(shape, kv_len, sms, keys_per_tile=64, overhead_tiles=8)
     assert plan.splits == 8
     assert plan.splits * plan.tiles_per_split * 64 >= kv_len
     assert (plan.splits - 1) * plan.tiles_per_split * 64 < kv_len  # no empty split
     assert plan.tiles_per_split == math.ceil(kv_len / 64 / 8)
     assert plan_attention(shape, kv_len, sms).tiles_per_split == math.ceil(kv_len / 32 / 8)
+
+
+def test_plan_with_a_larger_block_overhead_prefers_fewer_longer_splits_only_across_waves():
+    # batch 1, N = 8 (2 row tiles), S = 8192 + 9 keys = 129 tiles of 64: with the wgmma kernel's estimate
+    # (8 tiles) 43 splits of 3 tiles (86 blocks, one wave) beat 26 of 5 (cost 11 vs 13 tiles); splits of 2
+    # tiles would need 65 splits, more than the 64 that splits of MIN_KEYS_PER_SPLIT keys allow
+    shape = AttentionShape(batch=1, tokens=9, heads=8, kv_rows=8201, mask_words=1)
+    plan = plan_attention(shape, 8201, 132, keys_per_tile=64, overhead_tiles=8)
+    assert (plan.splits, plan.tiles_per_split) == (43, 3)
+    assert plan.tiles_per_split * 64 >= MIN_KEYS_PER_SPLIT
+    # at S = 32768 a second wave of shorter splits would cost more: 65 splits of 8 tiles
+    big = AttentionShape(batch=1, tokens=9, heads=8, kv_rows=32777, mask_words=1)
+    assert plan_attention(big, 32777, 132, keys_per_tile=64, overhead_tiles=8).splits == 65
 
 
 def test_visible_keys_and_work():
@@ -280,9 +293,8 @@ def test_mask_from_the_gpu_builder_and_both_split_paths_agree(path):
     ref = reference_attention(q, kv, prefix, trees.visibility)
     assert_close(out, ref)
     # the same call without splits (as if the GPU had one SM) gives the same result within rounding
-    single = plan_attention(
-        prepared.shape, max(prefix) + budget + 1, sm_count=1, keys_per_tile=attn.kernels.keys_per_tile
-    )
+    k = attn.kernels
+    single = plan_attention(prepared.shape, max(prefix) + budget + 1, 1, k.keys_per_tile, k.overhead_tiles)
     assert single.splits == 1
     out1 = torch.full_like(out, float("nan"))
     again = attn.prepare(q, kv, np.array(prefix), d_trees.visibility_bits, out1)

@@ -41,10 +41,12 @@ SOFTMAX_SCALE = 1.0 / math.sqrt(192.0)  # qk_nope_head_dim 128 + qk_rope_head_di
 ROWS_PER_BLOCK = 64
 KEYS_PER_TILE = 32  # the mma.sync kernel's key tile; the wgmma kernel reports its own (64)
 THREADS = 256
-MIN_TILES_PER_SPLIT = 4
-#: A block's fixed cost (loading its Q tile, filling the key-tile pipeline, writing its output) in units of
-#: one key's time: a planning estimate, used only to choose the number of splits.
-BLOCK_OVERHEAD_KEYS = 128
+MIN_KEYS_PER_SPLIT = 128
+#: A block's fixed cost (loading its Q tile, filling the key-tile pipeline, writing its output, its share of
+#: the split combine) in units of one of its key tiles' time, per kernel path: planning estimates, used only
+#: to choose the number of splits. Fitted on the H200: the mma.sync kernel 4 tiles of 32 keys; the wgmma
+#: kernel 8 tiles of 64 keys (batch 1, N = 8: 4 to 129 splits of S = 8192 and 32768 matched within 10 %).
+BLOCK_OVERHEAD_TILES = {"mma": 4, "wgmma": 8}
 MAX_ROWS = 2**31 - 1
 
 
@@ -176,12 +178,16 @@ class AttentionPlan:
 
 
 def plan_attention(
-    shape: AttentionShape, max_kv_len: int, sm_count: int, keys_per_tile: int = KEYS_PER_TILE
+    shape: AttentionShape,
+    max_kv_len: int,
+    sm_count: int,
+    keys_per_tile: int = KEYS_PER_TILE,
+    overhead_tiles: int = BLOCK_OVERHEAD_TILES["mma"],
 ) -> AttentionPlan:
     """Split a request's keys between blocks (split-KV) only while there are fewer blocks than SMs (one block
     of either path fits an SM: 192-226 KiB of shared memory), each split keeping at least
-    ``MIN_TILES_PER_SPLIT`` key tiles. The number of splits minimises the estimated time: waves of blocks
-    (``ceil(blocks * splits / sm_count)``) times one block's time (its keys plus ``BLOCK_OVERHEAD_KEYS``),
+    ``MIN_KEYS_PER_SPLIT`` keys. The number of splits minimises the estimated time: waves of blocks
+    (``ceil(blocks * splits / sm_count)``) times one block's time (its key tiles plus ``overhead_tiles``),
     the fewest splits among equals. Filling the SMs with one split too many
     would double the time (a second wave of a few blocks)."""
     row_tiles = -(-shape.rows // ROWS_PER_BLOCK)
@@ -189,10 +195,11 @@ def plan_attention(
     blocks = row_tiles * shape.batch
     best_cost, splits, tiles_per_split = None, 1, tiles
     if blocks < sm_count:
-        for wanted in range(1, min(max(1, tiles // MIN_TILES_PER_SPLIT), 4 * sm_count) + 1):
+        min_tiles = max(1, MIN_KEYS_PER_SPLIT // keys_per_tile)
+        for wanted in range(1, min(max(1, tiles // min_tiles), 4 * sm_count) + 1):
             per = -(-tiles // wanted)
             used = -(-tiles // per)  # no empty split
-            cost = -(-blocks * used // sm_count) * (per * keys_per_tile + BLOCK_OVERHEAD_KEYS)
+            cost = -(-blocks * used // sm_count) * (per + overhead_tiles)
             if best_cost is None or cost < best_cost:
                 best_cost, splits, tiles_per_split = cost, used, per
     return AttentionPlan(row_tiles=row_tiles, splits=splits, tiles_per_split=tiles_per_split)
@@ -289,6 +296,7 @@ class AttentionKernels:
     smem_bytes: int
     sm_count: int
     keys_per_tile: int  # the split plan's unit
+    overhead_tiles: int  # the split plan's estimate of a block's fixed cost, in key tiles
     runs: str  # which code runs, e.g. "sm_90a SASS, wgmma path"
     fatbin: Path
     path: str  # "wgmma" (Hopper warpgroup MMAs, sm_90a) or "mma" (mma.sync, every architecture)
@@ -369,6 +377,7 @@ class VerifyAttention:
                 smem_bytes=smem,
                 sm_count=int(props["multiProcessorCount"]),
                 keys_per_tile=keys_per_tile,
+                overhead_tiles=BLOCK_OVERHEAD_TILES[path],
                 runs=f"{cuda.fatbin_runs(Path(fatbin), cc)}, {path} path",
                 fatbin=Path(fatbin),
                 path=path,
@@ -384,7 +393,9 @@ class VerifyAttention:
             for name, a in (("q", q), ("kv", kv), ("mask_bits", mask_bits), ("out", out))
         }
         max_kv_len = int(lengths.max()) + shape.tokens
-        plan = plan_attention(shape, max_kv_len, kernels.sm_count, kernels.keys_per_tile)
+        plan = plan_attention(
+            shape, max_kv_len, kernels.sm_count, kernels.keys_per_tile, kernels.overhead_tiles
+        )
         return PreparedAttention(kernels, shape, plan, views, lengths)
 
     def __call__(self, q, kv, prefix_lengths, mask_bits, out, stream=None):
