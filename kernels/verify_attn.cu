@@ -413,3 +413,4 @@ extern "C" __global__ void ddtree_verify_attn_smem_bytes(int* bytes) { *bytes = 
 
 // The Hopper path (wgmma, sm_90a): same arguments, grid and workspace as ddtree_verify_attn.
 #include "verify_attn_wgmma.cuh"
+#include "verify_attn_wgmma72.cuh"

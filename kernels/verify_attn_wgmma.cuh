@@ -112,22 +112,26 @@ __device__ __forceinline__ unsigned vw_swizzled(int row, int chunk, unsigned blo
 }
 
 // Keys [key0, key0 + VW_BN) into a swizzled key tile by `NT` threads (t = 0 .. NT-1); keys at or past kv_len
-// read as zeros. Chunk i * NT + t of the tile (in 64-dim blocks of 64 rows x 8 chunks) is row
-// ((i * NT) % 512) / 8 + t / 8, chunk t % 8 of block (i * NT) / 512: every offset is the thread's base plus a
-// constant, and the swizzle (chunk ^ row % 8) is the thread's own.
-template <int NT>
-__device__ __forceinline__ void vw_load_key_tile(unsigned char* dst, const __nv_bfloat16* kv_b, int key0, int kv_len,
-                                                 int t) {
+// read as zeros. The first eight 64-dim blocks (V, the latent dims) go to `dst` (VW_K_BLOCK_BYTES apart), the
+// ninth (the rope dims) to `rope_dst` (LATENT / ROPE: load those parts). Chunk i * NT + t of the tile (in 64-dim blocks of 64 rows x 8 chunks)
+// is row ((i * NT) % 512) / 8 + t / 8, chunk t % 8 of block (i * NT) / 512: every offset is the thread's base
+// plus a constant, and the swizzle (chunk ^ row % 8) is the thread's own.
+template <int NT, bool LATENT = true, bool ROPE = true>
+__device__ __forceinline__ void vw_load_key_tile(unsigned char* dst, unsigned char* rope_dst,
+                                                 const __nv_bfloat16* kv_b, int key0, int kv_len, int t) {
     static_assert(NT % 64 == 0 && 512 % NT == 0, "vw_load_key_tile: NT threads must tile a 64-dim block");
     const int trow = t >> 3, tch = t & 7;
     unsigned char* d = dst + trow * 128 + ((tch ^ (trow & 7)) << 4);
+    unsigned char* d_rope = rope_dst + trow * 128 + ((tch ^ (trow & 7)) << 4);
     const __nv_bfloat16* src = kv_b + static_cast<long long>(key0 + trow) * VA_DIM + tch * 8;
     const int rows_left = kv_len - key0 - trow;  // row offset r is a key when r < rows_left
 #pragma unroll
     for (int i = 0; i < VW_BN * (VA_DIM / 8) / NT; ++i) {
         const int blk = (i * NT) / 512, r = ((i * NT) % 512) / 8;
+        if (!(blk < VW_DIM_BLOCKS - 1 ? LATENT : ROPE)) continue;  // a constant: only the parts asked for
         const bool valid = r < rows_left;
-        cp_async16(d + blk * VW_K_BLOCK_BYTES + r * 128, valid ? src + r * VA_DIM + blk * 64 : kv_b, valid);
+        unsigned char* block = blk < VW_DIM_BLOCKS - 1 ? d + blk * VW_K_BLOCK_BYTES : d_rope;  // blk: a constant
+        cp_async16(block + r * 128, valid ? src + r * VA_DIM + blk * 64 : kv_b, valid);
     }
 }
 
@@ -226,7 +230,8 @@ extern "C" __global__ void __launch_bounds__(VW_THREADS, 1) ddtree_verify_attn_w
         cp_async16(sq + vw_swizzled(r, chunk, VW_BM * 128), src, valid);
     }
     for (int t = 0; t < min(n_tiles, VW_STAGES); ++t)
-        vw_load_key_tile<VW_THREADS>(sk0 + t * VW_K_BYTES, kv_b, key_begin + t * VW_BN, kv_len, tid);
+        vw_load_key_tile<VW_THREADS>(sk0 + t * VW_K_BYTES, sk0 + t * VW_K_BYTES + (VW_DIM_BLOCKS - 1) * VW_K_BLOCK_BYTES,
+                                     kv_b, key_begin + t * VW_BN, kv_len, tid);
     cp_async_commit();
     cp_async_wait<0>();
     fence_proxy_async();
@@ -374,7 +379,9 @@ extern "C" __global__ void __launch_bounds__(VW_THREADS, 1) ddtree_verify_attn_w
             const bool load = i >= 1 && i + 1 < n_tiles;
             if (load) {  // tile i + 1 into tile i - 1's buffer, once warpgroup 0 is done with it
                 vw_bar_sync(VW_BAR_KFREE);
-                vw_load_key_tile<128>(sk0 + (buf ^ 1) * VW_K_BYTES, kv_b, key_begin + (i + 1) * VW_BN, kv_len, wtid);
+                unsigned char* tile = sk0 + (buf ^ 1) * VW_K_BYTES;
+                vw_load_key_tile<128>(tile, tile + (VW_DIM_BLOCKS - 1) * VW_K_BLOCK_BYTES, kv_b,
+                                      key_begin + (i + 1) * VW_BN, kv_len, wtid);
                 cp_async_commit();
             }
             vw_bar_sync(VW_BAR_PREADY);

@@ -141,6 +141,49 @@ def test_plan_with_a_larger_block_overhead_prefers_fewer_longer_splits_only_acro
     assert plan_attention(big, 32777, 132, keys_per_tile=64, overhead_tiles=8).splits == 65
 
 
+def test_plan_of_the_72_row_kernel_takes_a_request_in_one_row_tile():
+    # budget 8 at 8 heads: 72 query rows, one block a request instead of two (64 + 8 rows)
+    shape = AttentionShape(batch=64, tokens=9, heads=8, kv_rows=32777, mask_words=1)
+    narrow = plan_attention(shape, 32777, 132, keys_per_tile=64, overhead_tiles=8)
+    wide = plan_attention(shape, 32777, 132, keys_per_tile=64, overhead_tiles=8, rows_per_block=72)
+    assert (narrow.row_tiles, narrow.rows_per_block) == (2, 64)
+    assert (wide.row_tiles, wide.rows_per_block) == (1, 72)
+    assert wide.cost == 257 * 72 / 64 + 8 and narrow.cost == 513 + 8  # one wave each
+    assert wide.row_tiles * 64 * wide.splits <= 132 and wide.splits == 2  # 64 blocks: two splits fill a wave
+
+
+def test_the_72_row_kernel_is_planned_only_for_65_to_72_rows_where_loaded_and_estimated_faster():
+    from pathlib import Path
+
+    from ddtree_bench.attention import AttentionKernels
+
+    fields = dict(
+        attn=None, combine=None, combine_threads=256, smem_bytes=1, sm_count=132, keys_per_tile=64,
+        overhead_tiles=8, runs="", fatbin=Path("x"), path="wgmma",
+    )  # fmt: skip
+    loaded = AttentionKernels(**fields, attn_wide=object(), wide_smem_bytes=1)
+
+    def rows_per_block(batch, tokens, heads, s):
+        shape = AttentionShape(batch=batch, tokens=tokens, heads=heads, kv_rows=s + tokens, mask_words=1)
+        plan = loaded.plan(shape, s + tokens)
+        assert plan.cost == min(
+            plan_attention(shape, s + tokens, 132, 64, 8).cost,
+            plan_attention(shape, s + tokens, 132, 64, 14, 72).cost,
+        ) or not (64 < shape.rows <= 72)
+        return plan.rows_per_block
+
+    # budget 8 at 8 heads: the 72-row kernel from batch 8 (S = 8192, 32768) or 64; at batch 1 the 64-row
+    # tiles (twice the blocks for the SMs); as measured on the H200
+    assert [rows_per_block(b, 9, 8, 32768) for b in (1, 8, 64)] == [64, 72, 72]
+    assert [rows_per_block(b, 9, 8, 8192) for b in (1, 8, 64)] == [64, 72, 72]
+    assert [rows_per_block(b, 9, 8, 4096) for b in (1, 8, 64)] == [64, 64, 72]
+    # other row counts never
+    assert [rows_per_block(64, t, 8, 32768) for t in (8, 17, 129)] == [64, 64, 64]  # 64, 136, 1032 rows
+    unloaded = AttentionKernels(**fields)
+    shape = AttentionShape(batch=64, tokens=9, heads=8, kv_rows=32777, mask_words=1)
+    assert unloaded.plan(shape, 32777).rows_per_block == 64
+
+
 def test_visible_keys_and_work():
     vis = np.zeros((1, 3, 3), bool)
     vis[0, 0, 0] = True
@@ -303,6 +346,85 @@ def test_mask_from_the_gpu_builder_and_both_split_paths_agree(path):
     again.launch()
     torch.cuda.synchronize()
     assert_close(out1, ref)
+
+
+def wide_kernel_or_skip(attn):
+    """The 72-row kernel belongs to the wgmma path: skipped (with the reason) where that is not compiled."""
+    from ddtree_bench.attention import AttentionUnavailable
+
+    try:
+        kernels = attn.kernels
+    except AttentionUnavailable as exc:
+        pytest.skip(str(exc))
+    if kernels.attn_wide is None:
+        pytest.skip(f"the 72-row kernel belongs to the wgmma path; this GPU runs the {kernels.path} path")
+    return kernels
+
+
+@needs_gpu
+@pytest.mark.parametrize(
+    ("batch", "tokens", "heads", "prefix"),
+    [
+        (2, 9, 8, [100, 4000]),  # budget 8 at 8 heads (72 rows), variable S, splits
+        (3, 5, 14, [0, 63, 64]),  # 70 rows: a request without prefix, prefixes at a key-tile edge
+        (1, 13, 5, [5000]),  # 65 rows, many splits
+        (140, 9, 8, [200] * 140),  # more requests than SMs: a single split
+    ],
+)
+def test_the_72_row_kernel_equals_the_reference_and_the_64_row_tiles(batch, tokens, heads, prefix):
+    from ddtree_bench.attention import AttentionPlan, PreparedAttention, VerifyAttention, reference_attention
+
+    attn = VerifyAttention(path="wgmma")
+    wide_kernel_or_skip(attn)
+    trees = tree_mask(batch, tokens - 1, seed=tokens)
+    bits = torch.as_tensor(packed_visibility(trees.visibility).view(np.int32), device="cuda")
+    q, kv, out = random_case(trees, heads, prefix, seed=heads)
+    prepared = attn.prepare(q, kv, np.array(prefix), bits, out)
+    if prepared.plan.rows_per_block != 72:  # the plan estimated the 64-row tiles faster: force the kernel
+        tiles = math.ceil((max(prefix) + tokens) / attn.kernels.keys_per_tile)
+        plan = AttentionPlan(row_tiles=1, splits=math.ceil(tiles / 2), tiles_per_split=2, rows_per_block=72)
+        p = prepared
+        prepared = PreparedAttention(attn.kernels, p.shape, plan, p.views, p.prefix_lengths)
+    prepared.launch()
+    torch.cuda.synchronize()
+    assert_close(out, reference_attention(q, kv, prefix, trees.visibility))
+    out64 = torch.full_like(out, float("nan"))
+    narrow = VerifyAttention(path="wgmma", wide_rows=False).prepare(q, kv, np.array(prefix), bits, out64)
+    assert narrow.plan.rows_per_block == 64
+    narrow.launch()
+    torch.cuda.synchronize()
+    assert_close(out, out64.float())  # the same within rounding
+
+
+@needs_gpu
+@pytest.mark.parametrize("tiles_per_split", [1, 2, 1000])
+def test_the_72_row_kernel_with_climbing_scores_and_splits_that_see_nothing(tiles_per_split):
+    # keys scaled up along the sequence: the row maxima climb tile after tile, so the kernel's running maximum
+    # is moved (its cross-warp exchange) on many tiles, not only the first. Prefix 120: with one key tile a
+    # split, the last split holds only tree token 8, which rows of the other tokens do not see (their
+    # partial row sums are 0, their log-sum-exp -inf).
+    from ddtree_bench.attention import AttentionPlan, PreparedAttention, VerifyAttention, reference_attention
+
+    attn = VerifyAttention(path="wgmma")
+    kernels = wide_kernel_or_skip(attn)
+    batch, budget, heads, prefix = 2, 8, 8, [120, 3000]
+    trees = tree_mask(batch, budget, seed=3)
+    bits = torch.as_tensor(packed_visibility(trees.visibility).view(np.int32), device="cuda")
+    q, kv, out = random_case(trees, heads, prefix, seed=5)
+    ramp = torch.linspace(0.25, 3.0, kv.shape[1], device="cuda").view(1, -1, 1)
+    kv = (kv.float() * ramp).to(torch.bfloat16)
+    base = attn.prepare(q, kv, np.array(prefix), bits, out)
+    tiles = math.ceil((max(prefix) + budget + 1) / kernels.keys_per_tile)
+    per = min(tiles_per_split, tiles)
+    plan = AttentionPlan(row_tiles=1, splits=math.ceil(tiles / per), tiles_per_split=per, rows_per_block=72)
+    forced = PreparedAttention(kernels, base.shape, plan, base.views, base.prefix_lengths)
+    forced.launch()
+    torch.cuda.synchronize()
+    ref = reference_attention(q, kv, prefix, trees.visibility)
+    assert not torch.isnan(out.float()).any(), "NaN in the output"
+    # the outputs reach ~10 here (the largest keys win): bf16 rounding relative to the magnitude
+    err = ((out.float() - ref).abs() / ref.abs().clamp(min=1.0)).max().item()
+    assert err < 2e-2, f"max relative error {err}"
 
 
 @needs_gpu

@@ -39,6 +39,9 @@ HEAD_DIM = 576  # q/k: kv_lora_rank 512 + qk_rope_head_dim 64
 VALUE_DIM = 512  # v: the latent part
 SOFTMAX_SCALE = 1.0 / math.sqrt(192.0)  # qk_nope_head_dim 128 + qk_rope_head_dim 64
 ROWS_PER_BLOCK = 64
+#: The Hopper path's kernel for requests of 65...72 query rows (budget 8 at 8 heads) takes them in one block
+#: (``ddtree_verify_attn_wgmma72``; its info kernel reports the count).
+WIDE_ROWS_PER_BLOCK = 72
 KEYS_PER_TILE = 32  # the mma.sync kernel's key tile; the wgmma kernel reports its own (64)
 THREADS = 256
 MIN_KEYS_PER_SPLIT = 128
@@ -47,6 +50,10 @@ MIN_KEYS_PER_SPLIT = 128
 #: to choose the number of splits. Fitted on the H200: the mma.sync kernel 4 tiles of 32 keys; the wgmma
 #: kernel 8 tiles of 64 keys (batch 1, N = 8: 4 to 129 splits of S = 8192 and 32768 matched within 10 %).
 BLOCK_OVERHEAD_TILES = {"mma": 4, "wgmma": 8}
+#: The same for the 72-row kernel, in 64-row tiles of 64 keys (its own tiles count 72 / 64 of one): fitted on
+#: the H200 to batch 1 and 8, S = 4096 to 32768 at budget 8, where its estimate against the 64-row kernel's
+#: picks the faster of the two (11.5 to 15 does).
+WIDE_OVERHEAD_TILES = 14
 MAX_ROWS = 2**31 - 1
 
 
@@ -175,6 +182,8 @@ class AttentionPlan:
     row_tiles: int
     splits: int
     tiles_per_split: int
+    rows_per_block: int = ROWS_PER_BLOCK
+    cost: float = 0.0  # the estimate the plan minimised: waves x a block's time, in 64-row key tiles
 
 
 def plan_attention(
@@ -183,26 +192,38 @@ def plan_attention(
     sm_count: int,
     keys_per_tile: int = KEYS_PER_TILE,
     overhead_tiles: int = BLOCK_OVERHEAD_TILES["mma"],
+    rows_per_block: int = ROWS_PER_BLOCK,
 ) -> AttentionPlan:
     """Split a request's keys between blocks (split-KV) only while there are fewer blocks than SMs (one block
     of either path fits an SM: 192-226 KiB of shared memory), each split keeping at least
     ``MIN_KEYS_PER_SPLIT`` keys. The number of splits minimises the estimated time: waves of blocks
-    (``ceil(blocks * splits / sm_count)``) times one block's time (its key tiles plus ``overhead_tiles``),
-    the fewest splits among equals. Filling the SMs with one split too many
-    would double the time (a second wave of a few blocks)."""
-    row_tiles = -(-shape.rows // ROWS_PER_BLOCK)
+    (``ceil(blocks * splits / sm_count)``) times one block's time (its key tiles, each ``rows_per_block / 64``
+    of a 64-row tile, plus ``overhead_tiles``), the fewest splits among equals. Filling the SMs with one
+    split too many would double the time (a second wave of a few blocks)."""
+    row_tiles = -(-shape.rows // rows_per_block)
     tiles = max(1, -(-max_kv_len // keys_per_tile))
     blocks = row_tiles * shape.batch
-    best_cost, splits, tiles_per_split = None, 1, tiles
+    tile_cost = rows_per_block / ROWS_PER_BLOCK
+
+    def estimate(used: int, per: int) -> float:
+        return -(-blocks * used // sm_count) * (per * tile_cost + overhead_tiles)
+
+    best_cost, splits, tiles_per_split = estimate(1, tiles), 1, tiles
     if blocks < sm_count:
         min_tiles = max(1, MIN_KEYS_PER_SPLIT // keys_per_tile)
-        for wanted in range(1, min(max(1, tiles // min_tiles), 4 * sm_count) + 1):
+        for wanted in range(2, min(max(1, tiles // min_tiles), 4 * sm_count) + 1):
             per = -(-tiles // wanted)
             used = -(-tiles // per)  # no empty split
-            cost = -(-blocks * used // sm_count) * (per + overhead_tiles)
-            if best_cost is None or cost < best_cost:
+            cost = estimate(used, per)
+            if cost < best_cost:
                 best_cost, splits, tiles_per_split = cost, used, per
-    return AttentionPlan(row_tiles=row_tiles, splits=splits, tiles_per_split=tiles_per_split)
+    return AttentionPlan(
+        row_tiles=row_tiles,
+        splits=splits,
+        tiles_per_split=tiles_per_split,
+        rows_per_block=rows_per_block,
+        cost=best_cost,
+    )
 
 
 def _as_cupy(array, name: str):
@@ -271,7 +292,9 @@ class PreparedAttention:
             np.int32(p.tiles_per_split),
             np.float32(SOFTMAX_SCALE * math.log2(math.e)),
         )
-        k.attn((p.row_tiles, p.splits, s.batch), (THREADS,), args, stream=stream, shared_mem=k.smem_bytes)
+        wide = p.rows_per_block == WIDE_ROWS_PER_BLOCK
+        kernel, smem = (k.attn_wide, k.wide_smem_bytes) if wide else (k.attn, k.smem_bytes)
+        kernel((p.row_tiles, p.splits, s.batch), (THREADS,), args, stream=stream, shared_mem=smem)
         if p.splits > 1:
             k.combine(
                 (s.rows, s.batch),
@@ -300,6 +323,21 @@ class AttentionKernels:
     runs: str  # which code runs, e.g. "sm_90a SASS, wgmma path"
     fatbin: Path
     path: str  # "wgmma" (Hopper warpgroup MMAs, sm_90a) or "mma" (mma.sync, every architecture)
+    attn_wide: object = None  # the wgmma path's kernel for 65...72 query rows (None: not used)
+    wide_smem_bytes: int = 0
+
+    def plan(self, shape: AttentionShape, max_kv_len: int) -> AttentionPlan:
+        """The call's grid: 64-row tiles, or, where the 72-row kernel is loaded and a request has 65...72
+        rows, that kernel's plan if its estimate is the lower (it saves the 8-row block's work and key loads,
+        but has half the blocks to spread over the SMs: at batch 1 the 64-row tiles win)."""
+        plan = plan_attention(shape, max_kv_len, self.sm_count, self.keys_per_tile, self.overhead_tiles)
+        if self.attn_wide is not None and ROWS_PER_BLOCK < shape.rows <= WIDE_ROWS_PER_BLOCK:
+            wide = plan_attention(
+                shape, max_kv_len, self.sm_count, self.keys_per_tile, WIDE_OVERHEAD_TILES, WIDE_ROWS_PER_BLOCK
+            )
+            if wide.cost < plan.cost:
+                return wide
+        return plan
 
 
 class VerifyAttention:
@@ -307,14 +345,19 @@ class VerifyAttention:
 
     ``path``: "auto" takes the Hopper kernel (``ddtree_verify_attn_wgmma``: warpgroup MMAs from shared memory)
     where the fatbin has sm_90a code for the device, else the ``mma.sync`` kernel; "wgmma" insists on the
-    former (AttentionUnavailable where it is not compiled in), "mma" always takes the latter."""
+    former (AttentionUnavailable where it is not compiled in), "mma" always takes the latter. On the wgmma
+    path, requests of 65...72 query rows (budget 8 at 8 heads) go to ``ddtree_verify_attn_wgmma72`` (one block
+    for all 72 rows instead of a 64-row and an 8-row block) unless ``wide_rows`` is False (measurements)."""
 
-    def __init__(self, fatbin: str | Path | None = None, archs=None, path: str = "auto"):
+    def __init__(
+        self, fatbin: str | Path | None = None, archs=None, path: str = "auto", wide_rows: bool = True
+    ):
         if path not in ATTENTION_PATHS:
             raise ValueError(f"verify attention: path must be one of {ATTENTION_PATHS}, got {path!r}")
         self._fatbin = Path(fatbin) if fatbin else None
         self._archs = tuple(archs) if archs else None
         self._path = path
+        self._wide_rows = wide_rows
         self._kernels: AttentionKernels | None = None
 
     def unavailable_reason(self) -> str | None:
@@ -349,9 +392,19 @@ class VerifyAttention:
                     "9.0 and sm_90 in cuda_archs)"
                 )
             path = "wgmma" if wgmma_compiled and self._path != "mma" else "mma"
+            attn_wide, wide_smem = None, 0
             if path == "wgmma":
                 smem, keys_per_tile = wgmma_smem, wgmma_keys_per_tile
                 attn = module.get_function("ddtree_verify_attn_wgmma")
+                if self._wide_rows:
+                    module.get_function("ddtree_verify_attn_wgmma72_info")((1,), (1,), (probe,))
+                    wide_smem, wide_compiled, wide_rows = (int(x) for x in probe.get())
+                    if not wide_compiled or wide_rows != WIDE_ROWS_PER_BLOCK:
+                        raise AttentionUnavailable(
+                            f"gpu verify attention: the 72-row kernel reports compiled={wide_compiled}, "
+                            f"rows={wide_rows} beside the wgmma kernel"
+                        )
+                    attn_wide = module.get_function("ddtree_verify_attn_wgmma72")
             else:
                 module.get_function("ddtree_verify_attn_smem_bytes")((1,), (1,), (probe,))
                 smem, keys_per_tile = int(probe.get()[0]), KEYS_PER_TILE
@@ -360,12 +413,15 @@ class VerifyAttention:
             optin = cp.cuda.runtime.deviceGetAttribute(
                 cp.cuda.runtime.cudaDevAttrMaxSharedMemoryPerBlockOptin, dev.id
             )
-            if smem > optin:
+            needed = max(smem, wide_smem)
+            if needed > optin:
                 raise AttentionUnavailable(
-                    f"gpu verify attention needs {smem} bytes of shared memory per block; this GPU allows "
+                    f"gpu verify attention needs {needed} bytes of shared memory per block; this GPU allows "
                     f"{optin}"
                 )
             attn.max_dynamic_shared_size_bytes = smem
+            if attn_wide is not None:
+                attn_wide.max_dynamic_shared_size_bytes = wide_smem
             module.get_function("ddtree_verify_attn_combine_threads")((1,), (1,), (probe,))
             combine_threads = int(probe.get()[0])
             props = cp.cuda.runtime.getDeviceProperties(dev.id)
@@ -381,6 +437,8 @@ class VerifyAttention:
                 runs=f"{cuda.fatbin_runs(Path(fatbin), cc)}, {path} path",
                 fatbin=Path(fatbin),
                 path=path,
+                attn_wide=attn_wide,
+                wide_smem_bytes=wide_smem,
             )
         return self._kernels
 
@@ -393,9 +451,7 @@ class VerifyAttention:
             for name, a in (("q", q), ("kv", kv), ("mask_bits", mask_bits), ("out", out))
         }
         max_kv_len = int(lengths.max()) + shape.tokens
-        plan = plan_attention(
-            shape, max_kv_len, kernels.sm_count, kernels.keys_per_tile, kernels.overhead_tiles
-        )
+        plan = kernels.plan(shape, max_kv_len)
         return PreparedAttention(kernels, shape, plan, views, lengths)
 
     def __call__(self, q, kv, prefix_lengths, mask_bits, out, stream=None):
