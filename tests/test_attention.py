@@ -482,6 +482,18 @@ def test_benchmark_times_both_of_our_paths(attention_trace):
     assert set(df.loc[df["impl"] == "ours", "status_reason"]) == {expected}
 
 
+def test_benchmark_backend_names_the_72_row_blocks():
+    from ddtree_bench.attention_bench import backend_name
+
+    def prepared(path, rows_per_block):
+        plan = SimpleNamespace(rows_per_block=rows_per_block)
+        return SimpleNamespace(kernels=SimpleNamespace(path=path), plan=plan)
+
+    assert backend_name(prepared("wgmma", 72)) == "wgmma path, 72-row blocks"
+    assert backend_name(prepared("wgmma", 64)) == "wgmma path"
+    assert backend_name(prepared("mma", 64)) == "mma path"
+
+
 def test_benchmark_without_a_gpu_gives_one_unavailable_row_per_impl(attention_trace, monkeypatch):
     from ddtree_bench.attention import VerifyAttention
     from ddtree_bench.attention_bench import run_attention_benchmark

@@ -25,6 +25,7 @@ import pandas as pd
 from ddtree_bench.attention import (
     HEAD_DIM,
     VALUE_DIM,
+    WIDE_ROWS_PER_BLOCK,
     attention_bytes,
     attention_flops,
     visible_keys,
@@ -59,6 +60,12 @@ def _check_args(budget, batch, heads, prefix, impls):
             f"verify attention benchmark: impls must be a non-empty subset of {list(IMPLS)}, "
             f"got {list(impls)}"
         )
+
+
+def backend_name(prepared) -> str:
+    """How our kernel ran a call: its path, and the 72-row blocks where the plan took that kernel."""
+    wide = prepared.plan.rows_per_block == WIDE_ROWS_PER_BLOCK
+    return f"{prepared.kernels.path} path" + (f", {WIDE_ROWS_PER_BLOCK}-row blocks" if wide else "")
 
 
 def run_attention_benchmark(
@@ -187,7 +194,7 @@ def run_attention_benchmark(
                 if impl in OUR_PATHS:
                     out = torch.empty((batch, tokens, heads, VALUE_DIM), device="cuda", dtype=torch.bfloat16)
                     prepared = ours[impl].prepare(q, kv, lengths, bits, out)
-                    backend = f"{ours[impl].kernels.path} path"
+                    backend = backend_name(prepared)
 
                     def call(prepared=prepared):
                         prepared.launch(stream)
