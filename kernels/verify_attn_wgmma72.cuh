@@ -1,8 +1,9 @@
-// Hopper (sm_90a) path for requests of 65...72 query rows (budget 8 at 8 heads: 9 tokens x 8 heads = 72 rows):
-// one block takes all 72 rows, where ddtree_verify_attn_wgmma's 64-row tiles would need two blocks, the
-// second with 8 rows, each loading every key and computing a full 64-row tile (1.8x the work). Included by
-// verify_attn.cu after verify_attn_wgmma.cuh (whose helpers it uses); same arguments, split-KV workspace and
-// combine kernel as ddtree_verify_attn, grid (ceil(M / 72), splits, B), 256 threads, key tiles of 64 keys.
+// Hopper (sm_90a) path with row tiles of 72 query rows. At 8 heads a request has 8 (N + 1) rows, a multiple of
+// 64 plus 8 for every budget N = 8 j: 64-row tiles (ddtree_verify_attn_wgmma) need a last block for those 8
+// rows that loads every key and computes a whole 64-row tile (at budget 8: two blocks a request, 1.8x the
+// work); 72-row tiles cover the rows with ceil(M / 72) blocks instead. Included by verify_attn.cu after
+// verify_attn_wgmma.cuh (whose helpers it uses); same arguments, split-KV workspace and combine kernel as
+// ddtree_verify_attn, grid (ceil(M / 72), splits, B), 256 threads, key tiles of 64 keys.
 //
 // The products are transposed, so that the query rows are wgmma's N dimension (any multiple of 8) and the
 // keys or output dims its M (64):
@@ -154,11 +155,10 @@ __device__ __forceinline__ void vx_stage(float* stage, const float* sums, const 
                     stage[col * VX_STAGE_LD + 64 * (B0 + blk) + key_lo + 8 * h] = acc[blk][4 * j + 2 * h + e] * inv;
         }
 }
-#endif  // VW_ENABLED
 
-extern "C" __global__ void __launch_bounds__(VW_THREADS, 1) ddtree_verify_attn_wgmma72(VA_KERNEL_PARAMS) {
-#if VW_ENABLED
-    extern __shared__ __align__(1024) unsigned char vx_smem[];
+// One block of 72 rows: query rows [row0, min(row0 + 72, M)) of request blockIdx.z, key split blockIdx.y;
+// `vx_smem` the block's dynamic shared memory (VX_SMEM_BYTES, 1024-byte aligned)
+__device__ __forceinline__ void vx_attention_block(VA_KERNEL_PARAMS, int row0, unsigned char* vx_smem) {
     if (smem_addr(vx_smem) & 1023) __trap();  // the swizzle atoms need it, and there is no room to realign
     unsigned char* sq = vx_smem;
     unsigned char* snope = vx_smem + VX_OFF_NOPE;
@@ -171,7 +171,6 @@ extern "C" __global__ void __launch_bounds__(VW_THREADS, 1) ddtree_verify_attn_w
     const int b = blockIdx.z;
     const int split = blockIdx.y;
     const int rows = tokens * heads;
-    const int row0 = blockIdx.x * VX_ROWS;
     const int tid = threadIdx.x;
     const int wg = __shfl_sync(0xffffffffu, tid >> 7, 0), wtid = tid & 127;
     const int warp_in_wg = wtid >> 5, lane = tid & 31;
@@ -460,11 +459,21 @@ extern "C" __global__ void __launch_bounds__(VW_THREADS, 1) ddtree_verify_attn_w
             partial_lse[prow0 + r] = l > 0.f ? sums[4 * VX_ROWS + r] + log2f(l) : -INFINITY;
         }
     }
+}
 #endif  // VW_ENABLED
+
+// Grid (ceil(M / 72), splits, B): row tile x takes query rows [72 x, 72 x + 72). Every block runs the same
+// code: a grid that mixed these blocks with ddtree_verify_attn_wgmma's (a 72-row last tile after 64-row ones)
+// ran up to 1.45x slower than either kind alone on the H200 (two large bodies of code on neighbouring SMs).
+extern "C" __global__ void __launch_bounds__(VW_THREADS, 1) ddtree_verify_attn_wgmma72(VA_KERNEL_PARAMS) {
+#if VW_ENABLED
+    extern __shared__ __align__(1024) unsigned char vx_smem[];
+    vx_attention_block(VA_KERNEL_ARGS, blockIdx.x * VX_ROWS, vx_smem);
+#endif
 }
 
 // info[0]: shared memory one block of ddtree_verify_attn_wgmma72 needs; info[1]: 1 where it is compiled in for
-// the running device (sm_90a code), else 0; info[2]: query rows a block takes (it is used for 65...72 rows).
+// the running device (sm_90a code), else 0; info[2]: query rows a block takes.
 extern "C" __global__ void ddtree_verify_attn_wgmma72_info(int* info) {
     info[0] = VX_SMEM_BYTES;
     info[1] = VW_ENABLED;

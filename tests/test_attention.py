@@ -141,18 +141,22 @@ def test_plan_with_a_larger_block_overhead_prefers_fewer_longer_splits_only_acro
     assert plan_attention(big, 32777, 132, keys_per_tile=64, overhead_tiles=8).splits == 65
 
 
-def test_plan_of_the_72_row_kernel_takes_a_request_in_one_row_tile():
+def test_plan_of_72_row_tiles():
     # budget 8 at 8 heads: 72 query rows, one block a request instead of two (64 + 8 rows)
     shape = AttentionShape(batch=64, tokens=9, heads=8, kv_rows=32777, mask_words=1)
     narrow = plan_attention(shape, 32777, 132, keys_per_tile=64, overhead_tiles=8)
-    wide = plan_attention(shape, 32777, 132, keys_per_tile=64, overhead_tiles=8, rows_per_block=72)
+    wide = plan_attention(shape, 32777, 132, keys_per_tile=64, overhead_tiles=14, rows_per_block=72)
     assert (narrow.row_tiles, narrow.rows_per_block) == (2, 64)
     assert (wide.row_tiles, wide.rows_per_block) == (1, 72)
-    assert wide.cost == 257 * 72 / 64 + 8 and narrow.cost == 513 + 8  # one wave each
-    assert wide.row_tiles * 64 * wide.splits <= 132 and wide.splits == 2  # 64 blocks: two splits fill a wave
+    assert wide.cost == 257 * 72 / 64 + 14 and narrow.cost == 513 + 8  # one wave each
+    assert wide.splits == 2  # 64 blocks: two splits fill a wave
+    # budget 1024: 8200 rows, 114 blocks of 72 rows (the last with 64) against 129 of 64 (the last with 8)
+    big = AttentionShape(batch=2, tokens=1025, heads=8, kv_rows=5121, mask_words=33)
+    assert plan_attention(big, 5121, 132, 64, 14, 72).row_tiles == 114
+    assert plan_attention(big, 5121, 132, 64, 8).row_tiles == 129
 
 
-def test_the_72_row_kernel_is_planned_only_for_65_to_72_rows_where_loaded_and_estimated_faster():
+def test_72_row_tiles_are_planned_only_where_they_need_fewer_blocks_are_loaded_and_estimated_faster():
     from pathlib import Path
 
     from ddtree_bench.attention import AttentionKernels
@@ -163,22 +167,20 @@ def test_the_72_row_kernel_is_planned_only_for_65_to_72_rows_where_loaded_and_es
     )  # fmt: skip
     loaded = AttentionKernels(**fields, attn_wide=object(), wide_smem_bytes=1)
 
-    def rows_per_block(batch, tokens, heads, s):
+    def rows_per_block(batch, tokens, s, heads=8):
         shape = AttentionShape(batch=batch, tokens=tokens, heads=heads, kv_rows=s + tokens, mask_words=1)
         plan = loaded.plan(shape, s + tokens)
-        assert plan.cost == min(
-            plan_attention(shape, s + tokens, 132, 64, 8).cost,
-            plan_attention(shape, s + tokens, 132, 64, 14, 72).cost,
-        ) or not (64 < shape.rows <= 72)
+        assert plan.cost <= plan_attention(shape, s + tokens, 132, 64, 8).cost
         return plan.rows_per_block
 
-    # budget 8 at 8 heads: the 72-row kernel from batch 8 (S = 8192, 32768) or 64; at batch 1 the 64-row
-    # tiles (twice the blocks for the SMs); as measured on the H200
-    assert [rows_per_block(b, 9, 8, 32768) for b in (1, 8, 64)] == [64, 72, 72]
-    assert [rows_per_block(b, 9, 8, 8192) for b in (1, 8, 64)] == [64, 72, 72]
-    assert [rows_per_block(b, 9, 8, 4096) for b in (1, 8, 64)] == [64, 64, 72]
-    # other row counts never
-    assert [rows_per_block(64, t, 8, 32768) for t in (8, 17, 129)] == [64, 64, 64]  # 64, 136, 1032 rows
+    # budget 8 at 8 heads: 72-row tiles from batch 8 (S = 32768) or 64; at batch 1 the 64-row tiles (twice
+    # the blocks for the SMs); as measured on the H200
+    assert [rows_per_block(b, 9, 32768) for b in (1, 8, 64)] == [64, 72, 72]
+    assert [rows_per_block(b, 9, 4096) for b in (1, 8, 64)] == [64, 64, 72]
+    # budget 16 and 32 at batch 64: 2 and 4 blocks a request instead of 3 and 5
+    assert [rows_per_block(64, n + 1, 32768) for n in (16, 32)] == [72, 72]
+    # 64 rows (budget 7), or 64 heads (a multiple of 64 rows): never
+    assert rows_per_block(64, 8, 32768) == 64 and rows_per_block(64, 65, 32768, heads=64) == 64
     unloaded = AttentionKernels(**fields)
     shape = AttentionShape(batch=64, tokens=9, heads=8, kv_rows=32777, mask_words=1)
     assert unloaded.plan(shape, 32777).rows_per_block == 64
@@ -369,6 +371,10 @@ def wide_kernel_or_skip(attn):
         (3, 5, 14, [0, 63, 64]),  # 70 rows: a request without prefix, prefixes at a key-tile edge
         (1, 13, 5, [5000]),  # 65 rows, many splits
         (140, 9, 8, [200] * 140),  # more requests than SMs: a single split
+        (2, 17, 8, [300, 2000]),  # budget 16: 136 rows, two 72-row blocks (the second with 64)
+        (1, 33, 8, [1000]),  # budget 32: 264 rows, four blocks (the last with 48 rows)
+        (3, 65, 8, [64, 700, 0]),  # budget 64: 520 rows, eight blocks (the last with 16 rows)
+        (2, 20, 3, [900, 40]),  # 60 rows: one block, 12 of its rows padding
     ],
 )
 def test_the_72_row_kernel_equals_the_reference_and_the_64_row_tiles(batch, tokens, heads, prefix):
@@ -382,7 +388,8 @@ def test_the_72_row_kernel_equals_the_reference_and_the_64_row_tiles(batch, toke
     prepared = attn.prepare(q, kv, np.array(prefix), bits, out)
     if prepared.plan.rows_per_block != 72:  # the plan estimated the 64-row tiles faster: force the kernel
         tiles = math.ceil((max(prefix) + tokens) / attn.kernels.keys_per_tile)
-        plan = AttentionPlan(row_tiles=1, splits=math.ceil(tiles / 2), tiles_per_split=2, rows_per_block=72)
+        row_tiles = math.ceil(tokens * heads / 72)
+        plan = AttentionPlan(row_tiles, splits=math.ceil(tiles / 2), tiles_per_split=2, rows_per_block=72)
         p = prepared
         prepared = PreparedAttention(attn.kernels, p.shape, plan, p.views, p.prefix_lengths)
     prepared.launch()
@@ -482,14 +489,14 @@ def test_benchmark_times_both_of_our_paths(attention_trace):
     assert set(df.loc[df["impl"] == "ours", "status_reason"]) == {expected}
 
 
-def test_benchmark_backend_names_the_72_row_blocks():
+def test_benchmark_backend_names_the_72_row_tiles():
     from ddtree_bench.attention_bench import backend_name
 
     def prepared(path, rows_per_block):
         plan = SimpleNamespace(rows_per_block=rows_per_block)
         return SimpleNamespace(kernels=SimpleNamespace(path=path), plan=plan)
 
-    assert backend_name(prepared("wgmma", 72)) == "wgmma path, 72-row blocks"
+    assert backend_name(prepared("wgmma", 72)) == "wgmma path, 72-row tiles"
     assert backend_name(prepared("wgmma", 64)) == "wgmma path"
     assert backend_name(prepared("mma", 64)) == "mma path"
 

@@ -39,8 +39,9 @@ HEAD_DIM = 576  # q/k: kv_lora_rank 512 + qk_rope_head_dim 64
 VALUE_DIM = 512  # v: the latent part
 SOFTMAX_SCALE = 1.0 / math.sqrt(192.0)  # qk_nope_head_dim 128 + qk_rope_head_dim 64
 ROWS_PER_BLOCK = 64
-#: The Hopper path's kernel for requests of 65...72 query rows (budget 8 at 8 heads) takes them in one block
-#: (``ddtree_verify_attn_wgmma72``; its info kernel reports the count).
+#: The Hopper path's ``ddtree_verify_attn_wgmma72`` tiles a request's query rows by 72 (its info kernel
+#: reports 72): at 8 heads (8 (N + 1) rows, a multiple of 64 plus 8 for every budget N = 8 j) ceil(M / 72)
+#: blocks instead of 64-row tiles' ceil(M / 64), whose last block computes a whole tile for 8 rows.
 WIDE_ROWS_PER_BLOCK = 72
 KEYS_PER_TILE = 32  # the mma.sync kernel's key tile; the wgmma kernel reports its own (64)
 THREADS = 256
@@ -50,9 +51,9 @@ MIN_KEYS_PER_SPLIT = 128
 #: to choose the number of splits. Fitted on the H200: the mma.sync kernel 4 tiles of 32 keys; the wgmma
 #: kernel 8 tiles of 64 keys (batch 1, N = 8: 4 to 129 splits of S = 8192 and 32768 matched within 10 %).
 BLOCK_OVERHEAD_TILES = {"mma": 4, "wgmma": 8}
-#: The same for the 72-row kernel, in 64-row tiles of 64 keys (its own tiles count 72 / 64 of one): fitted on
-#: the H200 to batch 1 and 8, S = 4096 to 32768 at budget 8, where its estimate against the 64-row kernel's
-#: picks the faster of the two (11.5 to 15 does).
+#: The same for the 72-row tiles, in 64-row tiles of 64 keys (a 72-row block's tiles count 72 / 64 of one):
+#: fitted on the H200 to batch 1 and 8, S = 4096 to 32768 at budget 8, where its estimate against the
+#: 64-row tiles' picks the faster of the two (11.5 to 15 does).
 WIDE_OVERHEAD_TILES = 14
 MAX_ROWS = 2**31 - 1
 
@@ -182,7 +183,7 @@ class AttentionPlan:
     row_tiles: int
     splits: int
     tiles_per_split: int
-    rows_per_block: int = ROWS_PER_BLOCK
+    rows_per_block: int = ROWS_PER_BLOCK  # 64, or 72 for the 72-row kernel
     cost: float = 0.0  # the estimate the plan minimised: waves x a block's time, in 64-row key tiles
 
 
@@ -191,11 +192,11 @@ def plan_attention(
     max_kv_len: int,
     sm_count: int,
     keys_per_tile: int = KEYS_PER_TILE,
-    overhead_tiles: int = BLOCK_OVERHEAD_TILES["mma"],
+    overhead_tiles: float = BLOCK_OVERHEAD_TILES["mma"],
     rows_per_block: int = ROWS_PER_BLOCK,
 ) -> AttentionPlan:
     """Split a request's keys between blocks (split-KV) only while there are fewer blocks than SMs (one block
-    of either path fits an SM: 192-226 KiB of shared memory), each split keeping at least
+    of either path fits an SM: 192-227 KiB of shared memory), each split keeping at least
     ``MIN_KEYS_PER_SPLIT`` keys. The number of splits minimises the estimated time: waves of blocks
     (``ceil(blocks * splits / sm_count)``) times one block's time (its key tiles, each ``rows_per_block / 64``
     of a 64-row tile, plus ``overhead_tiles``), the fewest splits among equals. Filling the SMs with one
@@ -323,15 +324,16 @@ class AttentionKernels:
     runs: str  # which code runs, e.g. "sm_90a SASS, wgmma path"
     fatbin: Path
     path: str  # "wgmma" (Hopper warpgroup MMAs, sm_90a) or "mma" (mma.sync, every architecture)
-    attn_wide: object = None  # the wgmma path's kernel for 65...72 query rows (None: not used)
+    attn_wide: object = None  # the wgmma path's kernel with 72-row tiles (None: not used)
     wide_smem_bytes: int = 0
 
     def plan(self, shape: AttentionShape, max_kv_len: int) -> AttentionPlan:
-        """The call's grid: 64-row tiles, or, where the 72-row kernel is loaded and a request has 65...72
-        rows, that kernel's plan if its estimate is the lower (it saves the 8-row block's work and key loads,
-        but has half the blocks to spread over the SMs: at batch 1 the 64-row tiles win)."""
+        """The call's grid: 64-row tiles, or, where the 72-row kernel is loaded and its tiles need fewer
+        blocks a request, 72-row tiles if that plan's estimate is the lower (fewer blocks and no tile
+        computed for 8 rows, but fewer blocks to spread over the SMs: at batch 1, budget 8 the 64-row tiles
+        win)."""
         plan = plan_attention(shape, max_kv_len, self.sm_count, self.keys_per_tile, self.overhead_tiles)
-        if self.attn_wide is not None and ROWS_PER_BLOCK < shape.rows <= WIDE_ROWS_PER_BLOCK:
+        if self.attn_wide is not None and -(-shape.rows // WIDE_ROWS_PER_BLOCK) < plan.row_tiles:
             wide = plan_attention(
                 shape, max_kv_len, self.sm_count, self.keys_per_tile, WIDE_OVERHEAD_TILES, WIDE_ROWS_PER_BLOCK
             )
@@ -346,8 +348,8 @@ class VerifyAttention:
     ``path``: "auto" takes the Hopper kernel (``ddtree_verify_attn_wgmma``: warpgroup MMAs from shared memory)
     where the fatbin has sm_90a code for the device, else the ``mma.sync`` kernel; "wgmma" insists on the
     former (AttentionUnavailable where it is not compiled in), "mma" always takes the latter. On the wgmma
-    path, requests of 65...72 query rows (budget 8 at 8 heads) go to ``ddtree_verify_attn_wgmma72`` (one block
-    for all 72 rows instead of a 64-row and an 8-row block) unless ``wide_rows`` is False (measurements)."""
+    path a call may take ``ddtree_verify_attn_wgmma72``, 72-row tiles (``AttentionKernels.plan``), unless
+    ``wide_rows`` is False (measurements)."""
 
     def __init__(
         self, fatbin: str | Path | None = None, archs=None, path: str = "auto", wide_rows: bool = True

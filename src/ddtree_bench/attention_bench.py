@@ -63,9 +63,9 @@ def _check_args(budget, batch, heads, prefix, impls):
 
 
 def backend_name(prepared) -> str:
-    """How our kernel ran a call: its path, and the 72-row blocks where the plan took that kernel."""
+    """How our kernel ran a call: its path, and the 72-row tiles where the plan took that kernel."""
     wide = prepared.plan.rows_per_block == WIDE_ROWS_PER_BLOCK
-    return f"{prepared.kernels.path} path" + (f", {WIDE_ROWS_PER_BLOCK}-row blocks" if wide else "")
+    return f"{prepared.kernels.path} path" + (f", {WIDE_ROWS_PER_BLOCK}-row tiles" if wide else "")
 
 
 def run_attention_benchmark(
