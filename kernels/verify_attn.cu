@@ -415,6 +415,7 @@ extern "C" __global__ void ddtree_verify_attn_combine_threads(int* threads) { *t
 // Shared memory one block of ddtree_verify_attn needs (the loader sets the dynamic size from this).
 extern "C" __global__ void ddtree_verify_attn_smem_bytes(int* bytes) { *bytes = static_cast<int>(sizeof(VaShared)); }
 
-// The Hopper path (wgmma, sm_90a): same arguments, grid and workspace as ddtree_verify_attn.
+// The Hopper path (wgmma, sm_90a): same arguments, grid and workspace as ddtree_verify_attn; and its kernel
+// with row tiles of 72 (grid (ceil(M / 72), splits, B)), which the plan takes where that is estimated faster.
 #include "verify_attn_wgmma.cuh"
 #include "verify_attn_wgmma72.cuh"
