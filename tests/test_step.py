@@ -370,6 +370,25 @@ def test_tables_show_unavailable_rows_and_floors():
     none = unavailable_stage_frame("attention", "no GPU", machine="m")
     table = attention_table(summarize_steps(none), "m")
     assert set(table["B"]) == {"all"} and table["status"].str.contains("no GPU").all()
+    assert set(table["kernel"]) == {"-"}
+
+
+def test_attention_table_says_how_each_row_ran():
+    rows = peak_rows()
+    for impl, budget, reason in (
+        ("ours", 8, "backend: wgmma path, 72-row tiles"),
+        ("ours", 1024, "backend: wgmma path"),
+        ("sdpa", 8, None),
+    ):
+        measured = attention_rows(impl, budget, 8, 32768, tbps=2, tflops=9)
+        rows += [dict(r, status_reason=reason) for r in measured]
+    table = attention_table(summarize_steps(stage_frame(rows)), "m")
+    kernel = dict(zip(zip(table["impl"], table["N"], strict=True), table["kernel"], strict=True))
+    assert kernel == {
+        ("ours", "8"): "wgmma path, 72-row tiles",
+        ("ours", "1024"): "wgmma path",
+        ("sdpa", "8"): "-",
+    }
 
 
 # ----------------------------------------------------------------------------------------------- report

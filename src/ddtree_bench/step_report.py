@@ -85,6 +85,18 @@ def _all(value) -> str:
     return str(int(value))
 
 
+BACKEND_PREFIX = "backend: "
+
+
+def _backend(row) -> str:
+    """How a measured row's impl ran (our kernel's path and tiles, a peer's PyTorch backend), or "-"."""
+    reason = row.get("status_reason")
+    if row["status"] != "ok" or _missing(reason):
+        return "-"
+    backends = [r[len(BACKEND_PREFIX) :] for r in str(reason).split("; ") if r.startswith(BACKEND_PREFIX)]
+    return " / ".join(backends) or "-"
+
+
 def _status(row) -> str:
     if row["status"] == "ok":
         correct = row.get("correct")
@@ -104,7 +116,8 @@ def _not_ok(step: pd.DataFrame, stage: str) -> pd.DataFrame:
 
 def attention_table(step: pd.DataFrame, machine: str) -> pd.DataFrame:
     """Every verify-attention configuration of one machine (warm device time where measured): median
-    [p10-p90] per layer, TFLOP/s, TB/s, their % of the GPU's peaks, speedup over FlexAttention, status."""
+    [p10-p90] per layer, TFLOP/s, TB/s, their % of the GPU's peaks, speedup over FlexAttention, how the
+    impl ran (its rows' recorded backend) and status."""
     columns = [
         "machine",
         "impl",
@@ -118,6 +131,7 @@ def attention_table(step: pd.DataFrame, machine: str) -> pd.DataFrame:
         "% GEMM peak",
         "% copy peak",
         "vs flexattention",
+        "kernel",
         "status",
     ]
     if step is None or step.empty:
@@ -152,6 +166,7 @@ def attention_table(step: pd.DataFrame, machine: str) -> pd.DataFrame:
                 "-" if impl == "flexattention" or _missing(f) or _missing(m) else f"{f / m:.2f}x"
                 for impl, f, m in zip(rows["impl"], rows["flex_s"], rows["median_s"], strict=True)
             ],
+            "kernel": [_backend(row) for _, row in rows.iterrows()],
             "status": [_status(row) for _, row in rows.iterrows()],
         },
         columns=columns,
@@ -253,8 +268,9 @@ def backends_line(step: pd.DataFrame) -> str:
     parts = []
     for impl in sorted(rows["impl"].dropna().unique()):
         reasons = rows.loc[rows["impl"] == impl, "status_reason"].dropna()
-        prefix = "backend: "
-        backends = sorted({str(r)[len(prefix) :] for r in reasons if str(r).startswith(prefix)})
+        backends = sorted(
+            {str(r)[len(BACKEND_PREFIX) :] for r in reasons if str(r).startswith(BACKEND_PREFIX)}
+        )
         if backends:
             parts.append(f"{impl}: {' / '.join(backends)}")
     return "; ".join(parts)
