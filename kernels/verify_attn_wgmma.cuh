@@ -177,10 +177,11 @@ __device__ __forceinline__ void vw_rescale(float (&acc)[128], const float (&alph
         }
     }
 }
+#endif  // VW_ENABLED
 
-// One block: query rows [row0, row0 + 64) of request blockIdx.z, key split blockIdx.y; `vw_smem_raw` the
-// block's dynamic shared memory (VW_SMEM_BYTES). Also the 72-row kernel's body for its other row tiles.
-__device__ __forceinline__ void vw_attention_block(VA_KERNEL_PARAMS, int row0, unsigned char* vw_smem_raw) {
+extern "C" __global__ void __launch_bounds__(VW_THREADS, 1) ddtree_verify_attn_wgmma(VA_KERNEL_PARAMS) {
+#if VW_ENABLED
+    extern __shared__ __align__(1024) unsigned char vw_smem_raw[];
     // 1024-byte alignment of the swizzle atoms (the dynamic window's start is not guaranteed to have it)
     unsigned char* smem = vw_smem_raw + ((1024 - (smem_addr(vw_smem_raw) & 1023)) & 1023);
     unsigned char* sq = smem;
@@ -191,6 +192,7 @@ __device__ __forceinline__ void vw_attention_block(VA_KERNEL_PARAMS, int row0, u
     const int b = blockIdx.z;
     const int split = blockIdx.y;
     const int rows = tokens * heads;
+    const int row0 = blockIdx.x * VW_BM;
     const int tid = threadIdx.x;
     // warpgroup (through a shuffle, so that the compiler knows it is the same in a warp: wgmma under a branch
     // it cannot prove warp-uniform is serialised), thread within it
@@ -429,14 +431,7 @@ __device__ __forceinline__ void vw_attention_block(VA_KERNEL_PARAMS, int row0, u
             if (wg == 0 && (lane & 3) == 0) partial_lse[prow] = l > 0.f ? m_row[h] + log2f(l) : -INFINITY;
         }
     }
-}
 #endif  // VW_ENABLED
-
-extern "C" __global__ void __launch_bounds__(VW_THREADS, 1) ddtree_verify_attn_wgmma(VA_KERNEL_PARAMS) {
-#if VW_ENABLED
-    extern __shared__ __align__(1024) unsigned char vw_smem_raw[];
-    vw_attention_block(VA_KERNEL_ARGS, blockIdx.x * VW_BM, vw_smem_raw);
-#endif
 }
 
 // info[0]: shared memory one block of ddtree_verify_attn_wgmma needs; info[1]: 1 where the wgmma kernel is

@@ -155,10 +155,14 @@ __device__ __forceinline__ void vx_stage(float* stage, const float* sums, const 
                     stage[col * VX_STAGE_LD + 64 * (B0 + blk) + key_lo + 8 * h] = acc[blk][4 * j + 2 * h + e] * inv;
         }
 }
+#endif  // VW_ENABLED
 
-// One block of 72 rows: query rows [row0, min(row0 + 72, M)) of request blockIdx.z, key split blockIdx.y;
-// `vx_smem` the block's dynamic shared memory (VX_SMEM_BYTES, 1024-byte aligned)
-__device__ __forceinline__ void vx_attention_block(VA_KERNEL_PARAMS, int row0, unsigned char* vx_smem) {
+// Grid (ceil(M / 72), splits, B): row tile x takes query rows [72 x, 72 x + 72). Every block runs the same
+// code: a grid that mixed these blocks with ddtree_verify_attn_wgmma's (a 72-row last tile after 64-row ones)
+// ran up to 1.45x slower than either kind alone on the H200 (two large bodies of code on neighbouring SMs).
+extern "C" __global__ void __launch_bounds__(VW_THREADS, 1) ddtree_verify_attn_wgmma72(VA_KERNEL_PARAMS) {
+#if VW_ENABLED
+    extern __shared__ __align__(1024) unsigned char vx_smem[];
     if (smem_addr(vx_smem) & 1023) __trap();  // the swizzle atoms need it, and there is no room to realign
     unsigned char* sq = vx_smem;
     unsigned char* snope = vx_smem + VX_OFF_NOPE;
@@ -171,6 +175,7 @@ __device__ __forceinline__ void vx_attention_block(VA_KERNEL_PARAMS, int row0, u
     const int b = blockIdx.z;
     const int split = blockIdx.y;
     const int rows = tokens * heads;
+    const int row0 = blockIdx.x * VX_ROWS;
     const int tid = threadIdx.x;
     const int wg = __shfl_sync(0xffffffffu, tid >> 7, 0), wtid = tid & 127;
     const int warp_in_wg = wtid >> 5, lane = tid & 31;
@@ -459,17 +464,7 @@ __device__ __forceinline__ void vx_attention_block(VA_KERNEL_PARAMS, int row0, u
             partial_lse[prow0 + r] = l > 0.f ? sums[4 * VX_ROWS + r] + log2f(l) : -INFINITY;
         }
     }
-}
 #endif  // VW_ENABLED
-
-// Grid (ceil(M / 72), splits, B): row tile x takes query rows [72 x, 72 x + 72). Every block runs the same
-// code: a grid that mixed these blocks with ddtree_verify_attn_wgmma's (a 72-row last tile after 64-row ones)
-// ran up to 1.45x slower than either kind alone on the H200 (two large bodies of code on neighbouring SMs).
-extern "C" __global__ void __launch_bounds__(VW_THREADS, 1) ddtree_verify_attn_wgmma72(VA_KERNEL_PARAMS) {
-#if VW_ENABLED
-    extern __shared__ __align__(1024) unsigned char vx_smem[];
-    vx_attention_block(VA_KERNEL_ARGS, blockIdx.x * VX_ROWS, vx_smem);
-#endif
 }
 
 // info[0]: shared memory one block of ddtree_verify_attn_wgmma72 needs; info[1]: 1 where it is compiled in for
