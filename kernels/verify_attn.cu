@@ -50,6 +50,10 @@
         __nv_bfloat16* __restrict__ out, float* __restrict__ partial_out, float* __restrict__ partial_lse, \
         int batch, int tokens, int heads, long long kv_rows, int mask_words, int splits, int tiles_per_split, \
         float scale_log2
+// The same arguments passed on (the 72-row kernels' bodies are a device function of them)
+#define VA_KERNEL_ARGS                                                                                      \
+    q, kv, prefix_lengths, mask_bits, out, partial_out, partial_lse, batch, tokens, heads, kv_rows, mask_words, \
+        splits, tiles_per_split, scale_log2
 
 struct VaShared {
     __nv_bfloat16 q[VA_BM * VA_LDS];

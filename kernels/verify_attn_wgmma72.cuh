@@ -31,6 +31,17 @@
 // Named barriers as ddtree_verify_attn_wgmma's (key tile ready, key buffers free, P ready, P taken), plus two
 // of warpgroup 0 alone (the vote and the maxima exchange; P^T written) and two at the end.
 
+#ifdef VX_TIMELINE
+__device__ unsigned long long vx_timeline[16384 * 5];
+#define VX_MARK(i)                                                                                         \
+    if (threadIdx.x == 0) {                                                                                \
+        unsigned long long t;                                                                              \
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));                                              \
+        vx_timeline[((blockIdx.z * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x) * 5 + (i)] = t;        \
+    }
+#else
+#define VX_MARK(i)
+#endif
 #define VX_ROWS 72
 #define VX_J (VX_ROWS / 8)                               // 9 column groups of 8 a product
 #define VX_Q_BLOCK_BYTES (VX_ROWS * 128)                 // Q: one 64-dim block of 72 rows, 9216
@@ -157,10 +168,43 @@ __device__ __forceinline__ void vx_stage(float* stage, const float* sums, const 
 }
 #endif  // VW_ENABLED
 
-// Grid (ceil(M / 72), splits, B): row tile x takes query rows [72 x, 72 x + 72). Every block runs the same
-// code: a grid that mixed these blocks with ddtree_verify_attn_wgmma's (a 72-row last tile after 64-row ones)
-// ran up to 1.45x slower than either kind alone on the H200 (two large bodies of code on neighbouring SMs).
-extern "C" __global__ void __launch_bounds__(VW_THREADS, 1) ddtree_verify_attn_wgmma72(VA_KERNEL_PARAMS) {
+#if VW_ENABLED
+// Distributed shared memory of a thread block cluster: `addr` (this block's shared window) in block `rank`
+__device__ __forceinline__ unsigned vx_mapa(unsigned addr, unsigned rank) {
+    unsigned r;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(r) : "r"(addr), "r"(rank));
+    return r;
+}
+__device__ __forceinline__ float vx_ld_cluster(unsigned addr) {
+    float v;
+    asm volatile("ld.shared::cluster.f32 %0, [%1];\n" : "=f"(v) : "r"(addr) : "memory");
+    return v;
+}
+__device__ __forceinline__ float4 vx_ld_cluster4(unsigned addr) {
+    float4 v;
+    asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+                 : "r"(addr)
+                 : "memory");
+    return v;
+}
+// every thread of every block of the cluster; shared-memory stores before it are visible to loads after it
+__device__ __forceinline__ void vx_cluster_sync() {
+    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ unsigned vx_cluster_rank() {
+    unsigned r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+    return r;
+}
+#endif  // VW_ENABLED
+
+// One block: row tile blockIdx.x (query rows [72 x, 72 x + 72)) of request blockIdx.z, key split blockIdx.y.
+// CLUSTER > 1: the blocks of a cluster (1 x CLUSTER x 1: CLUSTER consecutive splits) merge their normalised
+// outputs through distributed shared memory (each block CLUSTER-th of the dims), so one partial row leaves
+// the cluster instead of CLUSTER, or, where the cluster holds all of the splits, the bf16 output itself.
+template <int CLUSTER>
+__device__ __forceinline__ void vx_attention(VA_KERNEL_PARAMS) {
 #if VW_ENABLED
     extern __shared__ __align__(1024) unsigned char vx_smem[];
     if (smem_addr(vx_smem) & 1023) __trap();  // the swizzle atoms need it, and there is no room to realign
@@ -173,6 +217,7 @@ extern "C" __global__ void __launch_bounds__(VW_THREADS, 1) ddtree_verify_attn_w
     volatile unsigned* sflag = reinterpret_cast<unsigned*>(sx + 3 * VX_ROWS);  // 1: this tile moved the maxima
 
     const int b = blockIdx.z;
+    VX_MARK(0);
     const int split = blockIdx.y;
     const int rows = tokens * heads;
     const int row0 = blockIdx.x * VX_ROWS;
@@ -214,6 +259,7 @@ extern "C" __global__ void __launch_bounds__(VW_THREADS, 1) ddtree_verify_attn_w
     cp_async_wait<1>();
     fence_proxy_async();
     __syncthreads();
+    VX_MARK(1);
 
     float* stage = reinterpret_cast<float*>(vx_smem);               // at the end: the output, [72][516] floats
     float* sums = reinterpret_cast<float*>(vx_smem + VX_OFF_SUMS);  // at the end: [4][72] row sums, [72] maxima
@@ -382,6 +428,7 @@ extern "C" __global__ void __launch_bounds__(VW_THREADS, 1) ddtree_verify_attn_w
             l += __shfl_xor_sync(0xffffffffu, l, 16);
             l_part[k] = l;
         }
+        VX_MARK(2);
         vx_bar_sync<VX_BAR_END>();
         if (lane < 4)
 #pragma unroll
@@ -439,10 +486,59 @@ extern "C" __global__ void __launch_bounds__(VW_THREADS, 1) ddtree_verify_attn_w
         vx_stage<VX_WG0_BLOCKS, VX_WG1_BLOCKS>(stage, sums, acc, key_lo, col0);
     }
     __syncthreads();
+    VX_MARK(3);
 
     // ---- the staged rows out, coalesced: bf16 output, or the split's fp32 partial output and log-sum-exp
     const int valid_rows = min(VX_ROWS, rows - row0);
-    if (splits == 1) {
+    if constexpr (CLUSTER > 1) {
+        // each block's log-sum-exp per row next to its staged rows, then block `rank` merges dims
+        // [rank * DIMS, rank * DIMS + DIMS) of every row over the cluster: partial (split / CLUSTER) of
+        // splits / CLUSTER, or the output where that is one
+        constexpr int DIMS = VA_DV / CLUSTER, CHUNKS = DIMS / 4;
+        float* lse = sums + 5 * VX_ROWS;
+        for (int r = tid; r < VX_ROWS; r += VW_THREADS) {
+            const float l = sums[r] + sums[VX_ROWS + r] + sums[2 * VX_ROWS + r] + sums[3 * VX_ROWS + r];
+            lse[r] = l > 0.f ? sums[4 * VX_ROWS + r] + log2f(l) : -INFINITY;
+        }
+        vx_cluster_sync();
+        const unsigned rank = vx_cluster_rank();
+        const unsigned stage_addr = smem_addr(stage), lse_addr = smem_addr(lse);
+        const int partials = splits / CLUSTER;
+        const long long prow0 = (static_cast<long long>(split / CLUSTER) * batch + b) * rows + row0;
+        for (int c = tid; c < valid_rows * CHUNKS; c += VW_THREADS) {
+            const int r = c / CHUNKS, d = rank * DIMS + (c % CHUNKS) * 4;
+            float part_lse[CLUSTER], top = -INFINITY;
+#pragma unroll
+            for (int i = 0; i < CLUSTER; ++i) {
+                part_lse[i] = vx_ld_cluster(vx_mapa(lse_addr + r * 4, i));
+                top = fmaxf(top, part_lse[i]);
+            }
+            float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
+            float weight = 0.f;
+#pragma unroll
+            for (int i = 0; i < CLUSTER; ++i) {
+                const float w = part_lse[i] == -INFINITY ? 0.f : exp2f(part_lse[i] - top);
+                const float4 x = vx_ld_cluster4(vx_mapa(stage_addr + (r * VX_STAGE_LD + d) * 4, i));
+                sum.x += w * x.x;
+                sum.y += w * x.y;
+                sum.z += w * x.z;
+                sum.w += w * x.w;
+                weight += w;
+            }
+            const float inv = weight > 0.f ? 1.f / weight : 0.f;
+            if (partials == 1) {
+                __nv_bfloat162 v[2] = {__floats2bfloat162_rn(sum.x * inv, sum.y * inv),
+                                       __floats2bfloat162_rn(sum.z * inv, sum.w * inv)};
+                *reinterpret_cast<uint2*>(out + (static_cast<long long>(b) * rows + row0 + r) * VA_DV + d) =
+                    *reinterpret_cast<const uint2*>(v);
+            } else {
+                *reinterpret_cast<float4*>(partial_out + (prow0 + r) * VA_DV + d) =
+                    make_float4(sum.x * inv, sum.y * inv, sum.z * inv, sum.w * inv);
+                if (d == 0) partial_lse[prow0 + r] = weight > 0.f ? top + log2f(weight) : -INFINITY;
+            }
+        }
+        vx_cluster_sync();  // no block leaves while the others read its shared memory
+    } else if (splits == 1) {
         for (int c = tid; c < valid_rows * (VA_DV / 8); c += VW_THREADS) {
             const int r = c / (VA_DV / 8), d = (c % (VA_DV / 8)) * 8;
             const float4 lo = *reinterpret_cast<const float4*>(stage + r * VX_STAGE_LD + d);
@@ -464,7 +560,29 @@ extern "C" __global__ void __launch_bounds__(VW_THREADS, 1) ddtree_verify_attn_w
             partial_lse[prow0 + r] = l > 0.f ? sums[4 * VX_ROWS + r] + log2f(l) : -INFINITY;
         }
     }
+    VX_MARK(4);
 #endif  // VW_ENABLED
+}
+
+// Grid (ceil(M / 72), splits, B). Every block runs the same code: a grid that mixed these blocks with
+// ddtree_verify_attn_wgmma's (a 72-row last tile after 64-row ones) ran up to 1.45x slower than either kind
+// alone on the H200 (two large bodies of code on neighbouring SMs).
+extern "C" __global__ void __launch_bounds__(VW_THREADS, 1) ddtree_verify_attn_wgmma72(VA_KERNEL_PARAMS) {
+    vx_attention<1>(VA_KERNEL_ARGS);
+}
+
+// The same with clusters of 2 consecutive splits merged on chip (splits even): at 2 splits (the plan's choice at
+// budget 8 from batch 64, or 8 row tiles at batch 8) no partial rows and no combine launch. Clusters of 4 or
+// 8 blocks of 227 KB did not fit 128 blocks in one wave on the H200 (about twice the time). Clusters need
+// sm_90 (this kernel only runs on sm_90a).
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
+#define VX_SPLIT_CLUSTER(n) __cluster_dims__(1, n, 1)
+#else
+#define VX_SPLIT_CLUSTER(n)
+#endif
+extern "C" __global__ void VX_SPLIT_CLUSTER(2) __launch_bounds__(VW_THREADS, 1)
+    ddtree_verify_attn_wgmma72_cluster2(VA_KERNEL_PARAMS) {
+    vx_attention<2>(VA_KERNEL_ARGS);
 }
 
 // info[0]: shared memory one block of ddtree_verify_attn_wgmma72 needs; info[1]: 1 where it is compiled in for

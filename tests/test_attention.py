@@ -186,6 +186,33 @@ def test_72_row_tiles_are_planned_only_where_they_need_fewer_blocks_are_loaded_a
     assert unloaded.plan(shape, 32777).rows_per_block == 64
 
 
+def test_2_split_plans_of_72_row_tiles_run_as_clusters_merged_on_chip():
+    from pathlib import Path
+
+    from ddtree_bench.attention import AttentionKernels
+
+    fields = dict(
+        attn=None, combine=None, combine_threads=256, smem_bytes=1, sm_count=132, keys_per_tile=64,
+        overhead_tiles=8, runs="", fatbin=Path("x"), path="wgmma", attn_wide=object(), wide_smem_bytes=1,
+    )  # fmt: skip
+    clustered = AttentionKernels(**fields, attn_wide_clusters={2: object()})
+
+    def plan(kernels, batch, budget, s):
+        tokens = budget + 1
+        shape = AttentionShape(batch=batch, tokens=tokens, heads=8, kv_rows=s + tokens, mask_words=3)
+        return kernels.plan(shape, s + tokens)
+
+    for batch, budget in ((64, 8), (8, 64)):  # 64 blocks of 72 rows: 2 splits, merged in clusters of 2
+        p = plan(clustered, batch, budget, 32768)
+        assert (p.rows_per_block, p.splits, p.cluster, p.partials) == (72, 2, 2, 1)
+    p = plan(clustered, 8, 8, 32768)  # 16 splits: as before (clusters of 2 measured no faster there)
+    assert (p.rows_per_block, p.splits, p.cluster, p.partials) == (72, 16, 1, 16)
+    p = plan(clustered, 1, 8, 32768)  # the 64-row tiles: never clustered
+    assert (p.rows_per_block, p.cluster) == (64, 1) and p.partials == p.splits
+    p = plan(AttentionKernels(**fields), 64, 8, 32768)  # cluster kernel not loaded
+    assert (p.splits, p.cluster, p.partials) == (2, 1, 2)
+
+
 def test_visible_keys_and_work():
     vis = np.zeros((1, 3, 3), bool)
     vis[0, 0, 0] = True
@@ -435,6 +462,49 @@ def test_the_72_row_kernel_with_climbing_scores_and_splits_that_see_nothing(tile
 
 
 @needs_gpu
+@pytest.mark.parametrize(
+    ("batch", "tokens", "heads", "prefix", "splits"),
+    [
+        (2, 9, 8, [100, 4000], 2),  # budget 8: one cluster holds a request's splits: bf16 out, no combine
+        (3, 65, 8, [64, 700, 0], 2),  # 8 row tiles; request 3's second split has no keys (log-sum-exp -inf)
+        (1, 13, 5, [5000], 8),  # 65 rows, 8 splits: 4 partial rows a query row, then the combine
+        (2, 20, 3, [900, 40], 4),  # 60 rows; request 2's last three splits have no keys
+    ],
+)
+def test_split_clusters_merge_on_chip_equal_the_reference_and_the_unclustered_kernel(
+    batch, tokens, heads, prefix, splits
+):
+    from ddtree_bench.attention import AttentionPlan, PreparedAttention, VerifyAttention, reference_attention
+
+    attn = VerifyAttention(path="wgmma")
+    kernels = wide_kernel_or_skip(attn)
+    trees = tree_mask(batch, tokens - 1, seed=tokens)
+    bits = torch.as_tensor(packed_visibility(trees.visibility).view(np.int32), device="cuda")
+    q, kv, out = random_case(trees, heads, prefix, seed=heads)
+    base = attn.prepare(q, kv, np.array(prefix), bits, out)
+    tiles = math.ceil((max(prefix) + tokens) / kernels.keys_per_tile)
+    outs = {}
+    for cluster in (1, 2):
+        plan = AttentionPlan(
+            row_tiles=math.ceil(tokens * heads / 72),
+            splits=splits,
+            tiles_per_split=math.ceil(tiles / splits),
+            rows_per_block=72,
+            cluster=cluster,
+        )
+        assert plan.partials == splits // cluster
+        prepared = PreparedAttention(kernels, base.shape, plan, base.views, base.prefix_lengths)
+        assert (prepared.partial_out is None) == (plan.partials == 1)
+        out.fill_(float("nan"))
+        prepared.launch()
+        torch.cuda.synchronize()
+        outs[cluster] = out.float().clone()
+    assert not torch.isnan(outs[2]).any(), "a row the clusters did not write"
+    assert_close(outs[2], reference_attention(q, kv, prefix, trees.visibility))
+    assert_close(outs[2], outs[1])  # the same within rounding
+
+
+@needs_gpu
 def test_launch_refuses_host_and_non_contiguous_tensors():
     from ddtree_bench.attention import VerifyAttention
 
@@ -492,11 +562,12 @@ def test_benchmark_times_both_of_our_paths(attention_trace):
 def test_benchmark_backend_names_the_72_row_tiles():
     from ddtree_bench.attention_bench import backend_name
 
-    def prepared(path, rows_per_block):
-        plan = SimpleNamespace(rows_per_block=rows_per_block)
+    def prepared(path, rows_per_block, cluster=1):
+        plan = SimpleNamespace(rows_per_block=rows_per_block, cluster=cluster)
         return SimpleNamespace(kernels=SimpleNamespace(path=path), plan=plan)
 
     assert backend_name(prepared("wgmma", 72)) == "wgmma path, 72-row tiles"
+    assert backend_name(prepared("wgmma", 72, 2)) == "wgmma path, 72-row tiles, clusters of 2 splits"
     assert backend_name(prepared("wgmma", 64)) == "wgmma path"
     assert backend_name(prepared("mma", 64)) == "mma path"
 

@@ -27,7 +27,7 @@ anything touches the device), uploads the prefix lengths and allocates the split
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -56,6 +56,10 @@ BLOCK_OVERHEAD_TILES = {"mma": 4, "wgmma": 8}
 #: 64-row tiles' picks the faster of the two (11.5 to 15 does).
 WIDE_OVERHEAD_TILES = 14
 MAX_ROWS = 2**31 - 1
+#: Cluster sizes of the 72-row kernel's on-chip split merge (``ddtree_verify_attn_wgmma72_cluster2``): a
+#: plan of 72-row tiles and 2 splits runs as clusters of 2, its output merged in shared memory (no partial
+#: rows, no combine). Clusters of 4 and 8 (probed) did not fit 128 such blocks in one wave on the H200.
+SPLIT_CLUSTER_SIZES = (2,)
 
 
 class AttentionUnavailable(RuntimeError):
@@ -185,6 +189,14 @@ class AttentionPlan:
     tiles_per_split: int
     rows_per_block: int = ROWS_PER_BLOCK  # 64, or 72 for the 72-row kernel
     cost: float = 0.0  # the estimate the plan minimised: waves x a block's time, in 64-row key tiles
+    #: 72-row kernel only: clusters of this many consecutive splits merge their outputs on chip (``splits``
+    #: a multiple of it), so the split combine reads ``partials`` rows a query row (none where that is one)
+    cluster: int = 1
+
+    @property
+    def partials(self) -> int:
+        """Partial outputs a query row leaves in the workspace for the split combine (1: none, no combine)."""
+        return self.splits // self.cluster
 
 
 def plan_attention(
@@ -260,8 +272,8 @@ class PreparedAttention:
         self.kernels, self.shape, self.plan, self.views = kernels, shape, plan, views
         self.prefix_lengths = lengths
         self.d_prefix = cp.asarray(lengths.astype(np.int32))
-        if plan.splits > 1:
-            rows = plan.splits * shape.batch * shape.rows
+        if plan.partials > 1:
+            rows = plan.partials * shape.batch * shape.rows
             self.partial_out = cp.empty(rows * VALUE_DIM, cp.float32)
             self.partial_lse = cp.empty(rows, cp.float32)
         else:
@@ -293,10 +305,13 @@ class PreparedAttention:
             np.int32(p.tiles_per_split),
             np.float32(SOFTMAX_SCALE * math.log2(math.e)),
         )
-        wide = p.rows_per_block == WIDE_ROWS_PER_BLOCK
-        kernel, smem = (k.attn_wide, k.wide_smem_bytes) if wide else (k.attn, k.smem_bytes)
+        if p.rows_per_block == WIDE_ROWS_PER_BLOCK:
+            kernel = k.attn_wide if p.cluster == 1 else k.attn_wide_clusters[p.cluster]
+            smem = k.wide_smem_bytes
+        else:
+            kernel, smem = k.attn, k.smem_bytes
         kernel((p.row_tiles, p.splits, s.batch), (THREADS,), args, stream=stream, shared_mem=smem)
-        if p.splits > 1:
+        if p.partials > 1:
             k.combine(
                 (s.rows, s.batch),
                 (k.combine_threads,),
@@ -306,7 +321,7 @@ class PreparedAttention:
                     v["out"],
                     np.int32(s.batch),
                     np.int32(s.rows),
-                    np.int32(p.splits),
+                    np.int32(p.partials),
                 ),
                 stream=stream,
             )
@@ -326,18 +341,22 @@ class AttentionKernels:
     path: str  # "wgmma" (Hopper warpgroup MMAs, sm_90a) or "mma" (mma.sync, every architecture)
     attn_wide: object = None  # the wgmma path's kernel with 72-row tiles (None: not used)
     wide_smem_bytes: int = 0
+    #: the 72-row kernel with clusters of splits merged on chip, by cluster size (``SPLIT_CLUSTER_SIZES``)
+    attn_wide_clusters: dict = field(default_factory=dict)
 
     def plan(self, shape: AttentionShape, max_kv_len: int) -> AttentionPlan:
         """The call's grid: 64-row tiles, or, where the 72-row kernel is loaded and its tiles need fewer
         blocks a request, 72-row tiles if that plan's estimate is the lower (fewer blocks and no tile
         computed for 8 rows, but fewer blocks to spread over the SMs: at batch 1, budget 8 the 64-row tiles
-        win)."""
+        win). A 72-row plan of 2 splits runs as clusters of 2 merged on chip (``SPLIT_CLUSTER_SIZES``)."""
         plan = plan_attention(shape, max_kv_len, self.sm_count, self.keys_per_tile, self.overhead_tiles)
         if self.attn_wide is not None and -(-shape.rows // WIDE_ROWS_PER_BLOCK) < plan.row_tiles:
             wide = plan_attention(
                 shape, max_kv_len, self.sm_count, self.keys_per_tile, WIDE_OVERHEAD_TILES, WIDE_ROWS_PER_BLOCK
             )
             if wide.cost < plan.cost:
+                if wide.splits in self.attn_wide_clusters:  # merged on chip: no partial rows, no combine
+                    wide = replace(wide, cluster=wide.splits)
                 return wide
         return plan
 
@@ -394,7 +413,7 @@ class VerifyAttention:
                     "9.0 and sm_90 in cuda_archs)"
                 )
             path = "wgmma" if wgmma_compiled and self._path != "mma" else "mma"
-            attn_wide, wide_smem = None, 0
+            attn_wide, wide_smem, attn_wide_clusters = None, 0, {}
             if path == "wgmma":
                 smem, keys_per_tile = wgmma_smem, wgmma_keys_per_tile
                 attn = module.get_function("ddtree_verify_attn_wgmma")
@@ -407,6 +426,10 @@ class VerifyAttention:
                             f"rows={wide_rows} beside the wgmma kernel"
                         )
                     attn_wide = module.get_function("ddtree_verify_attn_wgmma72")
+                    attn_wide_clusters = {
+                        size: module.get_function(f"ddtree_verify_attn_wgmma72_cluster{size}")
+                        for size in SPLIT_CLUSTER_SIZES
+                    }
             else:
                 module.get_function("ddtree_verify_attn_smem_bytes")((1,), (1,), (probe,))
                 smem, keys_per_tile = int(probe.get()[0]), KEYS_PER_TILE
@@ -422,8 +445,8 @@ class VerifyAttention:
                     f"{optin}"
                 )
             attn.max_dynamic_shared_size_bytes = smem
-            if attn_wide is not None:
-                attn_wide.max_dynamic_shared_size_bytes = wide_smem
+            for kernel in ([attn_wide] if attn_wide is not None else []) + list(attn_wide_clusters.values()):
+                kernel.max_dynamic_shared_size_bytes = wide_smem
             module.get_function("ddtree_verify_attn_combine_threads")((1,), (1,), (probe,))
             combine_threads = int(probe.get()[0])
             props = cp.cuda.runtime.getDeviceProperties(dev.id)
@@ -441,6 +464,7 @@ class VerifyAttention:
                 path=path,
                 attn_wide=attn_wide,
                 wide_smem_bytes=wide_smem,
+                attn_wide_clusters=attn_wide_clusters,
             )
         return self._kernels
 

@@ -63,9 +63,15 @@ def _check_args(budget, batch, heads, prefix, impls):
 
 
 def backend_name(prepared) -> str:
-    """How our kernel ran a call: its path, and the 72-row tiles where the plan took that kernel."""
-    wide = prepared.plan.rows_per_block == WIDE_ROWS_PER_BLOCK
-    return f"{prepared.kernels.path} path" + (f", {WIDE_ROWS_PER_BLOCK}-row tiles" if wide else "")
+    """How our kernel ran a call: its path, the 72-row tiles where the plan took that kernel, and the clusters
+    whose splits were merged on chip."""
+    plan = prepared.plan
+    name = f"{prepared.kernels.path} path"
+    if plan.rows_per_block == WIDE_ROWS_PER_BLOCK:
+        name += f", {WIDE_ROWS_PER_BLOCK}-row tiles"
+    if plan.cluster > 1:
+        name += f", clusters of {plan.cluster} splits"
+    return name
 
 
 def run_attention_benchmark(
