@@ -15,6 +15,7 @@ from ddtree_bench.attention import (
     HEAD_DIM,
     MIN_KEYS_PER_SPLIT,
     VALUE_DIM,
+    AttentionPlan,
     AttentionShape,
     attention_bytes,
     attention_flops,
@@ -211,6 +212,16 @@ def test_2_split_plans_of_72_row_tiles_run_as_clusters_merged_on_chip():
     assert (p.rows_per_block, p.cluster) == (64, 1) and p.partials == p.splits
     p = plan(AttentionKernels(**fields), 64, 8, 32768)  # cluster kernel not loaded
     assert (p.splits, p.cluster, p.partials) == (2, 1, 2)
+
+
+@pytest.mark.parametrize(
+    ("rows_per_block", "splits", "cluster"),
+    [(72, 3, 2), (64, 2, 2), (72, 8, 8), (72, 4, 3)],
+)
+def test_a_plan_with_clusters_the_kernels_cannot_launch_is_refused(rows_per_block, splits, cluster):
+    # a cluster's blocks must tile the split dimension, and only the 72-row kernel has a clustered form (2)
+    with pytest.raises(ValueError, match="clusters of"):
+        AttentionPlan(1, splits=splits, tiles_per_split=4, rows_per_block=rows_per_block, cluster=cluster)
 
 
 def test_visible_keys_and_work():

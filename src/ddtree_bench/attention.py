@@ -193,6 +193,18 @@ class AttentionPlan:
     #: a multiple of it), so the split combine reads ``partials`` rows a query row (none where that is one)
     cluster: int = 1
 
+    def __post_init__(self):
+        if self.cluster != 1 and (
+            self.cluster not in SPLIT_CLUSTER_SIZES
+            or self.rows_per_block != WIDE_ROWS_PER_BLOCK
+            or self.splits % self.cluster
+        ):
+            raise ValueError(
+                f"verify attention plan: clusters of {self.cluster} splits need the "
+                f"{WIDE_ROWS_PER_BLOCK}-row kernel, a size in {SPLIT_CLUSTER_SIZES} and splits a multiple "
+                f"of it (got {self.rows_per_block} rows, {self.splits} splits)"
+            )
+
     @property
     def partials(self) -> int:
         """Partial outputs a query row leaves in the workspace for the split combine (1: none, no combine)."""
