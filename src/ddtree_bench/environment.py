@@ -88,8 +88,17 @@ def gpu_info() -> tuple[str | None, str | None]:
     return name.strip() or None, driver.strip() or None
 
 
+#: Set to the commit a run's code is, where the tree's own git metadata cannot say it (a copy of a checkout
+#: without its ``.git``, or with a stale one): every record's ``git_commit`` is then this value, verbatim.
+GIT_COMMIT_ENV = "DDTREE_BENCH_GIT_COMMIT"
+
+
 def git_commit(root: Path = REPO_ROOT) -> str | None:
-    """The checkout's commit (with ``-dirty`` when tracked files are modified), or ``None`` outside git."""
+    """The checkout's commit (with ``-dirty`` when tracked files are modified), or ``None`` outside git;
+    ``$DDTREE_BENCH_GIT_COMMIT`` where set."""
+    override = os.environ.get(GIT_COMMIT_ENV, "").strip()
+    if override:
+        return override
     git = shutil.which("git")
     if git is None:
         return None
