@@ -379,8 +379,9 @@ class VerifyAttention:
     ``path``: "auto" takes the Hopper kernel (``ddtree_verify_attn_wgmma``: warpgroup MMAs from shared memory)
     where the fatbin has sm_90a code for the device, else the ``mma.sync`` kernel; "wgmma" insists on the
     former (AttentionUnavailable where it is not compiled in), "mma" always takes the latter. On the wgmma
-    path a call may take ``ddtree_verify_attn_wgmma72``, 72-row tiles (``AttentionKernels.plan``), unless
-    ``wide_rows`` is False (measurements)."""
+    path a call may take ``ddtree_verify_attn_wgmma72``, 72-row tiles (``AttentionKernels.plan``; with 2
+    splits its clustered form ``ddtree_verify_attn_wgmma72_cluster2``), unless ``wide_rows`` is False
+    (measurements)."""
 
     def __init__(
         self, fatbin: str | Path | None = None, archs=None, path: str = "auto", wide_rows: bool = True
