@@ -177,6 +177,20 @@ __device__ __forceinline__ void vw_rescale(float (&acc)[128], const float (&alph
         }
     }
 }
+
+// The keys of split `split` of a request with `prefix` cache keys and `tokens` tree keys (kv_len in all): its
+// n_tiles key tiles of VW_BN keys from key_begin, its keys ending at key_end (the next split's begin). The
+// host's plan (tiles_per_split) and both Hopper kernels agree on this.
+struct VwSplitKeys {
+    int kv_len, n_tiles, key_begin, key_end;
+};
+__device__ __forceinline__ VwSplitKeys vw_split_keys(int prefix, int tokens, int split, int tiles_per_split) {
+    const int kv_len = prefix + tokens;
+    const int tiles = (kv_len + VW_BN - 1) / VW_BN;
+    const int tile_begin = split * tiles_per_split;
+    const int tile_end = min(tiles, tile_begin + tiles_per_split);
+    return {kv_len, max(0, tile_end - tile_begin), tile_begin * VW_BN, min(kv_len, tile_end * VW_BN)};
+}
 #endif  // VW_ENABLED
 
 extern "C" __global__ void __launch_bounds__(VW_THREADS, 1) ddtree_verify_attn_wgmma(VA_KERNEL_PARAMS) {
@@ -199,13 +213,8 @@ extern "C" __global__ void __launch_bounds__(VW_THREADS, 1) ddtree_verify_attn_w
     const int wg = __shfl_sync(0xffffffffu, tid >> 7, 0), wtid = tid & 127;
     const int warp_in_wg = wtid >> 5, lane = tid & 31;
     const int prefix = prefix_lengths[b];
-    const int kv_len = prefix + tokens;
-    const int tiles = (kv_len + VW_BN - 1) / VW_BN;
-    const int tile_begin = split * tiles_per_split;
-    const int tile_end = min(tiles, tile_begin + tiles_per_split);
-    const int n_tiles = max(0, tile_end - tile_begin);
-    const int key_begin = tile_begin * VW_BN;
-    const int key_end = min(kv_len, tile_end * VW_BN);  // this split's keys end here (the next split's begin)
+    const VwSplitKeys keys = vw_split_keys(prefix, tokens, split, tiles_per_split);
+    const int kv_len = keys.kv_len, n_tiles = keys.n_tiles, key_begin = keys.key_begin, key_end = keys.key_end;
 
     const __nv_bfloat16* q_b = q + static_cast<long long>(b) * rows * VA_DIM;
     const __nv_bfloat16* kv_b = kv + static_cast<long long>(b) * kv_rows * VA_DIM;

@@ -207,6 +207,7 @@ template <int CLUSTER>
 __device__ __forceinline__ void vx_attention(VA_KERNEL_PARAMS) {
 #if VW_ENABLED
     extern __shared__ __align__(1024) unsigned char vx_smem[];
+    VX_MARK(0);
     if (smem_addr(vx_smem) & 1023) __trap();  // the swizzle atoms need it, and there is no room to realign
     unsigned char* sq = vx_smem;
     unsigned char* snope = vx_smem + VX_OFF_NOPE;
@@ -217,7 +218,6 @@ __device__ __forceinline__ void vx_attention(VA_KERNEL_PARAMS) {
     volatile unsigned* sflag = reinterpret_cast<unsigned*>(sx + 3 * VX_ROWS);  // 1: this tile moved the maxima
 
     const int b = blockIdx.z;
-    VX_MARK(0);
     const int split = blockIdx.y;
     const int rows = tokens * heads;
     const int row0 = blockIdx.x * VX_ROWS;
@@ -225,13 +225,8 @@ __device__ __forceinline__ void vx_attention(VA_KERNEL_PARAMS) {
     const int wg = __shfl_sync(0xffffffffu, tid >> 7, 0), wtid = tid & 127;
     const int warp_in_wg = wtid >> 5, lane = tid & 31;
     const int prefix = prefix_lengths[b];
-    const int kv_len = prefix + tokens;
-    const int tiles = (kv_len + VW_BN - 1) / VW_BN;
-    const int tile_begin = split * tiles_per_split;
-    const int tile_end = min(tiles, tile_begin + tiles_per_split);
-    const int n_tiles = max(0, tile_end - tile_begin);
-    const int key_begin = tile_begin * VW_BN;
-    const int key_end = min(kv_len, tile_end * VW_BN);
+    const VwSplitKeys keys = vw_split_keys(prefix, tokens, split, tiles_per_split);
+    const int kv_len = keys.kv_len, n_tiles = keys.n_tiles, key_begin = keys.key_begin, key_end = keys.key_end;
 
     const __nv_bfloat16* q_b = q + static_cast<long long>(b) * rows * VA_DIM;
     const __nv_bfloat16* kv_b = kv + static_cast<long long>(b) * kv_rows * VA_DIM;

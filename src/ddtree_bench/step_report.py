@@ -88,13 +88,18 @@ def _all(value) -> str:
 BACKEND_PREFIX = "backend: "
 
 
+def _backends(reason) -> list[str]:
+    """The backends a status reason records: its "backend: ..." parts (aggregates join reasons with "; ")."""
+    if _missing(reason):
+        return []
+    return [r[len(BACKEND_PREFIX) :] for r in str(reason).split("; ") if r.startswith(BACKEND_PREFIX)]
+
+
 def _backend(row) -> str:
     """How a measured row's impl ran (our kernel's path and tiles, a peer's PyTorch backend), or "-"."""
-    reason = row.get("status_reason")
-    if row["status"] != "ok" or _missing(reason):
+    if row["status"] != "ok":
         return "-"
-    backends = [r[len(BACKEND_PREFIX) :] for r in str(reason).split("; ") if r.startswith(BACKEND_PREFIX)]
-    return " / ".join(backends) or "-"
+    return " / ".join(_backends(row.get("status_reason"))) or "-"
 
 
 def _status(row) -> str:
@@ -268,9 +273,7 @@ def backends_line(step: pd.DataFrame) -> str:
     parts = []
     for impl in sorted(rows["impl"].dropna().unique()):
         reasons = rows.loc[rows["impl"] == impl, "status_reason"].dropna()
-        backends = sorted(
-            {str(r)[len(BACKEND_PREFIX) :] for r in reasons if str(r).startswith(BACKEND_PREFIX)}
-        )
+        backends = sorted({backend for r in reasons for backend in _backends(r)})
         if backends:
             parts.append(f"{impl}: {' / '.join(backends)}")
     return "; ".join(parts)
