@@ -570,6 +570,54 @@ def test_benchmark_times_both_of_our_paths(attention_trace):
     assert set(df.loc[df["impl"] == "ours", "status_reason"]) == {expected}
 
 
+@needs_gpu
+def test_benchmark_read_stream_is_the_shapes_bandwidth_bound(attention_trace):
+    from ddtree_bench.attention_bench import run_attention_benchmark
+
+    df = run_attention_benchmark(
+        attention_trace,
+        16,
+        2,
+        heads=8,
+        prefix=300,
+        impls=["ours", "read-stream"],
+        timing=TIMING,
+        machine="m",
+        distribution=None,
+    )
+    ours, stream = df[df["impl"] == "ours"], df[df["impl"] == "read-stream"]
+    assert set(stream["status"]) == {"ok"} and (stream["seconds"] > 0).all()
+    assert set(stream["cache"]) == {"warm", "cold"}
+    # the same bytes as the attention call, no FLOPs, nothing to check
+    assert set(stream["bytes"]) == set(ours["bytes"]) and stream["flops"].isna().all()
+    assert stream["correct"].isna().all() and stream["error"].isna().all()
+    words = -(-int(ours["bytes"].iloc[0]) // 16)
+    (reason,) = set(stream["status_reason"])
+    assert reason.startswith(f"backend: one read of the call's {16 * words} bytes")
+
+
+@needs_gpu
+def test_stream_read_kernel_reads_every_word():
+    """A buffer of zeros but one word: the thread that reads that word folds it, and stores its fold when it
+    equals `never`; a word the kernel skips (tail, unrolled body, any position) would leave the sink at 0."""
+    import cupy as cp
+
+    from ddtree_bench.attention_bench import STREAM_THREADS
+    from ddtree_bench.cuda import BENCH_UTIL_SOURCE, cached_fatbin
+
+    read = cp.RawModule(path=str(cached_fatbin(BENCH_UTIL_SOURCE))).get_function("ddtree_stream_read")
+    grid = 3  # a small grid, so that the unrolled body and the tail both run
+    stride = grid * STREAM_THREADS
+    for count in (1, stride - 1, 4 * stride, 9 * stride + 5):
+        words = cp.zeros(4 * count, cp.uint32)
+        for position in sorted({0, count // 2, count - 1, min(count - 1, 4 * stride - 1)}):
+            words.fill(0)
+            words[4 * position + 2] = 0xC0FFEE
+            sink = cp.zeros(1, cp.uint32)
+            read((grid,), (STREAM_THREADS,), (words, np.int64(count), np.uint32(0xC0FFEE), sink))
+            assert int(sink[0]) == 0xC0FFEE, (count, position)
+
+
 def test_benchmark_backend_names_the_72_row_tiles():
     from ddtree_bench.attention_bench import backend_name
 
@@ -593,7 +641,7 @@ def test_benchmark_without_a_gpu_gives_one_unavailable_row_per_impl(attention_tr
         attention_trace, 16, 2, heads=8, prefix=100, timing=TIMING, machine="m", distribution=None
     )
     assert list(df.columns) == list(STAGE_COLUMNS)
-    assert df["impl"].tolist() == ["ours", "ours-mma", "flexattention", "sdpa"]
+    assert df["impl"].tolist() == ["ours", "ours-mma", "flexattention", "sdpa", "read-stream"]
     assert set(df["status"]) == {"unavailable"}
     assert set(df["status_reason"]) == {"no GPU in this test"}
     assert df["seconds"].isna().all()

@@ -342,6 +342,32 @@ def test_flex_ratio_is_time_over_time():
     assert _status(step)[TARGET_FLEX][0] == "not met"
 
 
+def test_read_stream_sets_each_shape_against_its_bandwidth_bound():
+    rows = peak_rows()
+    # same bytes; the read stream takes half ours' time at B=8 (slow=0.5) and a quarter at B=1
+    rows += attention_rows("ours", 8, 8, 32768, tbps=2.5, tflops=300)
+    rows += attention_rows("read-stream", 8, 8, 32768, tbps=5.0, tflops=600, slow=0.5)
+    rows += attention_rows("ours", 8, 1, 32768, tbps=1.0, tflops=100)
+    rows += attention_rows("read-stream", 8, 1, 32768, tbps=4.0, tflops=400, slow=0.25)
+    rows += attention_rows("ours", 64, 1, 32768, tbps=0.5, tflops=400)  # no read stream there
+    step = summarize_steps(stage_frame(rows))
+    table = attention_table(step, "m")
+    bound = dict(
+        zip(zip(table["impl"], table["B"], table["N"], strict=True), table["% of read stream"], strict=True)
+    )
+    assert bound == {
+        ("ours", "8", "8"): "50.0%",
+        ("read-stream", "8", "8"): "-",
+        ("ours", "1", "8"): "25.0%",
+        ("read-stream", "1", "8"): "-",
+        ("ours", "1", "64"): "-",
+    }
+    # the memory-bound target names what the read stream reached at ours' worst configuration
+    status, measured = _status(step)[TARGET_MEMORY]
+    assert status == "not met" and "min 1.00 TB/s (N=8, B=1" in measured
+    assert measured.endswith("a read stream of the same bytes reached 4.00 TB/s there")
+
+
 def test_step_targets_no_data():
     status = _status(summarize_steps(synthetic_step(flex=False)))
     assert status[TARGET_FLEX][0] == "no data"

@@ -15,6 +15,11 @@ For one grid point (trace, budget N, batch B, heads H, prefix length S):
   dims, out of memory) gives one ``unavailable`` row with the reason, never a number.
 - FLOPs and bytes per call (``attention.attention_flops`` / ``attention_bytes``) go on every row, so
   TFLOP/s and TB/s follow from ``seconds``.
+- ``read-stream`` is no attention: ``ddtree_stream_read`` (``kernels/bench_util.cu``) reads a buffer of the
+  call's bytes once, timed the same way. It is the shape's bandwidth bound as measured in the same run -- what
+  any kernel that must move these bytes needs at least, launch and ramp included (warm: as much of them as
+  L2 holds is read from L2, as for the other impls' warm samples). Its rows carry the bytes, no FLOPs and
+  no correctness.
 """
 
 from __future__ import annotations
@@ -31,11 +36,16 @@ from ddtree_bench.attention import (
     visible_keys,
 )
 from ddtree_bench.bench import TimingPolicy, read_batch
-from ddtree_bench.config import ATTENTION_IMPLS
+from ddtree_bench.config import ATTENTION_IMPLS, STREAM_IMPL
 from ddtree_bench.environment import ENVIRONMENT_COLUMNS, collect_environment
 from ddtree_bench.stage_records import stage_frame
 
-IMPLS = ATTENTION_IMPLS  # ours, ours-mma, flexattention, sdpa
+IMPLS = ATTENTION_IMPLS  # ours, ours-mma, flexattention, sdpa, read-stream
+# ddtree_stream_read's launch: 2 blocks of 1024 threads per SM (4 words of 16 bytes in flight a thread) was
+# the fastest or within 3 % of it over 2-8 blocks per SM, 256-1024 threads and 2-8 words a thread, for 5 MB
+# to 2.4 GB on the H200 (scratch probe, 2026-12-01)
+STREAM_THREADS, STREAM_BLOCKS_PER_SM = 1024, 2
+STREAM_NEVER = 0x9E3779B9  # the kernel stores its fold only if it equals this; a buffer of ones folds to 0
 # our kernel's paths: "ours" is what VerifyAttention picks (wgmma on sm_90a, else mma.sync); "ours-mma" forces
 # the mma.sync kernel, to set the two side by side on a Hopper GPU
 OUR_PATHS = {"ours": "auto", "ours-mma": "mma"}
@@ -149,6 +159,7 @@ def run_attention_benchmark(
     util = cp.RawModule(path=str(util_fatbin or cached_fatbin(BENCH_UTIL_SOURCE)))
     spin_kernel = util.get_function("ddtree_spin_kernel")
     flush_kernel = util.get_function("ddtree_flush_l2")
+    stream_read = util.get_function("ddtree_stream_read")
     dev = cp.cuda.Device()
     l2_bytes = int(cp.cuda.runtime.getDeviceProperties(dev.id)["l2CacheSize"])
     sm_count = int(cp.cuda.runtime.getDeviceProperties(dev.id)["multiProcessorCount"])
@@ -197,7 +208,27 @@ def run_attention_benchmark(
             continue
         try:
             with torch.cuda.stream(torch_stream):
-                if impl in OUR_PATHS:
+                if impl == STREAM_IMPL:
+                    words = -(-int(work["bytes"]) // 16)
+                    with stream:
+                        buffer = cp.ones(words * 4, cp.uint32)
+                        sink = cp.zeros(1, cp.uint32)
+                    grid = STREAM_BLOCKS_PER_SM * sm_count
+
+                    def call(buffer=buffer, sink=sink, grid=grid, words=words):
+                        stream_read(
+                            (grid,),
+                            (STREAM_THREADS,),
+                            (buffer, np.int64(words), np.uint32(STREAM_NEVER), sink),
+                            stream=stream,
+                        )
+
+                    call()
+                    result = None
+                    backend = (
+                        f"one read of the call's {16 * words} bytes, {grid} blocks x {STREAM_THREADS} threads"
+                    )
+                elif impl in OUR_PATHS:
                     out = torch.empty((batch, tokens, heads, VALUE_DIM), device="cuda", dtype=torch.bfloat16)
                     prepared = ours[impl].prepare(q, kv, lengths, bits, out)
                     backend = backend_name(prepared)
@@ -224,11 +255,17 @@ def run_attention_benchmark(
                     result = peer()
                     backend = getattr(peer, "backend", None)
             torch_stream.synchronize()
-            got = result[check_requests].float()
-            error = (
-                float((got - reference).abs().max().item()) if not torch.isnan(got).any() else float("nan")
-            )
-            correct = bool(error < TOLERANCE)
+            stream.synchronize()
+            if result is None:  # the read stream computes nothing to check
+                error, correct = float("nan"), None
+            else:
+                got = result[check_requests].float()
+                error = (
+                    float((got - reference).abs().max().item())
+                    if not torch.isnan(got).any()
+                    else float("nan")
+                )
+                correct = bool(error < TOLERANCE)
             samples = [
                 (cache, phase, rep, seconds)
                 for cache in ("warm", "cold")
@@ -246,7 +283,7 @@ def run_attention_benchmark(
             )
             continue
         except Exception as exc:  # a peer that fails at run time: recorded, not fatal for the other impls
-            if impl in OUR_PATHS:
+            if impl in OUR_PATHS or impl == STREAM_IMPL:
                 raise
             rows.append(
                 unavailable(
@@ -257,13 +294,15 @@ def run_attention_benchmark(
             )
             continue
         finally:
-            out = None
+            out = buffer = sink = None  # (a read stream's buffer lives on in `call` until the next impl)
             torch.cuda.empty_cache()
+            cp.get_default_memory_pool().free_all_blocks()
         for cache, phase, rep, seconds in samples:
             rows.append(
                 {
                     **base,
                     **work,
+                    **({"flops": float("nan")} if impl == STREAM_IMPL else {}),
                     "impl": impl,
                     "phase": phase,
                     "repetition": rep,

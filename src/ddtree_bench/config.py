@@ -20,7 +20,9 @@ SCHEMA_PATH = REPO_ROOT / "workflow" / "schemas" / "config.schema.yaml"
 BUILDERS = ("sglang", "reference", "native", "native-mt", "gpu")
 DISTRIBUTIONS = ("uniform", "peaked", "bf16", "recorded")
 TIMING_KEYS = ("warmup", "repeats", "min_repeats", "max_repeats", "min_seconds", "max_seconds")
-ATTENTION_IMPLS = ("ours", "ours-mma", "flexattention", "sdpa")
+# "read-stream" is no attention: a kernel that reads as many bytes as the call moves (its measured bound)
+STREAM_IMPL = "read-stream"
+ATTENTION_IMPLS = ("ours", "ours-mma", "flexattention", "sdpa", STREAM_IMPL)
 
 
 def load_schema(path: str | Path | None = None) -> dict:

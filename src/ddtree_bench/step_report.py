@@ -12,6 +12,7 @@ import math
 import numpy as np
 import pandas as pd
 
+from ddtree_bench.config import STREAM_IMPL
 from ddtree_bench.step import BUILD_SERIES, LEFT_OUT, expected_acceptance, preferred, step_breakdown
 
 __all__ = [
@@ -136,6 +137,7 @@ def attention_table(step: pd.DataFrame, machine: str) -> pd.DataFrame:
         "% GEMM peak",
         "% copy peak",
         "vs flexattention",
+        "% of read stream",
         "kernel",
         "status",
     ]
@@ -150,7 +152,10 @@ def attention_table(step: pd.DataFrame, machine: str) -> pd.DataFrame:
     flex = measured[measured["impl"] == "flexattention"][keys + ["median_s"]].rename(
         columns={"median_s": "flex_s"}
     )
-    rows = rows.merge(flex, on=keys, how="left")
+    stream = measured[measured["impl"] == STREAM_IMPL][keys + ["median_s"]].rename(
+        columns={"median_s": "stream_s"}
+    )
+    rows = rows.merge(flex, on=keys, how="left").merge(stream, on=keys, how="left")
     rows = rows.sort_values(["prefix", "heads", "batch", "budget", "impl"], na_position="first")
     return pd.DataFrame(
         {
@@ -170,6 +175,10 @@ def attention_table(step: pd.DataFrame, machine: str) -> pd.DataFrame:
             "vs flexattention": [
                 "-" if impl == "flexattention" or _missing(f) or _missing(m) else f"{f / m:.2f}x"
                 for impl, f, m in zip(rows["impl"], rows["flex_s"], rows["median_s"], strict=True)
+            ],
+            "% of read stream": [
+                "-" if impl == STREAM_IMPL or _missing(r) or _missing(m) else _pct(100.0 * r / m)
+                for impl, r, m in zip(rows["impl"], rows["stream_s"], rows["median_s"], strict=True)
             ],
             "kernel": [_backend(row) for _, row in rows.iterrows()],
             "status": [_status(row) for _, row in rows.iterrows()],
@@ -445,7 +454,7 @@ def step_targets(step: pd.DataFrame, *, missing: str = "no step data") -> list[t
     ours = attention[attention["impl"] == "ours"]
     results = []
 
-    def threshold(target, sel, column, limit, unit, nodata):
+    def threshold(target, sel, column, limit, unit, nodata, note=None):
         if sel.empty:
             results.append((target, STEP_SOURCE, "no data", nodata))
             return
@@ -453,13 +462,33 @@ def step_targets(step: pd.DataFrame, *, missing: str = "no step data") -> list[t
         status = "met" if worst[column] >= limit else "not met"
         value = f"{worst[column]:,.2f}x" if unit == "x" else f"{worst[column]:,.2f} {unit}"
         text = f"min {value} ({_where(worst)}) over {len(sel)} configurations"
+        if note is not None and note(worst):
+            text = f"{text}; {note(worst)}"
         wrong = _wrong(sel)
         if wrong:
             status, text = "not met", f"{text}; output wrong at {wrong} configurations"
         results.append((target, STEP_SOURCE, status, text))
 
+    keys = ["batch", "budget", "prefix", "heads", "depth", "distribution"]
+    stream = attention[attention["impl"] == STREAM_IMPL]
+
+    def stream_note(worst) -> str:
+        """The read stream of the same bytes at the worst configuration: what the GPU reached there."""
+        same = stream[(stream[keys] == worst[keys]).all(axis=1)]
+        if same.empty or _missing(same["median_tbps"].iloc[0]):
+            return ""
+        return f"a read stream of the same bytes reached {same['median_tbps'].iloc[0]:,.2f} TB/s there"
+
     sel = ours[(ours["budget"] <= 8) & (ours["prefix"] >= 8192) & ours["median_tbps"].notna()]
-    threshold(TARGET_MEMORY, sel, "median_tbps", 3.0, "TB/s", "no timings of ours at budget <= 8, S >= 8192")
+    threshold(
+        TARGET_MEMORY,
+        sel,
+        "median_tbps",
+        3.0,
+        "TB/s",
+        "no timings of ours at budget <= 8, S >= 8192",
+        note=stream_note,
+    )
     sel = ours[
         (ours["budget"] >= 64)
         & (ours["prefix"] >= 8192)
@@ -475,7 +504,6 @@ def step_targets(step: pd.DataFrame, *, missing: str = "no step data") -> list[t
         "no timings of ours at budget >= 64, S >= 8192, 8 heads",
     )
 
-    keys = ["batch", "budget", "prefix", "heads", "depth", "distribution"]
     flex = attention[attention["impl"] == "flexattention"]
     pairs = ours[keys + ["median_s", "correct"]].merge(
         flex[keys + ["median_s"]], on=keys, suffixes=("", "_flex")
