@@ -591,9 +591,8 @@ def test_benchmark_read_stream_is_the_shapes_bandwidth_bound(attention_trace):
     # the same bytes as the attention call, no FLOPs, nothing to check
     assert set(stream["bytes"]) == set(ours["bytes"]) and stream["flops"].isna().all()
     assert stream["correct"].isna().all() and stream["error"].isna().all()
-    words = -(-int(ours["bytes"].iloc[0]) // 16)
     (reason,) = set(stream["status_reason"])
-    assert reason.startswith(f"backend: one read of the call's {16 * words} bytes")
+    assert reason.startswith("backend: one read of the call's bytes, ")
 
 
 @needs_gpu

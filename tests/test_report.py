@@ -265,6 +265,7 @@ def test_gpu_targets_are_evaluated_where_gpu_data_exists(tmp_path):
     assert floor.measured == "worst 2.00x the floor (10.0 µs); N=8: 2.00x"  # budget 8 only (16/32 absent)
     speed = next(r for t, r in status.items() if t.startswith("gpu kernel >= 500x"))
     assert "SGLang" in speed.target and speed.status == "met"  # 56 ms / 20 µs
+    assert "unreachable" not in speed.measured and "published" not in speed.measured  # SGLang measured here
     assert next(r for t, r in status.items() if "budget 1024, batch 1" in t).status == "no data"
 
 
@@ -286,6 +287,30 @@ def test_host_inclusive_target_says_which_columns_were_copied(tmp_path, columns,
     )
     assert target.status == "not met"  # 40 µs against 20 µs: 0.5x
     assert "0.5x" in target.measured and f"it copies {said} in" in target.measured
+
+
+def test_speed_targets_say_where_they_cannot_be_reached_and_what_sglang_published(tmp_path):
+    common = dict(budget=8, batch=64, machine="h200")
+    frames = [
+        rows_for("reference", [4e-3], **common),  # 500x needs 8 µs, below the 10 µs floor
+        rows_for("native-mt", [2e-5], **common),  # 10x needs 2 µs
+        rows_for("gpu", [2e-5], timing="kernel-events", cache="warm", **common),
+        rows_for("gpu", [1e-5], timing="floor", cache="warm", **common),
+        rows_for("gpu", [5e-5], timing="host-inclusive", **common),  # 30 µs around the kernel
+    ]
+    path = tmp_path / "summary.parquet"
+    summarize(pd.concat(frames, ignore_index=True)).to_parquet(path)
+    targets = {r.target: r for r in evaluate_targets(load_machines(path))}
+    speed = targets["gpu kernel >= 500x faster than reference (ours), batch 64, budgets 8/16/32"]
+    assert speed.status == "not met" and speed.measured.startswith("min 200x (N=8, B=64")
+    assert "; unreachable here: N=8 needs 8.00 µs, below the empty-kernel floor (10.00 µs)" in speed.measured
+    # 3.0 ms (SGLang's batch of 64 at N = 8, ../shared/CONTEXT.md) / 20 µs
+    assert speed.measured.endswith("(batch 64, L = 16, K = N; not this run): N=8: 150x")
+    host = targets["gpu host-inclusive >= 10x faster than native-mt, batch 64, every budget"]
+    assert host.status == "not met" and host.measured.endswith(
+        "; unreachable here at N=8: 10x native-mt leaves 2.0 µs a call, less than the copies, launch and "
+        "sync around the kernel took (30.0 µs: host-inclusive minus kernel time)"
+    )
 
 
 def test_floor_target_says_each_budget_and_fails_on_the_slowest(tmp_path):

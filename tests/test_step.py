@@ -350,6 +350,7 @@ def test_read_stream_sets_each_shape_against_its_bandwidth_bound():
     rows += attention_rows("ours", 8, 1, 32768, tbps=1.0, tflops=100)
     rows += attention_rows("read-stream", 8, 1, 32768, tbps=4.0, tflops=400, slow=0.25)
     rows += attention_rows("ours", 64, 1, 32768, tbps=0.5, tflops=400)  # no read stream there
+    rows += attention_rows("flexattention", 8, 8, 32768, tbps=1.0, tflops=100, slow=2)
     step = summarize_steps(stage_frame(rows))
     table = attention_table(step, "m")
     bound = dict(
@@ -357,11 +358,13 @@ def test_read_stream_sets_each_shape_against_its_bandwidth_bound():
     )
     assert bound == {
         ("ours", "8", "8"): "50.0%",
+        ("flexattention", "8", "8"): "25.0%",  # peers too
         ("read-stream", "8", "8"): "-",
         ("ours", "1", "8"): "25.0%",
         ("read-stream", "1", "8"): "-",
         ("ours", "1", "64"): "-",
     }
+    assert set(table.loc[table["impl"] == "read-stream", "vs flexattention"]) == {"-"}  # no attention
     # the memory-bound target names what the read stream reached at ours' worst configuration
     status, measured = _status(step)[TARGET_MEMORY]
     assert status == "not met" and "min 1.00 TB/s (N=8, B=1" in measured

@@ -225,9 +225,7 @@ def run_attention_benchmark(
 
                     call()
                     result = None
-                    backend = (
-                        f"one read of the call's {16 * words} bytes, {grid} blocks x {STREAM_THREADS} threads"
-                    )
+                    backend = f"one read of the call's bytes, {grid} blocks x {STREAM_THREADS} threads"
                 elif impl in OUR_PATHS:
                     out = torch.empty((batch, tokens, heads, VALUE_DIM), device="cuda", dtype=torch.bfloat16)
                     prepared = ours[impl].prepare(q, kv, lengths, bits, out)

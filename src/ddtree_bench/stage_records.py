@@ -7,8 +7,8 @@ Every timed call is one row (``phase`` "warmup" or "timed"), like the tree-build
 column              meaning
 ==================  ==========================================================================================
 stage               "verify-attention", "accept" or "peak"
-impl                verify-attention: "ours", "ours-mma", "flexattention", "sdpa", "read-stream" (no attention:
-                    a read of the call's bytes, the measured bound); accept: "gpu-kernel",
+impl                verify-attention: "ours", "ours-mma", "flexattention", "sdpa", "read-stream" (no
+                    attention: a read of the call's bytes, the measured bound); accept: "gpu-kernel",
                     "gpu-host-inclusive", "cpu-walk", "floor"; peak: "bf16-gemm", "device-copy", "floor"
 batch, budget       the grid point (0 for peaks)
 heads, prefix       attention only: query heads per GPU, prefix length S of every request (null elsewhere)

@@ -173,7 +173,9 @@ def attention_table(step: pd.DataFrame, machine: str) -> pd.DataFrame:
             "% GEMM peak": rows["pct_gemm_peak"].map(_pct),
             "% copy peak": rows["pct_copy_peak"].map(_pct),
             "vs flexattention": [
-                "-" if impl == "flexattention" or _missing(f) or _missing(m) else f"{f / m:.2f}x"
+                "-"
+                if impl in ("flexattention", STREAM_IMPL) or _missing(f) or _missing(m)
+                else f"{f / m:.2f}x"
                 for impl, f, m in zip(rows["impl"], rows["flex_s"], rows["median_s"], strict=True)
             ],
             "% of read stream": [
