@@ -44,16 +44,19 @@
 
 // The arguments of both attention kernels (ddtree_verify_attn and the Hopper path's ddtree_verify_attn_wgmma):
 // the host launches either with the same list.
+// split_counters: null, or (Hopper kernels, every block of the grid resident at once) two counters per
+// (request, row tile) with which the splits merge their partial rows in the kernel (va_merge_splits); the
+// mma.sync kernel ignores it and leaves the merge to ddtree_verify_attn_combine.
 #define VA_KERNEL_PARAMS                                                                                  \
     const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ kv,                           \
         const int* __restrict__ prefix_lengths, const unsigned* __restrict__ mask_bits,                  \
         __nv_bfloat16* __restrict__ out, float* __restrict__ partial_out, float* __restrict__ partial_lse, \
-        int batch, int tokens, int heads, long long kv_rows, int mask_words, int splits, int tiles_per_split, \
-        float scale_log2
+        unsigned* __restrict__ split_counters, int batch, int tokens, int heads, long long kv_rows,        \
+        int mask_words, int splits, int tiles_per_split, float scale_log2
 // The same arguments passed on (the 72-row kernels' bodies are a device function of them)
 #define VA_KERNEL_ARGS                                                                                      \
-    q, kv, prefix_lengths, mask_bits, out, partial_out, partial_lse, batch, tokens, heads, kv_rows, mask_words, \
-        splits, tiles_per_split, scale_log2
+    q, kv, prefix_lengths, mask_bits, out, partial_out, partial_lse, split_counters, batch, tokens, heads,   \
+        kv_rows, mask_words, splits, tiles_per_split, scale_log2
 
 struct VaShared {
     __nv_bfloat16 q[VA_BM * VA_LDS];
@@ -414,6 +417,117 @@ extern "C" __global__ void ddtree_verify_attn_combine_threads(int* threads) { *t
 
 // Shared memory one block of ddtree_verify_attn needs (the loader sets the dynamic size from this).
 extern "C" __global__ void ddtree_verify_attn_smem_bytes(int* bytes) { *bytes = static_cast<int>(sizeof(VaShared)); }
+
+// ---- the split merge inside the attention kernel (Hopper kernels, split_counters not null)
+//
+// Where every block of the grid is resident at once (the host passes split_counters only for grids of at most
+// one block per SM), the splits of a (request, row tile) need no combine launch: after a block has written its
+// partial rows and log-sum-exps, it counts itself in at the tile's counter and waits until every split has
+// (thread 0 spins on an acquire load; the writes before the count are released by a fence after the block's
+// barrier), then merges its share of the tile's rows -- chunk range `split` of the valid rows' float4s, as
+// ddtree_verify_attn_combine would, each chunk's sum over the splits in a fixed order -- into the bf16 output.
+// The last block of the tile to finish resets both counters, so the next call (stream order) starts from
+// zero with no memset. `scratch`: shared memory free by now, for the rows' weights and the threads' sums.
+__device__ __forceinline__ unsigned va_ld_acquire(const unsigned* p) {
+    unsigned v;
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+
+__device__ __noinline__ void va_merge_splits(const float* __restrict__ partial_out,
+                                             const float* __restrict__ partial_lse, __nv_bfloat16* __restrict__ out,
+                                             unsigned* __restrict__ split_counters, float* scratch, int batch,
+                                             int rows, int splits, int row0, int valid_rows, int b, int split,
+                                             int tid, int nthreads) {
+    unsigned* arrived = split_counters + 2 * (static_cast<long long>(b) * gridDim.x + blockIdx.x);
+    __syncthreads();  // every thread's partial rows are written
+    if (tid == 0) {
+        __threadfence();
+        atomicAdd(arrived, 1u);
+        while (va_ld_acquire(arrived) < static_cast<unsigned>(splits)) __nanosleep(64);
+    }
+    __syncthreads();
+
+    constexpr int CPR = VA_DV / 4;  // float4 chunks a row
+    const int chunks = valid_rows * CPR, per = (chunks + splits - 1) / splits;
+    const int begin = min(chunks, split * per), end = min(chunks, begin + per), n = end - begin;
+    const long long stride = static_cast<long long>(batch) * rows;  // between splits, in rows
+    const long long base = static_cast<long long>(b) * rows + row0;
+    if (n > 0) {
+        const int r_first = begin / CPR, n_rows = (end - 1) / CPR - r_first + 1;
+        // the weights of this block's rows: w[i][s] = 2^(lse_s - max) / sum over the splits
+        float* w = scratch;
+        for (int x = tid; x < n_rows * splits; x += nthreads)
+            w[x] = __ldcg(partial_lse + (x % splits) * stride + base + r_first + x / splits);
+        __syncthreads();
+        const int warp = tid >> 5, lane = tid & 31;
+        for (int i = warp; i < n_rows; i += nthreads >> 5) {
+            float* row_w = w + i * splits;
+            float top = -INFINITY;
+            for (int s = lane; s < splits; s += 32) top = fmaxf(top, row_w[s]);
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) top = fmaxf(top, __shfl_xor_sync(0xffffffffu, top, o));
+            float total = 0.f;
+            for (int s = lane; s < splits; s += 32) {
+                const float e = row_w[s] == -INFINITY ? 0.f : exp2f(row_w[s] - top);
+                row_w[s] = e;
+                total += e;
+            }
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) total += __shfl_xor_sync(0xffffffffu, total, o);
+            const float inv = total > 0.f ? 1.f / total : 0.f;
+            __syncwarp();
+            for (int s = lane; s < splits; s += 32) row_w[s] *= inv;
+        }
+        __syncthreads();
+        // k threads a chunk (1 where there are more chunks than threads), each over every k-th split; their
+        // sums are added in order
+        const int k = max(1, nthreads / n);
+        float4* sums = reinterpret_cast<float4*>(w + ((n_rows * splits + 3) & ~3));
+        for (int t = tid; t < n * k; t += nthreads) {
+            const int c = begin + t % n, j = t / n, r = c / CPR;
+            const float* row_w = w + (r - r_first) * splits;
+            const float4* src = reinterpret_cast<const float4*>(partial_out + (base + r) * VA_DV) + c % CPR;
+            float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll 4
+            for (int s = j; s < splits; s += k) {
+                const float ws = row_w[s];
+                const float4 x = __ldcg(src + s * stride * CPR);
+                acc.x += ws * x.x;
+                acc.y += ws * x.y;
+                acc.z += ws * x.z;
+                acc.w += ws * x.w;
+            }
+            if (k == 1) {
+                __nv_bfloat162 v[2] = {__floats2bfloat162_rn(acc.x, acc.y), __floats2bfloat162_rn(acc.z, acc.w)};
+                *reinterpret_cast<uint2*>(out + (base + r) * VA_DV + (c % CPR) * 4) = *reinterpret_cast<const uint2*>(v);
+            } else {
+                sums[j * n + t % n] = acc;
+            }
+        }
+        if (k > 1) {
+            __syncthreads();
+            for (int t = tid; t < n; t += nthreads) {
+                const int c = begin + t, r = c / CPR;
+                float4 acc = sums[t];
+                for (int j = 1; j < k; ++j) {
+                    const float4 x = sums[j * n + t];
+                    acc.x += x.x;
+                    acc.y += x.y;
+                    acc.z += x.z;
+                    acc.w += x.w;
+                }
+                __nv_bfloat162 v[2] = {__floats2bfloat162_rn(acc.x, acc.y), __floats2bfloat162_rn(acc.z, acc.w)};
+                *reinterpret_cast<uint2*>(out + (base + r) * VA_DV + (c % CPR) * 4) = *reinterpret_cast<const uint2*>(v);
+            }
+        }
+    }
+    __syncthreads();  // every read of the tile's partial rows by this block is done
+    if (tid == 0 && atomicAdd(arrived + 1, 1u) == static_cast<unsigned>(splits) - 1) {
+        atomicExch(arrived, 0u);  // every block of the tile has passed its wait: ready for the next call
+        atomicExch(arrived + 1, 0u);
+    }
+}
 
 // The Hopper path (wgmma, sm_90a): same arguments, grid and workspace as ddtree_verify_attn; and its kernel
 // with row tiles of 72 (grid (ceil(M / 72), splits, B)), which the plan takes where that is estimated faster.

@@ -440,6 +440,9 @@ extern "C" __global__ void __launch_bounds__(VW_THREADS, 1) ddtree_verify_attn_w
             if (wg == 0 && (lane & 3) == 0) partial_lse[prow] = l > 0.f ? m_row[h] + log2f(l) : -INFINITY;
         }
     }
+    if (splits > 1 && split_counters != nullptr)  // the splits merge here, no combine launch
+        va_merge_splits(partial_out, partial_lse, out, split_counters, reinterpret_cast<float*>(smem), batch,
+                        rows, splits, row0, min(VW_BM, rows - row0), b, split, tid, VW_THREADS);
 #endif  // VW_ENABLED
 }
 

@@ -554,6 +554,9 @@ __device__ __forceinline__ void vx_attention(VA_KERNEL_PARAMS) {
             const float l = sums[r] + sums[VX_ROWS + r] + sums[2 * VX_ROWS + r] + sums[3 * VX_ROWS + r];
             partial_lse[prow0 + r] = l > 0.f ? sums[4 * VX_ROWS + r] + log2f(l) : -INFINITY;
         }
+        if (split_counters != nullptr)  // the splits merge here, no combine launch
+            va_merge_splits(partial_out, partial_lse, out, split_counters, stage, batch, rows, splits, row0,
+                            valid_rows, b, split, tid, VW_THREADS);
     }
     VX_MARK(4);
 #endif  // VW_ENABLED

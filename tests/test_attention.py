@@ -214,6 +214,48 @@ def test_2_split_plans_of_72_row_tiles_run_as_clusters_merged_on_chip():
     assert (p.splits, p.cluster, p.partials) == (2, 1, 2)
 
 
+def test_split_plans_whose_grid_is_resident_at_once_merge_in_the_kernel(monkeypatch):
+    from pathlib import Path
+
+    from ddtree_bench.attention import AttentionKernels
+
+    fields = dict(
+        attn=None, combine=None, combine_threads=256, smem_bytes=1, sm_count=132, keys_per_tile=64,
+        overhead_tiles=8, runs="", fatbin=Path("x"), attn_wide=object(), wide_smem_bytes=1,
+        attn_wide_clusters={2: object()},
+    )  # fmt: skip
+
+    def plan(kernels, batch, budget, s):
+        tokens = budget + 1
+        shape = AttentionShape(batch=batch, tokens=tokens, heads=8, kv_rows=s + tokens, mask_words=3)
+        return kernels.plan(shape, s + tokens)
+
+    hopper = AttentionKernels(**fields, path="wgmma")
+    p = plan(hopper, 1, 8, 32768)  # 64-row tiles, 2 x 65 blocks: merged in the kernel
+    assert (p.rows_per_block, p.row_tiles * p.splits, p.merged_in_kernel) == (64, 130, True)
+    p = plan(hopper, 8, 8, 32768)  # 72-row tiles, 8 x 16 blocks
+    assert (p.rows_per_block, p.splits, p.merged_in_kernel) == (72, 16, True)
+    p = plan(hopper, 64, 8, 32768)  # clusters of 2 merge on chip: nothing left to merge
+    assert (p.cluster, p.partials, p.merged_in_kernel) == (2, 1, False)
+    p = plan(hopper, 64, 1024, 4096)  # one split
+    assert (p.splits, p.merged_in_kernel) == (1, False)
+    # not the mma.sync path, not where the caller turned it off, not a grid of more blocks than SMs
+    assert not plan(AttentionKernels(**fields, path="mma"), 1, 8, 32768).merged_in_kernel
+    assert not plan(
+        AttentionKernels(**fields, path="wgmma", merge_in_kernel=False), 1, 8, 32768
+    ).merged_in_kernel
+    # a plan of two waves (blocks wait for splits that have not started): the combine launch
+    import ddtree_bench.attention as attention_module
+
+    two_waves = AttentionPlan(row_tiles=2, splits=100, tiles_per_split=6)
+    monkeypatch.setattr(attention_module, "plan_attention", lambda *args, **kwargs: two_waves)
+    assert plan(hopper, 1, 8, 32768) == two_waves and not two_waves.merged_in_kernel
+    with pytest.raises(ValueError, match="merge in the kernel"):
+        AttentionPlan(1, splits=1, tiles_per_split=4, merged_in_kernel=True)
+    with pytest.raises(ValueError, match="merge in the kernel"):
+        AttentionPlan(1, splits=2, tiles_per_split=4, rows_per_block=72, cluster=2, merged_in_kernel=True)
+
+
 @pytest.mark.parametrize(
     ("rows_per_block", "splits", "cluster"),
     [(72, 3, 2), (64, 2, 2), (72, 8, 8), (72, 4, 3)],
@@ -516,6 +558,80 @@ def test_split_clusters_merge_on_chip_equal_the_reference_and_the_unclustered_ke
 
 
 @needs_gpu
+@pytest.mark.parametrize("rows_per_block", [64, 72])
+@pytest.mark.parametrize(
+    ("batch", "tokens", "heads", "prefix", "splits"),
+    [
+        (1, 9, 8, [32768], 65),  # budget 8 at batch 1: the published shape's 65 splits
+        (2, 9, 8, [100, 4000], 16),  # variable S: request 1's later splits have no keys (log-sum-exp -inf)
+        (3, 5, 14, [0, 63, 64], 2),  # 70 rows; a request without prefix
+        (1, 13, 5, [5000], 40),  # 65 rows: the last row tile holds 1 (64-row tiles) or all 65 rows
+        (2, 17, 8, [300, 2000], 7),  # 136 rows: two row tiles, splits not a divisor of the chunks
+    ],
+)
+def test_splits_merged_in_the_kernel_equal_the_combine_and_the_reference(
+    rows_per_block, batch, tokens, heads, prefix, splits
+):
+    from ddtree_bench.attention import AttentionPlan, PreparedAttention, VerifyAttention, reference_attention
+
+    attn = VerifyAttention(path="wgmma")
+    kernels = wide_kernel_or_skip(attn)
+    trees = tree_mask(batch, tokens - 1, seed=tokens)
+    bits = torch.as_tensor(packed_visibility(trees.visibility).view(np.int32), device="cuda")
+    q, kv, out = random_case(trees, heads, prefix, seed=heads + splits)
+    base = attn.prepare(q, kv, np.array(prefix), bits, out)
+    tiles = math.ceil((max(prefix) + tokens) / kernels.keys_per_tile)
+    per = math.ceil(tiles / splits)
+    row_tiles = math.ceil(tokens * heads / rows_per_block)
+    assert row_tiles * math.ceil(tiles / per) * batch <= kernels.sm_count  # every block resident at once
+    outs = {}
+    for merged in (False, True):
+        plan = AttentionPlan(
+            row_tiles, math.ceil(tiles / per), per, rows_per_block=rows_per_block, merged_in_kernel=merged
+        )
+        prepared = PreparedAttention(kernels, base.shape, plan, base.views, base.prefix_lengths)
+        assert (prepared.split_counters is not None) == merged
+        for _ in range(3):  # the counters are back at zero after every call: the next call merges again
+            out.fill_(float("nan"))
+            prepared.launch()
+            torch.cuda.synchronize()
+            if merged:
+                assert int(prepared.split_counters.sum()) == 0
+            outs[merged, _] = out.float().clone()
+    assert_close(outs[True, 0], reference_attention(q, kv, prefix, trees.visibility))
+    assert torch.equal(outs[True, 0], outs[True, 2])  # the same order of sums every call
+    assert_close(outs[True, 0], outs[False, 0], tol=4e-3)  # as the combine launch, within rounding
+
+
+@needs_gpu
+def test_splits_merged_in_the_kernel_replay_from_a_cuda_graph():
+    import cupy as cp
+
+    from ddtree_bench.attention import VerifyAttention, reference_attention
+
+    attn = VerifyAttention()
+    trees = tree_mask(1, 8, seed=2)
+    bits = torch.as_tensor(packed_visibility(trees.visibility).view(np.int32), device="cuda")
+    q, kv, out = random_case(trees, 8, [20000], seed=4)
+    prepared = attn.prepare(q, kv, np.array([20000]), bits, out)
+    if not prepared.plan.merged_in_kernel:
+        pytest.skip(f"this GPU's plan for batch 1 does not merge in the kernel: {prepared.plan}")
+    stream = cp.cuda.Stream(non_blocking=True)
+    prepared.launch(stream)
+    stream.synchronize()
+    stream.begin_capture()
+    prepared.launch(stream)
+    graph = stream.end_capture()
+    ref = reference_attention(q, kv, [20000], trees.visibility)
+    for _ in range(3):
+        out.fill_(float("nan"))
+        torch.cuda.synchronize()
+        graph.launch(stream)
+        stream.synchronize()
+        assert_close(out, ref)
+
+
+@needs_gpu
 def test_launch_refuses_host_and_non_contiguous_tensors():
     from ddtree_bench.attention import VerifyAttention
 
@@ -620,12 +736,15 @@ def test_stream_read_kernel_reads_every_word():
 def test_benchmark_backend_names_the_72_row_tiles():
     from ddtree_bench.attention_bench import backend_name
 
-    def prepared(path, rows_per_block, cluster=1):
-        plan = SimpleNamespace(rows_per_block=rows_per_block, cluster=cluster)
+    def prepared(path, rows_per_block, cluster=1, merged=0):
+        plan = SimpleNamespace(
+            rows_per_block=rows_per_block, cluster=cluster, merged_in_kernel=merged > 0, splits=merged
+        )
         return SimpleNamespace(kernels=SimpleNamespace(path=path), plan=plan)
 
     assert backend_name(prepared("wgmma", 72)) == "wgmma path, 72-row tiles"
     assert backend_name(prepared("wgmma", 72, 2)) == "wgmma path, 72-row tiles, clusters of 2 splits"
+    assert backend_name(prepared("wgmma", 64, merged=65)) == "wgmma path, 65 splits merged in the kernel"
     assert backend_name(prepared("wgmma", 64)) == "wgmma path"
     assert backend_name(prepared("mma", 64)) == "mma path"
 

@@ -192,8 +192,16 @@ class AttentionPlan:
     #: 72-row kernel only: clusters of this many consecutive splits merge their outputs on chip (``splits``
     #: a multiple of it), so the split combine reads ``partials`` rows a query row (none where that is one)
     cluster: int = 1
+    #: the splits' partial rows are merged by the attention kernel itself (Hopper kernels; every block of the
+    #: grid resident at once), not by a combine launch
+    merged_in_kernel: bool = False
 
     def __post_init__(self):
+        if self.merged_in_kernel and (self.partials < 2 or self.cluster != 1):
+            raise ValueError(
+                "verify attention plan: the merge in the kernel needs splits > 1 and no clusters "
+                f"(got {self.splits} splits, clusters of {self.cluster})"
+            )
         if self.cluster != 1 and (
             self.cluster not in SPLIT_CLUSTER_SIZES
             or self.rows_per_block != WIDE_ROWS_PER_BLOCK
@@ -290,8 +298,12 @@ class PreparedAttention:
             self.partial_lse = cp.empty(rows, cp.float32)
         else:
             self.partial_out = self.partial_lse = None
-        self.workspace_bytes = (
-            0 if self.partial_out is None else self.partial_out.nbytes + self.partial_lse.nbytes
+        # the in-kernel merge's two counters per (request, row tile): zero here, reset by the kernel after use
+        self.split_counters = (
+            cp.zeros(2 * plan.row_tiles * shape.batch, cp.uint32) if plan.merged_in_kernel else None
+        )
+        self.workspace_bytes = sum(
+            a.nbytes for a in (self.partial_out, self.partial_lse, self.split_counters) if a is not None
         )
 
     def launch(self, stream=None) -> None:
@@ -308,6 +320,7 @@ class PreparedAttention:
             v["out"],
             self.partial_out if self.partial_out is not None else null,
             self.partial_lse if self.partial_lse is not None else null,
+            self.split_counters if self.split_counters is not None else null,
             np.int32(s.batch),
             np.int32(s.tokens),
             np.int32(s.heads),
@@ -323,7 +336,7 @@ class PreparedAttention:
         else:
             kernel, smem = k.attn, k.smem_bytes
         kernel((p.row_tiles, p.splits, s.batch), (THREADS,), args, stream=stream, shared_mem=smem)
-        if p.partials > 1:
+        if p.partials > 1 and not p.merged_in_kernel:
             k.combine(
                 (s.rows, s.batch),
                 (k.combine_threads,),
@@ -355,12 +368,16 @@ class AttentionKernels:
     wide_smem_bytes: int = 0
     #: the 72-row kernel with clusters of splits merged on chip, by cluster size (``SPLIT_CLUSTER_SIZES``)
     attn_wide_clusters: dict = field(default_factory=dict)
+    #: plans whose whole grid is resident at once merge their splits in the kernel (wgmma path only)
+    merge_in_kernel: bool = True
 
     def plan(self, shape: AttentionShape, max_kv_len: int) -> AttentionPlan:
         """The call's grid: 64-row tiles, or, where the 72-row kernel is loaded and its tiles need fewer
         blocks a request, 72-row tiles if that plan's estimate is the lower (fewer blocks and no tile
         computed for 8 rows, but fewer blocks to spread over the SMs: at batch 1, budget 8 the 64-row tiles
-        win). A 72-row plan of 2 splits runs as clusters of 2 merged on chip (``SPLIT_CLUSTER_SIZES``)."""
+        win). A 72-row plan of 2 splits runs as clusters of 2 merged on chip (``SPLIT_CLUSTER_SIZES``); other
+        split plans on the wgmma path whose grid has at most one block per SM merge their splits in the kernel
+        (``va_merge_splits``), with no combine launch."""
         plan = plan_attention(shape, max_kv_len, self.sm_count, self.keys_per_tile, self.overhead_tiles)
         if self.attn_wide is not None and -(-shape.rows // WIDE_ROWS_PER_BLOCK) < plan.row_tiles:
             wide = plan_attention(
@@ -369,7 +386,13 @@ class AttentionKernels:
             if wide.cost < plan.cost:
                 if wide.splits in self.attn_wide_clusters:  # merged on chip: no partial rows, no combine
                     wide = replace(wide, cluster=wide.splits)
-                return wide
+                plan = wide
+        blocks = plan.row_tiles * plan.splits * shape.batch
+        if self.path == "wgmma" and self.merge_in_kernel and plan.partials > 1 and plan.cluster == 1:
+            # every block resident at once (one a SM: 192-227 KB of shared memory), so the splits can wait
+            # for each other
+            if blocks <= self.sm_count:
+                plan = replace(plan, merged_in_kernel=True)
         return plan
 
 
@@ -381,10 +404,16 @@ class VerifyAttention:
     former (AttentionUnavailable where it is not compiled in), "mma" always takes the latter. On the wgmma
     path a call may take ``ddtree_verify_attn_wgmma72``, 72-row tiles (``AttentionKernels.plan``; with 2
     splits its clustered form ``ddtree_verify_attn_wgmma72_cluster2``), unless ``wide_rows`` is False
+    (measurements); ``merge_in_kernel`` False leaves every split merge to the combine launch
     (measurements)."""
 
     def __init__(
-        self, fatbin: str | Path | None = None, archs=None, path: str = "auto", wide_rows: bool = True
+        self,
+        fatbin: str | Path | None = None,
+        archs=None,
+        path: str = "auto",
+        wide_rows: bool = True,
+        merge_in_kernel: bool = True,
     ):
         if path not in ATTENTION_PATHS:
             raise ValueError(f"verify attention: path must be one of {ATTENTION_PATHS}, got {path!r}")
@@ -392,6 +421,7 @@ class VerifyAttention:
         self._archs = tuple(archs) if archs else None
         self._path = path
         self._wide_rows = wide_rows
+        self._merge_in_kernel = merge_in_kernel
         self._kernels: AttentionKernels | None = None
 
     def unavailable_reason(self) -> str | None:
@@ -478,6 +508,7 @@ class VerifyAttention:
                 attn_wide=attn_wide,
                 wide_smem_bytes=wide_smem,
                 attn_wide_clusters=attn_wide_clusters,
+                merge_in_kernel=self._merge_in_kernel,
             )
         return self._kernels
 

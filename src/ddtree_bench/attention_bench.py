@@ -73,14 +73,16 @@ def _check_args(budget, batch, heads, prefix, impls):
 
 
 def backend_name(prepared) -> str:
-    """How our kernel ran a call: its path, the 72-row tiles where the plan took that kernel, and the clusters
-    whose splits were merged on chip."""
+    """How our kernel ran a call: its path, the 72-row tiles where the plan took that kernel, the clusters
+    whose splits were merged on chip, and the splits merged in the kernel (no combine launch)."""
     plan = prepared.plan
     name = f"{prepared.kernels.path} path"
     if plan.rows_per_block == WIDE_ROWS_PER_BLOCK:
         name += f", {WIDE_ROWS_PER_BLOCK}-row tiles"
     if plan.cluster > 1:
         name += f", clusters of {plan.cluster} splits"
+    if plan.merged_in_kernel:
+        name += f", {plan.splits} splits merged in the kernel"
     return name
 
 
