@@ -26,7 +26,9 @@
 // request's S_b + Q keys, so padding -- NaN in the tests -- never enters the math). Warps whose 16 rows are
 // all past M skip their MMAs. Splits divide a request's key tiles between blocks (split-KV / flash decoding)
 // when there are too few row tiles to fill the GPU; each split then writes normalised partial outputs and
-// its log-sum-exp (fp32 workspace), and `ddtree_verify_attn_combine` merges them into bf16 output.
+// its log-sum-exp (fp32 workspace), and `ddtree_verify_attn_combine` merges them into bf16 output -- or, on
+// the Hopper path where the whole grid is resident at once and the splits are many, the attention kernel
+// merges them itself (va_merge_splits, no second launch).
 //
 // No allocation, no host sync: a launch (or the pair of launches) is CUDA-graph capturable.
 
@@ -434,6 +436,7 @@ __device__ __forceinline__ unsigned va_ld_acquire(const unsigned* p) {
     return v;
 }
 
+#define VA_MERGE_CHUNKS 4  // chunks a thread merges at once where a block has more chunks than threads
 __device__ __noinline__ void va_merge_splits(const float* __restrict__ partial_out,
                                              const float* __restrict__ partial_lse, __nv_bfloat16* __restrict__ out,
                                              unsigned* __restrict__ split_counters, float* scratch, int batch,
@@ -443,8 +446,9 @@ __device__ __noinline__ void va_merge_splits(const float* __restrict__ partial_o
     __syncthreads();  // every thread's partial rows are written
     if (tid == 0) {
         __threadfence();
-        atomicAdd(arrived, 1u);
-        while (va_ld_acquire(arrived) < static_cast<unsigned>(splits)) __nanosleep(64);
+        if (atomicAdd(arrived, 1u) + 1 < static_cast<unsigned>(splits))  // the last to arrive need not wait
+            while (va_ld_acquire(arrived) < static_cast<unsigned>(splits)) __nanosleep(64);
+        __threadfence();
     }
     __syncthreads();
 
@@ -480,35 +484,35 @@ __device__ __noinline__ void va_merge_splits(const float* __restrict__ partial_o
             for (int s = lane; s < splits; s += 32) row_w[s] *= inv;
         }
         __syncthreads();
-        // k threads a chunk (1 where there are more chunks than threads), each over every k-th split; their
-        // sums are added in order
+        // k threads a chunk where there are fewer chunks than threads, each over every k-th split (their sums
+        // added in order after); else every thread takes up to VA_MERGE_CHUNKS chunks at a time, nthreads
+        // apart, over every split: either way each step has several independent loads in flight
         const int k = max(1, nthreads / n);
         float4* sums = reinterpret_cast<float4*>(w + ((n_rows * splits + 3) & ~3));
-        for (int t = tid; t < n * k; t += nthreads) {
-            const int c = begin + t % n, j = t / n, r = c / CPR;
-            const float* row_w = w + (r - r_first) * splits;
-            const float4* src = reinterpret_cast<const float4*>(partial_out + (base + r) * VA_DV) + c % CPR;
-            float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll 4
-            for (int s = j; s < splits; s += k) {
-                const float ws = row_w[s];
-                const float4 x = __ldcg(src + s * stride * CPR);
-                acc.x += ws * x.x;
-                acc.y += ws * x.y;
-                acc.z += ws * x.z;
-                acc.w += ws * x.w;
-            }
-            if (k == 1) {
-                __nv_bfloat162 v[2] = {__floats2bfloat162_rn(acc.x, acc.y), __floats2bfloat162_rn(acc.z, acc.w)};
-                *reinterpret_cast<uint2*>(out + (base + r) * VA_DV + (c % CPR) * 4) = *reinterpret_cast<const uint2*>(v);
-            } else {
-                sums[j * n + t % n] = acc;
-            }
-        }
+        auto store = [&](int c, const float4& acc) {
+            __nv_bfloat162 v[2] = {__floats2bfloat162_rn(acc.x, acc.y), __floats2bfloat162_rn(acc.z, acc.w)};
+            *reinterpret_cast<uint2*>(out + (base + c / CPR) * VA_DV + (c % CPR) * 4) =
+                *reinterpret_cast<const uint2*>(v);
+        };
         if (k > 1) {
+            if (tid < n * k) {
+                const int c = begin + tid % n, j = tid / n, r = c / CPR;
+                const float* row_w = w + (r - r_first) * splits;
+                const float4* src = reinterpret_cast<const float4*>(partial_out + (base + r) * VA_DV) + c % CPR;
+                float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll 8
+                for (int s = j; s < splits; s += k) {
+                    const float ws = row_w[s];
+                    const float4 x = __ldcg(src + s * stride * CPR);
+                    acc.x += ws * x.x;
+                    acc.y += ws * x.y;
+                    acc.z += ws * x.z;
+                    acc.w += ws * x.w;
+                }
+                sums[tid] = acc;  // [j][chunk]
+            }
             __syncthreads();
             for (int t = tid; t < n; t += nthreads) {
-                const int c = begin + t, r = c / CPR;
                 float4 acc = sums[t];
                 for (int j = 1; j < k; ++j) {
                     const float4 x = sums[j * n + t];
@@ -517,8 +521,35 @@ __device__ __noinline__ void va_merge_splits(const float* __restrict__ partial_o
                     acc.z += x.z;
                     acc.w += x.w;
                 }
-                __nv_bfloat162 v[2] = {__floats2bfloat162_rn(acc.x, acc.y), __floats2bfloat162_rn(acc.z, acc.w)};
-                *reinterpret_cast<uint2*>(out + (base + r) * VA_DV + (c % CPR) * 4) = *reinterpret_cast<const uint2*>(v);
+                store(begin + t, acc);
+            }
+        } else {
+            for (int t0 = 0; t0 < n; t0 += VA_MERGE_CHUNKS * nthreads) {
+                float4 acc[VA_MERGE_CHUNKS];
+                const float4* src[VA_MERGE_CHUNKS];
+                const float* row_w[VA_MERGE_CHUNKS];
+#pragma unroll
+                for (int i = 0; i < VA_MERGE_CHUNKS; ++i) {
+                    const int t = min(n - 1, t0 + tid + i * nthreads), c = begin + t, r = c / CPR;
+                    acc[i] = make_float4(0.f, 0.f, 0.f, 0.f);
+                    src[i] = reinterpret_cast<const float4*>(partial_out + (base + r) * VA_DV) + c % CPR;
+                    row_w[i] = w + (r - r_first) * splits;
+                }
+#pragma unroll 2
+                for (int s = 0; s < splits; ++s) {
+#pragma unroll
+                    for (int i = 0; i < VA_MERGE_CHUNKS; ++i) {
+                        const float ws = row_w[i][s];
+                        const float4 x = __ldcg(src[i] + s * stride * CPR);
+                        acc[i].x += ws * x.x;
+                        acc[i].y += ws * x.y;
+                        acc[i].z += ws * x.z;
+                        acc[i].w += ws * x.w;
+                    }
+                }
+#pragma unroll
+                for (int i = 0; i < VA_MERGE_CHUNKS; ++i)
+                    if (t0 + tid + i * nthreads < n) store(begin + t0 + tid + i * nthreads, acc[i]);
             }
         }
     }

@@ -60,6 +60,13 @@ MAX_ROWS = 2**31 - 1
 #: plan of 72-row tiles and 2 splits runs as clusters of 2, its output merged in shared memory (no partial
 #: rows, no combine). Clusters of 4 and 8 (probed) did not fit 128 such blocks in one wave on the H200.
 SPLIT_CLUSTER_SIZES = (2,)
+#: The fewest splits a plan merges in the attention kernel (``AttentionPlan.merged_in_kernel``) rather than
+#: with the combine launch. On the H200 (scratch probe of 2026-12-01, same inputs, CUDA events, combine ->
+#: in the kernel): 65 splits (batch 1, budget 8) 36.8 -> 33.4 µs at S = 32768 and 25.2 -> 23.3 at S = 16384;
+#: but 14 and 22 splits (batch 1, budget 64 and 8, S = 4096) 26.9 -> 28.2 and 18.7 -> 21.8, 16 splits (batch
+#: 8, S = 32768) 120.4 -> 121.5; 4 and 8 splits 0.7-2.7 µs faster. The merge's work per block does not grow
+#: with the splits, the combine's does.
+MERGE_MIN_SPLITS = 32
 
 
 class AttentionUnavailable(RuntimeError):
@@ -388,10 +395,10 @@ class AttentionKernels:
                     wide = replace(wide, cluster=wide.splits)
                 plan = wide
         blocks = plan.row_tiles * plan.splits * shape.batch
-        if self.path == "wgmma" and self.merge_in_kernel and plan.partials > 1 and plan.cluster == 1:
+        if self.path == "wgmma" and self.merge_in_kernel and plan.cluster == 1:
             # every block resident at once (one a SM: 192-227 KB of shared memory), so the splits can wait
             # for each other
-            if blocks <= self.sm_count:
+            if plan.partials >= MERGE_MIN_SPLITS and blocks <= self.sm_count:
                 plan = replace(plan, merged_in_kernel=True)
         return plan
 
