@@ -664,22 +664,20 @@ def attention_trace(tmp_path_factory):
 TIMING = dict(warmup=1, repeats=2, min_seconds=0.0, max_seconds=0.1, min_repeats=1, max_repeats=5)
 
 
+def small_benchmark(trace, impls):
+    """Budget 16, batch 2, 8 heads, S = 300 on the trace's first requests: every impl in ``impls``."""
+    from ddtree_bench.attention_bench import run_attention_benchmark
+
+    return run_attention_benchmark(
+        trace, 16, 2, heads=8, prefix=300, impls=impls, timing=TIMING, machine="m", distribution=None
+    )
+
+
 @needs_gpu
 def test_benchmark_times_both_of_our_paths(attention_trace):
     from ddtree_bench.attention import VerifyAttention
-    from ddtree_bench.attention_bench import run_attention_benchmark
 
-    df = run_attention_benchmark(
-        attention_trace,
-        16,
-        2,
-        heads=8,
-        prefix=300,
-        impls=["ours", "ours-mma"],
-        timing=TIMING,
-        machine="m",
-        distribution=None,
-    )
+    df = small_benchmark(attention_trace, ["ours", "ours-mma"])
     assert set(df["impl"]) == {"ours", "ours-mma"}
     assert set(df["status"]) == {"ok"} and df["correct"].all()
     assert (df["seconds"] > 0).all()
@@ -690,19 +688,7 @@ def test_benchmark_times_both_of_our_paths(attention_trace):
 
 @needs_gpu
 def test_benchmark_read_stream_is_the_shapes_bandwidth_bound(attention_trace):
-    from ddtree_bench.attention_bench import run_attention_benchmark
-
-    df = run_attention_benchmark(
-        attention_trace,
-        16,
-        2,
-        heads=8,
-        prefix=300,
-        impls=["ours", "read-stream"],
-        timing=TIMING,
-        machine="m",
-        distribution=None,
-    )
+    df = small_benchmark(attention_trace, ["ours", "read-stream"])
     ours, stream = df[df["impl"] == "ours"], df[df["impl"] == "read-stream"]
     assert set(stream["status"]) == {"ok"} and (stream["seconds"] > 0).all()
     assert set(stream["cache"]) == {"warm", "cold"}
