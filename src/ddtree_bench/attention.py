@@ -382,9 +382,9 @@ class AttentionKernels:
         """The call's grid: 64-row tiles, or, where the 72-row kernel is loaded and its tiles need fewer
         blocks a request, 72-row tiles if that plan's estimate is the lower (fewer blocks and no tile
         computed for 8 rows, but fewer blocks to spread over the SMs: at batch 1, budget 8 the 64-row tiles
-        win). A 72-row plan of 2 splits runs as clusters of 2 merged on chip (``SPLIT_CLUSTER_SIZES``); other
-        split plans on the wgmma path whose grid has at most one block per SM merge their splits in the kernel
-        (``va_merge_splits``), with no combine launch."""
+        win). A 72-row plan of 2 splits runs as clusters of 2 merged on chip (``SPLIT_CLUSTER_SIZES``); plans
+        of at least ``MERGE_MIN_SPLITS`` splits on the wgmma path whose grid has at most one block per SM
+        merge their splits in the kernel (``va_merge_splits``), with no combine launch."""
         plan = plan_attention(shape, max_kv_len, self.sm_count, self.keys_per_tile, self.overhead_tiles)
         if self.attn_wide is not None and -(-shape.rows // WIDE_ROWS_PER_BLOCK) < plan.row_tiles:
             wide = plan_attention(
@@ -394,11 +394,11 @@ class AttentionKernels:
                 if wide.splits in self.attn_wide_clusters:  # merged on chip: no partial rows, no combine
                     wide = replace(wide, cluster=wide.splits)
                 plan = wide
-        blocks = plan.row_tiles * plan.splits * shape.batch
+        # at most one block a SM (192-227 KB of shared memory each): every block is resident at once, so the
+        # splits can wait for each other
+        resident = plan.row_tiles * plan.splits * shape.batch <= self.sm_count
         if self.path == "wgmma" and self.merge_in_kernel and plan.cluster == 1:
-            # every block resident at once (one a SM: 192-227 KB of shared memory), so the splits can wait
-            # for each other
-            if plan.partials >= MERGE_MIN_SPLITS and blocks <= self.sm_count:
+            if plan.partials >= MERGE_MIN_SPLITS and resident:
                 plan = replace(plan, merged_in_kernel=True)
         return plan
 

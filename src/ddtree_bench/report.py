@@ -465,13 +465,13 @@ def evaluate_targets(machines: list[Machine]) -> list[TargetResult]:
     return sorted(results, key=lambda r: order.get(r.machine, len(order)))
 
 
-def _speedup_notes(pairs, kernel, factor: float, floor: pd.DataFrame, base_name: str) -> str:
+def _speedup_notes(pairs, kernel, factor: float, floor_s: float | None, base_name: str) -> str:
     """What a speedup target's measured text adds: the budgets where ``factor`` times faster than the
-    baseline would take less than the run's empty-kernel floor (no kernel launch can), and, where the
-    baseline is our reference, the kernel against SGLang's published H200-host figures (not this run)."""
+    baseline would take less than the run's empty-kernel floor ``floor_s`` (no kernel launch can; None: not
+    measured), and, where the baseline is our reference, the kernel against SGLang's published H200-host
+    figures (not this run)."""
     notes = []
-    if not floor.empty:
-        floor_s = float(floor["median_s"].median())
+    if floor_s is not None:
         need = pairs.groupby("budget")["median_s_num"].min() / factor
         below = [(int(budget), s) for budget, s in need.items() if s < floor_s]
         if below:
@@ -589,6 +589,7 @@ def _build_targets(machines: list[Machine]) -> list[TargetResult]:
 
         kernel = gpu_rows("kernel-events")
         floor = ok[(ok["builder"] == "gpu") & (ok["timing"] == "floor")]
+        floor_s = float(floor["median_s"].median()) if not floor.empty else None
         base_name = "sglang" if len(sglang) else "reference"
         base = sglang if len(sglang) else ref
         base_label = BASELINE_NAMES[base_name]
@@ -596,10 +597,9 @@ def _build_targets(machines: list[Machine]) -> list[TargetResult]:
 
         target = "gpu kernel <= 2x the empty-kernel floor, batch 64, budgets 8/16/32"
         small = kernel[(kernel["batch"] == 64) & kernel["budget"].isin([8, 16, 32])]
-        if small.empty or floor.empty:
+        if small.empty or floor_s is None:
             add(target, "issue 3", "no data", nodata if small.empty else "no floor measured")
         else:
-            floor_s = float(floor["median_s"].median())
             per_budget = small.groupby("budget")["median_s"].max() / floor_s  # the slowest trace a budget
             worst = float(per_budget.max())
             each = ", ".join(f"N={int(budget)}: {ratio:.2f}x" for budget, ratio in per_budget.items())
@@ -622,7 +622,10 @@ def _build_targets(machines: list[Machine]) -> list[TargetResult]:
             else:
                 status, measured = _status_minimum(pairs, factor)
                 add(
-                    target, "issue 3", status, measured + _speedup_notes(pairs, sel, factor, floor, base_name)
+                    target,
+                    "issue 3",
+                    status,
+                    measured + _speedup_notes(pairs, sel, factor, floor_s, base_name),
                 )
 
         for batch, limit_us in ((1, 40.0), (64, 150.0)):

@@ -464,8 +464,9 @@ def step_targets(step: pd.DataFrame, *, missing: str = "no step data") -> list[t
         status = "met" if worst[column] >= limit else "not met"
         value = f"{worst[column]:,.2f}x" if unit == "x" else f"{worst[column]:,.2f} {unit}"
         text = f"min {value} ({_where(worst)}) over {len(sel)} configurations"
-        if note is not None and note(worst):
-            text = f"{text}; {note(worst)}"
+        extra = note(worst) if note is not None else ""
+        if extra:
+            text = f"{text}; {extra}"
         wrong = _wrong(sel)
         if wrong:
             status, text = "not met", f"{text}; output wrong at {wrong} configurations"
