@@ -369,6 +369,11 @@ def test_read_stream_sets_each_shape_against_its_bandwidth_bound():
     status, measured = _status(step)[TARGET_MEMORY]
     assert status == "not met" and "min 1.00 TB/s (N=8, B=1" in measured
     assert measured.endswith("a read stream of the same bytes reached 4.00 TB/s there")
+    assert "met at" not in measured  # met nowhere
+    # met at one configuration of three: named
+    rows += attention_rows("ours", 8, 64, 32768, tbps=3.5, tflops=300)
+    status, measured = _status(summarize_steps(stage_frame(rows)))[TARGET_MEMORY]
+    assert status == "not met" and "over 3 configurations, met at 1 (N=8, B=64, S=32768, H=8);" in measured
 
 
 def test_step_targets_no_data():

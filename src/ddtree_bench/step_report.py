@@ -464,6 +464,10 @@ def step_targets(step: pd.DataFrame, *, missing: str = "no step data") -> list[t
         status = "met" if worst[column] >= limit else "not met"
         value = f"{worst[column]:,.2f}x" if unit == "x" else f"{worst[column]:,.2f} {unit}"
         text = f"min {value} ({_where(worst)}) over {len(sel)} configurations"
+        met = sel[sel[column] >= limit]
+        if status == "not met" and len(met):  # where it is met, named while they are few
+            named = "; ".join(_where(row) for _, row in met.iterrows()) if len(met) <= 3 else ""
+            text = f"{text}, met at {len(met)}" + (f" ({named})" if named else "")
         extra = note(worst) if note is not None else ""
         if extra:
             text = f"{text}; {extra}"
