@@ -39,10 +39,10 @@
 #define VA_DV 512           // v head dim
 #define VA_BM 64            // query rows per block
 #define VA_BN 32            // keys per tile
+#define VA_SMALL_BM 32      // the same kernel with smaller tiles, for GPUs that allow less shared memory a block
+#define VA_SMALL_BN 16
 #define VA_THREADS 256
 #define VA_LDS (VA_DIM + 8) // shared row stride in bf16 elements (16-byte shift per row: conflict-free ldmatrix)
-#define VA_LDP (VA_BN + 8)  // P tile row stride
-#define VA_LDS_S (VA_BN + 8)  // S partial row stride in floats: conflict-free float2 stores
 
 // The arguments of both attention kernels (ddtree_verify_attn and the Hopper path's ddtree_verify_attn_wgmma):
 // the host launches either with the same list.
@@ -60,14 +60,17 @@
     q, kv, prefix_lengths, mask_bits, out, partial_out, partial_lse, split_counters, batch, tokens, heads,   \
         kv_rows, mask_words, splits, tiles_per_split, scale_log2
 
+// BM query rows, key tiles of BN keys. P and the S partials have rows of BN + 8 (conflict-free float2 stores)
+template <int BM, int BN>
 struct VaShared {
-    __nv_bfloat16 q[VA_BM * VA_LDS];
-    __nv_bfloat16 k[2][VA_BN * VA_LDS];
-    float s[4][VA_BM * VA_LDS_S];  // partial S of the four dim quarters
-    __nv_bfloat16 p[VA_BM * VA_LDP];
-    float alpha[VA_BM];
-    float row_max[VA_BM];
-    float row_sum[VA_BM];
+    static constexpr int LDP = BN + 8;
+    __nv_bfloat16 q[BM * VA_LDS];
+    __nv_bfloat16 k[2][BN * VA_LDS];
+    float s[4][BM * LDP];  // partial S of the four dim quarters
+    __nv_bfloat16 p[BM * LDP];
+    float alpha[BM];
+    float row_max[BM];
+    float row_sum[BM];
 };
 
 __device__ __forceinline__ unsigned smem_addr(const void* p) {
@@ -100,14 +103,15 @@ __device__ __forceinline__ void mma_bf16(float (&c)[4], const unsigned (&a)[4], 
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// Keys [key0, key0 + VA_BN) of request b into a shared tile; keys at or past kv_len read as zeros.
+// Keys [key0, key0 + BN) of request b into a shared tile; keys at or past kv_len read as zeros.
+template <int BN>
 __device__ __forceinline__ void load_key_tile(__nv_bfloat16* dst, const __nv_bfloat16* kv_b, int key0,
                                               int kv_len) {
     // chunk c = threadIdx.x + i * VA_THREADS of the tile's 16-byte chunks: row c / 72, column (c % 72) * 8;
     // stepping by VA_THREADS = 3 rows + 40 chunks keeps the index arithmetic to adds
     static_assert(VA_THREADS == 3 * (VA_DIM / 8) + 40, "load_key_tile's stepping assumes 256 threads");
     int row = threadIdx.x / (VA_DIM / 8), col = (threadIdx.x % (VA_DIM / 8)) * 8;
-    while (row < VA_BN) {
+    while (row < BN) {
         const int key = key0 + row;
         const bool valid = key < kv_len;
         const __nv_bfloat16* src = kv_b + (valid ? static_cast<long long>(key) * VA_DIM + col : 0);
@@ -121,19 +125,29 @@ __device__ __forceinline__ void load_key_tile(__nv_bfloat16* dst, const __nv_bfl
     }
 }
 
-extern "C" __global__ void __launch_bounds__(VA_THREADS, 1) ddtree_verify_attn(VA_KERNEL_PARAMS) {
+// The mma.sync kernel's body for BM query rows (64 or 32) and key tiles of BN keys (32 or 16); the warps'
+// shares of each phase follow from them (64 x 32: as the header says; 32 x 16: S warps take 16 rows and 16
+// keys, the softmax 4 keys a thread on the first 128 threads, P V 16 rows and a quarter of the dims).
+template <int BM, int BN>
+__device__ __forceinline__ void va_attention_mma(VA_KERNEL_PARAMS) {
+    static_assert((BM == 64 || BM == 32) && (BN == 32 || BN == 16), "va_attention_mma: 64 or 32 rows, 32 or 16 keys");
+    constexpr int LDP = VaShared<BM, BN>::LDP;
+    constexpr int RW = BM / 2, MS = RW / 16;  // S phase: rows a warp (two row halves), its m16 tiles
+    constexpr int NS = BN / 8;                // S phase: n8 tiles of keys
+    constexpr int KPT = BN / 4;               // softmax: keys a thread (4 threads a row)
+    constexpr int RG = BM / 16, DW = VA_DV * RG / 8, NT = DW / 8;  // P V: row groups, dims a warp, its n8 tiles
     extern __shared__ __align__(16) unsigned char va_smem_raw[];
-    VaShared& sm = *reinterpret_cast<VaShared*>(va_smem_raw);
+    VaShared<BM, BN>& sm = *reinterpret_cast<VaShared<BM, BN>*>(va_smem_raw);
 
     const int b = blockIdx.z;
     const int split = blockIdx.y;
     const int rows = tokens * heads;  // M
-    const int row0 = blockIdx.x * VA_BM;
+    const int row0 = blockIdx.x * BM;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int g = lane >> 2, tig = lane & 3;
     const int prefix = prefix_lengths[b];
     const int kv_len = prefix + tokens;
-    const int tiles = (kv_len + VA_BN - 1) / VA_BN;
+    const int tiles = (kv_len + BN - 1) / BN;
     const int tile_begin = split * tiles_per_split;
     const int tile_end = min(tiles, tile_begin + tiles_per_split);
 
@@ -144,104 +158,104 @@ extern "C" __global__ void __launch_bounds__(VA_THREADS, 1) ddtree_verify_attn(V
     // Q tile (rows past M zero-filled), first key tile: one cp.async group
     {
         constexpr int chunks_per_row = VA_DIM / 8;
-        for (int c = tid; c < VA_BM * chunks_per_row; c += VA_THREADS) {
+        for (int c = tid; c < BM * chunks_per_row; c += VA_THREADS) {
             int r = c / chunks_per_row, col = (c % chunks_per_row) * 8;
             bool valid = row0 + r < rows;
             const __nv_bfloat16* src = q_b + (valid ? static_cast<long long>(row0 + r) * VA_DIM + col : 0);
             cp_async16(sm.q + r * VA_LDS + col, src, valid);
         }
     }
-    if (tile_begin < tile_end) load_key_tile(sm.k[0], kv_b, tile_begin * VA_BN, kv_len);
+    if (tile_begin < tile_end) load_key_tile<BN>(sm.k[0], kv_b, tile_begin * BN, kv_len);
     cp_async_commit();
 
     // roles
-    const int rh = warp & 1, ks = warp >> 1;  // S phase: 32-row half, quarter of the dims
-    const bool a_live = row0 + rh * 32 < rows;
-    const int rg = warp & 3, half = warp >> 2;  // PV phase: 16-row group, half of the output dims
+    const int rh = warp & 1, ks = warp >> 1;  // S phase: row half, quarter of the dims
+    const bool a_live = row0 + rh * RW < rows;
+    const int rg = warp % RG, dgrp = warp / RG;  // PV phase: 16-row group, output dims [DW dgrp, DW dgrp + DW)
     const bool rows_live = row0 + rg * 16 < rows;
-    const int srow = tid >> 2, spart = tid & 3;  // softmax: row and quarter of the keys
+    const int srow = tid >> 2, spart = tid & 3;  // softmax: row and quarter of the keys (rows < BM)
     float m_run = -INFINITY, l_run = 0.f;
 
-    float acc[32][4];
+    float acc[NT][4];
 #pragma unroll
-    for (int n = 0; n < 32; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
+    for (int n = 0; n < NT; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
 
     for (int t = tile_begin; t < tile_end; ++t) {
         const int buf = (t - tile_begin) & 1;
         __syncthreads();  // the previous tile's P.V is done: its key buffer and P may be overwritten
-        if (t + 1 < tile_end) load_key_tile(sm.k[buf ^ 1], kv_b, (t + 1) * VA_BN, kv_len);
+        if (t + 1 < tile_end) load_key_tile<BN>(sm.k[buf ^ 1], kv_b, (t + 1) * BN, kv_len);
         cp_async_commit();
         cp_async_wait<1>();
         __syncthreads();
         const __nv_bfloat16* ktile = sm.k[buf];
-        const int key0 = t * VA_BN;
+        const int key0 = t * BN;
 
-        // ---- S = Q K^T, split over the 576 dims: warp w takes rows 32*(w%2).., all 32 keys, and dims
+        // ---- S = Q K^T, split over the 576 dims: warp w takes rows RW*(w%2).., all BN keys, and dims
         // 144*(w/2)..; the four partial sums go to shared memory and the softmax adds them
         if (a_live) {
-            float s[2][4][4];
+            float s[MS][NS][4];
 #pragma unroll
-            for (int m = 0; m < 2; ++m)
+            for (int m = 0; m < MS; ++m)
 #pragma unroll
-                for (int n = 0; n < 4; ++n) s[m][n][0] = s[m][n][1] = s[m][n][2] = s[m][n][3] = 0.f;
-            const __nv_bfloat16* a_base = sm.q + (rh * 32 + (lane & 7) + ((lane >> 3) & 1) * 8) * VA_LDS +
+                for (int n = 0; n < NS; ++n) s[m][n][0] = s[m][n][1] = s[m][n][2] = s[m][n][3] = 0.f;
+            const __nv_bfloat16* a_base = sm.q + (rh * RW + (lane & 7) + ((lane >> 3) & 1) * 8) * VA_LDS +
                                           ks * (VA_DIM / 4) + (lane >> 4) * 8;
             const __nv_bfloat16* b_base =
                 ktile + ((lane & 7) + (lane >> 4) * 8) * VA_LDS + ks * (VA_DIM / 4) + ((lane >> 3) & 1) * 8;
 #pragma unroll 3
             for (int kb = 0; kb < VA_DIM / 64; ++kb) {
-                unsigned a0[4], a1[4], b0[4], b1[4];
-                ldmatrix_x4(a0, a_base + kb * 16);
-                ldmatrix_x4(a1, a_base + 16 * VA_LDS + kb * 16);
-                ldmatrix_x4(b0, b_base + kb * 16);
-                ldmatrix_x4(b1, b_base + 16 * VA_LDS + kb * 16);
-                mma_bf16(s[0][0], a0, b0[0], b0[1]);
-                mma_bf16(s[0][1], a0, b0[2], b0[3]);
-                mma_bf16(s[0][2], a0, b1[0], b1[1]);
-                mma_bf16(s[0][3], a0, b1[2], b1[3]);
-                mma_bf16(s[1][0], a1, b0[0], b0[1]);
-                mma_bf16(s[1][1], a1, b0[2], b0[3]);
-                mma_bf16(s[1][2], a1, b1[0], b1[1]);
-                mma_bf16(s[1][3], a1, b1[2], b1[3]);
+                unsigned a[MS][4], bk[NS / 2][4];  // A: 16 rows each; B: 16 keys each (two n8 tiles)
+#pragma unroll
+                for (int m = 0; m < MS; ++m) ldmatrix_x4(a[m], a_base + m * 16 * VA_LDS + kb * 16);
+#pragma unroll
+                for (int j = 0; j < NS / 2; ++j) ldmatrix_x4(bk[j], b_base + j * 16 * VA_LDS + kb * 16);
+#pragma unroll
+                for (int m = 0; m < MS; ++m)
+#pragma unroll
+                    for (int j = 0; j < NS / 2; ++j) {
+                        mma_bf16(s[m][2 * j], a[m], bk[j][0], bk[j][1]);
+                        mma_bf16(s[m][2 * j + 1], a[m], bk[j][2], bk[j][3]);
+                    }
             }
             float* sp = &sm.s[ks][0];
 #pragma unroll
-            for (int m = 0; m < 2; ++m)
+            for (int m = 0; m < MS; ++m)
 #pragma unroll
-                for (int n = 0; n < 4; ++n)
+                for (int n = 0; n < NS; ++n)
 #pragma unroll
                     for (int hi = 0; hi < 2; ++hi)
-                        *reinterpret_cast<float2*>(sp + (rh * 32 + m * 16 + g + hi * 8) * VA_LDS_S + n * 8 + tig * 2) =
+                        *reinterpret_cast<float2*>(sp + (rh * RW + m * 16 + g + hi * 8) * LDP + n * 8 + tig * 2) =
                             make_float2(s[m][n][2 * hi], s[m][n][2 * hi + 1]);
         }
         __syncthreads();
 
-        // ---- online softmax: 4 threads per row, 8 keys each: add the partial sums, scale, mask
-        {
-            float v[8];
+        // ---- online softmax: 4 threads per row (the first 4 BM threads), KPT keys each: add the partial
+        // sums, scale, mask
+        if (BM == 64 || srow < BM) {  // whole warps
+            float v[KPT];
             float tmax = -INFINITY;
             const bool live = row0 + (srow & ~15) < rows;
             const int row = row0 + srow;
             const int token = row < rows ? row / heads : 0;
-            float sum4[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+            float sum4[KPT];
+#pragma unroll
+            for (int e = 0; e < KPT; ++e) sum4[e] = 0.f;
             if (live) {
 #pragma unroll
-                for (int part = 0; part < 4; ++part) {
-                    const float4 lo = *reinterpret_cast<const float4*>(&sm.s[part][srow * VA_LDS_S + spart * 8]);
-                    const float4 hi = *reinterpret_cast<const float4*>(&sm.s[part][srow * VA_LDS_S + spart * 8 + 4]);
-                    sum4[0] += lo.x;
-                    sum4[1] += lo.y;
-                    sum4[2] += lo.z;
-                    sum4[3] += lo.w;
-                    sum4[4] += hi.x;
-                    sum4[5] += hi.y;
-                    sum4[6] += hi.z;
-                    sum4[7] += hi.w;
-                }
+                for (int part = 0; part < 4; ++part)
+#pragma unroll
+                    for (int c = 0; c < KPT / 4; ++c) {
+                        const float4 x =
+                            *reinterpret_cast<const float4*>(&sm.s[part][srow * LDP + spart * KPT + 4 * c]);
+                        sum4[4 * c + 0] += x.x;
+                        sum4[4 * c + 1] += x.y;
+                        sum4[4 * c + 2] += x.z;
+                        sum4[4 * c + 3] += x.w;
+                    }
             }
 #pragma unroll
-            for (int e = 0; e < 8; ++e) {
-                const int kcol = spart * 8 + e;
+            for (int e = 0; e < KPT; ++e) {
+                const int kcol = spart * KPT + e;
                 const int key = key0 + kcol;
                 float x = -INFINITY;
                 if (live && key < kv_len) {
@@ -261,37 +275,40 @@ extern "C" __global__ void __launch_bounds__(VA_THREADS, 1) ddtree_verify_attn(V
             tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 2));
             const float m_new = fmaxf(m_run, tmax);
             float alpha = 1.f, sum = 0.f;
-            __align__(16) __nv_bfloat162 p2[4];
+            __align__(16) __nv_bfloat162 p2[KPT / 2];
             if (m_new == -INFINITY) {
 #pragma unroll
-                for (int e = 0; e < 4; ++e) p2[e] = __floats2bfloat162_rn(0.f, 0.f);
+                for (int e = 0; e < KPT / 2; ++e) p2[e] = __floats2bfloat162_rn(0.f, 0.f);
             } else {
                 alpha = exp2f(m_run - m_new);
-                float p[8];
+                float p[KPT];
 #pragma unroll
-                for (int e = 0; e < 8; ++e) {
+                for (int e = 0; e < KPT; ++e) {
                     p[e] = exp2f(v[e] - m_new);
                     sum += p[e];
                 }
 #pragma unroll
-                for (int e = 0; e < 4; ++e) p2[e] = __floats2bfloat162_rn(p[2 * e], p[2 * e + 1]);
+                for (int e = 0; e < KPT / 2; ++e) p2[e] = __floats2bfloat162_rn(p[2 * e], p[2 * e + 1]);
             }
             sum += __shfl_xor_sync(0xffffffffu, sum, 1);
             sum += __shfl_xor_sync(0xffffffffu, sum, 2);
             l_run = l_run * alpha + sum;
             m_run = m_new;
-            *reinterpret_cast<uint4*>(sm.p + srow * VA_LDP + spart * 8) = *reinterpret_cast<uint4*>(p2);
+            if constexpr (KPT == 8)
+                *reinterpret_cast<uint4*>(sm.p + srow * LDP + spart * KPT) = *reinterpret_cast<uint4*>(p2);
+            else
+                *reinterpret_cast<uint2*>(sm.p + srow * LDP + spart * KPT) = *reinterpret_cast<uint2*>(p2);
             if (spart == 0) sm.alpha[srow] = alpha;
         }
         __syncthreads();
 
-        // ---- O = O * alpha + P V for rows rg*16.., dims half*256..
+        // ---- O = O * alpha + P V for rows rg*16.., dims DW*dgrp..
         if (rows_live) {
             const float alpha_lo = sm.alpha[rg * 16 + g], alpha_hi = sm.alpha[rg * 16 + g + 8];
             // rescale only when a running max of the warp's rows moved (alpha is exactly 1 otherwise)
             if (__any_sync(0xffffffffu, alpha_lo != 1.f || alpha_hi != 1.f)) {
 #pragma unroll
-                for (int n = 0; n < 32; ++n) {
+                for (int n = 0; n < NT; ++n) {
                     acc[n][0] *= alpha_lo;
                     acc[n][1] *= alpha_lo;
                     acc[n][2] *= alpha_hi;
@@ -299,14 +316,14 @@ extern "C" __global__ void __launch_bounds__(VA_THREADS, 1) ddtree_verify_attn(V
                 }
             }
 #pragma unroll
-            for (int kb = 0; kb < VA_BN / 16; ++kb) {
+            for (int kb = 0; kb < BN / 16; ++kb) {
                 unsigned a[4];
-                ldmatrix_x4(a, sm.p + (rg * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * VA_LDP + kb * 16 +
+                ldmatrix_x4(a, sm.p + (rg * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LDP + kb * 16 +
                                    (lane >> 4) * 8);
                 const __nv_bfloat16* v_base =
-                    ktile + (kb * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * VA_LDS + half * 256 + (lane >> 4) * 8;
+                    ktile + (kb * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * VA_LDS + dgrp * DW + (lane >> 4) * 8;
 #pragma unroll
-                for (int np = 0; np < 16; ++np) {
+                for (int np = 0; np < NT / 2; ++np) {
                     unsigned bb[4];
                     ldmatrix_x4_trans(bb, v_base + np * 16);
                     mma_bf16(acc[2 * np], a, bb[0], bb[1]);
@@ -319,7 +336,7 @@ extern "C" __global__ void __launch_bounds__(VA_THREADS, 1) ddtree_verify_attn(V
     // ---- epilogue: row statistics to shared memory, then each warp writes its accumulators
     cp_async_wait<0>();
     __syncthreads();
-    if (spart == 0) {
+    if (spart == 0 && (BM == 64 || srow < BM)) {
         sm.row_max[srow] = m_run;
         sm.row_sum[srow] = l_run;
     }
@@ -333,20 +350,30 @@ extern "C" __global__ void __launch_bounds__(VA_THREADS, 1) ddtree_verify_attn(V
         const float l = sm.row_sum[r];
         const float inv = l > 0.f ? 1.f / l : 0.f;
         if (splits == 1) {
-            __nv_bfloat16* o = out + (static_cast<long long>(b) * rows + row) * VA_DV + half * 256 + tig * 2;
+            __nv_bfloat16* o = out + (static_cast<long long>(b) * rows + row) * VA_DV + dgrp * DW + tig * 2;
 #pragma unroll
-            for (int n = 0; n < 32; ++n)
+            for (int n = 0; n < NT; ++n)
                 *reinterpret_cast<__nv_bfloat162*>(o + n * 8) =
                     __floats2bfloat162_rn(acc[n][hi * 2] * inv, acc[n][hi * 2 + 1] * inv);
         } else {
             const long long prow = (static_cast<long long>(split) * batch + b) * rows + row;
-            float* o = partial_out + prow * VA_DV + half * 256 + tig * 2;
+            float* o = partial_out + prow * VA_DV + dgrp * DW + tig * 2;
 #pragma unroll
-            for (int n = 0; n < 32; ++n)
+            for (int n = 0; n < NT; ++n)
                 *reinterpret_cast<float2*>(o + n * 8) = make_float2(acc[n][hi * 2] * inv, acc[n][hi * 2 + 1] * inv);
-            if (half == 0 && tig == 0) partial_lse[prow] = l > 0.f ? sm.row_max[r] + log2f(l) : -INFINITY;
+            if (dgrp == 0 && tig == 0) partial_lse[prow] = l > 0.f ? sm.row_max[r] + log2f(l) : -INFINITY;
         }
     }
+}
+
+extern "C" __global__ void __launch_bounds__(VA_THREADS, 1) ddtree_verify_attn(VA_KERNEL_PARAMS) {
+    va_attention_mma<VA_BM, VA_BN>(VA_KERNEL_ARGS);
+}
+
+// The same with 32-row tiles and 16-key tiles: 87 KB of shared memory a block instead of 192 KB, for GPUs
+// that allow less than the latter (sm_120 parts such as the RTX PRO 6000: 99 KB).
+extern "C" __global__ void __launch_bounds__(VA_THREADS, 1) ddtree_verify_attn_small(VA_KERNEL_PARAMS) {
+    va_attention_mma<VA_SMALL_BM, VA_SMALL_BN>(VA_KERNEL_ARGS);
 }
 
 // Merge the splits' partial outputs: out = sum_s 2^(lse_s - max) o_s / sum_s 2^(lse_s - max).
@@ -418,7 +445,15 @@ extern "C" __global__ void __launch_bounds__(VA_COMBINE_THREADS)
 extern "C" __global__ void ddtree_verify_attn_combine_threads(int* threads) { *threads = VA_COMBINE_THREADS; }
 
 // Shared memory one block of ddtree_verify_attn needs (the loader sets the dynamic size from this).
-extern "C" __global__ void ddtree_verify_attn_smem_bytes(int* bytes) { *bytes = static_cast<int>(sizeof(VaShared)); }
+// info[0..2]: ddtree_verify_attn's bytes, rows a block, keys a tile; info[3..5]: ddtree_verify_attn_small's
+extern "C" __global__ void ddtree_verify_attn_smem_bytes(int* info) {
+    info[0] = static_cast<int>(sizeof(VaShared<VA_BM, VA_BN>));
+    info[1] = VA_BM;
+    info[2] = VA_BN;
+    info[3] = static_cast<int>(sizeof(VaShared<VA_SMALL_BM, VA_SMALL_BN>));
+    info[4] = VA_SMALL_BM;
+    info[5] = VA_SMALL_BN;
+}
 
 // ---- the split merge inside the attention kernel (Hopper kernels, split_counters not null)
 //

@@ -214,6 +214,25 @@ def test_2_split_plans_of_72_row_tiles_run_as_clusters_merged_on_chip():
     assert (p.splits, p.cluster, p.partials) == (2, 1, 2)
 
 
+def test_the_small_mma_tiles_plan_32_row_blocks_of_16_key_tiles():
+    from pathlib import Path
+
+    from ddtree_bench.attention import SMALL_OVERHEAD_TILES, AttentionKernels
+
+    small = AttentionKernels(
+        attn=None, combine=None, combine_threads=256, smem_bytes=1, sm_count=188, keys_per_tile=16,
+        overhead_tiles=SMALL_OVERHEAD_TILES, runs="", fatbin=Path("x"), path="mma", rows_per_block=32,
+    )  # fmt: skip
+    shape = AttentionShape(batch=1, tokens=9, heads=8, kv_rows=4096 + 9, mask_words=1)
+    plan = small.plan(shape, 4096 + 9)
+    assert (plan.rows_per_block, plan.row_tiles) == (32, 3)  # 72 rows
+    # 257 tiles of 16 keys; splits keep at least 128 keys (8 tiles) and the grid stays within the SMs
+    assert plan.tiles_per_split >= 8 and plan.row_tiles * plan.splits <= 188
+    assert plan.splits * plan.tiles_per_split >= 257 > (plan.splits - 1) * plan.tiles_per_split
+    assert plan.cost == plan_attention(shape, 4096 + 9, 188, 16, SMALL_OVERHEAD_TILES, 32).cost
+    assert not plan.merged_in_kernel  # the mma.sync path leaves the merge to the combine
+
+
 def test_split_plans_whose_grid_is_resident_at_once_merge_in_the_kernel(monkeypatch):
     from pathlib import Path
 
@@ -358,7 +377,7 @@ def assert_close(out, ref, tol=2e-2):
         (2, 128, 8, [4097, 31]),  # many key tiles per split, a partial last tile
     ],
 )
-@pytest.mark.parametrize("path", ["wgmma", "mma"])
+@pytest.mark.parametrize("path", ["wgmma", "mma", "mma-small"])
 def test_equals_float32_reference(batch, budget, heads, prefix, path):
     from ddtree_bench.attention import reference_attention
 
@@ -374,15 +393,66 @@ def test_equals_float32_reference(batch, budget, heads, prefix, path):
 
 
 def attention_on_path(path):
-    """Our kernel on ``path``; the wgmma path is skipped (with the reason) where it is not compiled in."""
+    """Our kernel on ``path`` ("mma-small": the mma.sync kernel with 32-row tiles); the wgmma path is skipped
+    (with the reason) where it is not compiled in."""
     from ddtree_bench.attention import AttentionUnavailable, VerifyAttention
 
     attn = VerifyAttention(path=path)
     try:
-        assert attn.kernels.path == path
+        kernels = attn.kernels
     except AttentionUnavailable as exc:
         pytest.skip(str(exc))
+    assert kernels.path == ("mma" if path == "mma-small" else path)
+    assert kernels.rows_per_block == (32 if path == "mma-small" else 64)
+    assert kernels.keys_per_tile == {"wgmma": 64, "mma": 32, "mma-small": 16}[path]
     return attn
+
+
+@needs_gpu
+def test_the_mma_path_takes_the_small_tiles_where_the_gpu_allows_less_shared_memory(monkeypatch):
+    import cupy as cp
+
+    from ddtree_bench.attention import AttentionUnavailable, VerifyAttention
+
+    real = cp.cuda.runtime.deviceGetAttribute
+    allowed = {}
+
+    def optin(attr, device):
+        if attr == cp.cuda.runtime.cudaDevAttrMaxSharedMemoryPerBlockOptin and "bytes" in allowed:
+            return allowed["bytes"]
+        return real(attr, device)
+
+    monkeypatch.setattr(cp.cuda.runtime, "deviceGetAttribute", optin)
+    full = VerifyAttention(path="mma").kernels  # this GPU's own limit
+    if real(cp.cuda.runtime.cudaDevAttrMaxSharedMemoryPerBlockOptin, cp.cuda.Device().id) >= 196352:
+        assert (full.rows_per_block, full.keys_per_tile, full.smem_bytes) == (64, 32, 196352)
+        assert full.runs.endswith("mma path")
+    allowed["bytes"] = 101376  # an sm_120 part (RTX PRO 6000): 99 KB a block
+    small = VerifyAttention(path="mma").kernels
+    assert (small.rows_per_block, small.keys_per_tile, small.smem_bytes) == (32, 16, 88960)
+    assert small.runs.endswith("mma path, 32-row tiles")
+    allowed["bytes"] = 88960 - 16  # not even the small tiles: refused before any launch, with both sizes
+    both = r"needs 196352 bytes .* \(64-row tiles\) or 88960 \(32-row tiles\); this GPU allows 88944"
+    with pytest.raises(AttentionUnavailable, match=both):
+        _ = VerifyAttention(path="mma").kernels
+
+
+@needs_gpu
+def test_the_small_tiles_equal_the_64_row_tiles():
+    from ddtree_bench.attention import VerifyAttention
+
+    batch, budget, heads, prefix = 3, 64, 8, [5000, 33, 0]
+    trees = tree_mask(batch, budget, seed=7)
+    bits = torch.as_tensor(packed_visibility(trees.visibility).view(np.int32), device="cuda")
+    q, kv, out = random_case(trees, heads, prefix, seed=11)
+    out_small = torch.full_like(out, float("nan"))
+    for path, o in (("mma", out), ("mma-small", out_small)):
+        VerifyAttention(path=path).prepare(q, kv, np.array(prefix), bits, o).launch()
+    torch.cuda.synchronize()
+    assert not torch.isnan(out_small.float()).any(), "a row the small tiles did not write"
+    # the same within rounding (the online softmax rescales per tile): a bf16 ulp or so of the magnitude
+    err = ((out_small.float() - out.float()).abs() / out.float().abs().clamp(min=1.0)).max().item()
+    assert err < 1e-2, f"max relative difference {err}"
 
 
 @needs_gpu
@@ -392,11 +462,11 @@ def test_auto_takes_the_wgmma_path_on_hopper():
     major = torch.cuda.get_device_capability()[0]
     kernels = VerifyAttention().kernels
     assert kernels.path == ("wgmma" if major == 9 else "mma")
-    assert kernels.runs.endswith(f"{kernels.path} path")
+    assert f"{kernels.path} path" in kernels.runs
 
 
 @needs_gpu
-@pytest.mark.parametrize("path", ["wgmma", "mma"])
+@pytest.mark.parametrize("path", ["wgmma", "mma", "mma-small"])
 def test_mask_from_the_gpu_builder_and_both_split_paths_agree(path):
     import cupy as cp
 
@@ -421,7 +491,9 @@ def test_mask_from_the_gpu_builder_and_both_split_paths_agree(path):
     assert_close(out, ref)
     # the same call without splits (as if the GPU had one SM) gives the same result within rounding
     k = attn.kernels
-    single = plan_attention(prepared.shape, max(prefix) + budget + 1, 1, k.keys_per_tile, k.overhead_tiles)
+    single = plan_attention(
+        prepared.shape, max(prefix) + budget + 1, 1, k.keys_per_tile, k.overhead_tiles, k.rows_per_block
+    )
     assert single.splits == 1
     out1 = torch.full_like(out, float("nan"))
     again = attn.prepare(q, kv, np.array(prefix), d_trees.visibility_bits, out1)
@@ -735,6 +807,7 @@ def test_benchmark_backend_names_the_72_row_tiles():
     assert backend_name(prepared("wgmma", 64, merged=65)) == "wgmma path, 65 splits merged in the kernel"
     assert backend_name(prepared("wgmma", 64)) == "wgmma path"
     assert backend_name(prepared("mma", 64)) == "mma path"
+    assert backend_name(prepared("mma", 32)) == "mma path, 32-row tiles of 16 keys"
 
 
 def test_benchmark_without_a_gpu_gives_one_unavailable_row_per_impl(attention_trace, monkeypatch):

@@ -44,6 +44,10 @@ ROWS_PER_BLOCK = 64
 #: blocks instead of 64-row tiles' ceil(M / 64), whose last block computes a whole tile for 8 rows.
 WIDE_ROWS_PER_BLOCK = 72
 KEYS_PER_TILE = 32  # the mma.sync kernel's key tile; the wgmma kernel reports its own (64)
+#: ``ddtree_verify_attn_small``: the mma.sync kernel with 32-row tiles of 16 keys (87 KB of shared memory a
+#: block instead of 192 KB), taken where a GPU allows less than the latter (sm_120 parts: 99 KB), or forced
+#: with ``path="mma-small"``. Its info kernel reports both sizes.
+SMALL_ROWS_PER_BLOCK, SMALL_KEYS_PER_TILE = 32, 16
 THREADS = 256
 MIN_KEYS_PER_SPLIT = 128
 #: A block's fixed cost (loading its Q tile, filling the key-tile pipeline, writing its output, its share of
@@ -51,6 +55,9 @@ MIN_KEYS_PER_SPLIT = 128
 #: to choose the number of splits. Fitted on the H200: the mma.sync kernel 4 tiles of 32 keys; the wgmma
 #: kernel 8 tiles of 64 keys (batch 1, N = 8: 4 to 129 splits of S = 8192 and 32768 matched within 10 %).
 BLOCK_OVERHEAD_TILES = {"mma": 4, "wgmma": 8}
+#: The small mma.sync tiles: the same fixed time as the 64 x 32 tiles' 4 in tiles of half the keys (not
+#: fitted: the GPUs it is for were not measured)
+SMALL_OVERHEAD_TILES = 8
 #: The same for the 72-row tiles, in 64-row tiles of 64 keys (a 72-row block's tiles count 72 / 64 of one):
 #: fitted on the H200 to batch 1 and 8, S = 4096 to 32768 at budget 8, where its estimate against the
 #: 64-row tiles' picks the faster of the two (11.5 to 15 does).
@@ -194,7 +201,7 @@ class AttentionPlan:
     row_tiles: int
     splits: int
     tiles_per_split: int
-    rows_per_block: int = ROWS_PER_BLOCK  # 64, or 72 for the 72-row kernel
+    rows_per_block: int = ROWS_PER_BLOCK  # 64, 72 for the 72-row kernel, 32 for the small mma.sync tiles
     cost: float = 0.0  # the estimate the plan minimised: waves x a block's time, in 64-row key tiles
     #: 72-row kernel only: clusters of this many consecutive splits merge their outputs on chip (``splits``
     #: a multiple of it), so the split combine reads ``partials`` rows a query row (none where that is one)
@@ -287,7 +294,7 @@ def _as_cupy(array, name: str):
     raise ValueError(f"verify attention: {name} must be a CuPy array or a PyTorch CUDA tensor")
 
 
-ATTENTION_PATHS = ("auto", "wgmma", "mma")
+ATTENTION_PATHS = ("auto", "wgmma", "mma", "mma-small")
 
 
 class PreparedAttention:
@@ -371,6 +378,8 @@ class AttentionKernels:
     runs: str  # which code runs, e.g. "sm_90a SASS, wgmma path"
     fatbin: Path
     path: str  # "wgmma" (Hopper warpgroup MMAs, sm_90a) or "mma" (mma.sync, every architecture)
+    #: query rows of the ``attn`` kernel's blocks: 64, or 32 for the small mma.sync tiles
+    rows_per_block: int = ROWS_PER_BLOCK
     attn_wide: object = None  # the wgmma path's kernel with 72-row tiles (None: not used)
     wide_smem_bytes: int = 0
     #: the 72-row kernel with clusters of splits merged on chip, by cluster size (``SPLIT_CLUSTER_SIZES``)
@@ -385,7 +394,9 @@ class AttentionKernels:
         win). A 72-row plan of 2 splits runs as clusters of 2 merged on chip (``SPLIT_CLUSTER_SIZES``); plans
         of at least ``MERGE_MIN_SPLITS`` splits on the wgmma path whose grid has at most one block per SM
         merge their splits in the kernel (``va_merge_splits``), with no combine launch."""
-        plan = plan_attention(shape, max_kv_len, self.sm_count, self.keys_per_tile, self.overhead_tiles)
+        plan = plan_attention(
+            shape, max_kv_len, self.sm_count, self.keys_per_tile, self.overhead_tiles, self.rows_per_block
+        )
         if self.attn_wide is not None and -(-shape.rows // WIDE_ROWS_PER_BLOCK) < plan.row_tiles:
             wide = plan_attention(
                 shape, max_kv_len, self.sm_count, self.keys_per_tile, WIDE_OVERHEAD_TILES, WIDE_ROWS_PER_BLOCK
@@ -408,7 +419,10 @@ class VerifyAttention:
 
     ``path``: "auto" takes the Hopper kernel (``ddtree_verify_attn_wgmma``: warpgroup MMAs from shared memory)
     where the fatbin has sm_90a code for the device, else the ``mma.sync`` kernel; "wgmma" insists on the
-    former (AttentionUnavailable where it is not compiled in), "mma" always takes the latter. On the wgmma
+    former (AttentionUnavailable where it is not compiled in), "mma" always takes the latter. The mma.sync
+    kernel has 64-row tiles of 32 keys where the GPU allows a block its 192 KB of shared memory, else
+    (sm_120 parts) ``ddtree_verify_attn_small``, 32-row tiles of 16 keys in 87 KB; "mma-small" takes the
+    small tiles on any GPU (tests, measurements). On the wgmma
     path a call may take ``ddtree_verify_attn_wgmma72``, 72-row tiles (``AttentionKernels.plan``; with 2
     splits its clustered form ``ddtree_verify_attn_wgmma72_cluster2``), unless ``wide_rows`` is False
     (measurements); ``merge_in_kernel`` False leaves every split merge to the combine launch
@@ -462,8 +476,13 @@ class VerifyAttention:
                     "gpu verify attention: the wgmma path needs sm_90a code for this GPU (compute capability "
                     "9.0 and sm_90 in cuda_archs)"
                 )
-            path = "wgmma" if wgmma_compiled and self._path != "mma" else "mma"
+            path = "wgmma" if wgmma_compiled and self._path in ("auto", "wgmma") else "mma"
+            dev = cp.cuda.Device()
+            optin = cp.cuda.runtime.deviceGetAttribute(
+                cp.cuda.runtime.cudaDevAttrMaxSharedMemoryPerBlockOptin, dev.id
+            )
             attn_wide, wide_smem, attn_wide_clusters = None, 0, {}
+            rows_per_block, overhead_tiles = ROWS_PER_BLOCK, BLOCK_OVERHEAD_TILES[path]
             if path == "wgmma":
                 smem, keys_per_tile = wgmma_smem, wgmma_keys_per_tile
                 attn = module.get_function("ddtree_verify_attn_wgmma")
@@ -481,13 +500,31 @@ class VerifyAttention:
                         for size in SPLIT_CLUSTER_SIZES
                     }
             else:
-                module.get_function("ddtree_verify_attn_smem_bytes")((1,), (1,), (probe,))
-                smem, keys_per_tile = int(probe.get()[0]), KEYS_PER_TILE
-                attn = module.get_function("ddtree_verify_attn")
-            dev = cp.cuda.Device()
-            optin = cp.cuda.runtime.deviceGetAttribute(
-                cp.cuda.runtime.cudaDevAttrMaxSharedMemoryPerBlockOptin, dev.id
-            )
+                info = cp.zeros(6, cp.int32)
+                module.get_function("ddtree_verify_attn_smem_bytes")((1,), (1,), (info,))
+                smem, rows, keys_per_tile, small_smem, small_rows, small_keys = (int(x) for x in info.get())
+                if (rows, keys_per_tile, small_rows, small_keys) != (
+                    ROWS_PER_BLOCK,
+                    KEYS_PER_TILE,
+                    SMALL_ROWS_PER_BLOCK,
+                    SMALL_KEYS_PER_TILE,
+                ):
+                    raise AttentionUnavailable(
+                        f"gpu verify attention: the mma.sync kernels report {rows} x {keys_per_tile} and "
+                        f"{small_rows} x {small_keys} tiles, not the {ROWS_PER_BLOCK} x {KEYS_PER_TILE} and "
+                        f"{SMALL_ROWS_PER_BLOCK} x {SMALL_KEYS_PER_TILE} this loader plans for"
+                    )
+                if small_smem > optin:  # neither fits
+                    raise AttentionUnavailable(
+                        f"gpu verify attention needs {smem} bytes of shared memory per block ({rows}-row "
+                        f"tiles) or {small_smem} ({small_rows}-row tiles); this GPU allows {optin}"
+                    )
+                if self._path == "mma-small" or smem > optin:
+                    smem, keys_per_tile = small_smem, small_keys
+                    rows_per_block, overhead_tiles = small_rows, SMALL_OVERHEAD_TILES
+                    attn = module.get_function("ddtree_verify_attn_small")
+                else:
+                    attn = module.get_function("ddtree_verify_attn")
             needed = max(smem, wide_smem)
             if needed > optin:
                 raise AttentionUnavailable(
@@ -508,10 +545,12 @@ class VerifyAttention:
                 smem_bytes=smem,
                 sm_count=int(props["multiProcessorCount"]),
                 keys_per_tile=keys_per_tile,
-                overhead_tiles=BLOCK_OVERHEAD_TILES[path],
-                runs=f"{cuda.fatbin_runs(Path(fatbin), cc)}, {path} path",
+                overhead_tiles=overhead_tiles,
+                runs=f"{cuda.fatbin_runs(Path(fatbin), cc)}, {path} path"
+                + (f", {rows_per_block}-row tiles" if rows_per_block != ROWS_PER_BLOCK else ""),
                 fatbin=Path(fatbin),
                 path=path,
+                rows_per_block=rows_per_block,
                 attn_wide=attn_wide,
                 wide_smem_bytes=wide_smem,
                 attn_wide_clusters=attn_wide_clusters,

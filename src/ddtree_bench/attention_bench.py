@@ -29,6 +29,8 @@ import pandas as pd
 
 from ddtree_bench.attention import (
     HEAD_DIM,
+    SMALL_KEYS_PER_TILE,
+    SMALL_ROWS_PER_BLOCK,
     VALUE_DIM,
     WIDE_ROWS_PER_BLOCK,
     attention_bytes,
@@ -79,6 +81,8 @@ def backend_name(prepared) -> str:
     name = f"{prepared.kernels.path} path"
     if plan.rows_per_block == WIDE_ROWS_PER_BLOCK:
         name += f", {WIDE_ROWS_PER_BLOCK}-row tiles"
+    elif plan.rows_per_block == SMALL_ROWS_PER_BLOCK:
+        name += f", {SMALL_ROWS_PER_BLOCK}-row tiles of {SMALL_KEYS_PER_TILE} keys"
     if plan.cluster > 1:
         name += f", clusters of {plan.cluster} splits"
     if plan.merged_in_kernel:
