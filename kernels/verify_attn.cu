@@ -22,6 +22,8 @@
 //   softmax: 4 threads per row add the partial sums, scale, apply the tree mask, update the running max /
 //     sum and write P (bf16) and the rescale factor.
 //   O += P V: warp w takes rows 16*(w%4).. and output dims 256*(w/4).. (32 n-tiles; 128 fp32 accumulators).
+// (That is ddtree_verify_attn; ddtree_verify_attn_small is the same body at 32 rows x 16 keys, 87 KB of shared
+// memory instead of 192 KB, for GPUs that allow a block less: va_attention_mma<BM, BN>.)
 // The Q tile stays in shared memory; key tiles are double-buffered with cp.async (zero-filled past the
 // request's S_b + Q keys, so padding -- NaN in the tests -- never enters the math). Warps whose 16 rows are
 // all past M skip their MMAs. Splits divide a request's key tiles between blocks (split-KV / flash decoding)
