@@ -422,11 +422,10 @@ class VerifyAttention:
     former (AttentionUnavailable where it is not compiled in), "mma" always takes the latter. The mma.sync
     kernel has 64-row tiles of 32 keys where the GPU allows a block its 192 KB of shared memory, else
     (sm_120 parts) ``ddtree_verify_attn_small``, 32-row tiles of 16 keys in 87 KB; "mma-small" takes the
-    small tiles on any GPU (tests, measurements). On the wgmma
-    path a call may take ``ddtree_verify_attn_wgmma72``, 72-row tiles (``AttentionKernels.plan``; with 2
-    splits its clustered form ``ddtree_verify_attn_wgmma72_cluster2``), unless ``wide_rows`` is False
-    (measurements); ``merge_in_kernel`` False leaves every split merge to the combine launch
-    (measurements)."""
+    small tiles on any GPU (tests, measurements). On the wgmma path a call may take
+    ``ddtree_verify_attn_wgmma72``, 72-row tiles (``AttentionKernels.plan``; with 2 splits its clustered
+    form ``ddtree_verify_attn_wgmma72_cluster2``), unless ``wide_rows`` is False (measurements);
+    ``merge_in_kernel`` False leaves every split merge to the combine launch (measurements)."""
 
     def __init__(
         self,
