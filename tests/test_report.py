@@ -397,7 +397,8 @@ def test_columns_contract_is_what_docs_say():
         "phase (warmup|timed), "
         "timing, cache, seconds, per_tree_seconds, status, status_reason, correct (bool), nodes_mean, "
         "device_memory_bytes, threads, machine, hostname, cpu_model, cpu_count, gpu_name, gpu_driver, "
-        "python, numpy, cupy, torch, sglang, git_commit, timestamp, clock"
+        "python, numpy, cupy, torch, sglang, git_commit, timestamp, clock, builder_source, "
+        "builder_source_sha256, builder_source_git_commit, builder_workspace"
     )
     names = [part.strip().split(" ")[0] for part in documented.split(", ")]
     assert list(COLUMNS) == names
