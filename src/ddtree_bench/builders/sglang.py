@@ -158,7 +158,8 @@ def git_provenance(path) -> dict:
 def load_source(path: Path):
     """The module at ``path``, executed under a private name (``sys.modules`` keeps it, so that classes and
     annotations resolve). Raises ``ValueError`` with one line where executing it fails."""
-    name = f"_ddtree_bench_sglang_source_{file_sha256(path)[:16]}"
+    key = hashlib.sha256(f"{Path(path).resolve()}\n{file_sha256(path)}".encode()).hexdigest()
+    name = f"_ddtree_bench_sglang_source_{key[:16]}"  # the same file, unchanged, is loaded once
     if sys.modules.get(name) is not None:
         return sys.modules[name]
     spec = importlib.util.spec_from_file_location(name, path)
