@@ -13,6 +13,7 @@ from __future__ import annotations
 import heapq
 import importlib.machinery
 import importlib.util
+import os
 import shutil
 import subprocess
 import sys
@@ -677,3 +678,25 @@ def test_config_sglang_source_is_checked_before_any_job(fake_torch_only, tmp_pat
         "step": {"enabled": False},
     }
     check_config(unused)  # the sglang builder is not configured: its source is not looked at
+
+
+SGLANG_SOURCE_ENV = "DDTREE_BENCH_SGLANG_SOURCE"
+
+
+@pytest.mark.skipif(not HAS_TORCH, reason="torch is not installed")
+@pytest.mark.skipif(
+    not os.environ.get(SGLANG_SOURCE_ENV),
+    reason=f"{SGLANG_SOURCE_ENV} is not set (an SGLang checkout or its DDTree .py file)",
+)
+@pytest.mark.parametrize(
+    "kind,depth,k,budget", [("bf16", 16, 64, 64), ("tied", 8, 40, 24), ("peaked", 16, 8, 8)]
+)
+def test_real_sglang_source_equals_reference(topk_inputs, kind, depth, k, budget):
+    """SGLang's own file, where the environment names it: its trees equal reference's, ties included."""
+    builder = get_builder("sglang", source=os.environ[SGLANG_SOURCE_ENV])
+    info = builder.source_info
+    assert info["kind"] == "file" and len(info["sha256"]) == 64
+    assert builder.pad_function is not None
+    lp, ids = topk_inputs(kind, 4, depth, k, seed=budget)
+    diff = first_difference(get_builder("reference").build(lp, ids, budget), builder.build(lp, ids, budget))
+    assert diff is None, diff
