@@ -112,14 +112,19 @@ def gpu_reason():
 
 def sglang_reason():
     """Why SGLang's builder cannot run here (None: it can); probed once, when the workflow is parsed.
-    With sglang.source set, a failure stops the run with one line instead (the user asked for that file)."""
+    With sglang.source set, a failure stops the run with one line instead (the user asked for that file).
+    """
     if config["sglang"].get("source") is not None:
         from ddtree_bench.builders import get_builder
 
         try:
-            return get_builder("sglang", **builder_options("sglang")).unavailable_reason()
+            return get_builder(
+                "sglang", **builder_options("sglang")
+            ).unavailable_reason()
         except ValueError as error:
-            raise WorkflowError(f"config: sglang.source: {' '.join(str(error).split())}") from None
+            raise WorkflowError(
+                f"config: sglang.source: {' '.join(str(error).split())}"
+            ) from None
     try:
         from ddtree_bench.builders import get_builder
 
