@@ -356,7 +356,13 @@ class SGLangBuilder(Builder):
     def info(self) -> dict:
         info = super().info()
         self._resolve()
-        info["sglang"] = sglang_version()
+        if self.source is None:
+            info["sglang"] = sglang_version()
+        else:  # loaded by path: an installed sglang's version from its metadata, never by importing it
+            try:
+                info["sglang"] = importlib.metadata.version("sglang")
+            except importlib.metadata.PackageNotFoundError:
+                info["sglang"] = None
         info["module"] = self._module_path
         info["module_paths"] = list(self.module_paths)
         if self._source_info is not None:
