@@ -282,6 +282,11 @@ SNAKEMAKE_BAD = [
         {"batch_sizes": [1, 8, 64], "budgets": [3]},
         "config: step.budgets: 3 is not one of the configured",
     ),
+    (
+        "sglang",
+        {"source": "no/such/sglang-checkout"},
+        "config: sglang.source: sglang source no/such/sglang-checkout: no such file or folder",
+    ),
 ]
 
 

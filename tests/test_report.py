@@ -4,6 +4,7 @@ report rendering from a tiny synthetic summary."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -397,7 +398,8 @@ def test_columns_contract_is_what_docs_say():
         "phase (warmup|timed), "
         "timing, cache, seconds, per_tree_seconds, status, status_reason, correct (bool), nodes_mean, "
         "device_memory_bytes, threads, machine, hostname, cpu_model, cpu_count, gpu_name, gpu_driver, "
-        "python, numpy, cupy, torch, sglang, git_commit, timestamp, clock"
+        "python, numpy, cupy, torch, sglang, git_commit, timestamp, clock, builder_source, "
+        "builder_source_sha256, builder_source_git_commit, builder_workspace"
     )
     names = [part.strip().split(" ")[0] for part in documented.split(", ")]
     assert list(COLUMNS) == names
@@ -412,3 +414,92 @@ def test_reference_is_set_beside_sglangs_published_figures_when_sglang_is_absent
     assert "published" in result.measured and "not this run" in result.measured
     # reference at N = 8, B = 64: 1e-4 * 8 * 64 s = 51.2 ms, against 3.0 ms published
     assert "from 17.07 to 17.07 (1 configurations)" in result.measured
+
+
+# -- SGLang's measured function: the published run, the target, the stand-in's ratio, the provenance ---------
+
+PUBLISHED_SGLANG = Path(__file__).resolve().parents[1] / "results" / "published" / "h200-sglang"
+
+
+def test_published_h200_sglang_run_loads_and_its_sglang_target_is_evaluated():
+    from ddtree_bench.report import (  # noqa: PLC0415
+        SGLANG_FUNCTION_TARGET,
+        reference_vs_sglang_table,
+        sglang_source_table,
+    )
+
+    assert {"summary.parquet", "tree_shape.parquet", "environment.json", "README.md"} <= {
+        p.name for p in PUBLISHED_SGLANG.iterdir()
+    }
+    (machine,) = load_machines(PUBLISHED_SGLANG / "summary.parquet")
+    assert machine.label == "h200-sglang" and not machine.shapes.empty
+    sglang = machine.summary[machine.summary["builder"] == "sglang"]
+    assert len(sglang) == 24 and (sglang["status"] == "ok").all() and sglang["correct"].all()
+    (result,) = [r for r in evaluate_targets([machine]) if r.target == SGLANG_FUNCTION_TARGET]
+    assert result.status in ("met", "not met")
+    assert "where 500x is asked" in result.measured and "where 1,000x is asked" in result.measured
+    assert "(12 configurations)" in result.measured  # batch 64: 6 budgets x 2 traces
+    # the run's own numbers: the smallest ratio at budgets <= 64 and from 256 up decide the status
+    ok = machine.summary[(machine.summary["status"] == "ok") & (machine.summary["n"] > 0)]
+    keys = ["budget", "distribution"]
+    kernel = ok[(ok["builder"] == "gpu") & (ok["timing"] == "kernel-events") & (ok["cache"] == "warm")]
+    pairs = sglang[sglang["batch"] == 64][keys + ["median_s"]].merge(
+        kernel[kernel["batch"] == 64][keys + ["median_s"]], on=keys, suffixes=("_s", "_k")
+    )
+    ratio = pairs["median_s_s"] / pairs["median_s_k"]
+    met = ratio[pairs["budget"] <= 64].min() >= 500 and ratio[pairs["budget"] >= 256].min() >= 1000
+    assert result.status == ("met" if met else "not met")
+    table = reference_vs_sglang_table([machine])
+    assert len(table) == 24 and set(table["machine"]) == {"h200-sglang"}
+    assert table["reference / SGLang"].astype(float).between(0.05, 20).all()
+    (source,) = sglang_source_table([machine]).to_dict("records")
+    assert source["SGLang's function from"].startswith("not recorded in these rows")
+
+
+def sglang_function_machine(folder, *, kernel_us_at_8: float, provenance: bool = False):
+    """SGLang's function at batch 64 (1 ms at N = 8, 100 ms at N = 256) and the kernel (N = 256: 50 µs)."""
+    frames = []
+    for budget, sglang_s, kernel_s in ((8, 1e-3, kernel_us_at_8 * 1e-6), (256, 0.1, 5e-5)):
+        frames.append(rows_for("reference", [sglang_s / 2], budget=budget, batch=64, machine="s"))
+        sglang = rows_for("sglang", [sglang_s], budget=budget, batch=64, machine="s")
+        if provenance:
+            sglang = sglang.assign(
+                builder_source="/x/dflash_ddtree_utils.py",
+                builder_source_sha256="ab" * 32,
+                builder_source_git_commit="c" * 40,
+                builder_workspace=True,
+            )
+        frames.append(sglang)
+        frames.append(
+            rows_for(
+                "gpu", [kernel_s], budget=budget, batch=64, machine="s", timing="kernel-events", cache="warm"
+            )
+        )
+    folder.mkdir(parents=True, exist_ok=True)
+    summarize(pd.concat(frames, ignore_index=True)).to_parquet(folder / "summary.parquet")
+    (folder / "environment.json").write_text(json.dumps({"machine": "s"}))
+    return load_machines(folder / "summary.parquet")
+
+
+def test_sglang_function_target_met_not_met_and_by_how_much(tmp_path):
+    from ddtree_bench.report import SGLANG_FUNCTION_TARGET, sglang_source_table  # noqa: PLC0415
+
+    def result(machines):
+        return next(r for r in evaluate_targets(machines) if r.target == SGLANG_FUNCTION_TARGET)
+
+    met = result(sglang_function_machine(tmp_path / "a", kernel_us_at_8=1.0))  # 1000x and 2000x
+    assert met.status == "met" and "short" not in met.measured
+    slow = sglang_function_machine(tmp_path / "b", kernel_us_at_8=4.0, provenance=True)  # 250x at N = 8
+    missed = result(slow)
+    assert missed.status == "not met"
+    assert "N=8, B=64, L=16, uniform: 250x, 50% short" in missed.measured
+    assert "500x needs <= 2.0 µs" in missed.measured and "N=256" not in missed.measured.split("short:")[1]
+    (source,) = sglang_source_table(slow).to_dict("records")
+    assert (
+        source["SGLang's function from"] == "/x/dflash_ddtree_utils.py" and source["file sha256"] == "ab" * 32
+    )
+    assert source["workspace passed"] == "yes" and "c" * 40 not in str(source)  # commit: data only
+    # a machine where SGLang's function did not run says so, naming where it did
+    other = load_machines(write_machine(tmp_path / "c", "laptop"))[0]
+    nodata = result([other, *slow])
+    assert nodata.machine == "laptop" and nodata.status == "no data" and "measured on s" in nodata.measured

@@ -13,6 +13,8 @@ from __future__ import annotations
 import heapq
 import importlib.machinery
 import importlib.util
+import os
+import shutil
 import subprocess
 import sys
 import types
@@ -388,3 +390,313 @@ def test_default_install_does_not_import_torch_or_sglang():
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "[]"
+
+
+# -- SGLang's function from a source path (a checkout or the file), loaded by path ---------------------------
+
+STAND_IN_HEAD = '''"""A stand-in for SGLang's DDTree file, written by the test."""
+import heapq
+
+import numpy as np
+import torch
+
+CALLS = []
+'''
+
+WORKSPACE_PART = """
+
+class DFlashDDTreeBuildWorkspace:
+    made = 0
+
+    def __init__(self):
+        DFlashDDTreeBuildWorkspace.made += 1
+
+
+def build_ddtree_tree_from_topk(top_log_probs, top_token_ids, budget, workspace=None):
+    CALLS.append(workspace)
+    return _build(top_log_probs, top_token_ids, budget)
+
+
+def pad_ddtree_build_outputs(visibility, retrieve_next_token, retrieve_next_sibling, target_q_len):
+    return "padded"
+"""
+
+PLAIN_PART = """
+
+def build_ddtree_tree_from_topk(top_log_probs, top_token_ids, budget):
+    CALLS.append(None)
+    return _build(top_log_probs, top_token_ids, budget)
+"""
+
+
+def stand_in_text(*, workspace: bool = True) -> str:
+    """A module file defining ``build_ddtree_tree_from_topk`` (SGLang's statements: ``make_sglang_function``),
+    with ``workspace=``, ``DFlashDDTreeBuildWorkspace`` and ``pad_ddtree_build_outputs`` where asked."""
+    import inspect  # noqa: PLC0415
+    import textwrap  # noqa: PLC0415
+
+    body = textwrap.dedent(inspect.getsource(make_sglang_function))
+    return (
+        STAND_IN_HEAD
+        + "\n\n"
+        + body
+        + "\n\n_build = make_sglang_function(torch)\n"
+        + (WORKSPACE_PART if workspace else PLAIN_PART)
+    )
+
+
+def write_stand_in(path, *, workspace: bool = True, text: str | None = None):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(stand_in_text(workspace=workspace) if text is None else text)
+    return path
+
+
+CHECKOUT_FILE = "python/sglang/srt/speculative/dflash_ddtree_utils.py"
+
+
+@pytest.fixture
+def fake_torch_only(monkeypatch):
+    """Fake torch, and no sglang package at all: the source route must not need it."""
+    monkeypatch.setitem(sys.modules, "torch", make_fake_torch())
+    monkeypatch.delitem(sys.modules, "sglang", raising=False)
+    return sys.modules["torch"]
+
+
+@pytest.mark.parametrize("workspace", [True, False])
+def test_source_file_loads_by_path_and_equals_reference(fake_torch_only, tmp_path, topk_inputs, workspace):
+    import hashlib  # noqa: PLC0415
+
+    path = write_stand_in(tmp_path / "my_ddtree.py", workspace=workspace)
+    builder = get_builder("sglang", source=path)
+    assert builder.unavailable_reason() is None
+    assert callable(builder.function) and builder.function.__name__ == "build_ddtree_tree_from_topk"
+    module = sys.modules[builder.function.__module__]
+    assert builder.function.__module__.startswith("_ddtree_bench_sglang_source_")
+    lp, ids = topk_inputs("bf16", 3, 6, 8, seed=4)
+    expected = get_builder("reference").build(lp, ids, 12)
+    assert first_difference(expected, builder.build(lp, ids, 12)) is None
+    builder.build(lp, ids, 12)
+    info = builder.source_info
+    assert info["kind"] == "file" and info["source"] == str(path.resolve())
+    assert info["sha256"] == hashlib.sha256(path.read_bytes()).hexdigest()
+    assert info["git_commit"] is None  # not tracked by any git work tree
+    assert info["workspace"] is workspace
+    if workspace:
+        # one workspace, made with the builder, passed to every per-request call
+        assert isinstance(builder.workspace, module.DFlashDDTreeBuildWorkspace)
+        assert module.DFlashDDTreeBuildWorkspace.made == 1
+        assert len(module.CALLS) == 6 and all(w is builder.workspace for w in module.CALLS)
+        assert builder.pad_function is module.pad_ddtree_build_outputs
+    else:
+        assert builder.workspace is None and builder.pad_function is None
+        assert module.CALLS == [None] * 6
+    assert builder.info()["source"]["sha256"] == info["sha256"]
+    assert "sglang" not in sys.modules  # loaded by path: the sglang package was never imported
+
+
+@pytest.mark.parametrize("given", ["", "python"])
+@pytest.mark.parametrize("relative", [CHECKOUT_FILE, "python/sglang/srt/speculative/ddtree_utils.py"])
+def test_source_checkout_folder_finds_the_file(fake_torch_only, tmp_path, topk_inputs, given, relative):
+    checkout = tmp_path / "sglang-checkout"
+    path = write_stand_in(checkout / relative)
+    builder = get_builder("sglang", source=checkout / given if given else checkout)
+    assert builder.source_info["source"] == str(path.resolve())
+    lp, ids = topk_inputs("uniform", 2, 4, 6)
+    assert first_difference(get_builder("reference").build(lp, ids, 6), builder.build(lp, ids, 6)) is None
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="git is not installed")
+def test_source_in_a_git_checkout_records_its_commit(fake_torch_only, tmp_path):
+    checkout = tmp_path / "checkout"
+    path = write_stand_in(checkout / CHECKOUT_FILE)
+    env = {
+        "GIT_AUTHOR_NAME": "t",
+        "GIT_AUTHOR_EMAIL": "t@t",
+        "GIT_COMMITTER_NAME": "t",
+        "GIT_COMMITTER_EMAIL": "t@t",
+    }
+    import os  # noqa: PLC0415
+
+    def git(*args):
+        return subprocess.run(
+            ["git", "-C", str(checkout), *args],
+            check=True,
+            capture_output=True,
+            text=True,
+            env={**os.environ, **env},
+        ).stdout.strip()
+
+    git("init", "-q")
+    git("add", CHECKOUT_FILE)
+    git("commit", "-q", "-m", "stand-in")
+    head = git("rev-parse", "HEAD")
+    info = get_builder("sglang", source=checkout).source_info
+    assert info["git_commit"] == head and info["git_modified"] is False
+    path.write_text(path.read_text() + "\n# edited\n")
+    info = get_builder("sglang", source=checkout).source_info
+    assert info["git_commit"] == head and info["git_modified"] is True
+    ignored = checkout / "copies" / "dflash_ddtree_utils.py"  # untracked inside the repo: no commit
+    write_stand_in(ignored)
+    assert get_builder("sglang", source=ignored).source_info["git_commit"] is None
+
+
+BROKEN = "import no_such_module_xyz\n\n\ndef build_ddtree_tree_from_topk(a, b, c):\n    pass\n"
+
+
+def test_source_bad_inputs_raise_one_line_value_errors(fake_torch_only, tmp_path):
+    cases = [
+        (tmp_path / "nowhere", "no such file or folder"),
+        ((tmp_path / "empty").mkdir() or tmp_path / "empty", "a folder without SGLang's DDTree file; tried"),
+        (write_stand_in(tmp_path / "other.py", text="def something():\n    pass\n"), "defines no"),
+        (write_stand_in(tmp_path / "broken.py", text=BROKEN), "loading it failed: ModuleNotFoundError"),
+        (
+            write_stand_in(
+                tmp_path / "late.py",
+                text="def build_ddtree_tree_from_topk(a, b, c): pass\nraise RuntimeError('boom')\n",
+            ),
+            "loading it failed: RuntimeError: boom",
+        ),
+    ]
+    for source, needle in cases:
+        with pytest.raises(ValueError) as error:
+            get_builder("sglang", source=source)
+        text = str(error.value)
+        assert "\n" not in text and text.startswith("sglang source ") and needle in text, text
+
+
+def test_source_without_torch_is_one_line_error(monkeypatch, tmp_path):
+    path = write_stand_in(tmp_path / "ddtree.py")
+    monkeypatch.setattr(sglang_builder, "_torch_present", lambda: False)
+    with pytest.raises(ValueError, match=r"^sglang source .*ddtree\.py: torch is not installed"):
+        get_builder("sglang", source=path)
+
+
+def test_source_errors_on_the_command_line_exit_2(
+    fake_torch_only, monkeypatch, tmp_path, topk_inputs, capsys
+):
+    from ddtree_bench.cli import main  # noqa: PLC0415
+    from ddtree_bench.traces import save_trace  # noqa: PLC0415
+
+    lp, ids = topk_inputs("uniform", 2, 4, 8)
+    trace = tmp_path / "t.npz"
+    save_trace(trace, lp, ids)
+    good = write_stand_in(tmp_path / "checkout" / CHECKOUT_FILE)
+    out = tmp_path / "trees.npz"
+
+    def run(*args):
+        code = main([str(a) for a in args])
+        return code, capsys.readouterr()
+
+    base = ("--builder", "sglang", "--trace", trace, "--budget", 8)
+    for command, extra in (("build", ("-o", out)), ("check", ()), ("bench", ("--batch", 1, "-o", out))):
+        code, captured = run(command, *base, "--sglang-source", tmp_path / "missing", *extra)
+        lines = captured.err.strip().splitlines()
+        assert code == 2 and len(lines) == 1, captured.err
+        assert lines[0].startswith("ddtree-bench: error: sglang source ") and "no such file" in lines[0]
+        assert not out.exists()
+    code, captured = run(
+        "build", "--builder", "native", "--trace", trace, "--budget", 8, "--sglang-source", good, "-o", out
+    )
+    assert code == 2 and "--sglang-source goes with --builder sglang" in captured.err and not out.exists()
+    monkeypatch.setattr(sglang_builder, "_torch_present", lambda: False)
+    code, captured = run("build", *base, "--sglang-source", tmp_path / "checkout", "-o", out)
+    assert (
+        code == 2 and "torch is not installed" in captured.err and len(captured.err.strip().splitlines()) == 1
+    )
+    assert not out.exists()
+    monkeypatch.setattr(sglang_builder, "_torch_present", lambda: True)
+    code, captured = run("check", *base, "--sglang-source", tmp_path / "checkout")
+    assert code == 0 and "ok: sglang equals reference" in captured.out
+
+
+def test_source_provenance_is_in_every_row_and_the_summary(fake_torch_only, tmp_path, topk_inputs):
+    from ddtree_bench.aggregate import summarize  # noqa: PLC0415
+    from ddtree_bench.bench import run_benchmark  # noqa: PLC0415
+    from ddtree_bench.traces import save_trace  # noqa: PLC0415
+
+    lp, ids = topk_inputs("peaked", 2, 4, 8)
+    trace = tmp_path / "t.npz"
+    save_trace(trace, lp, ids)
+    path = write_stand_in(tmp_path / "ddtree.py")
+    rows = run_benchmark(
+        "sglang",
+        trace,
+        8,
+        2,
+        warmup=1,
+        repeats=2,
+        min_seconds=0.0,
+        machine="m",
+        distribution="peaked",
+        builder_options={"source": str(path)},
+    )
+    sha = sglang_builder.file_sha256(path)
+    assert (rows["builder_source"] == str(path.resolve())).all() and (
+        rows["builder_source_sha256"] == sha
+    ).all()
+    assert rows["builder_workspace"].all() and rows["builder_source_git_commit"].isna().all()
+    summary = summarize(rows)
+    assert summary["builder_source_sha256"].tolist() == [sha] and summary["builder_workspace"].tolist() == [
+        True
+    ]
+    ref = run_benchmark(
+        "reference", trace, 8, 2, warmup=0, repeats=1, min_seconds=0.0, machine="m", distribution="peaked"
+    )
+    assert ref["builder_source"].isna().all() and ref["builder_workspace"].isna().all()
+
+
+def test_config_sglang_source_is_checked_before_any_job(fake_torch_only, tmp_path, monkeypatch):
+    from ddtree_bench.config import check_config  # noqa: PLC0415
+
+    def config(**sglang):
+        return {"builders": ["sglang", "reference"], "sglang": sglang, "step": {"enabled": False}}
+
+    assert check_config(config())["sglang"]["source"] is None
+    with pytest.raises(ValueError) as error:
+        check_config(config(source=str(tmp_path / "nowhere")))
+    assert str(error.value).startswith("config: sglang.source: sglang source ") and "no such file" in str(
+        error.value
+    )
+    empty = write_stand_in(tmp_path / "empty.py", text="x = 1\n")
+    with pytest.raises(ValueError, match="^config: sglang.source: .*defines no build_ddtree_tree_from_topk"):
+        check_config(config(source=str(empty)))
+    good = write_stand_in(tmp_path / "checkout" / CHECKOUT_FILE)
+    assert check_config(config(source=str(tmp_path / "checkout")))["sglang"]["source"] == str(
+        tmp_path / "checkout"
+    )
+    unrunnable = write_stand_in(
+        tmp_path / "unrunnable.py",
+        text="def build_ddtree_tree_from_topk(a, b, c):\n    pass\n\nraise SystemExit\n",
+    )
+    check_config(config(source=str(unrunnable)))  # the check reads the file, never runs it
+    monkeypatch.setattr(sglang_builder, "_torch_present", lambda: False)
+    with pytest.raises(ValueError, match="^config: sglang.source: .*torch is not installed"):
+        check_config(config(source=str(good)))
+    unused = {
+        "builders": ["reference"],
+        "sglang": {"source": str(tmp_path / "nowhere")},
+        "step": {"enabled": False},
+    }
+    check_config(unused)  # the sglang builder is not configured: its source is not looked at
+
+
+SGLANG_SOURCE_ENV = "DDTREE_BENCH_SGLANG_SOURCE"
+
+
+@pytest.mark.skipif(not HAS_TORCH, reason="torch is not installed")
+@pytest.mark.skipif(
+    not os.environ.get(SGLANG_SOURCE_ENV),
+    reason=f"{SGLANG_SOURCE_ENV} is not set (an SGLang checkout or its DDTree .py file)",
+)
+@pytest.mark.parametrize(
+    "kind,depth,k,budget", [("bf16", 16, 64, 64), ("tied", 8, 40, 24), ("peaked", 16, 8, 8)]
+)
+def test_real_sglang_source_equals_reference(topk_inputs, kind, depth, k, budget):
+    """SGLang's own file, where the environment names it: its trees equal reference's, ties included."""
+    builder = get_builder("sglang", source=os.environ[SGLANG_SOURCE_ENV])
+    info = builder.source_info
+    assert info["kind"] == "file" and len(info["sha256"]) == 64
+    assert builder.pad_function is not None
+    lp, ids = topk_inputs(kind, 4, depth, k, seed=budget)
+    diff = first_difference(get_builder("reference").build(lp, ids, budget), builder.build(lp, ids, budget))
+    assert diff is None, diff

@@ -55,6 +55,11 @@ SUMMARY_COLUMNS = (
     *STAT_COLUMNS,
     "git_commit",
     "timestamp",
+    # where the builder's code came from (bench.PROVENANCE_COLUMNS; sglang only)
+    "builder_source",
+    "builder_source_sha256",
+    "builder_source_git_commit",
+    "builder_workspace",
 )
 
 
@@ -120,6 +125,13 @@ def summarize(rows: pd.DataFrame) -> pd.DataFrame:
         for column in ("git_commit", "timestamp"):
             values = group[column].dropna() if column in group else pd.Series(dtype=object)
             record[column] = str(values.iloc[-1]) if len(values) else None
+        for column in ("builder_source", "builder_source_sha256", "builder_source_git_commit"):
+            values = group[column].dropna() if column in group else pd.Series(dtype=object)
+            record[column] = str(values.iloc[-1]) if len(values) else None
+        values = (
+            group["builder_workspace"].dropna() if "builder_workspace" in group else pd.Series(dtype=bool)
+        )
+        record["builder_workspace"] = bool(values.iloc[-1]) if len(values) else None
         out.append(record)
     summary = pd.DataFrame.from_records(out, columns=list(SUMMARY_COLUMNS))
     for column in ("budget", "batch", "n"):
@@ -127,6 +139,7 @@ def summarize(rows: pd.DataFrame) -> pd.DataFrame:
     for column in ("depth", "topk", "input_columns", "threads"):
         summary[column] = pd.to_numeric(summary[column], errors="coerce").astype("Int64")
     summary["correct"] = summary["correct"].astype("boolean")
+    summary["builder_workspace"] = summary["builder_workspace"].astype("boolean")
     return summary
 
 

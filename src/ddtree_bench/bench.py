@@ -64,6 +64,15 @@ COLUMNS = (
     "threads",
     *ENVIRONMENT_COLUMNS,
 )
+#: Where a builder's code came from, for builders that load it (``sglang``): the module path or file given,
+#: the file's sha256, the git commit of the checkout tracking it, and whether a workspace was passed.
+PROVENANCE_COLUMNS = (
+    "builder_source",
+    "builder_source_sha256",
+    "builder_source_git_commit",
+    "builder_workspace",
+)
+COLUMNS = (*COLUMNS, *PROVENANCE_COLUMNS)
 
 STATUSES = ("ok", "unavailable", "failed")
 PHASES = ("warmup", "timed")
@@ -110,7 +119,22 @@ def frame(rows: list[dict]) -> pd.DataFrame:
     for column in ("depth", "topk", "input_columns", "threads", "cpu_count"):
         df[column] = df[column].astype("Int64")
     df["correct"] = df["correct"].astype("boolean")
+    df["builder_workspace"] = df["builder_workspace"].astype("boolean")
     return df
+
+
+def provenance_fields(builder) -> dict:
+    """``PROVENANCE_COLUMNS`` of a builder that records where its code came from (its ``source_info``);
+    nothing for the others."""
+    info = getattr(builder, "source_info", None)
+    if not info:
+        return {}
+    return {
+        "builder_source": info.get("source"),
+        "builder_source_sha256": info.get("sha256"),
+        "builder_source_git_commit": info.get("git_commit"),
+        "builder_workspace": info.get("workspace"),
+    }
 
 
 def unavailable_frame(
@@ -327,6 +351,7 @@ def prepare_run(
         "status": "ok",
         "status_reason": None,
         **{k: env.get(k) for k in COLUMNS if k in env},
+        **provenance_fields(obj),
     }
     return obj, lp, ids, budget, base
 

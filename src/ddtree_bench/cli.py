@@ -60,6 +60,16 @@ def _builder_options(pairs: list[str] | None) -> dict:
     return options
 
 
+def _with_sglang_source(args, options: dict) -> dict:
+    """``--sglang-source PATH`` as the sglang builder's ``source`` option (only with ``--builder sglang``)."""
+    source = getattr(args, "sglang_source", None)
+    if source is None:
+        return options
+    if args.builder != "sglang":
+        raise ValueError(f"--sglang-source goes with --builder sglang, not {args.builder!r}")
+    return {**options, "source": str(source)}
+
+
 def _one_line(error: BaseException) -> str:
     return " ".join(str(error).split()) or type(error).__name__
 
@@ -110,7 +120,7 @@ def cmd_build(args) -> int:
     from ddtree_bench.validation import check_budget
 
     budget = check_budget(args.budget)
-    builder = get_builder(args.builder, **_builder_options(args.builder_option))
+    builder = get_builder(args.builder, **_with_sglang_source(args, _builder_options(args.builder_option)))
     reason = builder.unavailable_reason()
     if reason is not None:
         raise ValueError(f"builder {args.builder} is unavailable: {reason}")
@@ -135,7 +145,7 @@ def cmd_check(args) -> int:
         args.budget,
         against=args.against,
         batch=args.batch,
-        builder_options=_builder_options(args.builder_option),
+        builder_options=_with_sglang_source(args, _builder_options(args.builder_option)),
     )
     if args.output is not None:
         with atomic_output(args.output) as tmp:
@@ -185,7 +195,7 @@ def cmd_bench(args) -> int:
         min_seconds=args.min_seconds,
         machine=args.machine,
         distribution=distribution,
-        builder_options=_builder_options(args.builder_option),
+        builder_options=_with_sglang_source(args, _builder_options(args.builder_option)),
         **extra,
     )
     with atomic_output(args.output) as tmp:
@@ -230,6 +240,13 @@ def build_parser() -> argparse.ArgumentParser:
         )
         p.add_argument(
             "--builder-option", action="append", metavar="KEY=VALUE", help="builder option (repeatable)"
+        )
+        p.add_argument(
+            "--sglang-source",
+            type=Path,
+            metavar="PATH",
+            help="with --builder sglang: an SGLang checkout (root or python/) or the .py file defining "
+            "build_ddtree_tree_from_topk, loaded by path (only torch needed)",
         )
 
     p = sub.add_parser("build", help="run one builder on a trace, write its trees (.npz)")

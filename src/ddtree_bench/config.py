@@ -156,7 +156,22 @@ def check_config(config: dict, schema: dict | str | Path | None = None) -> dict:
         recorded = config.get("recorded_trace")
         if not recorded:
             _fail("recorded_trace", "distribution 'recorded' needs recorded_trace, the path of a .npz trace")
+    _sglang_source(config)
     return config
+
+
+def _sglang_source(config: dict) -> None:
+    """``sglang.source``, where the sglang builder is configured: the file is found, defines the function and
+    torch is installed (the user asked for this builder explicitly: no quiet "unavailable")."""
+    source = (config.get("sglang") or {}).get("source")
+    if source is None or "sglang" not in config["builders"]:
+        return
+    from ddtree_bench.builders.sglang import check_source  # noqa: PLC0415
+
+    try:
+        check_source(source)
+    except ValueError as error:
+        _fail("sglang.source", str(error))
 
 
 def _timing_counts(timing, field: str) -> None:

@@ -101,6 +101,11 @@ def load_machine(
     label = label or folder.name
     if step_path.is_file():
         missing = "no step rows"
+    elif (
+        source == "published"
+        and ((environment.get("config") or {}).get("step") or {}).get("enabled") is False
+    ):
+        missing = "no step_summary.parquet; the step stages were off in that run"
     elif source == "published":
         missing = "no step_summary.parquet; published before the step stages"
     else:
@@ -455,7 +460,7 @@ def _status_minimum(pairs: pd.DataFrame, threshold: float) -> tuple[str, str]:
 
 def evaluate_targets(machines: list[Machine]) -> list[TargetResult]:
     """Issue 2's, 3's and 4's benchmark targets, per machine, on the measured medians."""
-    results = _build_targets(machines)
+    results = _build_targets(machines) + sglang_function_targets(machines)
     for machine in machines:  # issue 4: verify attention and tree accept (step_summary.parquet)
         for target, source, status, measured in step_report.step_targets(
             machine.step, missing=machine.step_missing
@@ -670,6 +675,165 @@ def _build_targets(machines: list[Machine]) -> list[TargetResult]:
                 notes.append("N=1024: builds (Triton does not)")
             add(target, "issue 3", status, "; ".join(notes))
     return results
+
+
+# ------------------------------------------------------------------- SGLang's measured function
+
+REF_VS_SGLANG_TITLE = "reference (ours) / SGLang's function"
+REF_VS_SGLANG_NOTE = (
+    "Where SGLang's own build_ddtree_tree_from_topk ran beside our Python stand-in reference, on the same "
+    "inputs: median per call of each and their ratio (below 1: the stand-in is faster). Speedups over "
+    "reference on a machine without SGLang relate to SGLang's function by this ratio (the host CPU is "
+    "shared, so it moves between runs)."
+)
+
+SGLANG_FUNCTION_TARGET = (
+    "GPU kernel vs SGLang's measured function, batch 64: >= 500x at every budget <= 64, >= 1000x from 256 up"
+)
+#: (budgets, factor) of that target: every budget up to 64 needs 500x, every budget from 256 up 1000x.
+SGLANG_FUNCTION_FACTORS = ((lambda budget: budget <= 64, 500.0), (lambda budget: budget >= 256, 1000.0))
+
+
+def _sglang_rows(df: pd.DataFrame) -> pd.DataFrame:
+    """The rows where SGLang's own function ran (builder sglang, status ok, timed calls)."""
+    if df.empty:
+        return df
+    return df[(df["builder"] == "sglang") & (df["status"] == "ok") & (df["n"] > 0) & (df["timing"] == "wall")]
+
+
+def sglang_function_targets(machines: list[Machine]) -> list[TargetResult]:
+    """The kernel against SGLang's function where it was measured on the machine (its own rows, never our
+    stand-in): batch 64, L = 16, K = N, peaked and uniform traces, kernel time by CUDA events (warm)."""
+    results = []
+    source = "SGLang's builder"
+    measured_on = [m.label for m in machines if not _sglang_rows(m.summary).empty]
+    for machine in machines:
+        df = machine.summary
+        sglang = _sglang_rows(df)
+        if sglang.empty:
+            elsewhere = f" (measured on {', '.join(measured_on)})" if measured_on else ""
+            why = f"SGLang's function did not run on this machine{elsewhere}"
+            results.append(TargetResult(machine.label, SGLANG_FUNCTION_TARGET, source, "no data", why))
+            continue
+        ok = df[(df["status"] == "ok") & (df["n"] > 0)]
+        kernel = _medians(ok, "gpu", "kernel-events")
+        kernel = kernel[
+            (kernel["batch"] == 64)
+            & (kernel["depth"] == 16)
+            & (kernel["topk"] == kernel["budget"])
+            & kernel["distribution"].isin(["peaked", "uniform"])
+        ]
+        pairs = _ratio_pairs(sglang, kernel, "median_s") if len(kernel) else pd.DataFrame()
+        if pairs.empty:
+            results.append(
+                TargetResult(
+                    machine.label,
+                    SGLANG_FUNCTION_TARGET,
+                    source,
+                    "no data",
+                    "needs gpu kernel and sglang timings at batch 64 (L = 16, K = N, peaked/uniform)",
+                )
+            )
+            continue
+        notes, short, checked = [], [], 0
+        for wanted, factor in SGLANG_FUNCTION_FACTORS:
+            sel = pairs[pairs["budget"].map(wanted)]
+            if sel.empty:
+                continue
+            checked += len(sel)
+            worst = sel.loc[sel["ratio"].idxmin()]
+            notes.append(f"min {_fmt_x(worst['ratio'])} where {_fmt_x(factor)} is asked ({_where(worst)})")
+            for _, row in sel[sel["ratio"] < factor].sort_values(["budget", "distribution"]).iterrows():
+                need_us = row["median_s_num"] / factor * 1e6
+                short.append(
+                    f"{_where(row)}: {_fmt_x(row['ratio'])}, {(1 - row['ratio'] / factor) * 100:.0f}% short "
+                    f"(the kernel took {row['median_s_den'] * 1e6:.1f} µs; {factor:.0f}x needs "
+                    f"<= {need_us:.1f} µs)"
+                )
+        outside = sorted({int(b) for b in pairs["budget"] if 64 < b < 256})
+        if outside:
+            notes.append(f"budgets {outside} are between the two bands and not judged")
+        if checked == 0:
+            results.append(
+                TargetResult(machine.label, SGLANG_FUNCTION_TARGET, source, "no data", "; ".join(notes))
+            )
+            continue
+        status = "not met" if short else "met"
+        measured = "; ".join(notes) + f" ({checked} configurations)"
+        if short:
+            measured += "; short: " + "; ".join(short)
+        results.append(TargetResult(machine.label, SGLANG_FUNCTION_TARGET, source, status, measured))
+    return results
+
+
+def reference_vs_sglang_table(machines: list[Machine]) -> pd.DataFrame:
+    """Per configuration where both ran: our Python stand-in ``reference`` against SGLang's own function,
+    medians per call, and their ratio (< 1: the stand-in is faster than SGLang's function)."""
+    rows = []
+    for machine in machines:
+        sglang = _sglang_rows(machine.summary)
+        if sglang.empty:
+            continue
+        ok = machine.summary[(machine.summary["status"] == "ok") & (machine.summary["n"] > 0)]
+        ref = _medians(ok, "reference")
+        pairs = _ratio_pairs(ref, sglang, "median_s") if len(ref) else pd.DataFrame()
+        for _, row in pairs.sort_values(["depth", "distribution", "budget", "batch"]).iterrows():
+            rows.append(
+                {
+                    "machine": machine.label,
+                    "distribution": row["distribution"],
+                    "L": int(row["depth"]),
+                    "N": int(row["budget"]),
+                    "B": int(row["batch"]),
+                    "reference (ours)": _us(row["median_s_num"]),
+                    "SGLang's function": _us(row["median_s_den"]),
+                    "reference / SGLang": f"{row['ratio']:.2f}",
+                }
+            )
+    return pd.DataFrame(rows)
+
+
+def sglang_source_table(machines: list[Machine]) -> pd.DataFrame:
+    """Where each machine's SGLang function came from (the provenance columns of its sglang rows)."""
+    rows = []
+    for machine in machines:
+        sglang = _sglang_rows(machine.summary)
+        if sglang.empty:
+            continue
+
+        def last(column, sglang=sglang):
+            if column not in sglang:
+                return None
+            values = sglang[column].dropna()
+            return values.iloc[-1] if len(values) else None
+
+        where = last("builder_source")
+        if where is None:
+            rows.append(
+                {
+                    "machine": machine.label,
+                    "SGLang's function from": "not recorded in these rows (published before provenance was "
+                    "recorded; see the publication's README)",
+                    "file sha256": "-",
+                    "git checkout": "-",
+                    "workspace passed": "-",
+                }
+            )
+            continue
+        sha = last("builder_source_sha256")
+        workspace = last("builder_workspace")
+        rows.append(
+            {
+                "machine": machine.label,
+                "SGLang's function from": str(where),
+                "file sha256": str(sha) if sha else "-",
+                "git checkout": "file tracked; commit in summary.parquet"
+                if last("builder_source_git_commit")
+                else "none (the file is not tracked by git)",
+                "workspace passed": "-" if workspace is None else ("yes" if bool(workspace) else "no"),
+            }
+        )
+    return pd.DataFrame(rows)
 
 
 # ----------------------------------------------------------------------------------------- tables
@@ -924,6 +1088,8 @@ def render_report(
     unavailable = unavailable_table(machines)
     correctness = correctness_table(machines)
     env_table = environment_table(machines)
+    ref_vs_sglang = reference_vs_sglang_table(machines)
+    sglang_sources = sglang_source_table(machines)
     compact = {}
     if not data.empty:
         compact = {m.label: compact_table(data, m.label, depth, distribution) for m in machines}
@@ -945,6 +1111,8 @@ def render_report(
     # Markdown
     md = [f"# ddtree-bench report\n\n{intro}\n\nMachines: {machines_line}.\n\nBaselines: {baseline_line}.\n"]
     md.append("## Benchmark targets\n\n" + markdown_table(targets))
+    if not ref_vs_sglang.empty:
+        md.append(f"## {REF_VS_SGLANG_TITLE}\n\n{REF_VS_SGLANG_NOTE}\n\n" + markdown_table(ref_vs_sglang))
     md.append("## Builders that could not run\n\n" + markdown_table(unavailable))
     md.append("## Correctness\n\n" + markdown_table(correctness))
     for label, table in compact.items():
@@ -955,6 +1123,8 @@ def render_report(
             md.append(f"## {titles[name]}\n\n![{name}](figures/{path.name})\n")
     md += _step_markdown(step, figure_paths.get("step_share"), titles.get("step_share"))
     md.append("## Environment\n\n" + markdown_table(env_table))
+    if not sglang_sources.empty:
+        md.append("### SGLang's function: where it came from\n\n" + markdown_table(sglang_sources))
     md.append("## All configurations\n\n" + markdown_table(medians))
     from ddtree_bench.traces import atomic_output  # noqa: PLC0415
 
@@ -978,6 +1148,14 @@ def render_report(
         "H200, L = 16, K = N, peaked and uniform traces), evaluated on the medians measured on each "
         "machine.</p>",
         html_table(targets, status_column="status"),
+    ]
+    if not ref_vs_sglang.empty:
+        parts += [
+            f"<h2>{escape(REF_VS_SGLANG_TITLE)}</h2>",
+            f"<p class='note'>{escape(REF_VS_SGLANG_NOTE)}</p>",
+            html_table(ref_vs_sglang),
+        ]
+    parts += [
         "<h2>Builders that could not run</h2>",
         html_table(unavailable),
         "<h2>Correctness</h2>",
@@ -998,6 +1176,10 @@ def render_report(
     parts += [
         "<h2>Environment</h2>",
         html_table(env_table),
+    ]
+    if not sglang_sources.empty:
+        parts += ["<h3>SGLang's function: where it came from</h3>", html_table(sglang_sources)]
+    parts += [
         "<h2>All configurations</h2>",
         f"<details><summary>{len(medians)} rows: median, p10, p90 per call, per tree, speedup</summary>",
         html_table(medians),

@@ -111,7 +111,20 @@ def gpu_reason():
 
 
 def sglang_reason():
-    """Why SGLang's builder cannot run here (None: it can); probed once, when the workflow is parsed."""
+    """Why SGLang's builder cannot run here (None: it can); probed once, when the workflow is parsed.
+    With sglang.source set, a failure stops the run with one line instead (the user asked for that file).
+    """
+    if config["sglang"].get("source") is not None:
+        from ddtree_bench.builders import get_builder
+
+        try:
+            return get_builder(
+                "sglang", **builder_options("sglang")
+            ).unavailable_reason()
+        except ValueError as error:
+            raise WorkflowError(
+                f"config: sglang.source: {' '.join(str(error).split())}"
+            ) from None
     try:
         from ddtree_bench.builders import get_builder
 
@@ -129,7 +142,10 @@ def builder_options(builder):
     if builder == "gpu":
         return {"fatbin": FATBIN, "util_fatbin": UTIL_FATBIN}
     if builder == "sglang":
-        return {"module_paths": list(config["sglang"]["module_paths"])}
+        options = {"module_paths": list(config["sglang"]["module_paths"])}
+        if config["sglang"].get("source") is not None:
+            options["source"] = str(config["sglang"]["source"])
+        return options
     return {}
 
 
