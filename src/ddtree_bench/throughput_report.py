@@ -112,7 +112,9 @@ def sections(
     options = options or {}
     if not machines:
         return []
-    first_distributions, first_depth = _configured(machines[0], distributions)
+    first_distributions, first_depth = _configured(machines[0], None)
+    if distributions:  # this run's configuration, over what its environment.json recorded
+        first_distributions = list(distributions)
     wanted = list(
         dict.fromkeys(first_distributions[:1] + [d for d in first_distributions if d == "recorded"])
     )
