@@ -245,7 +245,9 @@ def verify_costs(
     empty = pd.DataFrame(columns=["batch", "budget", "attention_layer_s", "accept_s"])
     measured = preferred(step) if step is not None and not step.empty else pd.DataFrame()
     if measured.empty:
-        return VerifyCosts(empty, None, None, None, "no measured step stages (verify attention, accept)")
+        why = _unavailable(step)
+        missing = "no measured verify attention or tree accept" + (f" ({why})" if why else "")
+        return VerifyCosts(empty, None, None, None, missing)
     measured = measured[measured["depth"] == depth]
     attention = measured[(measured["stage"] == "verify-attention") & (measured["impl"] == "ours")]
     if attention.empty:
@@ -281,6 +283,15 @@ def verify_costs(
         {"batch": "int64", "budget": "int64", "attention_layer_s": "float64", "accept_s": "float64"}
     )
     return VerifyCosts(costs.reset_index(drop=True), prefix, heads, trees)
+
+
+def _unavailable(step: pd.DataFrame | None) -> str:
+    """Why our verify attention could not run, from its rows' status (empty where none says)."""
+    if step is None or step.empty or "status_reason" not in step:
+        return ""
+    rows = step[(step["stage"] == "verify-attention") & (step["impl"] == "ours") & (step["status"] != "ok")]
+    reasons = list(dict.fromkeys(str(r) for r in rows["status_reason"].dropna()))
+    return "; ".join(f"ours: {r}" for r in reasons[:2])
 
 
 # ----------------------------------------------------------------------------------------------- tables
