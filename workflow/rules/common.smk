@@ -75,7 +75,14 @@ ENVIRONMENT = f"{RESULTS}/environment.json"
 REPORT_DIR = config["report_dir"].rstrip("/")
 REPORT_HTML = f"{REPORT_DIR}/index.html"
 REPORT_MD = f"{REPORT_DIR}/summary.md"
-FIGURES = ("time_vs_budget", "time_vs_batch", "speedup", "tree_shape", "step_share", "which_budget")
+FIGURES = (
+    "time_vs_budget",
+    "time_vs_batch",
+    "speedup",
+    "tree_shape",
+    "step_share",
+    "which_budget",
+)
 
 
 wildcard_constraints:
