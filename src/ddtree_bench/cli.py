@@ -211,6 +211,84 @@ def cmd_bench(args) -> int:
     return 0
 
 
+def _deep_update(base: dict, extra: dict) -> dict:
+    """``extra`` over ``base``, nested mappings merged (as Snakemake merges --configfile fragments)."""
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(base.get(key), dict):
+            _deep_update(base[key], value)
+        else:
+            base[key] = value
+    return base
+
+
+def _budget_config(args) -> dict:
+    """config/config.yaml with the --configfile fragments over it and the options over those, checked."""
+    import yaml
+
+    from ddtree_bench.config import REPO_ROOT, check_config
+
+    default = REPO_ROOT / "config" / "config.yaml"
+    config = yaml.safe_load(default.read_text()) if default.is_file() else {}
+    for path in args.configfile or []:
+        try:
+            fragment = yaml.safe_load(Path(path).read_text())
+        except OSError as error:
+            raise ValueError(f"config {path}: cannot read it ({error.strerror})") from None
+        except yaml.YAMLError as error:
+            raise ValueError(f"config {path}: not valid YAML ({' '.join(str(error).split())})") from None
+        if fragment is None:
+            continue
+        if not isinstance(fragment, dict):
+            raise ValueError(
+                f"config {path}: must be a mapping of keys to values, got {type(fragment).__name__}"
+            )
+        _deep_update(config, fragment)
+    section = config.setdefault("throughput", {})
+    if not isinstance(section, dict):
+        raise ValueError(f"config: throughput: must be a mapping, got {section!r}")
+    rest = section.setdefault("rest", {})
+    for key, value, where in (
+        ("draft_ms", args.draft_ms, section),
+        ("fixed_ms", args.fixed_ms, rest),
+        ("per_token_us", args.per_token_us, rest),
+        ("prefix_length", args.prefix_length, section),
+    ):
+        if value is not None and isinstance(where, dict):
+            where[key] = value
+    return check_config(config)
+
+
+def cmd_budget(args) -> int:
+    """Which budget? The throughput model on one results folder, printed as Markdown tables."""
+    from ddtree_bench import throughput_report
+    from ddtree_bench.config import throughput_options
+    from ddtree_bench.report import load_machine, markdown_table
+
+    config = _budget_config(args)
+    options = throughput_options(config)
+    summary = Path(args.results) / "summary.parquet"
+    if not summary.is_file():
+        raise ValueError(f"{args.results}: no summary.parquet there (a results/<machine>/ folder has one)")
+    machine = load_machine(summary)
+    settings = {machine.label: {"layers": config["step"]["layers"]}}
+    distributions = [args.distribution] if args.distribution else None
+    found = throughput_report.sections([machine], settings, options, distributions=distributions)
+    lines = [throughput_report.model_line(options), ""]
+    for section in found:
+        lines.append(f"## {section.heading()}\n")
+        if section.note and section.result is not None:
+            lines.append(section.note + "\n")
+        if section.missing:
+            lines.append(f"no data: {section.missing}\n")
+            continue
+        lines.append("Best budget per builder:\n\n" + markdown_table(throughput_report.best_table(section)))
+        gains = throughput_report.gains_table(section)
+        if not gains.empty:
+            lines.append("GPU builder's gain at each one's own best budget:\n\n" + markdown_table(gains))
+    print("\n".join(lines))
+    return 0
+
+
 # ----------------------------------------------------------------------------------------- parser
 
 
@@ -271,6 +349,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--distribution", help="distribution label (default: from the trace's metadata)")
     p.add_argument("-o", "--output", type=Path, required=True, help="output .parquet")
     p.set_defaults(func=cmd_bench)
+
+    p = sub.add_parser(
+        "budget",
+        help="which budget? the throughput model on a results folder",
+        description='The report\'s "Which budget?" model (docs/throughput.md) on results/<machine>/: the '
+        "best budget per builder and the GPU builder's gain, with config/config.yaml's throughput section, "
+        "any --configfile fragments over it, and the options below over those.",
+    )
+    p.add_argument("results", type=Path, help="a results folder (summary.parquet, step_summary.parquet, ...)")
+    p.add_argument("--configfile", action="append", type=Path, help="a config fragment (repeatable)")
+    p.add_argument("--distribution", help="the trees to model (default: the results' first distribution)")
+    p.add_argument("--draft-ms", type=_number, help="throughput.draft_ms")
+    p.add_argument("--fixed-ms", type=_number, help="throughput.rest.fixed_ms")
+    p.add_argument("--per-token-us", type=_number, help="throughput.rest.per_token_us")
+    p.add_argument("--prefix-length", type=_integer, help="throughput.prefix_length (S)")
+    p.set_defaults(func=cmd_budget)
     return parser
 
 

@@ -145,10 +145,12 @@ def check_config(config: dict, schema: dict | str | Path | None = None) -> dict:
     _name_list(config, "builders", BUILDERS, "builder")
     _timing_counts(config.get("timing"), "timing")
     _step_lists(config.get("step"))
+    _throughput_numbers(config.get("throughput"))
     _schema_check(config, schema)
 
     _timing_order(config["timing"], "timing")
     _step_fields(config, budgets, batch_sizes, depths, distributions)
+    _throughput_fields(config)
     columns = trace_columns(config)
     if config["vocab_size"] < columns:
         _fail("vocab_size", f"{config['vocab_size']} is smaller than the {columns} top-K columns needed")
@@ -246,6 +248,47 @@ def _step_fields(config: dict, budgets, batch_sizes, depths, distributions) -> N
         _fail("step.depth", f"{step['depth']} is not one of the configured depths {depths}")
 
 
+def _throughput_numbers(section) -> None:
+    """The throughput model's times are finite numbers >= 0 (before the schema: one clear line each)."""
+    if not isinstance(section, dict):
+        return  # the schema names the problem
+    rest = section.get("rest")
+    fields = [("throughput.draft_ms", section, "draft_ms")]
+    if isinstance(rest, dict):
+        fields += [
+            ("throughput.rest.fixed_ms", rest, "fixed_ms"),
+            ("throughput.rest.per_token_us", rest, "per_token_us"),
+        ]
+    for field, where, key in fields:
+        if key not in where:
+            continue
+        value = where[key]
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, numbers.Real)
+            or value != value  # NaN
+            or value in (float("inf"), float("-inf"))
+            or value < 0
+        ):
+            _fail(field, f"must be a finite number >= 0, got {value!r}")
+    prefix = section.get("prefix_length")
+    if prefix is not None and (
+        isinstance(prefix, bool) or not isinstance(prefix, numbers.Integral) or prefix < 1
+    ):
+        _fail("throughput.prefix_length", f"must be an integer >= 1 or null, got {prefix!r}")
+
+
+def _throughput_fields(config: dict) -> None:
+    """The model's prefix length must be one the step stages measure."""
+    prefix = config["throughput"]["prefix_length"]
+    measured = config["step"]["attention"]["prefix_lengths"]
+    if prefix is not None and prefix not in measured:
+        _fail(
+            "throughput.prefix_length",
+            f"{prefix} is not one of step.attention.prefix_lengths {measured} (null takes the largest)",
+        )
+
+
 # ----------------------------------------------------------------------------------------- derived values
 
 
@@ -300,4 +343,16 @@ def step_options(config: dict) -> dict:
         "flex_kernel_options": None if flex_options is None else dict(flex_options),
         "timing": timing_options(config),
         "attention_timing": timing_options(config, attention["timing"]),
+    }
+
+
+def throughput_options(config: dict) -> dict:
+    """The throughput section as the report takes it: ``draft_ms``, ``fixed_ms``, ``per_token_us`` (floats)
+    and ``prefix_length`` (None: the largest measured)."""
+    section = config["throughput"]
+    return {
+        "draft_ms": float(section["draft_ms"]),
+        "fixed_ms": float(section["rest"]["fixed_ms"]),
+        "per_token_us": float(section["rest"]["per_token_us"]),
+        "prefix_length": None if section["prefix_length"] is None else int(section["prefix_length"]),
     }

@@ -24,10 +24,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ddtree_bench import step_report
+from ddtree_bench import step_report, throughput_report
 from ddtree_bench.environment import ENVIRONMENT_COLUMNS
 
-FIGURE_NAMES = ("time_vs_budget", "time_vs_batch", "speedup", "tree_shape", "step_share")
+FIGURE_NAMES = ("time_vs_budget", "time_vs_batch", "speedup", "tree_shape", "step_share", "which_budget")
 #: The figures of the tree build (drawn from summary.parquet); step_share is the step-time breakdown's.
 BUILD_FIGURES = ("time_vs_budget", "time_vs_batch", "speedup", "tree_shape")
 
@@ -1037,13 +1037,17 @@ def render_report(
     step_depth: int | None = None,
     step_distribution: str | None = None,
     step_enabled: bool = True,
+    throughput_options: dict | None = None,
+    distributions: list[str] | None = None,
 ) -> None:
     """Render the HTML page and the Markdown summary (and the figures as PNG files next to them).
 
     ``step_summary``: this run's step summary (default: ``step_summary.parquet`` beside ``summary``);
     ``step_layers``, ``step_depth``, ``step_distribution``: the step section of this run's configuration
     (published machines use their own, from their environment.json); ``step_enabled`` False: this run left
-    the step stages out (its step tables say so)."""
+    the step stages out (its step tables say so). ``throughput_options``: the "Which budget?" model's
+    settings (``config.throughput_options``; None: the defaults); ``distributions``: this run's configured
+    distributions (the section shows the first, and ``recorded`` where configured)."""
     import matplotlib  # noqa: PLC0415
 
     matplotlib.use("Agg")
@@ -1067,6 +1071,9 @@ def render_report(
         for machine in machines
     }
     breakdowns = {m.label: step_report.breakdown_for(m, **settings[m.label]) for m in machines}
+    budget_sections = throughput_report.sections(
+        machines, settings, throughput_options, distributions=distributions, depth=depth
+    )
     data = timings(machines)
     titles = {}
     makers = {
@@ -1075,6 +1082,7 @@ def render_report(
         "speedup": lambda p: figure_speedup(data, p, depth, distribution),
         "tree_shape": lambda p: figure_tree_shape(machines, p, depth),
         "step_share": lambda p: step_report.figure_step_share(breakdowns, p),
+        "which_budget": lambda p: throughput_report.figure(budget_sections, p, throughput_options),
     }
     for name, path in figure_paths.items():
         if data.empty and name in BUILD_FIGURES and name != "tree_shape":
@@ -1083,7 +1091,13 @@ def render_report(
         else:
             titles[name] = makers[name](path)
 
-    targets = _target_frame(evaluate_targets(machines))
+    target_results = evaluate_targets(machines)
+    target_results += [
+        TargetResult(*found) for found in throughput_report.budget_targets(budget_sections, machines)
+    ]
+    machine_order = {m.label: i for i, m in enumerate(machines)}
+    target_results.sort(key=lambda r: machine_order.get(r.machine, len(machine_order)))
+    targets = _target_frame(target_results)
     medians = medians_table(data)
     unavailable = unavailable_table(machines)
     correctness = correctness_table(machines)
@@ -1122,6 +1136,13 @@ def render_report(
         if name in BUILD_FIGURES:
             md.append(f"## {titles[name]}\n\n![{name}](figures/{path.name})\n")
     md += _step_markdown(step, figure_paths.get("step_share"), titles.get("step_share"))
+    md += throughput_report.markdown(
+        budget_sections,
+        throughput_options,
+        figure_paths.get("which_budget"),
+        titles.get("which_budget"),
+        markdown_table,
+    )
     md.append("## Environment\n\n" + markdown_table(env_table))
     if not sglang_sources.empty:
         md.append("### SGLang's function: where it came from\n\n" + markdown_table(sglang_sources))
@@ -1172,6 +1193,13 @@ def render_report(
         ]
     parts += _step_html(
         step, img("step_share") if "step_share" in figure_paths else "", titles.get("step_share")
+    )
+    parts += throughput_report.html(
+        budget_sections,
+        throughput_options,
+        img("which_budget") if "which_budget" in figure_paths else "",
+        titles.get("which_budget"),
+        html_table,
     )
     parts += [
         "<h2>Environment</h2>",

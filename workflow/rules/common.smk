@@ -7,6 +7,7 @@ from pathlib import Path
 from ddtree_bench.config import (
     builder_input_columns,
     step_options,
+    throughput_options,
     timing_options,
     trace_columns,
     trace_requests,
@@ -29,6 +30,8 @@ INPUT_COLUMNS = builder_input_columns(config)
 TIMING = timing_options(config)
 # The step stages (verify attention, tree accept, peaks): nulls resolved (budgets, distribution, depth).
 STEP = step_options(config)
+# The report's "Which budget?" model (draft, rest of the target's forward, prefix length S).
+THROUGHPUT = throughput_options(config)
 
 # A timing job takes every core Snakemake may use here (Snakemake scales this down to --cores), so no trace,
 # check or other job runs beside it; and the timing_slot resource (one globally) keeps timing jobs apart
@@ -72,7 +75,14 @@ ENVIRONMENT = f"{RESULTS}/environment.json"
 REPORT_DIR = config["report_dir"].rstrip("/")
 REPORT_HTML = f"{REPORT_DIR}/index.html"
 REPORT_MD = f"{REPORT_DIR}/summary.md"
-FIGURES = ("time_vs_budget", "time_vs_batch", "speedup", "tree_shape", "step_share")
+FIGURES = (
+    "time_vs_budget",
+    "time_vs_batch",
+    "speedup",
+    "tree_shape",
+    "step_share",
+    "which_budget",
+)
 
 
 wildcard_constraints:

@@ -39,5 +39,7 @@ rule render_report:
         depth=DEPTHS[0],
         distribution=DISTRIBUTIONS[0],
         step=STEP,
+        throughput=THROUGHPUT,
+        distributions=DISTRIBUTIONS,
     script:
         "../scripts/report.py"

@@ -21,4 +21,6 @@ with logged(snakemake):
         step_depth=step["depth"],
         step_distribution=step["distribution"],
         step_enabled=step["enabled"],
+        throughput_options=dict(snakemake.params.throughput),
+        distributions=list(snakemake.params.distributions),
     )

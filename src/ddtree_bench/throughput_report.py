@@ -1,0 +1,466 @@
+"""The report's "Which budget?" section: the throughput model (``throughput``) on each machine's measured
+tree builds, verify attention, accept and tree shapes; a figure of modelled tokens/s vs budget (a line per
+builder, a panel per batch size), the best budget per builder, the GPU builder's gain over SGLang's builder
+(or over ``reference``, labelled as our stand-in) at each one's own best budget, and the model's assumptions.
+
+The section is shown on the configured first distribution and on ``recorded`` where configured. A machine
+without one of them says so and shows its own first distribution instead, named in the heading. Without
+measured step stages (no verify attention: a CPU-only run) the section says it needs them.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from ddtree_bench.throughput import (
+    ASSUMPTIONS,
+    BUILDERS,
+    RoundModel,
+    Throughput,
+    best_budgets,
+    gpu_gains,
+    throughput,
+)
+
+TITLE = "Which budget?"
+TARGET = "the report names the best budget per builder"
+TARGET_SOURCE = "Which budget?"
+FIGURE = "which_budget"
+INTRO = (
+    "What a budget buys against what it costs, per tree builder: the modelled tokens per second of a batch, "
+    "B x tau(N) / round, where the round is the drafter's configured time, the builder's measured tree "
+    "build, our measured verify attention per layer times the target's layers plus the rest of the "
+    "target's forward (configured), and the measured tree accept. The best budget is each builder's own; "
+    "the gain is the GPU builder's tokens/s at its best budget over the baseline's at the baseline's best."
+)
+_STYLES = {  # builder: (colour, marker, line style); one per builder in every panel
+    "sglang": ("#1f77b4", "o", "-"),
+    "reference": ("#ff7f0e", "s", "--"),
+    "native": ("#2ca02c", "^", "-."),
+    "native-mt": ("#9467bd", "D", ":"),
+    "gpu": ("#d62728", "v", "-"),
+}
+
+
+@dataclass
+class BudgetSection:
+    """One (machine, distribution) of the section: the model's result, or why there is none."""
+
+    machine: str
+    distribution: str
+    depth: int | None
+    result: Throughput | None
+    note: str = ""  # e.g. that the configured distribution is absent and this one is shown instead
+    best: pd.DataFrame = field(default_factory=pd.DataFrame)
+    gains: pd.DataFrame = field(default_factory=pd.DataFrame)
+
+    @property
+    def missing(self) -> str | None:
+        if self.result is None:
+            return self.note or "no data"
+        return self.result.missing
+
+    def heading(self) -> str:
+        parts = [f"L = {self.depth}"] if self.depth else []
+        result = self.result
+        if result is not None and not result.missing:
+            verify = result.verify
+            parts.append(f"verify attention at S = {verify.prefix}, {verify.heads} heads")
+            if verify.distribution != self.distribution:
+                parts.append(
+                    f"verify attention and accept measured on the {verify.distribution} trees (the step "
+                    f"stages' trees; the {self.distribution} trees' own were not measured)"
+                )
+        return f"{self.machine}: {self.distribution} trees ({'; '.join(parts)})"
+
+
+# ----------------------------------------------------------------------------------------------- sections
+
+
+def _distributions_of(machine) -> list[str]:
+    df = machine.summary
+    if df is None or df.empty or "distribution" not in df:
+        return []
+    ok = df[df["status"] == "ok"] if "status" in df else df
+    return list(dict.fromkeys(str(d) for d in ok["distribution"].dropna()))
+
+
+def _configured(machine, fallback: list[str] | None) -> tuple[list[str], int | None]:
+    """A machine's configured distributions and first depth (its environment.json), or ``fallback``."""
+    config = machine.environment.get("config") or {}
+    distributions = list(config.get("distributions") or fallback or _distributions_of(machine))
+    depths = config.get("depths") or []
+    return distributions, (int(depths[0]) if depths else None)
+
+
+def sections(
+    machines,
+    settings: dict,
+    options: dict | None,
+    *,
+    distributions: list[str] | None = None,
+    depth: int | None = None,
+) -> list[BudgetSection]:
+    """The model per machine on the configured first distribution and on ``recorded`` where configured
+    (``distributions``: this run's configuration; default: the first machine's own), each machine's
+    substitute named where it lacks one. ``settings``: per machine label, its step ``layers`` (and ``depth``);
+    ``options``: ``config.throughput_options`` (None: the defaults)."""
+    options = options or {}
+    if not machines:
+        return []
+    first_distributions, first_depth = _configured(machines[0], None)
+    if distributions:  # this run's configuration, over what its environment.json recorded
+        first_distributions = list(distributions)
+    wanted = list(
+        dict.fromkeys(first_distributions[:1] + [d for d in first_distributions if d == "recorded"])
+    )
+    out = []
+    for index, machine in enumerate(machines):
+        own, own_depth = _configured(machine, None)
+        label = machine.label
+        layers = int(settings.get(label, {}).get("layers") or 61)
+        model = RoundModel.from_config(
+            {
+                "draft_ms": options.get("draft_ms", 0.0),
+                "rest": {
+                    key: options[key] for key in ("fixed_ms", "per_token_us") if options.get(key) is not None
+                },
+            },
+            layers,
+        )
+        machine_depth = (depth if index == 0 else None) or own_depth or first_depth or _first_depth(machine)
+        present = _distributions_of(machine)
+        shown = set()
+        for wanted_distribution in wanted:
+            note = ""
+            distribution = wanted_distribution
+            if distribution not in present:
+                substitute = next((d for d in own + present if d in present and d not in shown), None)
+                if substitute is None:
+                    out.append(
+                        BudgetSection(
+                            label,
+                            distribution,
+                            machine_depth,
+                            None,
+                            f"no tree-build rows of the {distribution} trees on this machine",
+                        )
+                    )
+                    continue
+                note = (
+                    f"The configured {distribution} trees are absent on {label}; shown instead: its "
+                    f"{substitute} trees."
+                )
+                distribution = substitute
+            if distribution in shown:
+                continue
+            shown.add(distribution)
+            result = throughput(
+                machine.summary,
+                machine.step,
+                machine.shapes,
+                model,
+                distribution=distribution,
+                depth=machine_depth,
+                prefix=options.get("prefix_length"),
+            )
+            if result.missing and machine.step.empty:
+                result.missing = f"needs the step stages (measured verify attention): {machine.step_missing}"
+            best = best_budgets(result.table)
+            out.append(
+                BudgetSection(
+                    label, distribution, machine_depth, result, note, best=best, gains=gpu_gains(best)
+                )
+            )
+    return out
+
+
+def _first_depth(machine) -> int | None:
+    df = machine.summary
+    if df is None or df.empty or "depth" not in df or not df["depth"].notna().any():
+        return None
+    return int(df["depth"].dropna().iloc[0])
+
+
+# ----------------------------------------------------------------------------------------------- tables
+
+
+def _us(value) -> str:
+    from ddtree_bench.step_report import fmt_us  # noqa: PLC0415
+
+    return fmt_us(value)
+
+
+def _tps(value) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    return f"{value:,.0f}" if value >= 100 else f"{value:,.1f}"
+
+
+def best_table(section: BudgetSection) -> pd.DataFrame:
+    """The best budget of every builder, per batch size."""
+    best = section.best
+    if best.empty:
+        return pd.DataFrame()
+    return pd.DataFrame(
+        {
+            "B": best["batch"],
+            "builder": best["label"],
+            "build cost from": best["build_from"],
+            "best N": best["best_budget"],
+            "tokens/s": best["tokens_per_s"].map(_tps),
+            "tau": best["tau"].map(lambda v: f"{v:.2f}"),
+            "round": best["round_s"].map(_us),
+            "budgets compared": best["budgets"].map(lambda b: ", ".join(str(x) for x in b)),
+        }
+    )
+
+
+def gains_table(section: BudgetSection) -> pd.DataFrame:
+    """Per batch size, the GPU builder's gain over the baseline, each at its own best budget."""
+    gains = section.gains
+    if gains.empty:
+        return pd.DataFrame()
+    return pd.DataFrame(
+        {
+            "B": gains["batch"],
+            "gpu: best N": gains["gpu_budget"],
+            "gpu: tokens/s": gains["gpu_tokens_per_s"].map(_tps),
+            "baseline": gains["baseline_label"],
+            "baseline: best N": gains["baseline_budget"],
+            "baseline: tokens/s": gains["baseline_tokens_per_s"].map(_tps),
+            "gain": gains["gain"].map(lambda v: f"{v:.2f}x"),
+        }
+    )
+
+
+def detail_table(section: BudgetSection) -> pd.DataFrame:
+    """Every modelled (B, N): tau, the round's measured and configured terms, and each builder's build and
+    tokens/s."""
+    table = section.result.table if section.result is not None else pd.DataFrame()
+    if table.empty:
+        return pd.DataFrame()
+    keys = ["batch", "budget"]
+    first = table.drop_duplicates(keys).set_index(keys)
+    out = pd.DataFrame(
+        {
+            "B": first.index.get_level_values("batch"),
+            "N": first.index.get_level_values("budget"),
+            "tau": first["tau"].map(lambda v: f"{v:.2f}").to_numpy(),
+            "attention x layers": first["attention_s"].map(_us).to_numpy(),
+            "rest": first["rest_s"].map(_us).to_numpy(),
+            "accept": first["accept_s"].map(_us).to_numpy(),
+        }
+    )
+    for builder, *_ in BUILDERS:
+        sel = table[table["builder"] == builder].set_index(keys).reindex(first.index)
+        if sel["label"].notna().any():
+            out[f"{builder}: build / tokens/s"] = [
+                "-" if pd.isna(b) else f"{_us(b)} / {_tps(t)}"
+                for b, t in zip(sel["build_s"], sel["tokens_per_s"], strict=True)
+            ]
+    return out
+
+
+def model_line(options: dict | None) -> str:
+    options = options or {}
+    prefix = options.get("prefix_length")
+    return (
+        f"Model: draft {options.get('draft_ms', 0.0):g} ms; rest {options.get('fixed_ms', 1.0):g} ms + "
+        f"{options.get('per_token_us', 10.0):g} µs x B x (N + 1); verify attention at "
+        f"{'S = ' + str(prefix) if prefix else 'the largest measured S'} (throughput section of the "
+        "configuration; docs/throughput.md)."
+    )
+
+
+# ----------------------------------------------------------------------------------------------- targets
+
+
+def budget_targets(found: list[BudgetSection], machines) -> list[tuple[str, str, str, str, str]]:
+    """The goal "the report names the best budget per builder", per machine: ``(machine, target, source,
+    status, measured)``."""
+    results = []
+    for machine in machines:
+        label = machine.label
+        mine = [s for s in found if s.machine == label]
+        named = [s for s in mine if not s.best.empty]
+        if not named:
+            why = "; ".join(f"{s.distribution}: {s.missing}" for s in mine if s.missing) or "no data"
+            results.append((label, TARGET, TARGET_SOURCE, "no data", why))
+            continue
+        parts = []
+        for section in named:
+            for batch, group in section.best.groupby("batch", sort=True):
+                each = ", ".join(
+                    f"{b} {n}" for b, n in zip(group["builder"], group["best_budget"], strict=True)
+                )
+                parts.append(f"{section.distribution}, B={int(batch)}: {each}")
+        results.append((label, TARGET, TARGET_SOURCE, "met", "best N: " + "; ".join(parts)))
+    return results
+
+
+# ----------------------------------------------------------------------------------------------- figure
+
+
+def figure(found: list[BudgetSection], path, options: dict | None = None) -> str:
+    """Modelled tokens/s vs budget: a row of panels per (machine, distribution) with data, a panel per batch
+    size, a line per builder (its best budget starred); x ticks at the modelled budgets; legend below."""
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+
+    rows = [s for s in found if s.result is not None and not s.result.table.empty]
+    if not rows:
+        fig, ax = plt.subplots(figsize=(7, 1.6))
+        ax.axis("off")
+        ax.text(
+            0.5,
+            0.5,
+            "Which budget?: no data (needs the step stages' measured verify attention and accept)",
+            ha="center",
+            va="center",
+            fontsize=10,
+        )
+        fig.savefig(path, dpi=110, bbox_inches="tight")
+        plt.close(fig)
+        return f"{TITLE} no data"
+    batches = sorted({int(b) for s in rows for b in s.result.table["batch"]})
+    fig, axes = plt.subplots(
+        len(rows), len(batches), figsize=(3.6 * len(batches), 2.9 * len(rows) + 0.6), squeeze=False
+    )
+    for i, section in enumerate(rows):
+        table = section.result.table
+        for j, batch in enumerate(batches):
+            ax = axes[i][j]
+            sel = table[table["batch"] == batch]
+            if sel.empty:
+                ax.axis("off")
+                ax.text(0.5, 0.5, f"B = {batch}: not modelled", ha="center", va="center", fontsize=8)
+                continue
+            for builder, label, *_ in BUILDERS:
+                line = sel[sel["builder"] == builder].sort_values("budget")
+                if line.empty:
+                    continue
+                color, marker, style = _STYLES[builder]
+                ax.plot(
+                    line["budget"],
+                    line["tokens_per_s"],
+                    color=color,
+                    marker=marker,
+                    linestyle=style,
+                    markersize=4.5,
+                    linewidth=1.4,
+                    label=label,
+                )
+                best = line.loc[line["tokens_per_s"].idxmax()]
+                ax.plot(
+                    [best["budget"]],
+                    [best["tokens_per_s"]],
+                    marker="*",
+                    markersize=12,
+                    color=color,
+                    markeredgecolor="black",
+                    markeredgewidth=0.5,
+                    linestyle="none",
+                )
+            budgets = sorted(int(b) for b in sel["budget"].unique())
+            ax.set_xscale("log", base=2)
+            ax.set_xticks(budgets)
+            ax.set_xticklabels([str(b) for b in budgets], fontsize=8)
+            ax.minorticks_off()
+            ax.set_ylim(bottom=0)
+            ax.grid(True, alpha=0.3)
+            ax.set_title(f"{section.machine}, {section.distribution} trees: B = {batch}", fontsize=9)
+            if i == len(rows) - 1:
+                ax.set_xlabel("budget N (nodes per tree)")
+            if j == 0:
+                ax.set_ylabel("tokens/s (model)\nB·tau / (draft+build+verify+accept)", fontsize=8)
+    handles, names = [], []
+    for ax in np.ravel(axes):
+        for handle, name in zip(*ax.get_legend_handles_labels(), strict=True):
+            if name not in names:
+                handles.append(handle)
+                names.append(name)
+    names = [*names, "best budget (each builder's)"]
+    star = plt.Line2D(
+        [], [], marker="*", markersize=11, color="0.5", markeredgecolor="black", linestyle="none"
+    )
+    handles = [*handles, star]
+    fig.legend(handles, names, loc="lower center", ncol=min(len(names), 3), frameon=False, fontsize=8)
+    options = options or {}
+    title = (
+        f"{TITLE} Modelled tokens/s vs budget (measured build, verify attention x layers, accept; "
+        f"rest {options.get('fixed_ms', 1.0):g} ms + {options.get('per_token_us', 10.0):g} µs/token, "
+        f"draft {options.get('draft_ms', 0.0):g} ms)"
+    )
+    import textwrap  # noqa: PLC0415
+
+    fig.suptitle("\n".join(textwrap.wrap(title, width=max(60, 55 * len(batches)))), fontsize=10)
+    legend_rows = math.ceil(len(names) / 3)
+    fig.tight_layout(rect=(0, 0.05 + 0.035 * legend_rows / max(1, len(rows)), 1, 0.97))
+    fig.savefig(path, dpi=100, bbox_inches="tight")
+    plt.close(fig)
+    return title
+
+
+# ----------------------------------------------------------------------------------------------- rendering
+
+
+def markdown(found: list[BudgetSection], options, figure_path, title, table) -> list[str]:
+    """The section in Markdown. ``table``: the report's DataFrame-to-Markdown function."""
+    md = [f"## {TITLE}\n\n{INTRO}\n\n{model_line(options)}\n"]
+    md.append("**The model's assumptions:**\n\n" + "\n".join(f"1. {line}" for line in ASSUMPTIONS) + "\n")
+    for section in found:
+        md.append(f"### {section.heading()}\n")
+        if section.note and section.result is not None:
+            md.append(f"_{section.note}_\n")
+        if section.missing:
+            md.append(f"_no data: {section.missing}_\n")
+            continue
+        md.append("Best budget per builder:\n\n" + table(best_table(section)))
+        gains = gains_table(section)
+        md.append(
+            "GPU builder's gain at each one's own best budget:\n\n"
+            + (table(gains) if not gains.empty else "_no GPU builder or baseline rows_\n")
+        )
+        md.append("Every modelled budget:\n\n" + table(detail_table(section)))
+    if figure_path is not None:
+        md.append(f"### {title}\n\n![{FIGURE}](figures/{figure_path.name})\n")
+    return md
+
+
+def html(found: list[BudgetSection], options, image: str, title, table) -> list[str]:
+    """The section in HTML. ``table``: the report's DataFrame-to-HTML function; ``image``: the figure's
+    ``<img>``."""
+    from html import escape  # noqa: PLC0415
+
+    parts = [
+        f"<h2>{escape(TITLE)}</h2>",
+        f"<p>{escape(INTRO)}</p>",
+        f"<p>{escape(model_line(options))}</p>",
+        "<p><b>The model's assumptions:</b></p><ol>",
+        *(f"<li>{escape(line)}</li>" for line in ASSUMPTIONS),
+        "</ol>",
+    ]
+    for section in found:
+        parts.append(f"<h3>{escape(section.heading())}</h3>")
+        if section.note and section.result is not None:
+            parts.append(f"<p class='note'>{escape(section.note)}</p>")
+        if section.missing:
+            parts.append(f"<p><em>no data: {escape(section.missing)}</em></p>")
+            continue
+        gains = gains_table(section)
+        parts += [
+            "<p>Best budget per builder:</p>",
+            table(best_table(section)),
+            "<p>GPU builder's gain at each one's own best budget:</p>",
+            table(gains) if not gains.empty else "<p><em>no GPU builder or baseline rows</em></p>",
+            "<details><summary>Every modelled budget</summary>",
+            table(detail_table(section)),
+            "</details>",
+        ]
+    if image:
+        parts += [f"<h3>{escape(str(title))}</h3>", image]
+    return parts
