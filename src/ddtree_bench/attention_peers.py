@@ -581,7 +581,7 @@ def check_visibility(name: str, visibility):
     if PEER_MASKS.get(name, TREE_MASK) != CAUSAL_MASK:
         return visibility
     batch, nodes, _ = visibility.shape
-    return np.broadcast_to(np.tril(np.ones((nodes, nodes), dtype=bool)), (batch, nodes, nodes))
+    return np.broadcast_to(np.tril(np.ones((nodes, nodes), dtype=bool)), (batch, nodes, nodes)).copy()
 
 
 def make_peer(
