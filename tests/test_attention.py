@@ -820,7 +820,18 @@ def test_benchmark_without_a_gpu_gives_one_unavailable_row_per_impl(attention_tr
         attention_trace, 16, 2, heads=8, prefix=100, timing=TIMING, machine="m", distribution=None
     )
     assert list(df.columns) == list(STAGE_COLUMNS)
-    assert df["impl"].tolist() == ["ours", "ours-mma", "flexattention", "sdpa", "read-stream"]
+    assert df["impl"].tolist() == [
+        "ours",
+        "ours-mma",
+        "flexattention",
+        "sdpa",
+        "flashmla",
+        "sglang-triton",
+        "read-stream",
+    ]
+    # the mask each impl applies (FlashMLA has no tree mask; the read stream is no attention)
+    assert df["mask"].tolist()[:-1] == ["tree"] * 4 + ["causal (no tree mask)", "tree"]
+    assert df["mask"].isna().tolist()[-1]
     assert set(df["status"]) == {"unavailable"}
     assert set(df["status_reason"]) == {"no GPU in this test"}
     assert df["seconds"].isna().all()

@@ -21,7 +21,7 @@ needs_torch_gpu = pytest.mark.skipif(
 
 
 def test_peer_names():
-    assert PEERS == ("flexattention", "sdpa")
+    assert PEERS == ("flexattention", "sdpa", "flashmla", "sglang-triton")  # see test_peers.py
     assert issubclass(PeerUnavailable, RuntimeError)
 
 
@@ -164,7 +164,10 @@ def test_peer_matches_float32_reference(name):
     torch.cuda.synchronize()
     assert out.shape == (2, 8, 8, 512) and out.dtype == torch.bfloat16
     assert peer.peer == name and peer.shape == (2, 7, 8, 108) and peer.backend
-    ref = naive_reference(q, kv, prefix_lengths, visibility)
+    # against float32 with the mask the peer applies (FlashMLA's causal mask: query i sees tree keys 0..i)
+    assert peer.mask == attention_peers.PEER_MASKS[name]
+    applied = visibility if peer.mask == attention_peers.TREE_MASK else torch.ones_like(visibility).tril()
+    ref = naive_reference(q, kv, prefix_lengths, applied)
     error = float((out.float() - ref).abs().max())
     assert math.isfinite(error) and error < 2e-2, f"{name} ({peer.backend}): max abs error {error}"
     again = peer()

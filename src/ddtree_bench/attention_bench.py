@@ -7,12 +7,15 @@ For one grid point (trace, budget N, batch B, heads H, prefix length S):
   bool visibility the peers' mask. Every request has the same prefix length ``S``.
 - ``q [B, N+1, H, 576]`` and the latent cache ``kv [B, S+N+1, 576]`` are standard-normal bf16 (seeded); the
   values do not change the work, the tree does.
-- Each implementation (``ours``, ``ours-mma``, ``flexattention``, ``sdpa``) is set up untimed (allocation,
-  masks, compilation, one call), checked against the float32 reference on the first and the last request (max
-  abs error, ``correct`` when below ``TOLERANCE``), then timed: CUDA events around one call queued behind a
-  spin kernel (so the host's launch cost is hidden, as for the tree build), ``warm`` samples back to back and
-  ``cold`` samples after an L2 flush. An implementation that cannot run a shape (missing, unsupported head
-  dims, out of memory) gives one ``unavailable`` row with the reason, never a number.
+- Each implementation (``ours``, ``ours-mma``, ``flexattention``, ``sdpa``, ``flashmla``, ``sglang-triton``)
+  is set up untimed (allocation, masks, compilation, one call), checked against the float32 reference with
+  the mask it applies on the first and the last request (max abs error, ``correct`` when below
+  ``TOLERANCE``; every impl applies the tree mask except FlashMLA, which has none and runs causal: its
+  reference is causal attention over the same keys, ``attention_peers.check_visibility``), then timed: CUDA
+  events around one call queued behind a spin kernel (so the host's launch cost is hidden, as for the tree
+  build), ``warm`` samples back to back and ``cold`` samples after an L2 flush. An implementation that
+  cannot run a shape (missing, an optional extra that does not import, unsupported head dims, out of
+  memory) gives one ``unavailable`` row with the reason, never a number.
 - FLOPs and bytes per call (``attention.attention_flops`` / ``attention_bytes``) go on every row, so
   TFLOP/s and TB/s follow from ``seconds``.
 - ``read-stream`` is no attention: ``ddtree_stream_read`` (``kernels/bench_util.cu``) reads a buffer of the
@@ -20,6 +23,8 @@ For one grid point (trace, budget N, batch B, heads H, prefix length S):
   any kernel that must move these bytes needs at least, launch and ramp included (warm: as much of them as
   L2 holds is read from L2, as for the other impls' warm samples). Its rows carry the bytes, no FLOPs and
   no correctness.
+- Every row records the mask its impl applies (``mask``: "tree", or "causal (no tree mask)" for FlashMLA;
+  null for the read stream). FLOPs are the tree's (the problem's work) for every impl, FlashMLA included.
 """
 
 from __future__ import annotations
@@ -42,7 +47,7 @@ from ddtree_bench.config import ATTENTION_IMPLS, STREAM_IMPL
 from ddtree_bench.environment import ENVIRONMENT_COLUMNS, collect_environment
 from ddtree_bench.stage_records import stage_frame
 
-IMPLS = ATTENTION_IMPLS  # ours, ours-mma, flexattention, sdpa, read-stream
+IMPLS = ATTENTION_IMPLS  # ours, ours-mma, flexattention, sdpa, flashmla, sglang-triton, read-stream
 # ddtree_stream_read's launch: 2 blocks of 1024 threads per SM (4 words of 16 bytes in flight a thread) was
 # the fastest or within 3 % of it over 2-8 blocks per SM, 256-1024 threads and 2-8 words a thread, for 5 MB
 # to 2.4 GB on the H200 (scratch probe, 2026-12-01)
@@ -99,6 +104,7 @@ def run_attention_benchmark(
     prefix,
     impls=IMPLS,
     flex_kernel_options: dict | None = None,
+    sglang_source=None,
     timing: dict,
     machine: str | None,
     distribution: str | None,
@@ -109,6 +115,10 @@ def run_attention_benchmark(
     impls = list(impls)
     _check_args(budget, batch, heads, prefix, impls)
     budget, batch, heads, prefix = int(budget), int(batch), int(heads), int(prefix)
+    if sglang_source is not None and "sglang-triton" in impls:
+        from ddtree_bench.attention_peers import find_sglang_kernel
+
+        find_sglang_kernel(sglang_source)  # a path given without SGLang's file: ValueError, nothing measured
     policy = TimingPolicy(**timing)
     lp, ids, columns, metadata = read_batch(trace_path, batch)
     topk = min(budget, columns)
@@ -138,11 +148,18 @@ def run_attention_benchmark(
         "bytes": attention_bytes(lengths, budget + 1, heads, bits_host.shape[-1]),
     }
 
+    def mask_of(impl):
+        """The mask an impl applies, as its rows record it (None for the read stream)."""
+        from ddtree_bench.attention_peers import PEER_MASKS, TREE_MASK
+
+        return None if impl == STREAM_IMPL else PEER_MASKS.get(impl, TREE_MASK)
+
     def unavailable(impl, reason, status="unavailable"):
         return {
             **base,
             **work,
             "impl": impl,
+            "mask": mask_of(impl),
             "phase": "timed",
             "repetition": 0,
             "timing": "cuda-events",
@@ -186,6 +203,19 @@ def run_attention_benchmark(
     torch_stream.synchronize()
     check_requests = sorted({0, batch - 1})
     reference = reference_attention(q, kv, lengths, trees.visibility, requests=check_requests)
+    references = {mask_of("ours"): reference}
+
+    def reference_for(impl):
+        """The float32 reference with the mask ``impl`` applies (computed once per mask)."""
+        from ddtree_bench.attention_peers import check_visibility
+
+        mask = mask_of(impl)
+        if mask not in references:
+            visibility_checked = check_visibility(impl, trees.visibility)
+            references[mask] = reference_attention(
+                q, kv, lengths, visibility_checked, requests=check_requests
+            )
+        return references[mask]
 
     def event_time(fn, cold: bool) -> float:
         spin_kernel((1,), (1,), (np.int64(SPIN_NS),), stream=stream)
@@ -247,7 +277,15 @@ def run_attention_benchmark(
 
                     try:
                         options = flex_kernel_options if impl == "flexattention" else None
-                        peer = make_peer(impl, q, kv, prefix_t, visibility, kernel_options=options)
+                        peer = make_peer(
+                            impl,
+                            q,
+                            kv,
+                            prefix_t,
+                            visibility,
+                            kernel_options=options,
+                            sglang_source=sglang_source if impl == "sglang-triton" else None,
+                        )
                     except PeerUnavailable as exc:
                         rows.append(unavailable(impl, exc))
                         continue
@@ -265,7 +303,7 @@ def run_attention_benchmark(
             else:
                 got = result[check_requests].float()
                 error = (
-                    float((got - reference).abs().max().item())
+                    float((got - reference_for(impl)).abs().max().item())
                     if not torch.isnan(got).any()
                     else float("nan")
                 )
@@ -308,6 +346,7 @@ def run_attention_benchmark(
                     **work,
                     **({"flops": float("nan")} if impl == STREAM_IMPL else {}),
                     "impl": impl,
+                    "mask": mask_of(impl),
                     "phase": phase,
                     "repetition": rep,
                     "timing": "cuda-events",

@@ -20,6 +20,18 @@ only when the caller gives them, and its ``backend`` then names them):
   picks the backend (``backend`` attribute of the returned callable).
 - ``flexattention``: ``torch.nn.attention.flex_attention.flex_attention`` compiled by ``torch.compile``,
   with a ``BlockMask`` from a ``mask_mod`` that reads the prefix lengths and the visibility tensor.
+- ``flashmla`` (optional extra): the ``flash_mla`` package's ``flash_mla_with_kvcache`` (either build:
+  ``tokenspeed-flashmla`` for torch 2.11, SGLang's ``sgl-flash-mla`` for torch >= 2.14), the latent cache
+  paged as it expects (64-token pages, a block table, cache lengths ``S_b + N + 1``, ``s_q = N + 1``),
+  ``causal=True``. It has no tree mask: query ``i`` sees the prefix and tree keys ``0..i`` (the same bytes
+  and nearly the same FLOPs, not the same answer), so its mask is ``CAUSAL_MASK`` and it is checked against
+  float32 attention with that causal mask (``check_visibility``).
+- ``sglang-triton`` (optional extra): SGLang's Triton ``extend_attention_fwd`` with ``custom_mask`` (the
+  exact tree mask), what SGLang's Triton backend runs for tree verify. Its file is loaded from an installed
+  ``sglang`` or a directory given as ``sglang_source`` without importing the ``sglang`` package itself
+  (``load_sglang_extend_attention``).
+
+Every peer's callable records the mask it applies (``mask``: ``TREE_MASK`` or ``CAUSAL_MASK``).
 
 ``make_peer`` does all setup (masks, layouts, compilation) and one warm call that proves the peer runs on
 these shapes; the callable it returns does only the attention call. A peer that cannot run here raises
@@ -42,14 +54,30 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
 
 from ddtree_bench.attention import HEAD_DIM, SOFTMAX_SCALE, VALUE_DIM, reference_attention
 
-PEERS = ("flexattention", "sdpa")
+FLASHMLA, SGLANG_TRITON = "flashmla", "sglang-triton"
+PEERS = ("flexattention", "sdpa", FLASHMLA, SGLANG_TRITON)
+#: what a peer's rows record as its mask: the exact tree mask, or FlashMLA's causal mask (no tree mask)
+TREE_MASK, CAUSAL_MASK = "tree", "causal (no tree mask)"
+PEER_MASKS = {"flexattention": TREE_MASK, "sdpa": TREE_MASK, FLASHMLA: CAUSAL_MASK, SGLANG_TRITON: TREE_MASK}
 __all__ = [
+    "CAUSAL_MASK",
+    "FLASHMLA",
     "PEERS",
+    "PEER_MASKS",
+    "SGLANG_TRITON",
+    "TREE_MASK",
     "PeerUnavailable",
+    "check_visibility",
     "dense_mask",
+    "find_sglang_kernel",
+    "load_flash_mla",
+    "load_sglang_extend_attention",
     "make_peer",
     "reference_attention",
     "torch_unavailable_reason",
@@ -250,6 +278,312 @@ def _build_flex(torch, q_bhld, kv_used, prefix_lengths, visibility, scale, kerne
     return call
 
 
+# ------------------------------------------------------------------------------ optional extras: FlashMLA
+
+#: FlashMLA's paged latent cache: pages of this many tokens (what flash_mla_with_kvcache's dense path expects)
+FLASHMLA_PAGE = 64
+#: the distributions that install the ``flash_mla`` package, either of which is accepted
+FLASHMLA_DISTRIBUTIONS = ("tokenspeed-flashmla", "sgl-flash-mla")
+
+
+def _distribution_of(package: str) -> str | None:
+    """``name version`` of the installed distribution that provides ``package``, or None."""
+    try:
+        from importlib import metadata
+
+        names = metadata.packages_distributions().get(package) or []
+        for name in names:
+            return f"{name} {metadata.version(name)}"
+    except Exception:
+        return None
+    return None
+
+
+def load_flash_mla():
+    """``(flash_mla module, "distribution version")``; ``PeerUnavailable`` (one line) where the package does
+    not import or lacks ``flash_mla_with_kvcache`` / ``get_mla_metadata``."""
+    try:
+        import flash_mla
+    except Exception as exc:  # ImportError, or a build for another torch / CUDA (undefined symbols)
+        raise PeerUnavailable(
+            f"{FLASHMLA}: the flash_mla package does not import ({_describe(exc)}); install "
+            "tokenspeed-flashmla (a build for torch 2.11) or sgl-flash-mla (torch >= 2.14)"
+        ) from exc
+    missing = [n for n in ("flash_mla_with_kvcache", "get_mla_metadata") if not hasattr(flash_mla, n)]
+    if missing:
+        raise PeerUnavailable(f"{FLASHMLA}: this flash_mla has no {', '.join(missing)}")
+    label = _distribution_of("flash_mla") or f"flash_mla {getattr(flash_mla, '__version__', '?')}"
+    return flash_mla, label
+
+
+def _build_flashmla(torch, q, kv_used, prefix_lengths, scale, heads: int):
+    """FlashMLA's dense decode on the same inputs, causal (no tree mask): the cache copied once into pages of
+    ``FLASHMLA_PAGE`` tokens (request ``b``'s pages in order, the block table saying which), cache lengths
+    ``S_b + N + 1``, ``s_q = N + 1`` queries a request (the last ``N + 1`` positions)."""
+    module, label = load_flash_mla()
+    batch, used, _ = kv_used.shape
+    nodes = q.shape[1]
+    pages = -(-used // FLASHMLA_PAGE)
+    cache = torch.zeros((batch, pages * FLASHMLA_PAGE, HEAD_DIM), dtype=kv_used.dtype, device=kv_used.device)
+    cache[:, :used] = kv_used
+    k_cache = cache.view(batch * pages, FLASHMLA_PAGE, 1, HEAD_DIM)
+    block_table = torch.arange(batch * pages, dtype=torch.int32, device=q.device).view(batch, pages)
+    seqlens = (prefix_lengths.to(torch.int32) + nodes).contiguous()
+    query = q.contiguous()
+    # the scheduling metadata: current builds return an empty holder that the first call fills (the warm
+    # call in make_peer, untimed) and later calls reuse; older builds computed it here from these arguments
+    meta, splits = module.get_mla_metadata(seqlens, nodes * heads, 1)
+    run = module.flash_mla_with_kvcache
+
+    def call():
+        out, _lse = run(
+            query, k_cache, block_table, seqlens, VALUE_DIM, meta, splits, softmax_scale=scale, causal=True
+        )
+        return out
+
+    call.backend = f"{label}, flash_mla_with_kvcache (bf16 pages of {FLASHMLA_PAGE}, causal=True)"
+    call.k_cache = k_cache
+    return call
+
+
+# ----------------------------------------------------------------------- optional extras: SGLang's Triton
+
+#: where SGLang keeps its Triton extend-attention kernel, relative to the directory that holds the ``sglang``
+#: package: sglang 0.5.23's layout, then the older one
+SGLANG_KERNEL_FILES = (
+    "sglang/kernels/ops/attention/extend_attention.py",
+    "sglang/srt/layers/attention/triton_ops/extend_attention.py",
+)
+_SGLANG_LOADED: dict = {}
+
+
+class _SglangStubUtils:
+    """Our own stand-in for ``sglang.srt.utils`` (the real one imports most of SGLang's dependencies): the
+    few platform queries the Triton attention files ask at import time."""
+
+    @staticmethod
+    def module(name: str):
+        import types
+
+        import torch
+
+        stub = types.ModuleType(name)
+        stub.__doc__ = "ddtree_bench's stand-in for sglang.srt.utils (platform queries only)"
+        stub.is_cuda = lambda: bool(torch.version.cuda) and torch.cuda.is_available()
+        stub.is_hip = lambda: bool(getattr(torch.version, "hip", None))
+        stub.is_gfx95_supported = lambda: False
+        stub.is_gfx1250_supported = lambda: False
+        stub.get_device_core_count = lambda device_id=0: (
+            torch.cuda.get_device_properties(device_id).multi_processor_count
+        )
+        return stub
+
+
+def _sglang_roots(source: Path) -> list[Path]:
+    """Directories that may hold the ``sglang`` package, given a user's path: the path itself, a checkout's
+    ``python/``, or the parent of an ``sglang`` package directory."""
+    roots = [source, source / "python"]
+    if source.name == "sglang":
+        roots.append(source.parent)
+    return roots
+
+
+def find_sglang_kernel(source=None) -> tuple[Path, str]:
+    """``(root, relative path)`` of SGLang's Triton extend-attention file: under ``source`` (a directory
+    holding ``sglang/``, a checkout whose ``python/`` holds it, or the ``sglang`` package directory) or, when
+    None, the installed ``sglang``'s (``importlib.util.find_spec``, which does not import it). A ``source``
+    without the file is a ``ValueError`` (a configuration error); no installed ``sglang``,
+    ``PeerUnavailable``."""
+    import importlib.util
+
+    if source is not None:
+        source = Path(source).expanduser()
+        for root in _sglang_roots(source):
+            for rel in SGLANG_KERNEL_FILES:
+                if (root / rel).is_file():
+                    return root.resolve(), rel
+        raise ValueError(
+            f"sglang_triton_source: no SGLang Triton extend-attention file under {source} "
+            f"(looked for {' or '.join(SGLANG_KERNEL_FILES)} there and under its python/)"
+        )
+    try:
+        spec = importlib.util.find_spec("sglang")
+    except Exception as exc:
+        spec, reason = None, _describe(exc)
+    else:
+        reason = "no installed sglang package"
+    if spec is None or not spec.submodule_search_locations:
+        raise PeerUnavailable(
+            f"{SGLANG_TRITON}: {reason}; pip install --no-deps sglang (0.5.23 was measured), or give "
+            "step.attention.sglang_triton_source (a directory holding sglang/'s Triton attention files)"
+        )
+    for location in spec.submodule_search_locations:
+        root = Path(location).parent
+        for rel in SGLANG_KERNEL_FILES:
+            if (root / rel).is_file():
+                return root.resolve(), rel
+    raise PeerUnavailable(
+        f"{SGLANG_TRITON}: the installed sglang ({spec.origin}) has none of {list(SGLANG_KERNEL_FILES)}"
+    )
+
+
+def load_sglang_extend_attention(source=None):
+    """``(extend_attention_fwd, description)`` from SGLang's file (``find_sglang_kernel``), loaded WITHOUT
+    importing the ``sglang`` package: while it loads, ``sglang.*`` names resolve to the files under its root
+    (packages as empty modules: no ``__init__.py`` runs), except ``sglang.srt.utils``, our own stand-in
+    (``_SglangStubUtils``). ``sys.modules`` is restored afterwards (a real ``sglang`` imported before or
+    after is left alone). Loaded once per file and process. ``ValueError`` for a bad ``source``;
+    ``PeerUnavailable`` (one line) where it cannot load (a file it needs missing, no Triton)."""
+    import importlib.abc
+    import importlib.machinery
+    import importlib.util
+    import sys
+
+    root, rel = find_sglang_kernel(source)
+    key = str(root / rel)
+    if key in _SGLANG_LOADED:
+        return _SGLANG_LOADED[key]
+    stubs = {"sglang.srt.utils": _SglangStubUtils.module}
+
+    class _EmptyPackage(importlib.abc.Loader):
+        def create_module(self, spec):
+            return None
+
+        def exec_module(self, module):
+            pass
+
+    class _StubLoader(importlib.abc.Loader):
+        def create_module(self, spec):
+            return stubs[spec.name](spec.name)
+
+        def exec_module(self, module):
+            pass
+
+    class _Files(importlib.abc.MetaPathFinder):
+        def find_spec(self, fullname, path=None, target=None):
+            if fullname != "sglang" and not fullname.startswith("sglang."):
+                return None
+            if fullname in stubs:
+                return importlib.machinery.ModuleSpec(fullname, _StubLoader())
+            base = root.joinpath(*fullname.split("."))
+            if not base.is_dir() and any(stub.startswith(fullname + ".") for stub in stubs):
+                spec = importlib.machinery.ModuleSpec(fullname, _EmptyPackage(), is_package=True)
+                spec.submodule_search_locations = []  # only a stub's parent
+                return spec
+            if base.is_dir():
+                spec = importlib.machinery.ModuleSpec(fullname, _EmptyPackage(), is_package=True)
+                spec.submodule_search_locations = [str(base)]
+                return spec
+            if base.with_suffix(".py").is_file():
+                return importlib.util.spec_from_file_location(fullname, base.with_suffix(".py"))
+            raise ModuleNotFoundError(f"{fullname} is not under {root}", name=fullname)
+
+    def ours(name: str) -> bool:
+        return name == "sglang" or name.startswith("sglang.")
+
+    saved = {name: module for name, module in sys.modules.items() if ours(name)}
+    for name in saved:
+        del sys.modules[name]
+    finder = _Files()
+    sys.meta_path.insert(0, finder)
+    module_name = rel[: -len(".py")].replace("/", ".")
+    try:
+        module = importlib.import_module(module_name)
+        fwd = module.extend_attention_fwd
+    except Exception as exc:
+        raise PeerUnavailable(
+            f"{SGLANG_TRITON}: {rel} under {root} does not load ({_describe(exc)})"
+        ) from exc
+    finally:
+        sys.meta_path.remove(finder)
+        for name in [name for name in sys.modules if ours(name)]:
+            del sys.modules[name]
+        sys.modules.update(saved)
+    version = _sglang_version(root)
+    loaded = (fwd, f"sglang{' ' + version if version else ''} {rel}")
+    _SGLANG_LOADED[key] = loaded
+    return loaded
+
+
+def _sglang_version(root: Path) -> str | None:
+    """The version of the sglang distribution whose metadata sits beside ``root/sglang``, if any."""
+    metas = sorted(root.glob("sglang-*.dist-info"))
+    if metas:
+        return metas[-1].name[len("sglang-") : -len(".dist-info")]
+    return None
+
+
+def _build_sglang_triton(torch, q, kv_used, prefix_lengths, visibility, scale, heads: int, source):
+    """SGLang's ``extend_attention_fwd`` as its Triton backend calls it for tree verify: the tree's queries
+    and keys as the extend part, the prefix read from the cache through ``kv_indices`` (page size 1), and
+    the ``custom_mask`` of SGLang's layout (per request ``[N+1, S_b + N + 1]`` bytes, prefix columns set,
+    the tree's visibility in the last ``N + 1`` columns), ``is_causal=True``, ``skip_prefix_custom_mask``."""
+    fwd, label = load_sglang_extend_attention(source)
+    batch, used, _ = kv_used.shape
+    nodes = q.shape[1]
+    device = q.device
+    prefix = prefix_lengths.to(torch.int64)
+    rows = prefix[:, None] + torch.arange(nodes, device=device)[None, :]  # [B, N+1] tree rows
+    k_extend = torch.gather(kv_used, 1, rows[..., None].expand(batch, nodes, HEAD_DIM))
+    k_extend = k_extend.reshape(batch * nodes, 1, HEAD_DIM).contiguous()
+    v_extend = k_extend[..., :VALUE_DIM].contiguous()
+    k_buffer = kv_used.reshape(batch * used, 1, HEAD_DIM)
+    v_buffer = k_buffer[..., :VALUE_DIM]
+    q_extend = q.reshape(batch * nodes, heads, HEAD_DIM).contiguous()
+    out = torch.empty((batch * nodes, heads, VALUE_DIM), dtype=q.dtype, device=device)
+    zero = torch.zeros(1, dtype=torch.int64, device=device)
+    qo_indptr = torch.arange(batch + 1, dtype=torch.int32, device=device) * nodes
+    kv_indptr = torch.cat([zero, torch.cumsum(prefix, 0)]).to(torch.int32)
+    starts = torch.arange(batch, device=device) * used
+    kv_indices = torch.cat(
+        [torch.arange(int(s), device=device) + starts[b] for b, s in enumerate(prefix.tolist())]
+    ).to(torch.int64)
+    masks = []  # bool, as SGLang's tree builders give it
+    for b, s in enumerate(prefix.tolist()):
+        mask = torch.ones((nodes, int(s) + nodes), dtype=torch.bool, device=device)
+        mask[:, int(s) :] = visibility[b]
+        masks.append(mask.reshape(-1))
+    custom_mask = torch.cat(masks)
+    mask_indptr = torch.cat([zero, torch.cumsum(nodes * (prefix + nodes), 0)]).to(torch.int64)
+
+    def call():
+        fwd(
+            q_extend,
+            k_extend,
+            v_extend,
+            out,
+            k_buffer,
+            v_buffer,
+            qo_indptr,
+            kv_indptr,
+            kv_indices,
+            custom_mask,
+            True,
+            mask_indptr,
+            nodes,
+            1.0,
+            1.0,
+            sm_scale=scale,
+            skip_prefix_custom_mask=True,
+        )
+        return out.view(batch, nodes, heads, VALUE_DIM)
+
+    call.backend = (
+        f"{label}, extend_attention_fwd (custom_mask, is_causal=True, skip_prefix_custom_mask=True)"
+    )
+    return call
+
+
+def check_visibility(name: str, visibility):
+    """The tree-key visibility the float32 check of peer ``name`` (or ``ours``) uses: the mask it applies.
+    The tree's own (numpy or torch ``[B, N+1, N+1]``), or for FlashMLA's causal mask the lower triangle
+    (query ``i`` sees tree keys ``0..i``)."""
+    if PEER_MASKS.get(name, TREE_MASK) != CAUSAL_MASK:
+        return visibility
+    batch, nodes, _ = visibility.shape
+    return np.broadcast_to(np.tril(np.ones((nodes, nodes), dtype=bool)), (batch, nodes, nodes)).copy()
+
+
 def make_peer(
     name: str,
     q,
@@ -259,6 +593,7 @@ def make_peer(
     *,
     scale: float | None = None,
     kernel_options: dict | None = None,
+    sglang_source=None,
 ) -> Callable:
     """A zero-argument callable that runs peer ``name`` on these inputs and returns ``[B, N+1, H, 512]``
     bf16 (a view of the peer's ``[B, H, N+1, 512]`` output).
@@ -266,16 +601,21 @@ def make_peer(
     Inputs (module docstring): ``q`` bf16 ``[B, N+1, H, 576]``, ``kv`` bf16 ``[B, T, 576]``,
     ``prefix_lengths`` int32 ``[B]``, ``visibility`` bool ``[B, N+1, N+1]``, all CUDA tensors. ``scale``
     defaults to ``1/sqrt(192)``. ``kernel_options`` is passed to ``flex_attention`` only when given
-    (FlexAttention only; the default is PyTorch's own choice).
+    (FlexAttention only; the default is PyTorch's own choice). ``sglang_source``: where ``sglang-triton``
+    finds SGLang's files (``find_sglang_kernel``; None: the installed ``sglang``).
 
     All setup and one warm call (synchronised) happen here. The callable has attributes ``peer`` (the
-    name), ``backend`` (which kernel runs, where known), ``shape`` (B, N, H, T_used) and ``kv_used`` (the
-    sanitised cache it reads). Raises ``ValueError`` for an unknown name or malformed inputs, and
+    name), ``backend`` (which kernel runs, where known), ``mask`` (the mask it applies: ``TREE_MASK`` or
+    ``CAUSAL_MASK``), ``shape`` (B, N, H, T_used) and ``kv_used`` (the sanitised cache it reads). Raises
+    ``ValueError`` for an unknown name, malformed inputs or a ``sglang_source`` without SGLang's file, and
     ``PeerUnavailable`` (one-line reason) when PyTorch or its CUDA device is missing, FlexAttention is not
-    in this torch, the peer raises for these head dims, or it runs out of memory.
+    in this torch, an optional extra (``flash_mla``, SGLang's file) does not load, the peer raises for these
+    head dims, or it runs out of memory.
     """
     if name not in PEERS:
         raise ValueError(f"unknown attention peer {name!r}; expected one of {list(PEERS)}")
+    if name == SGLANG_TRITON and sglang_source is not None:
+        find_sglang_kernel(sglang_source)  # a bad path given by the user: ValueError, here or not
     reason = torch_unavailable_reason()
     if reason is not None:
         raise PeerUnavailable(f"{name}: {reason}")
@@ -296,6 +636,12 @@ def make_peer(
         if name == "sdpa":
             mask = dense_mask(prefix_lengths, visibility, used)
             call = _build_sdpa(torch, q_bhld, kv_used, mask, scale, heads)
+        elif name == FLASHMLA:
+            call = _build_flashmla(torch, q, kv_used, prefix_lengths, scale, heads)
+        elif name == SGLANG_TRITON:
+            call = _build_sglang_triton(
+                torch, q, kv_used, prefix_lengths, visibility, scale, heads, sglang_source
+            )
         else:
             call = _build_flex(torch, q_bhld, kv_used, prefix_lengths, visibility, scale, kernel_options)
         out = call()
@@ -313,6 +659,7 @@ def make_peer(
         raise RuntimeError(f"{name} returned shape {list(out.shape)}, expected {list(expected)}")
     del out
     call.peer = name
+    call.mask = PEER_MASKS[name]
     call.shape = (batch, budget, heads, used)
     call.kv_used = kv_used
     return call

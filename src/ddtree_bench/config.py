@@ -22,7 +22,8 @@ DISTRIBUTIONS = ("uniform", "peaked", "bf16", "recorded")
 TIMING_KEYS = ("warmup", "repeats", "min_repeats", "max_repeats", "min_seconds", "max_seconds")
 # "read-stream" is no attention: a kernel that reads as many bytes as the call moves (its measured bound)
 STREAM_IMPL = "read-stream"
-ATTENTION_IMPLS = ("ours", "ours-mma", "flexattention", "sdpa", STREAM_IMPL)
+# "flashmla" and "sglang-triton" are optional extras (attention_peers): rows saying why where they do not load
+ATTENTION_IMPLS = ("ours", "ours-mma", "flexattention", "sdpa", "flashmla", "sglang-triton", STREAM_IMPL)
 
 
 def load_schema(path: str | Path | None = None) -> dict:
@@ -151,6 +152,7 @@ def check_config(config: dict, schema: dict | str | Path | None = None) -> dict:
     _timing_order(config["timing"], "timing")
     _step_fields(config, budgets, batch_sizes, depths, distributions)
     _throughput_fields(config)
+    _sglang_triton_source(config["step"]["attention"])
     columns = trace_columns(config)
     if config["vocab_size"] < columns:
         _fail("vocab_size", f"{config['vocab_size']} is smaller than the {columns} top-K columns needed")
@@ -289,6 +291,26 @@ def _throughput_fields(config: dict) -> None:
         )
 
 
+def _sglang_triton_source(attention: dict) -> None:
+    """A given ``sglang_triton_source`` must hold SGLang's Triton extend-attention file; it is made absolute
+    (from the working directory) so that every job finds the same files."""
+    source = attention.get("sglang_triton_source")
+    if source is None:
+        return
+    if not isinstance(source, str) or not source.strip():
+        _fail("step.attention.sglang_triton_source", f"must be a directory path or null, got {source!r}")
+    from ddtree_bench.attention_peers import find_sglang_kernel
+
+    path = Path(source).expanduser()
+    if not path.is_dir():
+        _fail("step.attention.sglang_triton_source", f"{source} is not a directory")
+    try:
+        find_sglang_kernel(path)
+    except ValueError as error:
+        _fail("step.attention.sglang_triton_source", str(error).split(": ", 1)[-1])
+    attention["sglang_triton_source"] = str(path.resolve())
+
+
 # ----------------------------------------------------------------------------------------- derived values
 
 
@@ -322,7 +344,8 @@ def timing_options(config: dict, section: dict | None = None) -> dict:
 def step_options(config: dict) -> dict:
     """The step section with its nulls resolved: ``enabled``, ``layers``, ``batch_sizes`` and ``budgets`` (the
     configured ones for null), ``distribution`` and ``depth`` (the first configured for null), ``heads``,
-    ``prefix_lengths``, ``impls``, ``flex_kernel_options`` (FlexAttention's kernel_options or None), and the
+    ``prefix_lengths``, ``impls``, ``flex_kernel_options`` (FlexAttention's kernel_options or None),
+    ``sglang_triton_source`` (where sglang-triton finds SGLang's files; None: the installed sglang), and the
     timing dicts ``timing`` (accept and peaks: the top-level section)
     and ``attention_timing``."""
     step = config["step"]
@@ -341,6 +364,7 @@ def step_options(config: dict) -> dict:
         "prefix_lengths": list(attention["prefix_lengths"]),
         "impls": list(attention["impls"]),
         "flex_kernel_options": None if flex_options is None else dict(flex_options),
+        "sglang_triton_source": attention.get("sglang_triton_source"),
         "timing": timing_options(config),
         "attention_timing": timing_options(config, attention["timing"]),
     }

@@ -7,8 +7,9 @@ Every timed call is one row (``phase`` "warmup" or "timed"), like the tree-build
 column              meaning
 ==================  ==========================================================================================
 stage               "verify-attention", "accept" or "peak"
-impl                verify-attention: "ours", "ours-mma", "flexattention", "sdpa", "read-stream" (no
-                    attention: a read of the call's bytes, the measured bound); accept: "gpu-kernel",
+impl                verify-attention: "ours", "ours-mma", "flexattention", "sdpa", "flashmla",
+                    "sglang-triton", "read-stream" (no attention: a read of the call's bytes, the measured
+                    bound); accept: "gpu-kernel",
                     "gpu-host-inclusive", "cpu-walk", "floor"; peak: "bf16-gemm", "device-copy", "floor"
 batch, budget       the grid point (0 for peaks)
 heads, prefix       attention only: query heads per GPU, prefix length S of every request (null elsewhere)
@@ -23,6 +24,8 @@ status              "ok", "unavailable" (the impl cannot run this shape here; re
 correct             matches the stage's reference (attention: within bf16 tolerance of float32; accept:
                     equal to the CPU walk); null where not checked
 error               attention: max abs error against the float32 reference; null elsewhere
+mask                attention: the mask the impl applies, "tree" or "causal (no tree mask)" (FlashMLA);
+                    null for the read stream and elsewhere
 accept_length_mean  accept: mean accepted nodes per request (root included) of the timed walk
 expected_accept_mean accept: mean over requests of the expected accepted draft tokens (sum of path
                     probabilities of the tree's nodes under the drafter's own distributions)
@@ -58,6 +61,7 @@ STAGE_COLUMNS = (
     "status_reason",
     "correct",
     "error",
+    "mask",
     "accept_length_mean",
     "expected_accept_mean",
     *ENVIRONMENT_COLUMNS,

@@ -56,6 +56,7 @@ STEP_SUMMARY_COLUMNS = (
     "status_reason",
     "correct",
     "error_max",
+    "mask",
     *STEP_STAT_COLUMNS,
     "flops",
     "bytes",
@@ -230,6 +231,7 @@ def summarize_steps(rows: pd.DataFrame) -> pd.DataFrame:
         record["correct"] = bool(correct.all()) if len(correct) else None
         errors = group["error"].dropna()
         record["error_max"] = float(errors.max()) if len(errors) else math.nan
+        record["mask"] = _last(group, "mask", str)  # the mask the attention impl applies (null elsewhere)
         record["flops"] = _last(ok, "flops")
         record["bytes"] = _last(ok, "bytes")
         record["median_tflops"] = _rate(ok["flops"], ok["seconds"])
@@ -270,7 +272,7 @@ def _typed(summary: pd.DataFrame) -> pd.DataFrame:
     for column in ("depth", "heads", "prefix"):
         summary[column] = pd.to_numeric(summary[column], errors="coerce").astype("Int64")
     for column in STEP_SUMMARY_COLUMNS:
-        if column not in (*STEP_KEYS, "status_reason", "correct", "git_commit", "timestamp", "n"):
+        if column not in (*STEP_KEYS, "status_reason", "correct", "mask", "git_commit", "timestamp", "n"):
             summary[column] = pd.to_numeric(summary[column], errors="coerce").astype("float64")
     for column in (
         "machine",
@@ -281,6 +283,7 @@ def _typed(summary: pd.DataFrame) -> pd.DataFrame:
         "cache",
         "status",
         "status_reason",
+        "mask",
         "git_commit",
         "timestamp",
     ):

@@ -38,6 +38,28 @@ TARGET_FLEX = "verify attention (ours) >= 1.5x faster than FlexAttention at ever
 TARGET_ACCEPT = "tree accept (GPU kernel) <= 2x the empty-kernel floor at batch 64, every budget <= 1024"
 STEP_TARGETS = (TARGET_MEMORY, TARGET_COMPUTE, TARGET_FLEX, TARGET_ACCEPT)
 
+# The real peers in the same run (attention_peers: FlashMLA, causal with no tree mask; SGLang's Triton
+# extend-attention kernel with the tree mask), evaluated on the run's own rows
+PEER_SOURCE = "attention peers, same run"
+FLASHMLA_IMPL, SGLANG_TRITON_IMPL = "flashmla", "sglang-triton"
+OUR_IMPLS = ("ours", "ours-mma")
+#: a call is compute-bound once its query rows B·(N+1)·H reach this: then its row tiles fill the GPU and the
+#: tensor cores set the pace. With fewer (on the H200 grid: B = 1 at N = 64 and 256, 520 and 2056 rows) the
+#: few row tiles do, whatever the kernel
+COMPUTE_BOUND_ROWS = 4096
+TARGET_VS_FLASHMLA = (
+    "verify attention (ours, tree mask) >= 1.0x FlashMLA (causal, no tree mask) at every shape FlashMLA runs"
+)
+TARGET_COMPUTE_700 = (
+    "verify attention (ours) >= 700 TFLOP/s at every compute-bound shape "
+    f"(B·(N+1)·H >= {COMPUTE_BOUND_ROWS} query rows) with N >= 64, S = 32768"
+)
+TARGET_STREAM_85 = (
+    "verify attention (ours) >= 85% of the read stream's rate (same run) at N = 8, S = 32768, batch >= 8"
+)
+TARGET_VS_SGLANG = "verify attention (ours) >= 10x SGLang's Triton tree kernel (custom_mask) at every shape"
+PEER_TARGETS = (TARGET_VS_FLASHMLA, TARGET_COMPUTE_700, TARGET_STREAM_85, TARGET_VS_SGLANG)
+
 
 # ----------------------------------------------------------------------------------------------- format
 
@@ -122,8 +144,9 @@ def _not_ok(step: pd.DataFrame, stage: str) -> pd.DataFrame:
 
 def attention_table(step: pd.DataFrame, machine: str) -> pd.DataFrame:
     """Every verify-attention configuration of one machine (warm device time where measured): median
-    [p10-p90] per layer, TFLOP/s, TB/s, their % of the GPU's peaks, speedup over FlexAttention, how the
-    impl ran (its rows' recorded backend) and status."""
+    [p10-p90] per layer, TFLOP/s, TB/s, their % of the GPU's peaks, speedup over FlexAttention, the mask
+    the impl applies, on our kernel's rows its speed over FlashMLA's and SGLang Triton's (their time over
+    ours, same shape, same run), how the impl ran (its rows' recorded backend) and status."""
     columns = [
         "machine",
         "impl",
@@ -138,6 +161,9 @@ def attention_table(step: pd.DataFrame, machine: str) -> pd.DataFrame:
         "% copy peak",
         "vs flexattention",
         "% of read stream",
+        "mask",
+        "ours / FlashMLA",
+        "ours / SGLang Triton",
         "kernel",
         "status",
     ]
@@ -156,6 +182,9 @@ def attention_table(step: pd.DataFrame, machine: str) -> pd.DataFrame:
         columns={"median_s": "stream_s"}
     )
     rows = rows.merge(flex, on=keys, how="left").merge(stream, on=keys, how="left")
+    for impl, column in ((FLASHMLA_IMPL, "flashmla_s"), (SGLANG_TRITON_IMPL, "sglang_s")):
+        peer = measured[measured["impl"] == impl][keys + ["median_s"]].rename(columns={"median_s": column})
+        rows = rows.merge(peer.drop_duplicates(keys), on=keys, how="left")
     rows = rows.sort_values(["prefix", "heads", "batch", "budget", "impl"], na_position="first")
     return pd.DataFrame(
         {
@@ -182,11 +211,36 @@ def attention_table(step: pd.DataFrame, machine: str) -> pd.DataFrame:
                 "-" if impl == STREAM_IMPL or _missing(r) or _missing(m) else _pct(100.0 * r / m)
                 for impl, r, m in zip(rows["impl"], rows["stream_s"], rows["median_s"], strict=True)
             ],
+            "mask": [_mask(row) for _, row in rows.iterrows()],
+            "ours / FlashMLA": _ours_over(rows, "flashmla_s"),
+            "ours / SGLang Triton": _ours_over(rows, "sglang_s"),
             "kernel": [_backend(row) for _, row in rows.iterrows()],
             "status": [_status(row) for _, row in rows.iterrows()],
         },
         columns=columns,
     ).reset_index(drop=True)
+
+
+def _mask(row) -> str:
+    """The mask an attention row's impl applies: its recorded ``mask``, or for a summary from before the
+    column was kept, the impl's (every impl then applied the tree mask; the read stream none)."""
+    value = row.get("mask")
+    if not _missing(value):
+        return str(value)
+    if row["impl"] == STREAM_IMPL:
+        return "-"
+    from ddtree_bench.attention_peers import PEER_MASKS, TREE_MASK  # noqa: PLC0415
+
+    return PEER_MASKS.get(row["impl"], TREE_MASK)
+
+
+def _ours_over(rows: pd.DataFrame, peer_column: str) -> list[str]:
+    """On our kernel's rows: the peer's median time over ours (how many times faster ours is; > 1: ours is
+    faster); "-" on other rows and where either did not run."""
+    return [
+        f"{p / m:.2f}x" if impl in OUR_IMPLS and not _missing(p) and not _missing(m) and m > 0 else "-"
+        for impl, p, m in zip(rows["impl"], rows[peer_column], rows["median_s"], strict=True)
+    ]
 
 
 def accept_table(step: pd.DataFrame, machine: str) -> pd.DataFrame:
@@ -450,7 +504,9 @@ def step_targets(step: pd.DataFrame, *, missing: str = "no step data") -> list[t
     """Issue 4's targets on one machine's step summary: ``(target, source, status, measured)`` each, status
     met / not met / no data. ``missing``: what "measured" says where the machine has no step summary."""
     if step is None or step.empty:
-        return [(target, STEP_SOURCE, "no data", missing) for target in STEP_TARGETS]
+        return [(target, STEP_SOURCE, "no data", missing) for target in STEP_TARGETS] + [
+            (target, PEER_SOURCE, "no data", missing) for target in PEER_TARGETS
+        ]
     measured = preferred(step)
     attention = measured[measured["stage"] == "verify-attention"]
     ours = attention[attention["impl"] == "ours"]
@@ -542,7 +598,7 @@ def step_targets(step: pd.DataFrame, *, missing: str = "no step data") -> list[t
         if wrong:
             status, text = "not met", f"{text}; output wrong at {wrong} budgets"
         results.append((TARGET_ACCEPT, STEP_SOURCE, status, text))
-    return results
+    return results + peer_targets(step)
 
 
 def acceptance_from_accept(step: pd.DataFrame, machine: str) -> pd.DataFrame:
@@ -566,3 +622,104 @@ def acceptance_from_accept(step: pd.DataFrame, machine: str) -> pd.DataFrame:
             .to_numpy(),
         }
     )
+
+
+# ------------------------------------------------------------------------------------ peer targets
+
+
+def peer_targets(step: pd.DataFrame) -> list[tuple[str, str, str, str]]:
+    """The targets against the real peers, each on this machine's own rows (the same run, the same
+    inputs): ``(target, source, status, measured)``; a target not met says by how much (the worst shape's
+    shortfall) and where it is met."""
+    measured = preferred(step)
+    attention = measured[measured["stage"] == "verify-attention"]
+    keys = ["batch", "budget", "prefix", "heads", "depth", "distribution"]
+    ours = attention[attention["impl"] == "ours"]
+    results = []
+
+    def pairs_with(impl: str) -> pd.DataFrame:
+        peer = attention[(attention["impl"] == impl) & attention["median_s"].notna()]
+        pairs = ours[ours["median_s"].notna()][keys + ["median_s", "correct"]].merge(
+            peer[keys + ["median_s", "correct"]], on=keys, suffixes=("", "_peer")
+        )
+        return pairs.assign(ratio=pairs["median_s_peer"] / pairs["median_s"])
+
+    def minimum(target, sel, column, limit, fmt, nodata, note=""):
+        if sel.empty:
+            results.append((target, PEER_SOURCE, "no data", nodata))
+            return
+        worst = sel.loc[sel[column].idxmin()]
+        status = "met" if worst[column] >= limit else "not met"
+        text = f"min {fmt(worst[column])} ({_where(worst)}) over {len(sel)} configurations"
+        if status == "not met":
+            text += f", {fmt(limit - worst[column])} short"
+            met = sel[sel[column] >= limit]
+            if len(met):
+                named = "; ".join(_where(row) for _, row in met.iterrows()) if len(met) <= 3 else ""
+                text += f", met at {len(met)}" + (f" ({named})" if named else "")
+        wrong = _wrong(sel)
+        if wrong:
+            status, text = "not met", f"{text}; our output wrong at {wrong} configurations"
+        if "correct_peer" in sel:
+            peer_wrong = int(
+                (sel["correct_peer"].notna() & ~sel["correct_peer"].fillna(True).astype(bool)).sum()
+            )
+            if peer_wrong:
+                text += f"; the peer's output failed its own check at {peer_wrong} configurations"
+        if note:
+            text += f"; {note}"
+        results.append((target, PEER_SOURCE, status, text))
+
+    def times(value) -> str:
+        return f"{value:,.2f}x"
+
+    minimum(
+        TARGET_VS_FLASHMLA,
+        pairs_with(FLASHMLA_IMPL),
+        "ratio",
+        1.0,
+        times,
+        "no shape where both ours and FlashMLA ran in this run",
+        note="FlashMLA's time / ours; FlashMLA applies a causal mask, not the tree's",
+    )
+    sel = ours[
+        (ours["budget"] >= 64)
+        & (ours["prefix"] == 32768)
+        & (ours["batch"] * (ours["budget"] + 1) * ours["heads"] >= COMPUTE_BOUND_ROWS)
+        & ours["median_tflops"].notna()
+    ]
+    minimum(
+        TARGET_COMPUTE_700,
+        sel,
+        "median_tflops",
+        700.0,
+        lambda v: f"{v:,.0f} TFLOP/s",
+        f"no timings of ours at N >= 64, S = 32768 with B·(N+1)·H >= {COMPUTE_BOUND_ROWS}",
+    )
+    stream = attention[(attention["impl"] == STREAM_IMPL) & attention["median_s"].notna()]
+    sel = ours[
+        (ours["budget"] == 8) & (ours["prefix"] == 32768) & (ours["batch"] >= 8) & ours["median_s"].notna()
+    ]
+    sel = sel[keys + ["median_s", "correct"]].merge(
+        stream[keys + ["median_s"]], on=keys, suffixes=("", "_stream")
+    )
+    sel = sel.assign(share=100.0 * sel["median_s_stream"] / sel["median_s"])
+    minimum(
+        TARGET_STREAM_85,
+        sel,
+        "share",
+        85.0,
+        lambda v: f"{v:.1f}%",
+        "no shape at N = 8, S = 32768, batch >= 8 with both ours and the read stream",
+        note="the read stream's time / ours (the same bytes)",
+    )
+    minimum(
+        TARGET_VS_SGLANG,
+        pairs_with(SGLANG_TRITON_IMPL),
+        "ratio",
+        10.0,
+        times,
+        "no shape where both ours and SGLang's Triton kernel ran in this run",
+        note="SGLang Triton's time / ours",
+    )
+    return results

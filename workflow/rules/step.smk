@@ -20,6 +20,7 @@ rule step_attention:
     params:
         impls=STEP["impls"],
         flex_kernel_options=STEP["flex_kernel_options"],
+        sglang_triton_source=STEP["sglang_triton_source"],
         timing=STEP["attention_timing"],
         machine=MACHINE,
     script:

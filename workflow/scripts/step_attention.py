@@ -17,6 +17,7 @@ with logged(snakemake):
         prefix=int(wildcards.prefix),
         impls=list(params.impls),
         flex_kernel_options=params.flex_kernel_options,
+        sglang_source=getattr(params, "sglang_triton_source", None),
         timing=dict(params.timing),
         machine=params.machine,
         distribution=wildcards.distribution,
