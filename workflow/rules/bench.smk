@@ -18,6 +18,7 @@ rule bench:
         timing=TIMING,
         machine=MACHINE,
         input_columns=INPUT_COLUMNS,
+        in_situ=IN_SITU,
     script:
         "../scripts/bench.py"
 
@@ -43,6 +44,7 @@ rule bench_gpu:
         timing=TIMING,
         machine=MACHINE,
         input_columns=INPUT_COLUMNS,
+        in_situ=IN_SITU,
     script:
         "../scripts/bench.py"
 

@@ -27,6 +27,8 @@ TRACE_COLUMNS = trace_columns(config)
 # The columns each timing job hands the builders: the first min(N, K) under `topk: budget` (K = N).
 INPUT_COLUMNS = builder_input_columns(config)
 TIMING = timing_options(config)
+# The in-situ timing mode (GPU machines; elsewhere its rows say why): every timing job adds it.
+IN_SITU = bool(config["timing"]["in_situ"])
 # The step stages (verify attention, tree accept, peaks): nulls resolved (budgets, distribution, depth).
 STEP = step_options(config)
 
