@@ -123,14 +123,17 @@ def _sglang_call(obj):
     return function, pad_function, ({} if workspace is None else {"workspace": workspace})
 
 
-def _torch_measure(obj, name: str, lp: np.ndarray, ids: np.ndarray, budget: int, keep: list):
-    """The measured call of ``sglang``/``reference`` (module docstring) and the device memory it holds."""
+def _torch_measure(obj, name: str, lp: np.ndarray, ids: np.ndarray, budget: int, keep: list, device="cuda"):
+    """The measured call of ``sglang``/``reference`` (module docstring), a fetch of what the last call left
+    on the device, and the device memory it holds (``device="cpu"``: the same steps without a GPU: tests)."""
     import torch
 
-    device = torch.device("cuda")
+    device = torch.device(device)
+    on_gpu = device.type == "cuda"
     d_lp = torch.from_numpy(lp).to(device)
     d_ids = torch.from_numpy(ids).to(device)
-    torch.cuda.synchronize()
+    if on_gpu:
+        torch.cuda.synchronize()
     clock = time.perf_counter_ns
     if name == "sglang":
         function, pad_function, extra = _sglang_call(obj)
@@ -152,7 +155,8 @@ def _torch_measure(obj, name: str, lp: np.ndarray, ids: np.ndarray, budget: int,
         h_lp, h_ids = d_lp.to("cpu"), d_ids.to("cpu")
         padded = build_pad(h_lp, h_ids)
         moved = [tensor.to(device) for tensor in padded]
-        torch.cuda.current_stream().synchronize()
+        if on_gpu:
+            torch.cuda.current_stream().synchronize()
         t1 = clock()
         keep[:] = moved
         return (t1 - t0) / 1e9
