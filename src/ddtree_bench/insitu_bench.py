@@ -32,6 +32,7 @@ import numpy as np
 import pandas as pd
 
 from ddtree_bench.bench import TimingPolicy, frame, prepare_run, unavailable_frame
+from ddtree_bench.environment import ENVIRONMENT_COLUMNS
 
 IN_SITU = "in-situ"
 #: The timing values of the in-situ rows (the gpu builder's variants: packed bits, launch + sync wall).
@@ -277,7 +278,7 @@ def run_insitu_benchmark(
     reason = in_situ_unavailable_reason(name)
     if reason is not None:
         fields = {k: base[k] for k in ("label", "budget", "batch", "depth", "topk", "input_columns")}
-        environment = {k: v for k, v in base.items() if k not in fields}
+        environment = {k: v for k, v in base.items() if k in ENVIRONMENT_COLUMNS}
         return _unavailable(
             name, reason, distribution=base["distribution"], environment=environment, **fields
         )
