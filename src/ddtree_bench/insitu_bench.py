@@ -82,6 +82,28 @@ def _unavailable(base_or_name, reason: str, **fields) -> pd.DataFrame:
     return df
 
 
+def unavailable_like(rows: pd.DataFrame, reason: str) -> pd.DataFrame:
+    """One ``timing = "in-situ"`` row saying why, for the configuration of a timing job's ``rows``."""
+    first = rows.iloc[0]
+
+    def value(column):
+        item = first.get(column)
+        return None if item is None or pd.isna(item) else item
+
+    fields = {k: value(k) for k in ("label", "depth", "topk", "input_columns", "distribution")}
+    for key in ("depth", "topk", "input_columns"):
+        fields[key] = None if fields[key] is None else int(fields[key])
+    environment = {k: value(k) for k in ENVIRONMENT_COLUMNS if k in first.index}
+    return _unavailable(
+        str(first["builder"]),
+        reason,
+        budget=int(first["budget"]),
+        batch=int(first["batch"]),
+        environment=environment,
+        **fields,
+    )
+
+
 def pad_request_torch(torch, result, budget: int, pad_function=None):
     """One request's SGLang outputs padded to the budget: ``(visibility [N+1, N+1], retrieve_next_token,
     retrieve_next_sibling [N+1], node_token_ids, node_depths [N])`` CPU tensors. ``pad_function`` (SGLang's

@@ -19,6 +19,7 @@ rule bench:
         machine=MACHINE,
         input_columns=INPUT_COLUMNS,
         in_situ=IN_SITU,
+        in_situ_reason=IN_SITU_REASON,
     script:
         "../scripts/bench.py"
 
@@ -45,6 +46,7 @@ rule bench_gpu:
         machine=MACHINE,
         input_columns=INPUT_COLUMNS,
         in_situ=IN_SITU,
+        in_situ_reason=IN_SITU_REASON,
     script:
         "../scripts/bench.py"
 

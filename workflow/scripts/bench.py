@@ -41,7 +41,14 @@ with logged(snakemake):
         builder_options=dict(params.options),
         **extra,
     )
-    if params.in_situ and wildcards.builder != "gpu" and (rows["status"] == "ok").all():
+    if params.in_situ and params.in_situ_reason and (rows["status"] == "ok").all():
+        import pandas as pd
+
+        from ddtree_bench.insitu_bench import unavailable_like
+
+        reason = f"in-situ timing needs a CUDA GPU: {params.in_situ_reason}"
+        rows = pd.concat([rows, unavailable_like(rows, reason)], ignore_index=True)
+    elif params.in_situ and wildcards.builder != "gpu" and (rows["status"] == "ok").all():
         import pandas as pd
 
         from ddtree_bench.insitu_bench import run_insitu_benchmark
