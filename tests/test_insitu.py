@@ -338,3 +338,31 @@ def test_in_situ_config_key():
     assert check_config(_config(in_situ=False))["timing"]["in_situ"] is False
     with pytest.raises(ValueError, match=r"^config: timing\.in_situ: .*boolean"):
         check_config(_config(in_situ="yes"))
+
+
+def test_unavailable_like_names_the_timing_jobs_configuration(tmp_path):
+    from ddtree_bench.bench import run_benchmark
+    from ddtree_bench.insitu_bench import unavailable_like
+
+    rows = run_benchmark(
+        "reference",
+        _trace(tmp_path),
+        8,
+        2,
+        warmup=0,
+        repeats=1,
+        min_seconds=0.0,
+        machine="m",
+        distribution=None,
+    )
+    extra = unavailable_like(rows, "in-situ timing needs a CUDA GPU: no CUDA device found")
+    assert len(extra) == 1
+    row = extra.iloc[0]
+    assert (row["builder"], row["timing"], row["status"]) == ("reference", IN_SITU, "unavailable")
+    assert (row["budget"], row["batch"], row["depth"], row["distribution"]) == (8, 2, 4, "peaked")
+    assert row["machine"] == "m" and np.isnan(row["seconds"])
+    summary = summarize(pd.concat([rows, extra], ignore_index=True))
+    assert set(zip(summary["timing"], summary["status"], strict=True)) == {
+        ("wall", "ok"),
+        (IN_SITU, "unavailable"),
+    }
