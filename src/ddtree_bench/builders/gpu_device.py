@@ -34,6 +34,8 @@ def as_device_array(value, name: str):
 
     if isinstance(value, cp.ndarray):
         return value
+    if _is_torch(value) and getattr(value, "is_cuda", False):
+        return _torch_as_cupy(value, name)
     try:
         value.__cuda_array_interface__  # noqa: B018 - raises for host tensors
     except (AttributeError, RuntimeError, TypeError):
@@ -48,6 +50,26 @@ def as_device_array(value, name: str):
         f"{name}: not an array on the CUDA device ({type(value).__name__}); pass a CuPy array or a CUDA "
         "tensor (__cuda_array_interface__ or DLPack), or use GpuBuilder.build for host arrays"
     )
+
+
+_TORCH_TO_NUMPY = {
+    name: getattr(np, name) for name in ("float16", "float32", "float64", "int32", "int64", "uint8")
+}
+
+
+def _torch_as_cupy(tensor, name: str):
+    """A CuPy view of a contiguous torch CUDA tensor, made without any CUDA call (the device is the tensor's;
+    CuPy's own import would ask the driver for the pointer's attributes), so it may run inside a capture."""
+    import cupy as cp
+
+    dtype = _TORCH_TO_NUMPY.get(str(tensor.dtype).removeprefix("torch."))
+    if dtype is None:
+        raise ValueError(f"{name}: dtype {tensor.dtype} is not one the builder takes")
+    if not tensor.is_contiguous():
+        raise ValueError(f"{name}: must be C-contiguous (a copy would allocate on every call)")
+    nbytes = tensor.numel() * tensor.element_size()
+    memory = cp.cuda.UnownedMemory(tensor.data_ptr(), nbytes, tensor, tensor.device.index)
+    return cp.ndarray(tuple(tensor.shape), dtype, cp.cuda.MemoryPointer(memory, 0))
 
 
 def check_device_inputs(lp, ids, budget) -> int:
@@ -199,7 +221,7 @@ def build_ddtree_batch_torch(
     batch = int(lp.shape[0])
     buffer = torch.empty(DeviceTrees.required_bytes(batch, budget), dtype=torch.uint8, device=device)
     with cp.cuda.Device(device.index):
-        out = DeviceTrees(batch, budget, buffer=cp.asarray(buffer))
+        out = DeviceTrees(batch, budget, buffer=_torch_as_cupy(buffer, "outputs"))
         builder(top_log_probs, top_token_ids, budget, packed_only=packed_only, out=out)
     views = {name: _torch_view(torch, buffer, out.offsets, name) for name in out.offsets}
     return DDTreeBatchOutputs(
