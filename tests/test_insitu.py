@@ -366,3 +366,30 @@ def test_unavailable_like_names_the_timing_jobs_configuration(tmp_path):
         ("wall", "ok"),
         (IN_SITU, "unavailable"),
     }
+
+
+def test_device_input_checks_name_the_problem(topk_inputs):
+    from ddtree_bench.builders.gpu import DeviceTrees, _layout
+    from ddtree_bench.builders.gpu_device import check_device_inputs
+
+    lp, ids = _inputs(topk_inputs)
+    assert check_device_inputs(lp, ids, 9) == 9
+    with pytest.raises(ValueError, match="float32 log-probs and int64 token ids"):
+        check_device_inputs(lp.astype(np.float64), ids, 9)
+    with pytest.raises(ValueError, match="one shape"):
+        check_device_inputs(lp, ids[:, :2], 9)
+    with pytest.raises(ValueError, match="C-contiguous"):
+        check_device_inputs(lp[:, :, ::2], ids[:, :, ::2], 9)
+    with pytest.raises(ValueError, match="budget"):
+        check_device_inputs(lp, ids, 0)
+    # one allocation: the seven TreeBatch fields, the packed bits and the path statistics, 256-byte aligned
+    n1, words = 10, 1
+    fields = [
+        ("a", (3,), np.int32),
+        ("b", (3, 9), np.int64),
+        ("c", (3, 9), np.int64),
+        ("d", (3, n1), np.int32),
+    ]
+    fields += [("e", (3, n1, n1), np.bool_), ("f", (3, n1), np.int64), ("g", (3, n1), np.int64)]
+    fields += [("h", (3, n1, words), np.uint32), ("i", (3,), np.int32)]
+    assert DeviceTrees.required_bytes(3, 9) == _layout(fields)[1]
