@@ -8,9 +8,19 @@ the device once):
   CUDA events recorded around the launches; ``kernel-events-packed``: the tree kernel alone (packed-bit
   mask only, what attention kernels consume);
 - ``graph-replay``: the same launches captured once in a CUDA graph, one replay timed by CUDA events;
-- ``host-inclusive``: wall clock (``time.perf_counter_ns``) for copying the inputs in from pinned host
-  memory (one transfer), building, copying the whole TreeBatch out to pinned host memory (one transfer: the
-  device buffers are laid out contiguously) and synchronising, as a CPU-side consumer pays.
+- ``host-inclusive`` (secondary): wall clock (``time.perf_counter_ns``) for copying the inputs in from
+  pinned host memory (one transfer), building, copying the whole TreeBatch out to pinned host memory (one
+  transfer: the device buffers are laid out contiguously) and synchronising, as a CPU-side consumer pays
+  (copies a decode round never makes: see the in-situ rows).
+
+With ``in_situ=True`` (``insitu_bench``: what the decode round pays, inputs already on the device and the
+outputs left there), also:
+
+- ``in-situ``: the build's time on the stream, CUDA events around one replay of the CUDA graph of the build
+  (bool mask written); ``in-situ-packed``: the same with the packed-bit mask only;
+- ``in-situ-launch-sync`` / ``in-situ-launch-sync-packed`` (secondary): wall clock for one call of the
+  device-array entry point (``builders.gpu_device.DeviceTreeBuilder``: its Python and launch overhead) and a
+  stream synchronisation, which a real round does not need (the verify launches behind the build).
 
 Event-timed launches are queued behind a short spin kernel, so that the events time the GPU's work rather
 than the host's launch overhead (nvbench's approach). ``cache = "warm"`` samples run back to back;
@@ -28,6 +38,8 @@ import pandas as pd
 from ddtree_bench.bench import TimingPolicy, frame, prepare_run
 
 SPIN_NS = 100_000  # long enough to cover the host's cost of queueing the timed launches
+#: The GPU timings measured by wall clock (the others: CUDA events).
+WALL_TIMINGS = ("host-inclusive", "in-situ-launch-sync", "in-situ-launch-sync-packed")
 
 
 def run_gpu_benchmark(
@@ -47,6 +59,7 @@ def run_gpu_benchmark(
     max_repeats: int | None = None,
     correct: bool | None = None,
     input_columns: str = "trace",
+    in_situ: bool = False,
 ) -> pd.DataFrame:
     from ddtree_bench.builders.gpu import DeviceTrees, GpuBuilder, _layout, _views
 
@@ -123,6 +136,25 @@ def run_gpu_benchmark(
     def replay():
         graph.launch(stream)
 
+    if in_situ:  # the packed-bits-only build as a graph too, and the device-array entry point
+        from ddtree_bench.builders.gpu_device import DeviceTreeBuilder
+
+        build_packed()
+        stream.synchronize()
+        stream.begin_capture()
+        build_packed()
+        graph_packed = stream.end_capture()
+        entry = DeviceTreeBuilder(gpu)
+
+        def replay_packed():
+            graph_packed.launch(stream)
+
+        def launch_sync(packed: bool) -> float:
+            t0 = time.perf_counter_ns()
+            entry(d_lp, d_ids, budget, packed_only=packed, out=out, stream=stream)
+            stream.synchronize()
+            return (time.perf_counter_ns() - t0) / 1e9
+
     def event_time(fn, cold: bool) -> float:
         spin()
         if cold:
@@ -150,6 +182,13 @@ def run_gpu_benchmark(
         ("graph-replay", "warm", lambda: event_time(replay, False)),
         ("host-inclusive", "n/a", host_inclusive),
     ]
+    if in_situ:
+        kinds += [
+            ("in-situ", "warm", lambda: event_time(replay, False)),
+            ("in-situ-packed", "warm", lambda: event_time(replay_packed, False)),
+            ("in-situ-launch-sync", "n/a", lambda: launch_sync(False)),
+            ("in-situ-launch-sync-packed", "n/a", lambda: launch_sync(True)),
+        ]
     samples = [
         (timing, cache, phase, rep, seconds)
         for timing, cache, measure in kinds
@@ -173,7 +212,7 @@ def run_gpu_benchmark(
     )
     rows = []
     for timing, cache, phase, rep, seconds in samples:
-        clock = "time.perf_counter_ns" if timing == "host-inclusive" else "cudaEventElapsedTime"
+        clock = "time.perf_counter_ns" if timing in WALL_TIMINGS else "cudaEventElapsedTime"
         rows.append(
             {
                 **base,

@@ -92,6 +92,17 @@ BUILD_SERIES = (
     ("gpu", "kernel-events", ("warm",), "gpu kernel"),
     ("gpu", "host-inclusive", ("n/a", "warm"), "gpu host-inclusive"),
 )
+#: The in-situ builds (``insitu_bench``: from the drafter's top-K on the GPU to the padded tree on the GPU,
+#: the copies each builder needs included): where a builder has them, the breakdown shows them instead.
+IN_SITU_BUILD_SERIES = (
+    ("sglang", "in-situ", ("n/a",), "sglang in-situ"),
+    ("reference", "in-situ", ("n/a",), "reference in-situ"),
+    ("native", "in-situ", ("n/a",), "native in-situ"),
+    ("native-mt", "in-situ", ("n/a",), "native-mt in-situ"),
+    ("gpu", "in-situ", ("warm",), "gpu in-situ (graph replay)"),
+)
+#: Every build label the breakdown may show, in its order.
+BUILD_LABELS = tuple(label for *_, label in IN_SITU_BUILD_SERIES + BUILD_SERIES)
 #: The timing kinds of a step row, best first: device time of warm calls where there is one.
 TIMING_PREFERENCE = (
     ("cuda-events", "warm"),
@@ -400,12 +411,15 @@ def step_breakdown(
             & (summary["depth"] == depth)
             & (summary["distribution"] == distribution)
         ]
-        for builder, timing, caches, label in BUILD_SERIES:
+        in_situ = set(ok.loc[ok["timing"] == "in-situ", "builder"])  # prefer in-situ where measured
+        chosen = [x for x in IN_SITU_BUILD_SERIES if x[0] in in_situ]
+        chosen += [x for x in BUILD_SERIES if x[0] not in in_situ]
+        for builder, timing, caches, label in chosen:
             sel = ok[(ok["builder"] == builder) & (ok["timing"] == timing) & ok["cache"].isin(caches)]
             if len(sel):
                 sel = sel.groupby(["batch", "budget"], as_index=False)["median_s"].min()
                 builds.append(sel.assign(builder=label).rename(columns={"median_s": "build_s"}))
-    labels = [label for *_, label in BUILD_SERIES]
+    labels = list(BUILD_LABELS)
     if builds:
         build = pd.concat(builds, ignore_index=True)
     else:

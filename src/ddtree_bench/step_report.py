@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 
 from ddtree_bench.config import STREAM_IMPL
-from ddtree_bench.step import BUILD_SERIES, LEFT_OUT, expected_acceptance, preferred, step_breakdown
+from ddtree_bench.step import BUILD_LABELS, LEFT_OUT, expected_acceptance, preferred, step_breakdown
 
 __all__ = [
     "LEFT_OUT",
@@ -363,7 +363,7 @@ def breakdown_table(breakdown: pd.DataFrame, machine: str, layers: int) -> pd.Da
             "accept": first["accept_s"].map(fmt_us).to_numpy(),
         }
     )
-    labels = [label for *_, label in BUILD_SERIES]
+    labels = list(BUILD_LABELS)
     present = [label for label in labels if label in set(breakdown["builder"].dropna())]
     for label in present:
         sel = breakdown[breakdown["builder"] == label].set_index(keys)
@@ -437,10 +437,10 @@ def figure_step_share(breakdowns: dict[str, pd.DataFrame], path) -> str:
         squeeze=False,
         sharey=True,
     )
-    labels = [label for *_, label in BUILD_SERIES]
-    colors = dict(
-        zip(labels, ("#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#d62728", "#e377c2"), strict=True)
-    )
+    labels = list(BUILD_LABELS)
+    palette = ("#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#d62728", "#e377c2", "#8c564b", "#17becf")
+    palette += ("#bcbd22", "#7f7f7f", "#aec7e8")
+    colors = dict(zip(labels, palette, strict=True))
     for i, (machine, prefix) in enumerate(panels):
         for j, batch in enumerate(batches):
             ax = axes[i][j]

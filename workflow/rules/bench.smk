@@ -18,6 +18,8 @@ rule bench:
         timing=TIMING,
         machine=MACHINE,
         input_columns=INPUT_COLUMNS,
+        in_situ=IN_SITU,
+        in_situ_reason=IN_SITU_REASON,
     script:
         "../scripts/bench.py"
 
@@ -43,6 +45,8 @@ rule bench_gpu:
         timing=TIMING,
         machine=MACHINE,
         input_columns=INPUT_COLUMNS,
+        in_situ=IN_SITU,
+        in_situ_reason=IN_SITU_REASON,
     script:
         "../scripts/bench.py"
 

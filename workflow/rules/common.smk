@@ -28,6 +28,8 @@ TRACE_COLUMNS = trace_columns(config)
 # The columns each timing job hands the builders: the first min(N, K) under `topk: budget` (K = N).
 INPUT_COLUMNS = builder_input_columns(config)
 TIMING = timing_options(config)
+# The in-situ timing mode (GPU machines; elsewhere its rows say why): every timing job adds it.
+IN_SITU = bool(config["timing"]["in_situ"])
 # The step stages (verify attention, tree accept, peaks): nulls resolved (budgets, distribution, depth).
 STEP = step_options(config)
 # The report's "Which budget?" model (draft, rest of the target's forward, prefix length S).
@@ -161,6 +163,23 @@ def builder_options(builder):
 
 # Probed once, and only where a GPU job is configured (the gpu builder, the step stages).
 GPU_REASON = gpu_reason() if "gpu" in BUILDERS or STEP["enabled"] else None
+
+
+def in_situ_reason():
+    """Why the in-situ mode cannot run here (None: it can, or it is off); probed once, when parsed."""
+    if not IN_SITU:
+        return None
+    if config["gpu"] == "off":
+        return "gpu: off in the configuration"
+    try:
+        from ddtree_bench.cuda import gpu_unavailable_reason
+    except ImportError as error:
+        return f"ddtree_bench.cuda cannot be imported ({error})"
+    return gpu_unavailable_reason()
+
+
+# Where it is not None, each timing job adds one in-situ row saying why (no torch import, no trace re-read).
+IN_SITU_REASON = in_situ_reason()
 
 # Builders that cannot run here get one "unavailable" row with the reason instead of their timing jobs.
 UNAVAILABLE = {}

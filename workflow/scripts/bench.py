@@ -23,6 +23,7 @@ with logged(snakemake):
         max_repeats=timing["max_repeats"],
         correct=correct,
         input_columns=params.input_columns,
+        in_situ=bool(params.in_situ),
     )
     accepted = inspect.signature(run).parameters
     if not any(p.kind is p.VAR_KEYWORD for p in accepted.values()):
@@ -40,6 +41,33 @@ with logged(snakemake):
         builder_options=dict(params.options),
         **extra,
     )
+    if params.in_situ and params.in_situ_reason and (rows["status"] == "ok").all():
+        import pandas as pd
+
+        from ddtree_bench.insitu_bench import unavailable_like
+
+        reason = f"in-situ timing needs a CUDA GPU: {params.in_situ_reason}"
+        rows = pd.concat([rows, unavailable_like(rows, reason)], ignore_index=True)
+    elif params.in_situ and wildcards.builder != "gpu" and (rows["status"] == "ok").all():
+        import pandas as pd
+
+        from ddtree_bench.insitu_bench import run_insitu_benchmark
+
+        extra.pop("in_situ", None)
+        in_situ = run_insitu_benchmark(
+            wildcards.builder,
+            snakemake.input.trace,
+            int(wildcards.budget),
+            int(wildcards.batch),
+            warmup=timing["warmup"],
+            repeats=timing["repeats"],
+            min_seconds=timing["min_seconds"],
+            machine=params.machine,
+            distribution=wildcards.distribution,
+            builder_options=dict(params.options),
+            **extra,
+        )
+        rows = pd.concat([rows, in_situ], ignore_index=True)
     timed = rows[rows["phase"] == "timed"]
     print(f"{len(rows)} rows, {len(timed)} timed; status {sorted(set(rows['status']))}")
     print(timed.groupby(["timing", "cache"], dropna=False)["seconds"].describe().to_string())

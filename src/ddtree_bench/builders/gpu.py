@@ -148,7 +148,9 @@ class DeviceTrees:
     (one contiguous region, so a host consumer copies the whole batch out in one transfer), then the
     packed-bit mask and the per-tree path statistics."""
 
-    def __init__(self, batch: int, budget: int):
+    def __init__(self, batch: int, budget: int, buffer=None):
+        """``buffer``: a device byte array of at least ``required_bytes(batch, budget)`` bytes to lay the
+        outputs out in (e.g. a CuPy view of a torch tensor); ``None``: a new zeroed CuPy allocation."""
         import cupy as cp
 
         n1 = budget + 1
@@ -166,13 +168,47 @@ class DeviceTrees:
         offsets, total = _layout(
             tree_fields + [("visibility_bits", (batch, n1, words), np.uint32), ("stats", (batch,), np.int32)]
         )
-        self.buffer = cp.zeros(total, cp.uint8)
+        self.offsets = offsets
+        if buffer is None:
+            self.buffer = cp.zeros(total, cp.uint8)
+        else:
+            if buffer.dtype != cp.uint8 or buffer.ndim != 1 or buffer.size < total:
+                raise ValueError(f"DeviceTrees: buffer must be a 1-D uint8 device array of >= {total} bytes")
+            self.buffer = buffer[:total]
         for name, view in _views(self.buffer, offsets).items():
             setattr(self, name, view)
 
     @property
     def nbytes(self) -> int:
         return int(self.buffer.nbytes)
+
+    @property
+    def batch(self) -> int:
+        return int(self.node_count.shape[0])
+
+    @property
+    def budget(self) -> int:
+        return int(self.node_token_ids.shape[1])
+
+    @staticmethod
+    def required_bytes(batch: int, budget: int) -> int:
+        """Bytes of the one allocation holding a (batch, budget) output (same layout as ``__init__``)."""
+        n1 = budget + 1
+        words = (n1 + 31) // 32
+        _, total = _layout(
+            [
+                ("node_count", (batch,), np.int32),
+                ("node_token_ids", (batch, budget), np.int64),
+                ("node_depths", (batch, budget), np.int64),
+                ("parents", (batch, n1), np.int32),
+                ("visibility", (batch, n1, n1), np.bool_),
+                ("retrieve_next_token", (batch, n1), np.int64),
+                ("retrieve_next_sibling", (batch, n1), np.int64),
+                ("visibility_bits", (batch, n1, words), np.uint32),
+                ("stats", (batch,), np.int32),
+            ]
+        )
+        return total
 
     def tree_region(self):
         """The TreeBatch fields as one contiguous device byte range."""
