@@ -39,6 +39,7 @@ import numpy as np
 import pandas as pd
 
 from ddtree_bench.environment import ENVIRONMENT_COLUMNS, collect_environment
+from ddtree_bench.traces import row_sha256
 from ddtree_bench.validation import check_budget
 
 COLUMNS = (
@@ -62,6 +63,7 @@ COLUMNS = (
     "nodes_mean",
     "device_memory_bytes",
     "threads",
+    "trace_sha256",
     *ENVIRONMENT_COLUMNS,
 )
 
@@ -126,6 +128,7 @@ def unavailable_frame(
     input_columns: int | None = None,
     distribution: str | None = None,
     environment: dict | None = None,
+    trace_sha256: str | None = None,
 ) -> pd.DataFrame:
     """One row saying ``builder`` could not run here and why (no timings). ``budget``/``batch`` 0 mean "every
     configuration" (the workflow writes one such row per builder it leaves out)."""
@@ -151,6 +154,7 @@ def unavailable_frame(
         "nodes_mean": math.nan,
         "device_memory_bytes": math.nan,
         "threads": None,
+        "trace_sha256": trace_sha256,
         **{k: env.get(k) for k in COLUMNS if k in env},
     }
     return frame([row])
@@ -297,6 +301,7 @@ def prepare_run(
     topk = min(budget, columns)
     if distribution is None:
         distribution = metadata.get("distribution")
+    sha256 = row_sha256(trace_path, metadata)
     env = collect_environment(machine)
     name = builder if isinstance(builder, str) else getattr(builder, "name", type(builder).__name__)
     obj = _builder_object(builder, builder_options)
@@ -313,6 +318,7 @@ def prepare_run(
             input_columns=int(lp.shape[2]),
             distribution=distribution,
             environment=env,
+            trace_sha256=sha256,
         )
     budget = obj.check(lp, ids, budget)  # validate once; the timed calls skip it (module docstring)
     base = {
@@ -326,6 +332,7 @@ def prepare_run(
         "distribution": distribution,
         "status": "ok",
         "status_reason": None,
+        "trace_sha256": sha256,
         **{k: env.get(k) for k in COLUMNS if k in env},
     }
     return obj, lp, ids, budget, base

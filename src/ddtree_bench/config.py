@@ -185,8 +185,8 @@ def _budgets_within_topk(budgets: list[int], columns: int) -> None:
     if above:
         _fail(
             "budgets",
-            f"{above[0]} is above topk ({columns}), the traces' K: budget {above[0]} needs topk >= "
-            f"{max(above)} (raising topk regenerates the traces)",
+            f"{above[0]} is above topk ({columns}), the traces' K: it needs a larger topk (at least "
+            f"{max(above)}, which regenerates the traces)",
         )
 
 

@@ -504,8 +504,8 @@ def peek_trace(path) -> tuple[int, int, int]:
     (lp_shape, lp_dtype), (ids_shape, ids_dtype) = shapes["top_log_probs"], shapes["top_token_ids"]
     if len(lp_shape) != 3 or lp_shape != ids_shape:
         raise ValueError(
-            f"{path}: top_log_probs {list(lp_shape)} and top_token_ids {list(ids_shape)} must be one 3-D shape "
-            "[R, L, K]"
+            f"{path}: top_log_probs {list(lp_shape)} and top_token_ids {list(ids_shape)} must be one 3-D "
+            "shape [R, L, K]"
         )
     if lp_dtype not in _LOSSLESS_LP or ids_dtype not in _LOSSLESS_IDS:
         raise ValueError(
@@ -513,6 +513,15 @@ def peek_trace(path) -> tuple[int, int, int]:
             f"integer type), got {lp_dtype} and {ids_dtype}"
         )
     return tuple(int(n) for n in lp_shape)
+
+
+def row_sha256(path, metadata: dict) -> str:
+    """What a row records as ``trace_sha256``: the digest ``metadata`` (read from the file) stores, else
+    ``trace_sha256(path)``."""
+    stored = metadata.get("sha256")
+    if isinstance(stored, str) and len(stored) == 64:
+        return stored
+    return trace_sha256(path)
 
 
 def trace_sha256(path) -> str:
