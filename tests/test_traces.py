@@ -19,8 +19,10 @@ from ddtree_bench.traces import (
     generate_trace,
     import_recorded,
     load_trace,
+    peek_trace,
     resolve_device,
     save_trace,
+    trace_sha256,
 )
 from ddtree_bench.validation import check_topk_arrays
 
