@@ -426,8 +426,8 @@ def test_import_recorded_rejects_bad_files(tmp_path, case):
 
 
 def test_two_generations_with_one_seed_give_identical_bytes(tmp_path):
-    """The default generation (the CPU's) is a function of its arguments: the same file, byte for byte, and the
-    same sha256, which every row computed from it records."""
+    """The default generation (the CPU's) is a function of its arguments: the same file, byte for byte, and
+    the same sha256, which every row computed from it records."""
     paths = []
     for name in ("a", "b"):
         trace = generate("peaked", 4, 3, 16, V, 7)
