@@ -11,6 +11,7 @@ from ddtree_bench.config import (
     trace_columns,
     trace_requests,
 )
+from ddtree_bench.consistency import GRID_KEYS
 from ddtree_bench.environment import default_machine_label
 
 MACHINE = config["machine"] or default_machine_label()
@@ -73,6 +74,8 @@ REPORT_DIR = config["report_dir"].rstrip("/")
 REPORT_HTML = f"{REPORT_DIR}/index.html"
 REPORT_MD = f"{REPORT_DIR}/summary.md"
 FIGURES = ("time_vs_budget", "time_vs_batch", "speedup", "tree_shape", "step_share")
+# The lists that decide the tree-build grid (consistency.GRID_KEYS): what the summary must hold exactly.
+GRID = {key: list(config[key]) for key in GRID_KEYS}
 
 
 wildcard_constraints:

@@ -39,5 +39,9 @@ rule render_report:
         depth=DEPTHS[0],
         distribution=DISTRIBUTIONS[0],
         step=STEP,
+        # the configured grid: the report refuses a summary that does not hold exactly it, and a change of
+        # any of these lists reruns the report (as it reruns the aggregation, whose inputs are exactly
+        # the configured jobs' files)
+        grid=GRID,
     script:
         "../scripts/report.py"

@@ -21,4 +21,5 @@ with logged(snakemake):
         step_depth=step["depth"],
         step_distribution=step["distribution"],
         step_enabled=step["enabled"],
+        grid=snakemake.params.grid,
     )
