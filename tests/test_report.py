@@ -396,7 +396,8 @@ def test_columns_contract_is_what_docs_say():
         "builder, label, budget, batch, depth, topk, input_columns, distribution, repetition, "
         "phase (warmup|timed), "
         "timing, cache, seconds, per_tree_seconds, status, status_reason, correct (bool), nodes_mean, "
-        "device_memory_bytes, threads, trace_sha256, machine, hostname, cpu_model, cpu_count, gpu_name, gpu_driver, "
+        "device_memory_bytes, threads, trace_sha256, machine, hostname, cpu_model, cpu_count, gpu_name, "
+        "gpu_driver, "
         "python, numpy, cupy, torch, sglang, git_commit, timestamp, clock"
     )
     names = [part.strip().split(" ")[0] for part in documented.split(", ")]
