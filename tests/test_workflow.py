@@ -470,7 +470,7 @@ def test_a_new_budget_up_to_topk_regenerates_no_trace(smoke_run):
     work, _, _ = smoke_run
     config = smoke_config()
     new = config["topk"]
-    assert new > max(config["budgets"])  # above every budget so far: under `topk: budget` this regrew K
+    assert new > max(config["budgets"])  # above every budget so far, within the fixed K
     result = _planned(work, _variant(work, "wider", budgets=[*config["budgets"], new]))
     assert result.returncode == 0, result.stderr
     jobs = jobs_of(result.stdout + result.stderr)

@@ -8,7 +8,7 @@ Method (the same for every CPU builder, on the same inputs):
 - ``warmup`` untimed calls, then timed calls until both ``repeats`` calls and ``min_seconds`` of timed calls
   are reached; a slow configuration stops at ``max_seconds`` once it has ``min_repeats`` calls, a fast one at
   ``max_repeats`` calls. Warm-up calls are timed too and kept as rows with ``phase = "warmup"``.
-- ``input_columns="topk"`` (the workflow's choice under ``topk: budget``, i.e. K = N) hands every builder
+- ``input_columns="topk"`` (the workflow's choice, whatever the traces' fixed K) hands every builder
   the first ``topk = min(N, K)`` columns of the trace, contiguous, as a drafter emitting top-N would;
   ``"trace"`` hands over all K columns of the trace (each builder still reads only ``topk`` of them). The
   row's ``input_columns`` says which K the builder was handed: it sets what a host-inclusive GPU call copies.
