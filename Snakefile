@@ -20,6 +20,10 @@ min_version("9.0")
 configfile: "config/config.yaml"
 
 
+# Snakemake's own report (snakemake --report report.zip): this description, and the outputs the rules mark.
+report: "workflow/report/workflow.rst"
+
+
 # One clear line for a bad configuration, before any job: the package's checks first (they name the problem),
 # then Snakemake's own validation against the same schema.
 SCHEMA = "workflow/schemas/config.schema.yaml"
@@ -58,3 +62,9 @@ rule report:
     input:
         html=REPORT_HTML,
         markdown=REPORT_MD,
+
+
+# A run that made the report ends by saying where it is.
+onsuccess:
+    if Path(REPORT_HTML).is_file():
+        print(f"ddtree-bench: report: {REPORT_HTML} (and {REPORT_MD})")

@@ -306,3 +306,13 @@ def test_read_batch_refuses_a_file_that_is_not_a_trace(tmp_path):
     np.savez(tmp_path / "half.npz", top_log_probs=np.zeros((2, 2, 2), np.float32))
     with pytest.raises(ValueError, match="missing array"):
         read_batch(tmp_path / "half.npz", 1)
+
+
+def test_every_row_records_the_traces_sha256(trace_path):
+    """Rows name their inputs: the trace's sha256 (the digest stored in the file, of its arrays)."""
+    digest = load_trace(trace_path).sha256
+    assert len(digest) == 64
+    rows = bench("reference", trace_path, warmup=1, repeats=2)
+    assert set(rows["trace_sha256"]) == {digest}
+    missing = bench(RecordingBuilder(reason="not here"), trace_path)
+    assert list(missing["status"]) == ["unavailable"] and set(missing["trace_sha256"]) == {digest}

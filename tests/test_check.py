@@ -8,7 +8,7 @@ import pytest
 from ddtree_bench import check
 from ddtree_bench.builders import Builder, BuilderUnavailable, get_builder
 from ddtree_bench.check import TreeMismatch, check_builder
-from ddtree_bench.traces import generate, save_trace
+from ddtree_bench.traces import generate, load_trace, save_trace
 
 
 @pytest.fixture
@@ -74,6 +74,7 @@ def test_reference_equals_reference(trace_path):
     assert summary["depth"] == 4 and summary["topk"] == 8
     assert summary["nodes_mean"] == 16.0
     assert summary["reason"] is None
+    assert summary["trace_sha256"] == load_trace(trace_path).sha256  # which inputs this check saw
 
 
 def test_batch_checks_the_first_requests(trace_path, monkeypatch):

@@ -447,3 +447,108 @@ def test_bench_end_to_end_with_the_real_benchmark(tmp_path, trace_path, capsys):
     assert (frame.loc[frame["phase"] == "timed", "repetition"].nunique()) >= 3
     assert set(frame["distribution"]) == {"bf16"}
     assert set(frame["machine"]) == {"test-machine"}
+
+
+# ----------------------------------------------------------------------------------------- honest CLI
+
+
+def test_version(capsys):
+    from ddtree_bench import __version__
+
+    code, out, _ = run(["--version"], capsys)
+    assert code == 0 and out.strip() == f"ddtree-bench {__version__}"
+
+
+@pytest.mark.parametrize("command", ["build", "check", "bench"])
+@pytest.mark.parametrize(("builder", "takes"), [("reference", "it takes no options"), ("native", "threads")])
+def test_an_option_a_builder_does_not_take_is_one_line_exit_2(
+    trace_path, tmp_path, capsys, command, builder, takes
+):
+    argv = [command, "--builder", builder, "--trace", trace_path, "--budget", 4, "--batch", 2]
+    argv += ["--builder-option", "foo=bar", "-o", tmp_path / "out"]
+    code, _, err = run(argv, capsys)
+    assert_one_line_error(code, err, f"builder {builder} takes no option 'foo'", takes)
+    assert not (tmp_path / "out").exists()
+
+
+def test_help_texts_say_what_the_commands_do(capsys):
+    code, out, _ = run(["bench", "--help"], capsys)
+    assert code == 0
+    assert "first b requests (required)" in " ".join(out.split())  # bench needs --batch: no "default: all"
+    code, out, _ = run(["build", "--help"], capsys)
+    assert "first b requests (default: all)" in " ".join(out.split())
+    code, out, _ = run(["trace", "--help"], capsys)
+    assert "cpu (default: bit-identical traces on every machine)" in " ".join(out.split())
+    code, out, _ = run(["--help"], capsys)
+    assert "report" in out
+
+
+def test_trace_prints_its_sha256(tmp_path, capsys):
+    argv = [
+        "trace",
+        "--distribution",
+        "uniform",
+        "--requests",
+        2,
+        "--depth",
+        2,
+        "--topk",
+        4,
+        "--vocab-size",
+        V,
+    ]
+    code, out, _ = run([*argv, "-o", tmp_path / "t.npz"], capsys)
+    assert code == 0 and out.strip().endswith(f"sha256 {load_trace(tmp_path / 't.npz').sha256}")
+
+
+PUBLISHED = Path(__file__).resolve().parents[1] / "results" / "published" / "h200"
+
+
+def test_report_renders_published_results_without_running_anything(tmp_path, capsys):
+    out = tmp_path / "report"
+    code, stdout, err = run(["report", "--results", PUBLISHED, "-o", out], capsys)
+    assert code == 0, err
+    assert f"{out / 'index.html'}" in stdout
+    html = (out / "index.html").read_text()
+    assert html.startswith("<!DOCTYPE html>") and "h200" in html
+    assert (out / "summary.md").read_text().startswith("# ddtree-bench report")
+    assert sorted(p.name for p in (out / "figures").iterdir()) == sorted(
+        f"{name}.png" for name in ("time_vs_budget", "time_vs_batch", "speedup", "tree_shape", "step_share")
+    )
+
+
+def _stale_copy(tmp_path, **config_changes) -> Path:
+    folder = tmp_path / "h200"
+    folder.mkdir()
+    for name in ("summary.parquet", "tree_shape.parquet", "environment.json"):
+        (folder / name).write_bytes((PUBLISHED / name).read_bytes())
+    environment = json.loads((folder / "environment.json").read_text())
+    environment["config"].update(config_changes)
+    (folder / "environment.json").write_text(json.dumps(environment))
+    return folder
+
+
+@pytest.mark.parametrize(
+    ("changes", "needle"),
+    [
+        ({"distributions": ["peaked"]}, "holds rows of distribution 'uniform', which is not among"),
+        (
+            {"budgets": [8, 16, 32, 64, 128, 256, 512, 1024]},
+            "lacks builder reference's rows for peaked L=16 N=128",
+        ),
+        ({"batch_sizes": [1, 8, 64]}, "lacks builder reference's rows for peaked L=16 N=8 B=8"),
+        ({"depths": [8]}, "holds rows of depth 16, which is not among the configured depths [8]"),
+        ({"builders": ["reference", "native", "native-mt", "gpu"]}, "holds rows of builder 'sglang'"),
+    ],
+)
+def test_report_refuses_a_summary_that_does_not_match_its_configuration(tmp_path, capsys, changes, needle):
+    folder = _stale_copy(tmp_path, **changes)
+    out = tmp_path / "report"
+    code, _, err = run(["report", "--results", folder, "-o", out], capsys)
+    assert_one_line_error(code, err, needle, "stale" if "holds rows" in needle else "rerun")
+    assert not out.exists()  # nothing written
+
+
+def test_report_names_a_folder_without_a_summary(tmp_path, capsys):
+    code, _, err = run(["report", "--results", tmp_path, "-o", tmp_path / "r"], capsys)
+    assert_one_line_error(code, err, f"--results {tmp_path}: no summary.parquet")

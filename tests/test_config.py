@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 
+import numpy as np
 import pytest
 import yaml
 from workflow_copy import ROOT, snakemake, workdir_copy
@@ -37,8 +38,9 @@ def test_default_config_is_valid_and_has_the_issue_defaults():
     assert config["vocab_size"] == 163840
     assert config["builders"] == ["sglang", "reference", "native", "native-mt", "gpu"]
     assert config["gpu"] == "auto"
-    assert config["topk"] == "budget"
-    assert trace_columns(config) == 1024  # K = N: the traces hold the largest budget's columns
+    assert config["topk"] == 1024
+    assert config["trace_device"] == "cpu"  # the same traces on every machine
+    assert trace_columns(config) == 1024  # a fixed K: adding a budget never regrows the traces
     assert builder_input_columns(config) == "topk"  # ... and each builder is handed its first min(N, K)
     assert trace_requests(config) == 256
     assert set(timing_options(config)) == {
@@ -146,7 +148,8 @@ def test_defaults_are_filled_in():
     assert config["timing"]["repeats"] >= 1
     assert config["sglang"]["module_paths"]
     assert config["machine"] is None
-    assert config["topk"] == "budget"
+    assert config["topk"] == 1024
+    assert config["trace_device"] == "cpu"
 
 
 @pytest.mark.parametrize(("value", "expected"), [(True, "on"), (False, "off"), ("auto", "auto")])
@@ -158,9 +161,9 @@ def test_yaml_on_off_for_gpu(value, expected):
 
 def test_fixed_topk():
     config = default_config()
-    config["topk"] = 64
-    assert trace_columns(check_config(config)) == 64
-    assert builder_input_columns(check_config(config)) == "trace"  # a fixed K: every builder gets all K
+    config["topk"] = 2048
+    assert trace_columns(check_config(config)) == 2048
+    assert builder_input_columns(check_config(config)) == "topk"  # every builder gets its first min(N, K)
 
 
 BAD = [
@@ -194,6 +197,11 @@ BAD = [
     ("timing", {"warmup": 1.5}, "config: timing.warmup: must be an integer, got 1.5"),
     ("distributions", ["recorded"], "config: recorded_trace: distribution 'recorded' needs recorded_trace"),
     ("budget", [8], "config: (top level): Additional properties are not allowed ('budget' was unexpected)"),
+    ("topk", "budget", "config: topk: 'budget' is no longer accepted"),
+    ("topk", 0, "config: topk: 0 is less than the minimum of 1"),
+    ("trace_device", "auto", "config: trace_device: 'auto' is no longer accepted"),
+    ("budgets", [8, 2048], "config: budgets: 2048 is above topk (1024), the traces' K"),
+    ("recorded_trace", "no/such/trace.npz", "config: recorded_trace: no/such/trace.npz: file not found"),
 ]
 
 
@@ -270,6 +278,39 @@ def test_bad_step_config_is_one_clear_line(override, message):
     assert text.startswith(message), text
 
 
+def _recorded(path, requests=256, depth=16, topk=1024):
+    from ddtree_bench.traces import save_trace  # noqa: PLC0415
+
+    lp = np.zeros((requests, depth, topk), np.float32)
+    ids = np.broadcast_to(np.arange(topk, dtype=np.int64), lp.shape).copy()
+    save_trace(path, lp, ids)
+    return str(path)
+
+
+def test_a_recorded_trace_is_checked_when_the_config_is_loaded(tmp_path):
+    config = default_config()
+    config["recorded_trace"] = _recorded(tmp_path / "ok.npz")
+    check_config(config)  # enough requests, positions and columns: accepted
+    cases = [
+        (_recorded(tmp_path / "few.npz", requests=8), "holds 8 requests, fewer than the 256 of the largest"),
+        (_recorded(tmp_path / "short.npz", depth=4), "holds 4 positions, fewer than the 16 of the largest"),
+        (_recorded(tmp_path / "narrow.npz", topk=64), "holds 64 top-K columns, fewer than the 1024 of topk"),
+        (str(tmp_path), "not a file"),
+    ]
+    (tmp_path / "text.npz").write_text("not a trace")
+    cases.append((str(tmp_path / "text.npz"), "cannot read it as an .npz trace"))
+    np.savez(tmp_path / "other.npz", logits=np.zeros(3))
+    cases.append((str(tmp_path / "other.npz"), "not a trace: missing array(s) top_log_probs, top_token_ids"))
+    for path, message in cases:
+        config = default_config()
+        config["recorded_trace"] = path
+        with pytest.raises(ValueError) as error:
+            check_config(config)
+        text = str(error.value)
+        assert "\n" not in text and text.startswith("config: recorded_trace: "), text
+        assert message in text, text
+
+
 SNAKEMAKE_BAD = [
     ("budgets", [8, 0], "config: budgets: must hold integers >= 1, got 0"),
     ("budgets", [8, 2.5], "config: budgets: must hold integers, got 2.5"),
@@ -287,6 +328,8 @@ SNAKEMAKE_BAD = [
         {"source": "no/such/sglang-checkout"},
         "config: sglang.source: sglang source no/such/sglang-checkout: no such file or folder",
     ),
+    ("recorded_trace", "missing.npz", "config: recorded_trace: missing.npz: file not found"),
+    ("budgets", [8, 4096], "config: budgets: 4096 is above topk (1024), the traces' K"),
 ]
 
 

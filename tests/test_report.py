@@ -352,8 +352,8 @@ def test_columns_contract_is_what_docs_say():
         "builder, label, budget, batch, depth, topk, input_columns, distribution, repetition, "
         "phase (warmup|timed), "
         "timing, cache, seconds, per_tree_seconds, status, status_reason, correct (bool), nodes_mean, "
-        "device_memory_bytes, threads, machine, hostname, cpu_model, cpu_count, gpu_name, gpu_driver, "
-        "python, numpy, cupy, torch, sglang, git_commit, timestamp, clock, builder_source, "
+        "device_memory_bytes, threads, trace_sha256, machine, hostname, cpu_model, cpu_count, gpu_name, "
+        "gpu_driver, python, numpy, cupy, torch, sglang, git_commit, timestamp, clock, builder_source, "
         "builder_source_sha256, builder_source_git_commit, builder_workspace"
     )
     names = [part.strip().split(" ")[0] for part in documented.split(", ")]

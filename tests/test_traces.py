@@ -13,13 +13,16 @@ from ddtree_bench import traces
 from ddtree_bench.cli import main
 from ddtree_bench.traces import (
     DISTRIBUTIONS,
+    arrays_sha256,
     bf16_round,
     generate,
     generate_trace,
     import_recorded,
     load_trace,
+    peek_trace,
     resolve_device,
     save_trace,
+    trace_sha256,
 )
 from ddtree_bench.validation import check_topk_arrays
 
@@ -222,7 +225,9 @@ def test_save_load_round_trip(tmp_path):
     np.testing.assert_array_equal(loaded.top_log_probs, trace.top_log_probs)
     np.testing.assert_array_equal(loaded.top_token_ids, trace.top_token_ids)
     assert loaded.top_log_probs.dtype == np.float32 and loaded.top_token_ids.dtype == np.int64
-    assert loaded.metadata == trace.metadata
+    assert loaded.metadata == trace.metadata | {
+        "sha256": arrays_sha256(trace.top_log_probs, trace.top_token_ids)
+    }
     assert (loaded.requests, loaded.depth, loaded.topk) == (3, 2, 8)
     lp, ids = loaded.batch(2)
     np.testing.assert_array_equal(lp, trace.top_log_probs[:2])
@@ -244,11 +249,11 @@ def test_save_refuses_bad_arrays_and_writes_nothing(tmp_path):
 def test_failed_write_leaves_no_partial_file(tmp_path, monkeypatch):
     lp, ids = small(requests=2, depth=2, topk=4)
 
-    def broken(handle, **arrays):
-        handle.write(b"PK partial")
+    def broken(member, array, **options):
+        member.write(b"\x93NUMPY partial")
         raise OSError("disk full")
 
-    monkeypatch.setattr(np, "savez", broken)
+    monkeypatch.setattr(np.lib.format, "write_array", broken)
     with pytest.raises(OSError, match="disk full"):
         save_trace(tmp_path / "t.npz", lp, ids)
     assert list(tmp_path.iterdir()) == []
@@ -418,3 +423,34 @@ def test_import_recorded_rejects_bad_files(tmp_path, case):
     with pytest.raises(ValueError, match=problem):
         import_recorded(path, tmp_path / "out.npz")
     assert not (tmp_path / "out.npz").exists()
+
+
+def test_two_generations_with_one_seed_give_identical_bytes(tmp_path):
+    """The default generation (the CPU's) is a function of its arguments: the same file, byte for byte, and
+    the same sha256, which every row computed from it records."""
+    paths = []
+    for name in ("a", "b"):
+        trace = generate("peaked", 4, 3, 16, V, 7)
+        assert trace.metadata["device"] == "cpu"  # the default: never CuPy's generator unless asked for
+        paths.append(tmp_path / f"{name}.npz")
+        save_trace(paths[-1], trace.top_log_probs, trace.top_token_ids, **trace.metadata)
+    first, second = (path.read_bytes() for path in paths)
+    assert first == second
+    digest = arrays_sha256(trace.top_log_probs, trace.top_token_ids)
+    assert trace_sha256(paths[0]) == digest == load_trace(paths[1]).sha256
+    other = generate("peaked", 4, 3, 16, V, 8)
+    assert arrays_sha256(other.top_log_probs, other.top_token_ids) != digest
+    assert peek_trace(paths[0]) == (4, 3, 16)
+
+
+def test_peek_trace_names_what_is_wrong(tmp_path):
+    lp, ids = small(requests=2, depth=2, topk=4)
+    np.savez(tmp_path / "mixed.npz", top_log_probs=lp, top_token_ids=ids[:, :1])
+    np.savez(tmp_path / "floats.npz", top_log_probs=lp.astype(np.float64), top_token_ids=ids)
+    for name, message in (
+        ("absent.npz", "file not found"),
+        ("mixed.npz", "must be one 3-D shape"),
+        ("floats.npz", "top_log_probs must be float32"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            peek_trace(tmp_path / name)

@@ -6,6 +6,7 @@ is."""
 from __future__ import annotations
 
 import copy
+import json
 import re
 import shutil
 import subprocess
@@ -397,3 +398,156 @@ def test_adding_a_budget_schedules_only_its_step_jobs(tmp_path):
     assert sum(job["rule"] == "step_accept" for job in jobs) == batches
     attention = batches * len(step["prefix_lengths"]) * len(step["heads"])
     assert sum(job["rule"] == "step_attention" for job in jobs) == attention
+
+
+# ----------------------------------------------------------------------------------------- nothing stale
+
+
+def _variant(work: Path, name: str, **changes) -> str:
+    """A copy of the smoke configuration with ``changes``, written into the work folder; its file name."""
+    config = smoke_config()
+    config.update(changes)
+    (work / f"{name}.yaml").write_text(yaml.safe_dump(config))
+    return f"{name}.yaml"
+
+
+def _planned(work: Path, configfile: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return snakemake(work, "-n", "--cores", "2", "--configfile", configfile, "--", "report", env=env)
+
+
+def _copy_of(work: Path, tmp_path: Path) -> Path:
+    """A copy of a finished run (results, Snakemake's metadata and mtimes kept), for tests that change it."""
+    copy = tmp_path / "copy"
+    shutil.copytree(work, copy, symlinks=True)
+    return copy
+
+
+@pytest.mark.slow
+def test_rows_record_their_traces_sha256_and_the_run_names_its_report(smoke_run):
+    from ddtree_bench.traces import trace_sha256
+
+    work, result, _ = smoke_run
+    results = work / "results" / "smoke"
+    digests = {
+        path.stem: trace_sha256(path) for path in (results / "traces").glob("*.npz")
+    }  # e.g. "uniform-L4"
+    summary = pd.read_parquet(results / "summary.parquet")
+    ok = summary[summary["status"] == "ok"]
+    assert ok["trace_sha256"].notna().all()
+    for _, row in ok.iterrows():
+        assert row["trace_sha256"] == digests[f"{row['distribution']}-L{row['depth']}"]
+    shapes = pd.read_parquet(results / "tree_shape.parquet")
+    assert set(shapes["trace_sha256"]) == set(digests.values())
+    check = json.loads(next((results / "check").glob("*/uniform-L4-N4.json")).read_text())
+    assert check["trace_sha256"] == digests["uniform-L4"]
+    config = smoke_config()
+    assert f"ddtree-bench: report: {config['report_dir']}/index.html" in result.stdout + result.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"distributions": ["uniform"]},
+        {"depths": [4, 3]},
+        {"batch_sizes": [4]},  # the largest stays: the traces keep their requests
+        {"builders": ["reference", "native"]},
+    ],
+    ids=["distributions", "depths", "batch_sizes", "builders"],
+)
+def test_changing_the_grid_reruns_the_aggregation_and_the_report(smoke_run, changes):
+    work, _, _ = smoke_run
+    result = _planned(work, _variant(work, "grid", **changes))
+    assert result.returncode == 0, result.stderr
+    rules = {job["rule"] for job in jobs_of(result.stdout + result.stderr)}
+    assert {"aggregate", "render_report"} <= rules, rules
+    if "depths" not in changes:
+        assert "trace" not in rules  # the traces of the configured distributions and depths stand
+
+
+@pytest.mark.slow
+def test_a_new_budget_up_to_topk_regenerates_no_trace(smoke_run):
+    work, _, _ = smoke_run
+    config = smoke_config()
+    new = config["topk"]
+    assert new > max(config["budgets"])  # above every budget so far, within the fixed K
+    result = _planned(work, _variant(work, "wider", budgets=[*config["budgets"], new]))
+    assert result.returncode == 0, result.stderr
+    jobs = jobs_of(result.stdout + result.stderr)
+    rules = {job["rule"] for job in jobs}
+    assert "trace" not in rules and "trace_recorded" not in rules, rules
+    assert "bench" in rules and {"aggregate", "render_report"} <= rules
+    timing = [job for job in jobs if job["rule"] in ("bench", "check", "tree_shape")]
+    assert timing and all(f"-N{new}" in job["output"][0] for job in timing)
+
+
+@pytest.mark.slow
+def test_a_budget_above_topk_is_one_line_in_the_dry_run(smoke_run):
+    work, _, _ = smoke_run
+    config = smoke_config()
+    above = 2 * config["topk"]
+    result = _planned(work, _variant(work, "above", budgets=[*config["budgets"], above]))
+    assert result.returncode != 0
+    output = result.stdout + result.stderr
+    message = (
+        f"config: budgets: {above} is above topk ({config['topk']}), the traces' K: it needs a larger topk"
+    )
+    assert message in output
+    assert not jobs_of(output)
+
+
+@pytest.mark.slow
+def test_a_wrong_recorded_trace_on_existing_results_stops_the_run(smoke_run, tmp_path):
+    """Before: a missing recorded_trace on a results folder that had one exited 0 and reported old numbers."""
+    work = _copy_of(smoke_run[0], tmp_path)
+    distributions = [*smoke_config()["distributions"], "recorded"]
+    missing = _variant(work, "missing", distributions=distributions, recorded_trace="no/such.npz")
+    result = snakemake(work, "--cores", "1", "--configfile", missing, "--", "report")
+    assert result.returncode != 0
+    assert "config: recorded_trace: no/such.npz: file not found" in result.stdout + result.stderr
+    (work / "text.npz").write_text("not a trace")
+    invalid = _variant(work, "invalid", distributions=distributions, recorded_trace="text.npz")
+    result = _planned(work, invalid)
+    assert result.returncode != 0
+    assert (
+        "config: recorded_trace: text.npz: cannot read it as an .npz trace" in result.stdout + result.stderr
+    )
+
+
+@pytest.mark.slow
+def test_the_report_refuses_a_summary_that_does_not_match_the_configuration(smoke_run, tmp_path):
+    work = _copy_of(smoke_run[0], tmp_path)
+    summary_path = work / "results" / "smoke" / "summary.parquet"
+    summary = pd.read_parquet(summary_path)
+    kept = summary[summary["distribution"] != "bf16"]  # a summary of an earlier configuration
+    kept.to_parquet(summary_path, index=False)  # newer than the report: the report rule runs on it
+    result = snakemake(work, "--cores", "1", "--configfile", "config/smoke.yaml", "--", "report")
+    assert result.returncode != 0
+    output = result.stdout + result.stderr
+    assert "lacks builder reference's rows for bf16 L=4 N=4 B=1" in output, output[-3000:]
+
+
+@pytest.mark.slow
+def test_snakemakes_own_report_holds_the_marked_outputs(smoke_run, tmp_path):
+    import zipfile
+
+    work, _, _ = smoke_run
+    archive = tmp_path / "snakemake-report.zip"
+    result = snakemake(work, "--cores", "1", "--configfile", "config/smoke.yaml", "--report", str(archive))
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    names = zipfile.ZipFile(archive).namelist()
+    # the archive keeps each marked output under data/raw/<hash>/<its file name>
+    stored = {Path(name).name for name in names if "/data/raw/" in name}
+    marked = {
+        "summary.parquet",
+        "environment.json",
+        "step_summary.parquet",
+        "index.html",
+        "summary.md",
+        *(
+            f"{name}.png"
+            for name in ("time_vs_budget", "time_vs_batch", "speedup", "tree_shape", "step_share")
+        ),
+    }
+    assert marked <= stored, (sorted(marked - stored), sorted(stored))
+    assert any(name.endswith("report.html") for name in names)

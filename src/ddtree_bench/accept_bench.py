@@ -45,7 +45,7 @@ from ddtree_bench.acceptance import expected_acceptance, sample_target_tokens
 from ddtree_bench.bench import TimingPolicy, read_batch
 from ddtree_bench.environment import ENVIRONMENT_COLUMNS, collect_environment
 from ddtree_bench.stage_records import stage_frame
-from ddtree_bench.traces import check_positive_int
+from ddtree_bench.traces import check_positive_int, row_sha256
 from ddtree_bench.validation import check_budget
 
 STAGE = "accept"
@@ -151,6 +151,7 @@ def run_accept_benchmark(
         "bytes": None,
         "accept_length_mean": float(np.mean(expected[1])),
         "expected_accept_mean": float(np.mean(expected_acceptance(lp, ids, trees))),
+        "trace_sha256": row_sha256(path, metadata),
         **{k: env.get(k) for k in ENVIRONMENT_COLUMNS},
     }
 

@@ -55,6 +55,7 @@ SUMMARY_COLUMNS = (
     *STAT_COLUMNS,
     "git_commit",
     "timestamp",
+    "trace_sha256",
     # where the builder's code came from (bench.PROVENANCE_COLUMNS; sglang only)
     "builder_source",
     "builder_source_sha256",
@@ -122,7 +123,7 @@ def summarize(rows: pd.DataFrame) -> pd.DataFrame:
         for column in ("nodes_mean", "device_memory_bytes"):
             values = group[column].dropna() if column in group else pd.Series(dtype=float)
             record[column] = float(values.iloc[-1]) if len(values) else np.nan
-        for column in ("git_commit", "timestamp"):
+        for column in ("git_commit", "timestamp", "trace_sha256"):
             values = group[column].dropna() if column in group else pd.Series(dtype=object)
             record[column] = str(values.iloc[-1]) if len(values) else None
         for column in ("builder_source", "builder_source_sha256", "builder_source_git_commit"):
@@ -183,6 +184,7 @@ def tree_shape(trace_path, budget: int, *, distribution: str | None = None) -> l
         "topk": min(int(budget), trace.topk),
         "requests": trees.batch_size,
         "tree_nodes_mean": float(trees.node_count.mean()),
+        "trace_sha256": trace.sha256,
         **expected_accept_stats(lp, ids, trees),
     }
     return [
@@ -217,6 +219,7 @@ def combine_shapes(paths) -> pd.DataFrame:
         "nodes_p10",
         "nodes_p90",
         *SHAPE_ACCEPT_COLUMNS,
+        "trace_sha256",
     ]
     shapes = pd.DataFrame.from_records(records, columns=columns)
     for column in SHAPE_ACCEPT_COLUMNS:  # absent from records written before they existed: NaN

@@ -46,6 +46,7 @@ from ddtree_bench.bench import TimingPolicy, read_batch
 from ddtree_bench.config import ATTENTION_IMPLS, STREAM_IMPL
 from ddtree_bench.environment import ENVIRONMENT_COLUMNS, collect_environment
 from ddtree_bench.stage_records import stage_frame
+from ddtree_bench.traces import row_sha256
 
 IMPLS = ATTENTION_IMPLS  # ours, ours-mma, flexattention, sdpa, flashmla, sglang-triton, read-stream
 # ddtree_stream_read's launch: 2 blocks of 1024 threads per SM (4 words of 16 bytes in flight a thread) was
@@ -131,6 +132,7 @@ def run_attention_benchmark(
         "prefix": prefix,
         "depth": int(lp.shape[1]),
         "distribution": distribution or metadata.get("distribution"),
+        "trace_sha256": row_sha256(trace_path, metadata),
         **{key: env.get(key) for key in ENVIRONMENT_COLUMNS},
     }
 

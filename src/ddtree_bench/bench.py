@@ -8,7 +8,7 @@ Method (the same for every CPU builder, on the same inputs):
 - ``warmup`` untimed calls, then timed calls until both ``repeats`` calls and ``min_seconds`` of timed calls
   are reached; a slow configuration stops at ``max_seconds`` once it has ``min_repeats`` calls, a fast one at
   ``max_repeats`` calls. Warm-up calls are timed too and kept as rows with ``phase = "warmup"``.
-- ``input_columns="topk"`` (the workflow's choice under ``topk: budget``, i.e. K = N) hands every builder
+- ``input_columns="topk"`` (the workflow's choice, whatever the traces' fixed K) hands every builder
   the first ``topk = min(N, K)`` columns of the trace, contiguous, as a drafter emitting top-N would;
   ``"trace"`` hands over all K columns of the trace (each builder still reads only ``topk`` of them). The
   row's ``input_columns`` says which K the builder was handed: it sets what a host-inclusive GPU call copies.
@@ -39,6 +39,7 @@ import numpy as np
 import pandas as pd
 
 from ddtree_bench.environment import ENVIRONMENT_COLUMNS, collect_environment
+from ddtree_bench.traces import row_sha256
 from ddtree_bench.validation import check_budget
 
 COLUMNS = (
@@ -62,6 +63,7 @@ COLUMNS = (
     "nodes_mean",
     "device_memory_bytes",
     "threads",
+    "trace_sha256",
     *ENVIRONMENT_COLUMNS,
 )
 #: Where a builder's code came from, for builders that load it (``sglang``): the module path or file given,
@@ -150,6 +152,7 @@ def unavailable_frame(
     input_columns: int | None = None,
     distribution: str | None = None,
     environment: dict | None = None,
+    trace_sha256: str | None = None,
 ) -> pd.DataFrame:
     """One row saying ``builder`` could not run here and why (no timings). ``budget``/``batch`` 0 mean "every
     configuration" (the workflow writes one such row per builder it leaves out)."""
@@ -175,6 +178,7 @@ def unavailable_frame(
         "nodes_mean": math.nan,
         "device_memory_bytes": math.nan,
         "threads": None,
+        "trace_sha256": trace_sha256,
         **{k: env.get(k) for k in COLUMNS if k in env},
     }
     return frame([row])
@@ -321,6 +325,7 @@ def prepare_run(
     topk = min(budget, columns)
     if distribution is None:
         distribution = metadata.get("distribution")
+    sha256 = row_sha256(trace_path, metadata)
     env = collect_environment(machine)
     name = builder if isinstance(builder, str) else getattr(builder, "name", type(builder).__name__)
     obj = _builder_object(builder, builder_options)
@@ -337,6 +342,7 @@ def prepare_run(
             input_columns=int(lp.shape[2]),
             distribution=distribution,
             environment=env,
+            trace_sha256=sha256,
         )
     budget = obj.check(lp, ids, budget)  # validate once; the timed calls skip it (module docstring)
     base = {
@@ -350,6 +356,7 @@ def prepare_run(
         "distribution": distribution,
         "status": "ok",
         "status_reason": None,
+        "trace_sha256": sha256,
         **{k: env.get(k) for k in COLUMNS if k in env},
         **provenance_fields(obj),
     }

@@ -33,8 +33,8 @@ def check_builder(
     (a name, built with ``builder_options``, or a builder object) and with ``against``, and compare.
 
     Returns ``{"builder", "against", "trace", "budget", "requests", "depth", "topk", "nodes_mean",
-    "status", "reason"}`` with status ``"ok"``, or ``"unavailable"`` (and the reason) when either builder
-    cannot run here. Raises ``TreeMismatch`` on any difference, ``ValueError`` on bad input.
+    "trace_sha256", "status", "reason"}`` with status ``"ok"``, or ``"unavailable"`` (and the reason) when
+    either builder cannot run here. Raises ``TreeMismatch`` on any difference, ``ValueError`` on bad input.
     """
     budget = check_budget(budget)
     trace = load_trace(trace_path)
@@ -52,6 +52,7 @@ def check_builder(
         "depth": int(lp.shape[1]),
         "topk": int(lp.shape[2]),
         "nodes_mean": None,
+        "trace_sha256": trace.sha256,
         "status": "ok",
         "reason": None,
     }

@@ -1,5 +1,5 @@
 """The ``ddtree-bench`` console script: ``trace``, ``build``, ``check`` and ``bench``, the same functions the
-Snakemake rules call.
+Snakemake rules call, and ``report``, which renders the report from existing results without running anything.
 
 Bad input (a library ``ValueError``, an unknown builder, an unavailable builder for ``build``, an
 argument error) prints exactly one line ``ddtree-bench: error: <message>`` on stderr and exits with code 2.
@@ -110,7 +110,10 @@ def cmd_trace(args) -> int:
         save_trace(args.output, trace.top_log_probs, trace.top_token_ids, **trace.metadata)
     seconds = time.perf_counter() - start
     r, depth, k = trace.top_log_probs.shape
-    print(f"{PROG}: wrote {args.output}: {distribution}, R={r} L={depth} K={k}, {device}, {seconds:.2f} s")
+    print(
+        f"{PROG}: wrote {args.output}: {distribution}, R={r} L={depth} K={k}, {device}, {seconds:.2f} s, "
+        f"sha256 {trace.sha256}"
+    )
     return 0
 
 
@@ -286,6 +289,71 @@ def cmd_budget(args) -> int:
         if not gains.empty:
             lines.append("GPU builder's gain at each one's own best budget:\n\n" + markdown_table(gains))
     print("\n".join(lines))
+
+
+def _results_folder(folder: Path) -> Path:
+    """``folder/summary.parquet``, checked (one line naming what is missing)."""
+    if not folder.is_dir():
+        raise ValueError(f"--results {folder}: no such folder")
+    summary = folder / "summary.parquet"
+    if not summary.is_file():
+        raise ValueError(f"--results {folder}: no summary.parquet (a results folder holds one)")
+    return summary
+
+
+def _recorded_config(folder: Path) -> dict | None:
+    """The configuration a results folder recorded (its environment.json's ``config``), if any."""
+    path = folder / "environment.json"
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as error:
+        raise ValueError(f"{path}: cannot read it as JSON ({_one_line(error)})") from None
+    config = data.get("config") if isinstance(data, dict) else None
+    return config if isinstance(config, dict) else None
+
+
+def cmd_report(args) -> int:
+    from ddtree_bench.config import load_config
+    from ddtree_bench.consistency import configured_grid
+    from ddtree_bench.report import FIGURE_NAMES, render_report
+
+    folder = args.results
+    summary = _results_folder(folder)
+    published = [_results_folder(other) for other in args.published or ()]
+    if args.config is not None:
+        config, source = load_config(args.config), str(args.config)
+    else:
+        config, source = _recorded_config(folder), f"{folder / 'environment.json'}"
+    if config is None:
+        raise ValueError(
+            f"--results {folder}: no environment.json with the run's configuration to check the summary "
+            "against; give it with --config FILE"
+        )
+    try:
+        grid = configured_grid(config)
+    except ValueError as error:
+        raise ValueError(f"{source}: {error}") from None
+    step = config.get("step") if isinstance(config.get("step"), dict) else {}
+    depth = args.depth if args.depth is not None else grid["depths"][0]
+    distribution = args.distribution or grid["distributions"][0]
+    out = args.output
+    render_report(
+        summary=summary,
+        published=published,
+        html=out / "index.html",
+        markdown=out / "summary.md",
+        figures=[out / "figures" / f"{name}.png" for name in FIGURE_NAMES],
+        depth=depth,
+        distribution=distribution,
+        step_layers=int(step.get("layers") or 61),
+        step_depth=step.get("depth") or depth,
+        step_distribution=step.get("distribution") or distribution,
+        step_enabled=bool(step.get("enabled", True)),
+        grid=grid,
+    )
+    print(f"{PROG}: report: {out / 'index.html'} (and {out / 'summary.md'}, {out / 'figures'}/)")
     return 0
 
 
@@ -293,7 +361,12 @@ def cmd_budget(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog=PROG, description="DDTree tree-build benchmark: traces, builders, checks, timings.")
+    from ddtree_bench import __version__
+
+    parser = _Parser(
+        prog=PROG, description="DDTree tree-build benchmark: traces, builders, checks, timings, the report."
+    )
+    parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("trace", help="make a trace file (.npz)", description="Generate or import a trace.")
@@ -303,7 +376,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--topk", type=_integer, help="K, top-k columns per position")
     p.add_argument("--vocab-size", type=_integer, default=163840, help="V (default 163840, Kimi K2.6)")
     p.add_argument("--seed", type=_integer, default=0, help="random seed (default 0)")
-    p.add_argument("--device", default="auto", help="auto (GPU when one works), cpu or cuda")
+    p.add_argument(
+        "--device",
+        default="cpu",
+        help="cpu (default: bit-identical traces on every machine) or cuda (CuPy's generator: faster, but "
+        "other traces than cpu for the same seed)",
+    )
     p.add_argument("--threads", type=_integer, default=None, help="CPU threads (default: all cores)")
     p.add_argument("--recorded", type=Path, help="import this recorded trace file (optionally sliced)")
     p.add_argument("-o", "--output", type=Path, required=True, help="output .npz")
@@ -314,7 +392,12 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--trace", type=Path, required=True, help="trace file (.npz)")
         p.add_argument("--budget", type=_integer, required=True, help="N, nodes per tree")
         p.add_argument(
-            "--batch", type=_integer, required=batch_required, help="first b requests (default: all)"
+            "--batch",
+            type=_integer,
+            required=batch_required,
+            help="the batch: the trace's first b requests (required)"
+            if batch_required
+            else "the trace's first b requests (default: all)",
         )
         p.add_argument(
             "--builder-option", action="append", metavar="KEY=VALUE", help="builder option (repeatable)"
@@ -365,6 +448,36 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--per-token-us", type=_number, help="throughput.rest.per_token_us")
     p.add_argument("--prefix-length", type=_integer, help="throughput.prefix_length (S)")
     p.set_defaults(func=cmd_budget)
+
+    p = sub.add_parser(
+        "report",
+        help="render the report from existing results (runs nothing)",
+        description="Render the report (index.html, summary.md, figures/) from a results folder's "
+        "summary.parquet (and its tree_shape.parquet, environment.json, step_summary.parquet), beside other "
+        "machines' folders, without running any job. The summary must hold exactly the configured grid "
+        "(the configuration recorded in its environment.json, or --config): a stale one is refused.",
+    )
+    p.add_argument(
+        "--results", type=Path, required=True, help="a results folder, e.g. results/published/h200"
+    )
+    p.add_argument(
+        "--published",
+        type=Path,
+        action="append",
+        metavar="FOLDER",
+        help="another machine's results folder to set beside it (repeatable)",
+    )
+    p.add_argument(
+        "--config",
+        type=Path,
+        help="check the summary against this config file (default: the one in the folder's environment.json)",
+    )
+    p.add_argument(
+        "--depth", type=_integer, help="L of the tables and figures (default: the first configured)"
+    )
+    p.add_argument("--distribution", help="their distribution (default: the first configured)")
+    p.add_argument("-o", "--output", type=Path, required=True, help="output folder (e.g. /tmp/report)")
+    p.set_defaults(func=cmd_report)
     return parser
 
 

@@ -137,6 +137,7 @@ def check_config(config: dict, schema: dict | str | Path | None = None) -> dict:
     # YAML 1.1 reads unquoted on/off as booleans.
     if isinstance(config.get("gpu"), bool):
         config["gpu"] = "on" if config["gpu"] else "off"
+    _retired_values(config)
     apply_defaults(config, schema)
 
     budgets = _int_list(config, "budgets")
@@ -156,11 +157,13 @@ def check_config(config: dict, schema: dict | str | Path | None = None) -> dict:
     columns = trace_columns(config)
     if config["vocab_size"] < columns:
         _fail("vocab_size", f"{config['vocab_size']} is smaller than the {columns} top-K columns needed")
+    _budgets_within_topk(budgets, columns)
     if "recorded" in distributions:
         recorded = config.get("recorded_trace")
         if not recorded:
             _fail("recorded_trace", "distribution 'recorded' needs recorded_trace, the path of a .npz trace")
     _sglang_source(config)
+    _input_paths(config, columns)
     return config
 
 
@@ -176,6 +179,57 @@ def _sglang_source(config: dict) -> None:
         check_source(source)
     except ValueError as error:
         _fail("sglang.source", str(error))
+
+
+
+
+def _retired_values(config: dict) -> None:
+    """Values older configurations used that would now change results silently: refused with what to use."""
+    if config.get("topk") == "budget":
+        _fail(
+            "topk",
+            "'budget' is no longer accepted (it regrew every trace when a budget was added); give the "
+            "traces' K as an integer, e.g. topk: 1024 (the default); each job takes the first min(N, K) "
+            "columns",
+        )
+    if config.get("trace_device") == "auto":
+        _fail(
+            "trace_device",
+            "'auto' is no longer accepted (it gave other traces where a GPU is); use cpu (the default: the "
+            "same traces on every machine) or cuda (CuPy's generator: other traces than cpu)",
+        )
+
+
+def _budgets_within_topk(budgets: list[int], columns: int) -> None:
+    """A budget above the traces' K needs a larger ``topk`` (a budget never regrows the traces)."""
+    above = [budget for budget in budgets if budget > columns]
+    if above:
+        _fail(
+            "budgets",
+            f"{above[0]} is above topk ({columns}), the traces' K: it needs a larger topk (at least "
+            f"{max(above)}, which regenerates the traces)",
+        )
+
+
+def _input_paths(config: dict, columns: int) -> None:
+    """Every input file the configuration names exists, is readable and holds what the jobs need."""
+    recorded = config.get("recorded_trace")
+    if not recorded:
+        return
+    from ddtree_bench.traces import peek_trace  # noqa: PLC0415 (numpy only where a path is given)
+
+    try:
+        shape = peek_trace(recorded)
+    except ValueError as error:
+        _fail("recorded_trace", str(error))
+    needs = (
+        ("requests", trace_requests(config), "the largest of batch_sizes"),
+        ("positions", max(config["depths"]), "the largest of depths"),
+        ("top-K columns", columns, "topk"),
+    )
+    for (name, need, why), have in zip(needs, shape, strict=True):
+        if have < need:
+            _fail("recorded_trace", f"{recorded} holds {have} {name}, fewer than the {need} of {why}")
 
 
 def _timing_counts(timing, field: str) -> None:
@@ -314,19 +368,19 @@ def _sglang_triton_source(attention: dict) -> None:
 # ----------------------------------------------------------------------------------------- derived values
 
 
+DEFAULT_TOPK = 1024
+
+
 def trace_columns(config: dict) -> int:
-    """K, the top-K columns every trace holds: max(budgets) for ``topk: budget``, else the integer given."""
-    topk = config.get("topk", "budget")
-    if topk == "budget":
-        return max(config["budgets"])
-    return int(topk)
+    """K, the top-K columns every trace holds: the configured ``topk`` (an integer, default 1024); fixed, so
+    adding a budget never regenerates the traces."""
+    return int(config.get("topk", DEFAULT_TOPK))
 
 
 def builder_input_columns(config: dict) -> str:
-    """Which columns the timing jobs hand each builder (``bench.prepare_run``): under ``topk: budget`` (K = N)
-    the first min(N, K) ("topk"), as a drafter emitting top-N would give them; under an integer K all K
-    ("trace")."""
-    return "topk" if config.get("topk", "budget") == "budget" else "trace"
+    """Which columns the timing jobs hand each builder (``bench.prepare_run``): the first min(N, K) ("topk"),
+    as a drafter emitting top-N would give them."""
+    return "topk"
 
 
 def trace_requests(config: dict) -> int:

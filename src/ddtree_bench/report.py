@@ -1124,8 +1124,13 @@ def render_report(
     step_enabled: bool = True,
     throughput_options: dict | None = None,
     distributions: list[str] | None = None,
+    grid: dict | None = None,
 ) -> None:
     """Render the HTML page and the Markdown summary (and the figures as PNG files next to them).
+
+    ``grid``: the configuration's grid lists (``consistency.configured_grid``); where given, a summary or
+    tree-shape table that does not hold exactly that grid is refused (``ValueError``) before anything is
+    written.
 
     ``step_summary``: this run's step summary (default: ``step_summary.parquet`` beside ``summary``);
     ``step_layers``, ``step_depth``, ``step_distribution``: the step section of this run's configuration
@@ -1135,6 +1140,12 @@ def render_report(
     distributions (the section shows the first, and ``recorded`` where configured)."""
     import matplotlib  # noqa: PLC0415
 
+    from ddtree_bench import consistency  # noqa: PLC0415
+
+    if grid is not None:
+        this = load_machine(summary, shapes, environment, step_summary)
+        consistency.check_summary(this.summary, grid, where=f"summary {summary}")
+        consistency.check_shapes(this.shapes, grid, where=f"tree shapes beside {summary}")
     matplotlib.use("Agg")
     html_path, md_path = Path(html), Path(markdown)
     html_path.parent.mkdir(parents=True, exist_ok=True)
@@ -1206,10 +1217,13 @@ def render_report(
     )
     machines_line = ", ".join(f"{m.label} ({m.source})" for m in machines)
     baseline_line = "; ".join(f"{label}: speedups over {name}" for label, name in baselines.items())
+    identity = consistency.trace_identity(machines)  # machines side by side: the same inputs or not
     step = _step_sections(machines, breakdowns, settings)
 
     # Markdown
     md = [f"# ddtree-bench report\n\n{intro}\n\nMachines: {machines_line}.\n\nBaselines: {baseline_line}.\n"]
+    if identity:
+        md.append("Inputs: " + " ".join(identity) + "\n")
     md.append("## Benchmark targets\n\n" + markdown_table(targets))
     if not ref_vs_sglang.empty:
         md.append(f"## {REF_VS_SGLANG_TITLE}\n\n{REF_VS_SGLANG_NOTE}\n\n" + markdown_table(ref_vs_sglang))
@@ -1254,6 +1268,7 @@ def render_report(
         "<h1>ddtree-bench report</h1>",
         f"<p>{escape(intro)}</p>",
         f"<p><b>Machines:</b> {escape(machines_line)}<br><b>Baselines:</b> {escape(baseline_line)}</p>",
+        *([f"<p><b>Inputs:</b> {escape(' '.join(identity))}</p>"] if identity else []),
         "<h2>Benchmark targets</h2>",
         "<p class='note'>Targets from the pipeline issue (CPU) and the GPU builder issue (stated for the "
         "H200, L = 16, K = N, peaked and uniform traces), evaluated on the medians measured on each "

@@ -29,6 +29,8 @@ mask                attention: the mask the impl applies, "tree" or "causal (no 
 accept_length_mean  accept: mean accepted nodes per request (root included) of the timed walk
 expected_accept_mean accept: mean over requests of the expected accepted draft tokens (sum of path
                     probabilities of the tree's nodes under the drafter's own distributions)
+trace_sha256        the sha256 of the trace the trees were built from (``traces.arrays_sha256``; null for
+                    peaks)
 ==================  ==========================================================================================
 
 plus the environment columns (``environment.ENVIRONMENT_COLUMNS``).
@@ -64,6 +66,7 @@ STAGE_COLUMNS = (
     "mask",
     "accept_length_mean",
     "expected_accept_mean",
+    "trace_sha256",
     *ENVIRONMENT_COLUMNS,
 )
 _FLOAT = ("seconds", "flops", "bytes", "error", "accept_length_mean", "expected_accept_mean")

@@ -71,6 +71,7 @@ STEP_SUMMARY_COLUMNS = (
     "peak_floor_s",
     "git_commit",
     "timestamp",
+    "trace_sha256",
 )
 PEAK_KEYS = ("gemm_tflops", "copy_tbps", "floor_seconds")
 
@@ -263,6 +264,7 @@ def summarize_steps(rows: pd.DataFrame) -> pd.DataFrame:
         )
         record["git_commit"] = _last(group, "git_commit", str)
         record["timestamp"] = _last(group, "timestamp", str)
+        record["trace_sha256"] = _last(group, "trace_sha256", str)
         out.append(record)
     return _typed(pd.DataFrame.from_records(out, columns=list(STEP_SUMMARY_COLUMNS)))
 
@@ -283,7 +285,9 @@ def _typed(summary: pd.DataFrame) -> pd.DataFrame:
     for column in ("depth", "heads", "prefix"):
         summary[column] = pd.to_numeric(summary[column], errors="coerce").astype("Int64")
     for column in STEP_SUMMARY_COLUMNS:
-        if column not in (*STEP_KEYS, "status_reason", "correct", "mask", "git_commit", "timestamp", "n"):
+        if column not in (
+            *STEP_KEYS, "status_reason", "correct", "mask", "git_commit", "timestamp", "trace_sha256", "n"
+        ):
             summary[column] = pd.to_numeric(summary[column], errors="coerce").astype("float64")
     for column in (
         "machine",
@@ -297,6 +301,7 @@ def _typed(summary: pd.DataFrame) -> pd.DataFrame:
         "mask",
         "git_commit",
         "timestamp",
+        "trace_sha256",
     ):
         summary[column] = summary[column].astype("object")
     summary["correct"] = summary["correct"].astype("boolean")

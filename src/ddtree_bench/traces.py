@@ -36,18 +36,27 @@ increasing token id (so the top-K' of a trace is the prefix of its top-K for K' 
 
 Determinism: request ``r`` draws its noise from ``PCG64(SeedSequence(seed, spawn_key=(r, 0)))`` and its hot
 tokens from ``spawn_key=(r, 1)``, so a trace is a function of its arguments only (not of chunking or
-threads), and the first ``b`` requests of a trace equal a trace of ``b`` requests. On a CUDA device the noise
-comes from CuPy's generator instead (the same seeds, different numbers); the metadata records the device.
+threads), and the first ``b`` requests of a trace equal a trace of ``b`` requests. Generation runs on the CPU
+by default (``device="cpu"``), so the same arguments give bit-identical traces on every machine. Only as an
+explicit opt-in (``device="cuda"``, or ``"auto"``: the GPU where CuPy finds one) does the noise come from
+CuPy's generator instead: the same seeds, different numbers, so other traces; the metadata records the device.
+
+Identity: ``save_trace`` stores ``sha256``, the SHA-256 of the two arrays (``arrays_sha256``: each array's
+dtype, shape and C-order bytes), in the file, and writes the archive with fixed timestamps, so the same trace
+gives the same file. Every row computed from a trace carries this digest (``trace_sha256``), so two machines'
+results can be told apart by their inputs, not only by their labels.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import math
 import numbers
 import os
 import secrets
 import warnings
+import zipfile
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -98,6 +107,26 @@ class Trace:
             where = f"trace {self.path}" if self.path else "trace"
             raise ValueError(f"batch {size} is larger than the {self.requests} requests in {where}")
         return self.top_log_probs[:size], self.top_token_ids[:size]
+
+    @property
+    def sha256(self) -> str:
+        """The trace's identity: ``arrays_sha256`` of its two arrays (the stored digest where the file has
+        one, computed otherwise)."""
+        stored = self.metadata.get("sha256")
+        if isinstance(stored, str) and len(stored) == 64:
+            return stored
+        return arrays_sha256(self.top_log_probs, self.top_token_ids)
+
+
+def arrays_sha256(top_log_probs: np.ndarray, top_token_ids: np.ndarray) -> str:
+    """SHA-256 over each array's dtype, shape and C-order bytes: equal exactly for bit-identical traces (the
+    file around them, whose metadata names e.g. the numpy version, does not enter it)."""
+    digest = hashlib.sha256()
+    for array in (top_log_probs, top_token_ids):
+        array = np.ascontiguousarray(array)
+        digest.update(f"{array.dtype.str}{tuple(int(n) for n in array.shape)}".encode())
+        digest.update(memoryview(array).cast("B"))
+    return digest.hexdigest()
 
 
 # ----------------------------------------------------------------------------------------- validation
@@ -281,7 +310,7 @@ def generate(
     topk: int,
     vocab_size: int = DEFAULT_VOCAB_SIZE,
     seed: int = 0,
-    device: str = "auto",
+    device: str = "cpu",
     *,
     chunk_bytes: int = DEFAULT_CHUNK_BYTES,
     threads: int | None = None,
@@ -366,7 +395,7 @@ def generate_trace(
     topk: int,
     vocab_size: int = DEFAULT_VOCAB_SIZE,
     seed: int = 0,
-    device: str = "auto",
+    device: str = "cpu",
     **options,
 ) -> tuple[np.ndarray, np.ndarray]:
     """``(top_log_probs [R, L, K] float32, top_token_ids [R, L, K] int64)``; see ``generate``."""
@@ -413,18 +442,96 @@ def _metadata_array(key: str, value) -> np.ndarray:
 
 def save_trace(path, top_log_probs: np.ndarray, top_token_ids: np.ndarray, **metadata) -> None:
     """Validate and write a trace file (``.npz``) atomically; metadata values are strings or numbers
-    (``None`` values are skipped)."""
+    (``None`` values are skipped). The file also stores ``sha256`` (``arrays_sha256``, computed here, never
+    taken from ``metadata``), and its archive has fixed timestamps: the same trace gives the same bytes."""
     check_topk_arrays(top_log_probs, top_token_ids, where=f"trace {path}")
     arrays = {"top_log_probs": top_log_probs, "top_token_ids": top_token_ids}
     for key, value in metadata.items():
         if key in ARRAYS or not key.isidentifier():
             raise ValueError(f"trace metadata key {key!r} is not allowed")
-        if value is not None:
+        if value is not None and key != "sha256":
             arrays[key] = _metadata_array(key, value)
+    arrays["sha256"] = np.asarray(arrays_sha256(top_log_probs, top_token_ids))
     with atomic_output(path) as tmp, open(tmp, "wb") as handle:
-        np.savez(handle, **arrays)
+        _write_npz(handle, arrays)
         handle.flush()
         os.fsync(handle.fileno())
+
+
+def _write_npz(handle, arrays: dict[str, np.ndarray]) -> None:
+    """``np.savez`` (uncompressed members ``NAME.npy``), but with a fixed date on every member, so the bytes
+    depend on the arrays only."""
+    with zipfile.ZipFile(handle, mode="w", compression=zipfile.ZIP_STORED, allowZip64=True) as archive:
+        for name, value in arrays.items():
+            info = zipfile.ZipInfo(f"{name}.npy", date_time=(1980, 1, 1, 0, 0, 0))
+            info.compress_type = zipfile.ZIP_STORED
+            info.external_attr = 0o644 << 16
+            with archive.open(info, "w", force_zip64=True) as member:
+                np.lib.format.write_array(member, np.asanyarray(value), allow_pickle=False)
+
+
+def peek_trace(path) -> tuple[int, int, int]:
+    """``(R, L, K)`` of a trace file, read from the arrays' headers only (cheap for any size), after checking
+    that it exists, is readable, is an .npz archive and holds both arrays, 3-D, of one shape, with dtypes
+    ``import_recorded`` accepts. Every problem is one line naming the file (``ValueError``)."""
+    path = Path(path)
+    if not path.exists():
+        raise ValueError(f"{path}: file not found")
+    if not path.is_file():
+        raise ValueError(f"{path}: not a file")
+    if not os.access(path, os.R_OK):
+        raise ValueError(f"{path}: not readable (permission denied)")
+    shapes = {}
+    try:
+        with zipfile.ZipFile(path) as archive:
+            names = set(archive.namelist())
+            missing = [name for name in ARRAYS if f"{name}.npy" not in names]
+            if missing:
+                raise ValueError(f"{path}: not a trace: missing array(s) {', '.join(missing)}")
+            for name in ARRAYS:
+                with archive.open(f"{name}.npy") as member:
+                    version = np.lib.format.read_magic(member)
+                    if version == (1, 0):
+                        shape, _, dtype = np.lib.format.read_array_header_1_0(member)
+                    else:
+                        shape, _, dtype = np.lib.format.read_array_header_2_0(member)
+                    shapes[name] = (tuple(shape), np.dtype(dtype))
+    except ValueError as error:
+        message = _one_line(error)
+        raise ValueError(message if message.startswith(str(path)) else f"{path}: {message}") from None
+    except (OSError, zipfile.BadZipFile, EOFError) as error:
+        raise ValueError(f"{path}: cannot read it as an .npz trace ({_one_line(error)})") from None
+    (lp_shape, lp_dtype), (ids_shape, ids_dtype) = shapes["top_log_probs"], shapes["top_token_ids"]
+    if len(lp_shape) != 3 or lp_shape != ids_shape:
+        raise ValueError(
+            f"{path}: top_log_probs {list(lp_shape)} and top_token_ids {list(ids_shape)} must be one 3-D "
+            "shape [R, L, K]"
+        )
+    if lp_dtype not in _LOSSLESS_LP or ids_dtype not in _LOSSLESS_IDS:
+        raise ValueError(
+            f"{path}: top_log_probs must be float32 (or float16) and top_token_ids int64 (or a smaller "
+            f"integer type), got {lp_dtype} and {ids_dtype}"
+        )
+    return tuple(int(n) for n in lp_shape)
+
+
+def row_sha256(path, metadata: dict) -> str:
+    """What a row records as ``trace_sha256``: the digest ``metadata`` (read from the file) stores, else
+    ``trace_sha256(path)``."""
+    stored = metadata.get("sha256")
+    if isinstance(stored, str) and len(stored) == 64:
+        return stored
+    return trace_sha256(path)
+
+
+def trace_sha256(path) -> str:
+    """The sha256 (``arrays_sha256``) of a trace file: the digest it stores, else computed from its arrays."""
+    with np.load(Path(path), allow_pickle=False) as data:
+        if "sha256" in data.files:
+            stored = str(data["sha256"].item())
+            if len(stored) == 64:
+                return stored
+    return load_trace(path).sha256
 
 
 def _read_npz(path: Path) -> dict[str, np.ndarray]:
@@ -500,12 +607,15 @@ __all__ = [
     "DISTRIBUTIONS",
     "GENERATOR_VERSION",
     "Trace",
+    "arrays_sha256",
     "atomic_output",
     "bf16_round",
     "generate",
     "generate_trace",
     "import_recorded",
     "load_trace",
+    "peek_trace",
     "resolve_device",
     "save_trace",
+    "trace_sha256",
 ]

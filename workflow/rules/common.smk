@@ -12,6 +12,7 @@ from ddtree_bench.config import (
     trace_columns,
     trace_requests,
 )
+from ddtree_bench.consistency import GRID_KEYS
 from ddtree_bench.environment import default_machine_label
 
 MACHINE = config["machine"] or default_machine_label()
@@ -85,6 +86,8 @@ FIGURES = (
     "step_share",
     "which_budget",
 )
+# The lists that decide the tree-build grid (consistency.GRID_KEYS): what the summary must hold exactly.
+GRID = {key: list(config[key]) for key in GRID_KEYS}
 
 
 wildcard_constraints:

@@ -41,5 +41,9 @@ rule render_report:
         step=STEP,
         throughput=THROUGHPUT,
         distributions=DISTRIBUTIONS,
+        # the configured grid: the report refuses a summary that does not hold exactly it, and a change of
+        # any of these lists reruns the report (as it reruns the aggregation, whose inputs are exactly
+        # the configured jobs' files)
+        grid=GRID,
     script:
         "../scripts/report.py"

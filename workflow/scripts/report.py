@@ -23,4 +23,5 @@ with logged(snakemake):
         step_enabled=step["enabled"],
         throughput_options=dict(snakemake.params.throughput),
         distributions=list(snakemake.params.distributions),
+        grid=snakemake.params.grid,
     )
