@@ -181,8 +181,6 @@ def _sglang_source(config: dict) -> None:
         _fail("sglang.source", str(error))
 
 
-
-
 def _retired_values(config: dict) -> None:
     """Values older configurations used that would now change results silently: refused with what to use."""
     if config.get("topk") == "budget":

@@ -286,7 +286,14 @@ def _typed(summary: pd.DataFrame) -> pd.DataFrame:
         summary[column] = pd.to_numeric(summary[column], errors="coerce").astype("Int64")
     for column in STEP_SUMMARY_COLUMNS:
         if column not in (
-            *STEP_KEYS, "status_reason", "correct", "mask", "git_commit", "timestamp", "trace_sha256", "n"
+            *STEP_KEYS,
+            "status_reason",
+            "correct",
+            "mask",
+            "git_commit",
+            "timestamp",
+            "trace_sha256",
+            "n",
         ):
             summary[column] = pd.to_numeric(summary[column], errors="coerce").astype("float64")
     for column in (
