@@ -18,7 +18,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 SCHEMA_PATH = REPO_ROOT / "workflow" / "schemas" / "config.schema.yaml"
 
 BUILDERS = ("sglang", "reference", "native", "native-mt", "gpu")
-DISTRIBUTIONS = ("uniform", "peaked", "bf16", "recorded")
+DISTRIBUTIONS = ("uniform", "peaked", "bf16", "recorded", "drafter", "drafter-bf16")
 TIMING_KEYS = ("warmup", "repeats", "min_repeats", "max_repeats", "min_seconds", "max_seconds")
 # "read-stream" is no attention: a kernel that reads as many bytes as the call moves (its measured bound)
 STREAM_IMPL = "read-stream"
@@ -145,6 +145,7 @@ def check_config(config: dict, schema: dict | str | Path | None = None) -> dict:
     _name_list(config, "builders", BUILDERS, "builder")
     _timing_counts(config.get("timing"), "timing")
     _step_lists(config.get("step"))
+    _drafter_params(config)
     _schema_check(config, schema)
 
     _timing_order(config["timing"], "timing")
@@ -157,6 +158,19 @@ def check_config(config: dict, schema: dict | str | Path | None = None) -> dict:
         if not recorded:
             _fail("recorded_trace", "distribution 'recorded' needs recorded_trace, the path of a .npz trace")
     return config
+
+
+def _drafter_params(config: dict) -> None:
+    """The drafter mapping's values, checked by the generator's own rules (one line naming the key)."""
+    from ddtree_bench.drafter import check_params  # noqa: PLC0415
+
+    drafter = config.get("drafter")
+    if drafter is None or not isinstance(drafter, dict):
+        _fail("drafter", f"must be a mapping of parameters, got {drafter!r}")
+    try:
+        check_params(drafter, where="drafter")
+    except ValueError as error:
+        raise ValueError(f"config: {error}") from None
 
 
 def _timing_counts(timing, field: str) -> None:
