@@ -201,6 +201,37 @@ def cmd_bench(args) -> int:
     return 0
 
 
+def cmd_calibrate(args) -> int:
+    from ddtree_bench.calibrate import check_tau, fit, fragment_yaml, parse_tau_pairs
+    from ddtree_bench.traces import atomic_output, check_positive_int
+
+    depth = check_positive_int(args.depth, "--depth")
+    target = parse_tau_pairs(args.tau, depth)
+    chain = None if args.chain is None else check_tau(args.chain, depth, "--chain")
+    requests = check_positive_int(args.requests, "--requests")
+    iterations = check_positive_int(args.iterations, "--iterations")
+    vocab_size = check_positive_int(args.vocab_size, "--vocab-size")
+    if vocab_size < max(target):
+        raise ValueError(f"--vocab-size {vocab_size} is smaller than the largest budget {max(target)}")
+    start = time.perf_counter()
+    result = fit(
+        target,
+        chain=chain,
+        depth=depth,
+        requests=requests,
+        vocab_size=vocab_size,
+        iterations=iterations,
+        seed=args.seed,
+    )
+    text = fragment_yaml(result)
+    with atomic_output(args.output) as tmp:
+        Path(tmp).write_text(text)
+    seconds = time.perf_counter() - start
+    print(f"{PROG}: wrote {args.output}: worst residual {result.worst():.2%}, {seconds:.1f} s")
+    print("\n".join(line[2:] for line in text.splitlines() if line.startswith("#   ")))
+    return 0
+
+
 # ----------------------------------------------------------------------------------------- parser
 
 
@@ -254,6 +285,29 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--distribution", help="distribution label (default: from the trace's metadata)")
     p.add_argument("-o", "--output", type=Path, required=True, help="output .parquet")
     p.set_defaults(func=cmd_bench)
+
+    p = sub.add_parser(
+        "calibrate",
+        help="fit the drafter distribution to measured tau per budget, write a config fragment (.yaml)",
+        description="Fit the drafter distribution's parameters to a measured acceptance curve.",
+    )
+    p.add_argument(
+        "--tau",
+        nargs="+",
+        required=True,
+        metavar="BUDGET:TAU",
+        help="measured tokens per verify round (bonus included) per budget, e.g. 16:8.61 32:9.27",
+    )
+    p.add_argument("--chain", type=float, help="the top-1 chain's (DFlash's) tau, e.g. 7.79")
+    p.add_argument(
+        "--depth", type=_integer, default=15, help="drafted positions per block (default 15: block 16)"
+    )
+    p.add_argument("--requests", type=_integer, default=256, help="simulated requests (default 256)")
+    p.add_argument("--iterations", type=_integer, default=300, help="Nelder-Mead iterations (default 300)")
+    p.add_argument("--vocab-size", type=_integer, default=163840, help="V (default 163840, Kimi K2.6)")
+    p.add_argument("--seed", type=_integer, default=0, help="seed of the fit's draws (default 0)")
+    p.add_argument("-o", "--output", type=Path, required=True, help="output config fragment (.yaml)")
+    p.set_defaults(func=cmd_calibrate)
     return parser
 
 
