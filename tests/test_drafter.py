@@ -250,3 +250,31 @@ def test_gpu_accept_kernel_agrees_on_the_simulated_draws():
     for budget in (8, 256):
         trees = get_builder("reference").build(lp, ids, budget)
         assert simulated_accept_stats(lp, ids, trees, seed=budget)["simulated_gpu_agrees"] is True
+
+
+def test_acceptance_report_table_and_figures(tmp_path):
+    from types import SimpleNamespace
+
+    from ddtree_bench import acceptance_report
+    from ddtree_bench.aggregate import combine_shapes, write_json
+
+    trace = drafter(requests=32, depth=16, topk=32, vocab=4096)
+    path = tmp_path / "t.npz"
+    save_trace(path, trace.top_log_probs, trace.top_token_ids, **trace.metadata)
+    files = []
+    for budget in (16, 32):
+        files.append(tmp_path / f"s{budget}.json")
+        write_json(tree_shape(path, budget), files[-1])
+    machine = SimpleNamespace(label="here", shapes=combine_shapes(files))
+    table = acceptance_report.tau_table([machine])
+    assert list(table["N"]) == [16, 32]
+    assert list(table["paper tau (Fig. 3)"]) == ["8.61", "9.27"]
+    assert table["vs paper"].str.endswith("%").all()
+    for name, maker in (
+        ("tau", acceptance_report.figure_tau),
+        ("hist", lambda ms, p: acceptance_report.figure_histogram(ms, p, "drafter", 16)),
+    ):
+        out = tmp_path / f"{name}.png"
+        assert "paper" in maker([machine], out)
+        assert out.stat().st_size > 1000
+    np.testing.assert_allclose(acceptance_report.survival([0, 2, 1, 1]), [1.0, 0.5, 0.25])

@@ -196,6 +196,16 @@ def paper_depth_accept_mean(lp, ids, budget: int) -> float | None:
     return float(1.0 + np.mean(expected_acceptance(sub_lp, sub_ids, trees)))
 
 
+def chain_tau_mean(lp, depth: int | None = None) -> float | None:
+    """The top-1 chain's expected tau (DFlash's: ``1 + sum_d prod_{j <= d} p_top1[j]``) over the first
+    ``depth`` positions (all by default), averaged over requests; None for traces with fewer positions."""
+    depth = lp.shape[1] if depth is None else depth
+    if lp.shape[1] < depth:
+        return None
+    top1 = np.exp(lp[:, :depth, 0].astype(np.float64))
+    return float(1.0 + np.cumprod(top1, axis=1).sum(axis=1).mean())
+
+
 def tree_shape(trace_path, budget: int, *, distribution: str | None = None) -> list[dict]:
     """Nodes per tree depth of ``reference``'s trees for every request of a trace at ``budget``: one record
     per tree depth d (1..L) with the mean, p10 and p90 over requests of the tree's node count at that depth,
@@ -225,6 +235,8 @@ def tree_shape(trace_path, budget: int, *, distribution: str | None = None) -> l
         **expected_accept_stats(lp, ids, trees),
         **simulated_accept_stats(lp, ids, trees, seed=int(budget)),
         "paper_depth_tau_mean": paper_depth_accept_mean(lp, ids, int(budget)),
+        "chain_tau_mean": chain_tau_mean(lp),
+        "paper_depth_chain_tau": chain_tau_mean(lp, PAPER_DEPTH),
     }
     return [
         {
@@ -240,7 +252,13 @@ def tree_shape(trace_path, budget: int, *, distribution: str | None = None) -> l
 
 SHAPE_ACCEPT_COLUMNS = ("expected_accept_mean", "expected_accept_p10", "expected_accept_p90")
 #: The simulated acceptance (``simulated_accept_stats``) and the paper-depth tau, as float columns.
-SHAPE_SIMULATED_COLUMNS = ("simulated_tau_mean", "simulated_tau_se", "paper_depth_tau_mean")
+SHAPE_SIMULATED_COLUMNS = (
+    "simulated_tau_mean",
+    "simulated_tau_se",
+    "paper_depth_tau_mean",
+    "chain_tau_mean",
+    "paper_depth_chain_tau",
+)
 
 
 def combine_shapes(paths) -> pd.DataFrame:

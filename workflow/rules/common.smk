@@ -73,6 +73,8 @@ REPORT_DIR = config["report_dir"].rstrip("/")
 REPORT_HTML = f"{REPORT_DIR}/index.html"
 REPORT_MD = f"{REPORT_DIR}/summary.md"
 FIGURES = ("time_vs_budget", "time_vs_batch", "speedup", "tree_shape", "step_share")
+# the acceptance section's figures (tau per budget beside the DDTree paper, P(tau >= k) per round)
+FIGURES = (*FIGURES, "acceptance_tau", "acceptance_histogram")
 
 
 wildcard_constraints:
