@@ -57,7 +57,7 @@ def test_default_step_section_is_the_issues_grid():
     assert step["enabled"] is True and step["layers"] == 61
     assert step["batch_sizes"] == [1, 8, 64]
     assert step["budgets"] == config["budgets"]  # null: every configured budget
-    assert step["distribution"] == "peaked" and step["depth"] == 16  # null: the first configured
+    assert step["distribution"] == "drafter" and step["depth"] == 16  # null: the first configured
     assert step["heads"] == [8] and step["prefix_lengths"] == [4096, 32768]
     assert step["impls"] == list(ATTENTION_IMPLS)
     assert step["timing"] == timing_options(config)  # accept and peaks sample like the tree build
