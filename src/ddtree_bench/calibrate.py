@@ -7,9 +7,10 @@ expected acceptance, ``1 + `` the sum over the tree's nodes of the path probabil
 builder (the reference where it cannot load) at depth ``D`` (15 for the paper's block 16) with ``K = N``.
 The chain's is ``1 + sum_d prod_{j <= d} p1[j]``.
 
-The fit holds the random draws fixed (common random numbers: the same ``z`` for every trial) and weighs the
-two request kinds analytically (every draw is evaluated as confident and as uncertain, mixed with weight
-``confident_fraction``), so the objective is smooth in every parameter. It minimises the sum of squared
+The fit holds the random draws fixed (common random numbers: the ``z`` of a drafter trace of the same
+requests and seed, for every trial) and weighs the two request kinds analytically (every draw is evaluated
+as confident and as uncertain, mixed with weight ``confident_fraction``), so the objective is smooth in
+every parameter. It minimises the sum of squared
 relative residuals with Nelder-Mead (numpy only) in an unconstrained space (logit of each fraction).
 """
 
@@ -21,22 +22,25 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from ddtree_bench.drafter import DrafterParams, check_params, row_probabilities, top1_probabilities
+from ddtree_bench.drafter import DrafterParams, check_params, draws, row_probabilities, top1_probabilities
 
 #: The DDTree paper's Fig. 3 (Qwen3-8B, MATH-500, block 16) tau per budget, and DFlash's chain.
 PAPER_TAU = {16: 8.61, 32: 9.27, 64: 9.75, 128: 10.20, 256: 10.43, 512: 10.73, 1024: 10.98}
 PAPER_CHAIN = 7.79
 PAPER_DEPTH = 15  # block 16: the first position is the previous round's bonus token, 15 are drafted
-#: The parameters the fit moves by default (``top1_spread`` and ``alt_ranks`` stay as given).
+#: The parameters the fit moves by default (``alt_ranks`` stays as given).
 FIT_PARAMS = (
     "confident_fraction",
     "confident_top1",
     "confident_decay",
     "uncertain_top1",
     "uncertain_decay",
+    "top1_spread",
     "alt_mass",
     "alt_ratio",
 )
+#: Parameters on (0, scale) rather than (0, 1): fitted as value / scale.
+_SCALES = {"top1_spread": 10.0}
 _EPS = 1e-6
 
 
@@ -130,8 +134,8 @@ class Evaluator:
     seed: int = 0
 
     def __post_init__(self):
-        rng = np.random.default_rng(np.random.SeedSequence(self.seed, spawn_key=(0, 7)))
-        self.z = rng.standard_normal((self.requests, self.depth))
+        # the very draws of a drafter trace of these requests and seed (its first `depth` positions)
+        _, self.z, _ = draws(DrafterParams(), 0, self.requests, self.depth, self.seed)
         self.topk = max(self.budgets)
         self.builder = _builder()
         self.ids = np.broadcast_to(
@@ -267,7 +271,8 @@ def fit(
     goal = np.array([target[n] for n in sorted(target)])
 
     def params_of(x) -> DrafterParams:
-        return replace(start, **{name: _from_free(v) for name, v in zip(free, x, strict=True)})
+        values = {name: _from_free(v) * _SCALES.get(name, 1.0) for name, v in zip(free, x, strict=True)}
+        return replace(start, **values)
 
     def loss(x) -> float:
         taus, chain_tau = evaluate(params_of(x))
@@ -277,7 +282,7 @@ def fit(
             value += (chain_tau / chain - 1.0) ** 2
         return value
 
-    x = np.array([_to_free(getattr(start, name)) for name in free])
+    x = np.array([_to_free(getattr(start, name) / _SCALES.get(name, 1.0)) for name in free])
     total = 0
     for attempt in range(max(1, restarts)):
         x, _, used = nelder_mead(loss, x, step=0.5 / (attempt + 1), iterations=iterations)

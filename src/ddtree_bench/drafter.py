@@ -1,7 +1,11 @@
 """The ``drafter`` distribution: top-K log-probs shaped like a block-diffusion drafter's.
 
-Every request (one verify round) is a block of ``L`` drafted positions. A request is *confident* with
-probability ``confident_fraction``, else *uncertain*; each kind has its own top-1 curve along the block::
+Every request (one verify round) is a block of ``L`` drafted positions, either *confident* or *uncertain*.
+The kinds are interleaved so that every run of requests holds the fraction ``confident_fraction`` of
+confident ones to within one request: request ``r`` is confident when
+``floor((r + 1) * f + phase) > floor(r * f + phase)`` (``f = confident_fraction``, ``phase`` in [0, 1)
+drawn from the seed), which keeps a batch's acceptance from swinging with a coin's luck. Each kind has its
+own top-1 curve along the block::
 
     base[d] = top1 * decay ** d                         (d = 0 .. L-1, the block position)
     p1[r, d] = sigmoid(logit(base[d]) + top1_spread * z[r, d])    z ~ N(0, 1) per (request, position)
@@ -20,10 +24,10 @@ and stored as float32 log-probs; ``drafter-bf16`` rounds them to bfloat16 (as a 
 ``log_softmax`` output), which makes exact ties. Either way rows are in the canonical order of the other
 traces: largest value first, equal values by increasing token id.
 
-Determinism: request ``r`` draws everything (its kind, ``z`` and its ids) from
-``PCG64(SeedSequence(seed, spawn_key=(r, 2)))``, so a trace is a function of its arguments and its first
-``b`` requests equal a trace of ``b`` requests. Generated on the CPU only (no full-vocabulary logits are
-needed: it is cheap).
+Determinism: request ``r`` draws its ``z`` and then its ids from
+``PCG64(SeedSequence(seed, spawn_key=(r, 2)))`` (the phase comes from ``spawn_key=(0, 3)``), so a trace
+is a function of its arguments and its first ``b`` requests equal a trace of ``b`` requests. Generated on
+the CPU only (no full-vocabulary logits are needed: it is cheap).
 
 The defaults are fitted (``calibrate.py``, docs/drafter.md) so that trees on these traces at depth 15 (the
 paper's block 16: 15 drafted positions) reproduce the DDTree paper's acceptance per budget on MATH-500 with
@@ -161,18 +165,23 @@ def row_probabilities(params: DrafterParams, p1: np.ndarray, topk: int, vocab_si
     return rows[..., : min(topk, vocab_size)]
 
 
+def confident_requests(fraction: float, first: int, count: int, seed: int) -> np.ndarray:
+    """``bool [count]``: which of requests ``first .. first + count - 1`` are confident (module docstring)."""
+    phase = np.random.Generator(np.random.PCG64(np.random.SeedSequence(seed, spawn_key=(0, 3)))).random()
+    r = np.arange(first, first + count, dtype=np.float64)
+    return np.floor((r + 1) * fraction + phase) > np.floor(r * fraction + phase)
+
+
 def draws(params: DrafterParams, first: int, count: int, depth: int, seed: int):
     """Per request ``first .. first + count - 1``: ``(confident bool [count], z float64 [count, L],
     rngs)``, the rngs positioned after those draws (the token ids come next)."""
-    confident = np.empty(count, bool)
     z = np.empty((count, depth))
     rngs = []
     for i in range(count):
         rng = _rng(seed, first + i)
-        confident[i] = rng.random() < params.confident_fraction
         z[i] = rng.standard_normal(depth)
         rngs.append(rng)
-    return confident, z, rngs
+    return confident_requests(params.confident_fraction, first, count, seed), z, rngs
 
 
 def log_probs_from_probs(probs: np.ndarray, bf16: bool) -> np.ndarray:
