@@ -59,6 +59,7 @@ def test_rows_are_a_proper_log_softmax_over_the_vocabulary():
     full = row_probabilities(params, p1, 64, 64)  # K = V: the whole row
     np.testing.assert_allclose(full.sum(axis=1), 1.0, rtol=1e-12)
     assert (np.diff(full, axis=1) <= 0).all()
+    params = DrafterParams(alt_ratio=0.5)  # alternatives above the tail's tokens, so first after the top-1
     big = row_probabilities(params, p1, 32, 163840)
     # the alternatives hold alt_mass of what the top-1 leaves; the shown tail is tiny
     rest = 1 - p1
@@ -176,6 +177,8 @@ def test_fit_recovers_a_synthetic_curve(tmp_path):
     truth = DrafterParams(confident_fraction=0.4, uncertain_top1=0.6, alt_mass=0.8, alt_ratio=0.5)
     evaluate = Evaluator((4, 8, 16, 32), depth=8, requests=48, vocab_size=4096, seed=3)
     taus, chain = evaluate(truth)
+    start, _ = evaluate(DrafterParams())
+    assert max(abs(start[n] / taus[n] - 1) for n in taus) > 0.1  # the fit has ground to cover
     result = fit(taus, chain=chain, depth=8, requests=48, vocab_size=4096, iterations=60, restarts=1, seed=3)
     assert result.worst() <= 0.03, (result.residuals(), result.chain_residual())
     text = fragment_yaml(result)
@@ -278,3 +281,20 @@ def test_acceptance_report_table_and_figures(tmp_path):
         assert "paper" in maker([machine], out)
         assert out.stat().st_size > 1000
     np.testing.assert_allclose(acceptance_report.survival([0, 2, 1, 1]), [1.0, 0.5, 0.25])
+
+
+def test_defaults_reproduce_the_paper_within_3_percent(native_library):
+    """The pipeline's drafter trace (256 requests, seed 0, K = 1024), its first 15 positions (the paper's
+    block 16): expected tau within 3 % of Fig. 3 at every budget, the top-1 chain within 3 % of 7.79."""
+    from ddtree_bench.acceptance import expected_acceptance
+    from ddtree_bench.aggregate import chain_tau_mean
+    from ddtree_bench.calibrate import PAPER_CHAIN, PAPER_TAU
+
+    trace = generate("drafter", 256, 15, 1024, 163840, 0, "cpu")
+    lp, ids = trace.top_log_probs, trace.top_token_ids
+    builder = get_builder("native", library=native_library, validate=False)
+    for budget, paper in PAPER_TAU.items():
+        sub_lp, sub_ids = np.ascontiguousarray(lp[:, :, :budget]), np.ascontiguousarray(ids[:, :, :budget])
+        tau = 1.0 + expected_acceptance(sub_lp, sub_ids, builder.build(sub_lp, sub_ids, budget)).mean()
+        assert abs(tau / paper - 1.0) <= 0.03, (budget, tau, paper)
+    assert abs(chain_tau_mean(lp) / PAPER_CHAIN - 1.0) <= 0.03

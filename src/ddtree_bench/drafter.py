@@ -51,14 +51,14 @@ STREAM = 2  # the SeedSequence spawn_key stream of the drafter's draws (uniform/
 class DrafterParams:
     """The drafter distribution's parameters (module docstring); the defaults are the fitted ones."""
 
-    confident_fraction: float = 0.55
-    confident_top1: float = 0.97
-    confident_decay: float = 0.998
-    uncertain_top1: float = 0.75
-    uncertain_decay: float = 0.88
-    top1_spread: float = 0.5
-    alt_mass: float = 0.7
-    alt_ratio: float = 0.4
+    confident_fraction: float = 0.4526
+    confident_top1: float = 0.9952
+    confident_decay: float = 0.9997
+    uncertain_top1: float = 0.5122
+    uncertain_decay: float = 0.9315
+    top1_spread: float = 1.588
+    alt_mass: float = 0.8473
+    alt_ratio: float = 0.0757
     alt_ranks: int = 8
 
     def as_dict(self) -> dict:
