@@ -16,7 +16,9 @@ rule trace:
         seed=config["seed"],
         device=config["trace_device"],
         # the drafter distributions' parameters (None for the others: changing them reruns only these)
-        drafter=lambda wildcards: config["drafter"] if wildcards.distribution.startswith("drafter") else None,
+        drafter=lambda wildcards: (
+            config["drafter"] if wildcards.distribution.startswith("drafter") else None
+        ),
     script:
         "../scripts/trace.py"
 
