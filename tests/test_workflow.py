@@ -184,8 +184,10 @@ def test_smoke_pipeline_end_to_end(smoke_run):
     assert set(shapes["budget"]) == set(config["budgets"])
     report = Path(work / config["report_dir"])
     page = (report / "index.html").read_text()
-    assert page.count('src="data:image/png;base64,') == 5
+    assert page.count('src="data:image/png;base64,') == 7  # five figures and the acceptance section's two
     markdown = (report / "summary.md").read_text()
+    assert "## Acceptance per budget" in markdown and "paper tau (Fig. 3)" in markdown
+    assert shapes["simulated_tau_mean"].notna().all() and shapes["simulated_tau_se"].notna().all()
     assert "| N | B |" in markdown and "reference (ours" in markdown
     assert "## Step-time breakdown" in markdown and "## Verify attention" in markdown
     step = pd.read_parquet(results / "step_summary.parquet")
