@@ -47,8 +47,9 @@ def tau_table(machines) -> pd.DataFrame:
         for _, row in rows.iterrows():
             expected = 1.0 + row["expected_accept_mean"]
             sim, se = row.get("simulated_tau_mean"), row.get("simulated_tau_se")
-            paper = PAPER_TAU.get(int(row["budget"]))
             at15 = row.get("paper_depth_tau_mean")
+            # the paper's value only beside trees over its depth (traces with fewer positions have none)
+            paper = PAPER_TAU.get(int(row["budget"])) if at15 is not None and not pd.isna(at15) else None
             z = (sim - expected) / se if sim is not None and se and not pd.isna(se) and se > 0 else None
             residual = (
                 at15 / paper - 1.0 if paper is not None and at15 is not None and not pd.isna(at15) else None
