@@ -298,3 +298,20 @@ def test_defaults_reproduce_the_paper_within_3_percent(native_library):
         tau = 1.0 + expected_acceptance(sub_lp, sub_ids, builder.build(sub_lp, sub_ids, budget)).mean()
         assert abs(tau / paper - 1.0) <= 0.03, (budget, tau, paper)
     assert abs(chain_tau_mean(lp) / PAPER_CHAIN - 1.0) <= 0.03
+
+
+def test_trace_cli_takes_a_drafter_config(tmp_path, capsys):
+    fragment = tmp_path / "my.yaml"
+    fragment.write_text(
+        "drafter:\n  confident_fraction: 1.0\n  confident_top1: 0.5\n  confident_decay: 1.0\n"
+    )
+    out = tmp_path / "t.npz"
+    args = ["trace", "--distribution", "drafter", "--requests", "3", "--depth", "4", "--topk", "8"]
+    assert main([*args, "--vocab-size", "512", "--drafter-config", str(fragment), "-o", str(out)]) == 0
+    trace = load_trace(out)
+    assert trace.metadata["drafter_confident_top1"] == 0.5
+    fragment.write_text("drafter:\n  alt_mass: 7\n")
+    bad = tmp_path / "bad.npz"
+    assert main([*args, "--drafter-config", str(fragment), "-o", str(bad)]) == 2
+    assert "drafter.alt_mass: must be in [0, 1], got 7" in capsys.readouterr().err
+    assert not bad.exists()

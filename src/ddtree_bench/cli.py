@@ -95,6 +95,7 @@ def cmd_trace(args) -> int:
             args.seed,
             args.device,
             threads=args.threads,
+            drafter=_drafter_params(args.drafter_config),
         )
         device = trace.metadata.get("device", "?")
         save_trace(args.output, trace.top_log_probs, trace.top_token_ids, **trace.metadata)
@@ -102,6 +103,23 @@ def cmd_trace(args) -> int:
     r, depth, k = trace.top_log_probs.shape
     print(f"{PROG}: wrote {args.output}: {distribution}, R={r} L={depth} K={k}, {device}, {seconds:.2f} s")
     return 0
+
+
+def _drafter_params(path) -> dict | None:
+    """The ``drafter:`` mapping of a config file (e.g. ``calibrate``'s output), or None without one."""
+    if path is None:
+        return None
+    import yaml
+
+    try:
+        data = yaml.safe_load(Path(path).read_text())
+    except OSError as error:
+        raise ValueError(f"--drafter-config {path}: cannot read it ({error.strerror})") from None
+    except yaml.YAMLError:
+        raise ValueError(f"--drafter-config {path}: not valid YAML") from None
+    if not isinstance(data, dict) or not isinstance(data.get("drafter"), dict):
+        raise ValueError(f"--drafter-config {path}: needs a `drafter:` mapping of parameters")
+    return data["drafter"]
 
 
 def cmd_build(args) -> int:
@@ -249,6 +267,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="auto", help="auto (GPU when one works), cpu or cuda")
     p.add_argument("--threads", type=_integer, default=None, help="CPU threads (default: all cores)")
     p.add_argument("--recorded", type=Path, help="import this recorded trace file (optionally sliced)")
+    p.add_argument(
+        "--drafter-config",
+        type=Path,
+        help="a YAML file with a `drafter:` mapping (e.g. from calibrate) for the drafter distributions",
+    )
     p.add_argument("-o", "--output", type=Path, required=True, help="output .npz")
     p.set_defaults(func=cmd_trace)
 
