@@ -226,7 +226,8 @@ STEP_BAD = [
     ({"distribution": "recorded"}, "config: step.distribution: 'recorded' is not one of the configured"),
     (
         {"distribution": "zipf"},
-        "config: step.distribution: 'zipf' is not one of ['peaked', 'uniform', 'bf16', 'recorded', 'drafter', 'drafter-bf16']",
+        "config: step.distribution: 'zipf' is not one of "
+        "['peaked', 'uniform', 'bf16', 'recorded', 'drafter', 'drafter-bf16']",
     ),
     ({"depth": 12}, "config: step.depth: 12 is not one of the configured depths [16, 8]"),
     ({"depth": "16"}, "config: step.depth: must be an integer or null, got '16'"),

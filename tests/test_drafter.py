@@ -315,3 +315,19 @@ def test_trace_cli_takes_a_drafter_config(tmp_path, capsys):
     assert main([*args, "--drafter-config", str(fragment), "-o", str(bad)]) == 2
     assert "drafter.alt_mass: must be in [0, 1], got 7" in capsys.readouterr().err
     assert not bad.exists()
+
+
+def test_acceptance_targets(tmp_path):
+    from ddtree_bench.acceptance_report import acceptance_targets
+    from ddtree_bench.aggregate import combine_shapes, write_json
+
+    trace = drafter(requests=16, depth=16, topk=16, vocab=4096)
+    path = tmp_path / "t.npz"
+    save_trace(path, trace.top_log_probs, trace.top_token_ids, **trace.metadata)
+    write_json(tree_shape(path, 16), tmp_path / "s.json")
+    targets = acceptance_targets(combine_shapes([tmp_path / "s.json"]))
+    assert [t[2] in ("met", "not met") for t in targets] == [True, True, True]
+    assert "N = 16" in targets[0][3] and "1 of 7 budgets" in targets[0][3]
+    old = combine_shapes([tmp_path / "s.json"]).drop(columns=["paper_depth_tau_mean", "simulated_tau_se"])
+    assert [t[2] for t in acceptance_targets(old)] == ["no data", "no data", "no data"]
+    assert acceptance_targets(old, "uniform")[0][2] == "no data"

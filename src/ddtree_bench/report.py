@@ -463,6 +463,10 @@ def evaluate_targets(machines: list[Machine]) -> list[TargetResult]:
             machine.step, missing=machine.step_missing
         ):
             results.append(TargetResult(machine.label, target, source, status, measured))
+    for machine in machines:  # the drafter distribution's acceptance (tree_shape.parquet)
+        if not machine.shapes.empty and "drafter" in set(machine.shapes["distribution"]):
+            for target, source, status, measured in acceptance_report.acceptance_targets(machine.shapes):
+                results.append(TargetResult(machine.label, target, source, status, measured))
     order = {m.label: i for i, m in enumerate(machines)}
     return sorted(results, key=lambda r: order.get(r.machine, len(order)))
 
