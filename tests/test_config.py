@@ -34,7 +34,7 @@ def test_default_config_is_valid_and_has_the_issue_defaults():
     assert config["budgets"] == [8, 16, 32, 64, 128, 256, 512, 1024]
     assert config["batch_sizes"] == [1, 8, 64, 256]
     assert config["depths"] == [16, 8]
-    assert config["distributions"] == ["peaked", "uniform", "bf16"]
+    assert config["distributions"] == ["drafter", "peaked", "uniform", "bf16"]
     assert config["vocab_size"] == 163840
     assert config["builders"] == ["sglang", "reference", "native", "native-mt", "gpu"]
     assert config["gpu"] == "auto"
@@ -59,7 +59,7 @@ def test_default_step_section_is_the_issues_grid():
     assert step["enabled"] is True and step["layers"] == 61
     assert step["batch_sizes"] == [1, 8, 64]
     assert step["budgets"] == config["budgets"]  # null: every configured budget
-    assert step["distribution"] == "peaked" and step["depth"] == 16  # null: the first configured
+    assert step["distribution"] == "drafter" and step["depth"] == 16  # null: the first configured
     assert step["heads"] == [8] and step["prefix_lengths"] == [4096, 32768]
     assert step["impls"] == list(ATTENTION_IMPLS)
     assert step["timing"] == timing_options(config)  # accept and peaks sample like the tree build
@@ -234,7 +234,8 @@ STEP_BAD = [
     ({"distribution": "recorded"}, "config: step.distribution: 'recorded' is not one of the configured"),
     (
         {"distribution": "zipf"},
-        "config: step.distribution: 'zipf' is not one of ['peaked', 'uniform', 'bf16', 'recorded']",
+        "config: step.distribution: 'zipf' is not one of "
+        "['peaked', 'uniform', 'bf16', 'recorded', 'drafter', 'drafter-bf16']",
     ),
     ({"depth": 12}, "config: step.depth: 12 is not one of the configured depths [16, 8]"),
     ({"depth": "16"}, "config: step.depth: must be an integer or null, got '16'"),

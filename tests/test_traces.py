@@ -183,7 +183,7 @@ def test_bad_generation_arguments(kwargs, problem):
 
 
 def test_distributions_constant():
-    assert DISTRIBUTIONS == ("uniform", "peaked", "bf16", "recorded")
+    assert DISTRIBUTIONS == ("uniform", "peaked", "bf16", "recorded", "drafter", "drafter-bf16")
 
 
 def _fake_cupy(monkeypatch, error):

@@ -81,7 +81,7 @@ def test_dry_run_of_the_default_configuration(tmp_path):
     assert result.returncode == 0, result.stderr
     jobs = jobs_of(result.stdout + result.stderr)
     rules = [job["rule"] for job in jobs]
-    assert rules.count("trace") == 6  # one per (distribution, depth)
+    assert rules.count("trace") == 8  # one per (distribution, depth)
     assert rules.count("build_native") == 1
     bench = [job for job in jobs if job["rule"] in ("bench", "bench_gpu")]
     assert bench and all("timing_slot=1" in job["resources"] for job in bench)
@@ -91,7 +91,7 @@ def test_dry_run_of_the_default_configuration(tmp_path):
     for job in bench:
         builder = job["output"][0].split("/")[3]
         per_builder[builder] = per_builder.get(builder, 0) + 1
-    assert per_builder["reference"] == 8 * 4 * 2 * 3  # budgets x batch sizes x depths x distributions
+    assert per_builder["reference"] == 8 * 4 * 2 * 4  # budgets x batch sizes x depths x distributions
     assert rules.count("aggregate_step") == 1
     from ddtree_bench.cuda import gpu_unavailable_reason
 
@@ -121,7 +121,7 @@ def test_dry_run_plans_the_step_jobs_where_a_gpu_is(tmp_path):
     assert all(job["threads"] == min(4, len(_cpus())) for job in timed)
     attention = {job["output"][0] for job in jobs if job["rule"] == "step_attention"}
     # the first distribution and depth, every budget
-    assert any(path.endswith("/step/attention/peaked-L16-N1024-B64-S32768-H8.parquet") for path in attention)
+    assert any(path.endswith("/step/attention/drafter-L16-N1024-B64-S32768-H8.parquet") for path in attention)
     fatbins = {Path(job["output"][0]).name for job in jobs if job["rule"] == "build_fatbin"}
     assert {"verify_attn.fatbin", "tree_accept.fatbin", "bench_util.fatbin"} <= fatbins
 
@@ -185,8 +185,10 @@ def test_smoke_pipeline_end_to_end(smoke_run):
     assert set(shapes["budget"]) == set(config["budgets"])
     report = Path(work / config["report_dir"])
     page = (report / "index.html").read_text()
-    assert page.count('src="data:image/png;base64,') == 5
+    assert page.count('src="data:image/png;base64,') == 7  # five figures and the acceptance section's two
     markdown = (report / "summary.md").read_text()
+    assert "## Acceptance per budget" in markdown and "paper tau (Fig. 3)" in markdown
+    assert shapes["simulated_tau_mean"].notna().all() and shapes["simulated_tau_se"].notna().all()
     assert "| N | B |" in markdown and "reference (ours" in markdown
     assert "## Step-time breakdown" in markdown and "## Verify attention" in markdown
     step = pd.read_parquet(results / "step_summary.parquet")

@@ -158,6 +158,68 @@ def expected_accept_stats(lp, ids, trees) -> dict:
     }
 
 
+#: The paper's block 16: trees over the first 15 drafted positions are what its tau per budget measures.
+PAPER_DEPTH = 15
+
+
+def simulated_accept_stats(lp, ids, trees, *, seed: int = 0, gpu: bool = True) -> dict:
+    """The realised acceptance when the target's token at every tree position is drawn from the drafter's
+    own distribution of that position (``acceptance.sample_target_tokens``: drafter equals target) and the
+    tree is walked greedily (``accept.accept_cpu``, SGLang's walk): tokens per round (accepted nodes, the
+    root standing for the bonus token) per request, their mean, its standard error, and the histogram of
+    tokens per round (``simulated_accept_hist[k]``: rounds that committed ``k`` tokens, k = 0 .. L + 1).
+    Where a CUDA device works (and ``gpu``), the GPU accept kernel walks the same draws too and
+    ``simulated_gpu_agrees`` records whether its accepted paths, lengths and bonus tokens equal the CPU
+    walk's (None: no GPU)."""
+    from ddtree_bench.accept import GpuAccept, accept_cpu  # noqa: PLC0415
+    from ddtree_bench.acceptance import sample_target_tokens  # noqa: PLC0415
+
+    target = sample_target_tokens(lp, ids, trees, seed=int(seed))
+    result = accept_cpu(trees, target)
+    lengths = np.asarray(result[1], dtype=np.int64)
+    agrees = None
+    if gpu:
+        accept = GpuAccept()
+        if accept.unavailable_reason() is None:
+            gpu_result = accept.accept(trees, target)
+            agrees = all(
+                np.array_equal(np.asarray(a), np.asarray(b)) for a, b in zip(gpu_result, result, strict=True)
+            )
+    depth = int(lp.shape[1])
+    hist = np.bincount(lengths, minlength=depth + 2)[: depth + 2]
+    se = float(lengths.std(ddof=1) / np.sqrt(lengths.size)) if lengths.size > 1 else float("nan")
+    return {
+        "simulated_tau_mean": float(lengths.mean()),
+        "simulated_tau_se": se,
+        "simulated_accept_hist": [int(v) for v in hist],
+        "simulated_gpu_agrees": agrees,
+    }
+
+
+def paper_depth_accept_mean(lp, ids, budget: int) -> float | None:
+    """The trees' mean expected tau (1 + expected acceptance) on the first ``PAPER_DEPTH`` positions of
+    every request (the paper's block 16), or None for traces with fewer positions."""
+    from ddtree_bench.acceptance import expected_acceptance  # noqa: PLC0415
+    from ddtree_bench.builders import get_builder  # noqa: PLC0415
+
+    if lp.shape[1] < PAPER_DEPTH:
+        return None
+    sub_lp = np.ascontiguousarray(lp[:, :PAPER_DEPTH])
+    sub_ids = np.ascontiguousarray(ids[:, :PAPER_DEPTH])
+    trees = get_builder("reference").build(sub_lp, sub_ids, budget)
+    return float(1.0 + np.mean(expected_acceptance(sub_lp, sub_ids, trees)))
+
+
+def chain_tau_mean(lp, depth: int | None = None) -> float | None:
+    """The top-1 chain's expected tau (DFlash's: ``1 + sum_d prod_{j <= d} p_top1[j]``) over the first
+    ``depth`` positions (all by default), averaged over requests; None for traces with fewer positions."""
+    depth = lp.shape[1] if depth is None else depth
+    if lp.shape[1] < depth:
+        return None
+    top1 = np.exp(lp[:, :depth, 0].astype(np.float64))
+    return float(1.0 + np.cumprod(top1, axis=1).sum(axis=1).mean())
+
+
 def tree_shape(trace_path, budget: int, *, distribution: str | None = None) -> list[dict]:
     """Nodes per tree depth of ``reference``'s trees for every request of a trace at ``budget``: one record
     per tree depth d (1..L) with the mean, p10 and p90 over requests of the tree's node count at that depth,
@@ -186,6 +248,10 @@ def tree_shape(trace_path, budget: int, *, distribution: str | None = None) -> l
         "tree_nodes_mean": float(trees.node_count.mean()),
         "trace_sha256": trace.sha256,
         **expected_accept_stats(lp, ids, trees),
+        **simulated_accept_stats(lp, ids, trees, seed=int(budget)),
+        "paper_depth_tau_mean": paper_depth_accept_mean(lp, ids, int(budget)),
+        "chain_tau_mean": chain_tau_mean(lp),
+        "paper_depth_chain_tau": chain_tau_mean(lp, PAPER_DEPTH),
     }
     return [
         {
@@ -200,6 +266,14 @@ def tree_shape(trace_path, budget: int, *, distribution: str | None = None) -> l
 
 
 SHAPE_ACCEPT_COLUMNS = ("expected_accept_mean", "expected_accept_p10", "expected_accept_p90")
+#: The simulated acceptance (``simulated_accept_stats``) and the paper-depth tau, as float columns.
+SHAPE_SIMULATED_COLUMNS = (
+    "simulated_tau_mean",
+    "simulated_tau_se",
+    "paper_depth_tau_mean",
+    "chain_tau_mean",
+    "paper_depth_chain_tau",
+)
 
 
 def combine_shapes(paths) -> pd.DataFrame:
@@ -220,10 +294,14 @@ def combine_shapes(paths) -> pd.DataFrame:
         "nodes_p90",
         *SHAPE_ACCEPT_COLUMNS,
         "trace_sha256",
+        *SHAPE_SIMULATED_COLUMNS,
+        "simulated_accept_hist",
+        "simulated_gpu_agrees",
     ]
     shapes = pd.DataFrame.from_records(records, columns=columns)
-    for column in SHAPE_ACCEPT_COLUMNS:  # absent from records written before they existed: NaN
+    for column in (*SHAPE_ACCEPT_COLUMNS, *SHAPE_SIMULATED_COLUMNS):  # absent from older records: NaN
         shapes[column] = shapes[column].astype("float64")
+    shapes["simulated_gpu_agrees"] = shapes["simulated_gpu_agrees"].astype("boolean")
     return shapes
 
 

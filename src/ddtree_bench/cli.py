@@ -105,6 +105,7 @@ def cmd_trace(args) -> int:
             args.seed,
             args.device,
             threads=args.threads,
+            drafter=_drafter_params(args.drafter_config),
         )
         device = trace.metadata.get("device", "?")
         save_trace(args.output, trace.top_log_probs, trace.top_token_ids, **trace.metadata)
@@ -115,6 +116,23 @@ def cmd_trace(args) -> int:
         f"sha256 {trace.sha256}"
     )
     return 0
+
+
+def _drafter_params(path) -> dict | None:
+    """The ``drafter:`` mapping of a config file (e.g. ``calibrate``'s output), or None without one."""
+    if path is None:
+        return None
+    import yaml
+
+    try:
+        data = yaml.safe_load(Path(path).read_text())
+    except OSError as error:
+        raise ValueError(f"--drafter-config {path}: cannot read it ({error.strerror})") from None
+    except yaml.YAMLError:
+        raise ValueError(f"--drafter-config {path}: not valid YAML") from None
+    if not isinstance(data, dict) or not isinstance(data.get("drafter"), dict):
+        raise ValueError(f"--drafter-config {path}: needs a `drafter:` mapping of parameters")
+    return data["drafter"]
 
 
 def cmd_build(args) -> int:
@@ -354,6 +372,36 @@ def cmd_report(args) -> int:
         grid=grid,
     )
     print(f"{PROG}: report: {out / 'index.html'} (and {out / 'summary.md'}, {out / 'figures'}/)")
+
+
+def cmd_calibrate(args) -> int:
+    from ddtree_bench.calibrate import check_tau, fit, fragment_yaml, parse_tau_pairs
+    from ddtree_bench.traces import atomic_output, check_positive_int
+
+    depth = check_positive_int(args.depth, "--depth")
+    target = parse_tau_pairs(args.tau, depth)
+    chain = None if args.chain is None else check_tau(args.chain, depth, "--chain")
+    requests = check_positive_int(args.requests, "--requests")
+    iterations = check_positive_int(args.iterations, "--iterations")
+    vocab_size = check_positive_int(args.vocab_size, "--vocab-size")
+    if vocab_size < max(target):
+        raise ValueError(f"--vocab-size {vocab_size} is smaller than the largest budget {max(target)}")
+    start = time.perf_counter()
+    result = fit(
+        target,
+        chain=chain,
+        depth=depth,
+        requests=requests,
+        vocab_size=vocab_size,
+        iterations=iterations,
+        seed=args.seed,
+    )
+    text = fragment_yaml(result)
+    with atomic_output(args.output) as tmp:
+        Path(tmp).write_text(text)
+    seconds = time.perf_counter() - start
+    print(f"{PROG}: wrote {args.output}: worst residual {result.worst():.2%}, {seconds:.1f} s")
+    print("\n".join(line[2:] for line in text.splitlines() if line.startswith("#   ")))
     return 0
 
 
@@ -370,7 +418,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("trace", help="make a trace file (.npz)", description="Generate or import a trace.")
-    p.add_argument("--distribution", help="uniform, peaked, bf16 or recorded")
+    p.add_argument("--distribution", help="uniform, peaked, bf16, drafter, drafter-bf16 or recorded")
     p.add_argument("--requests", type=_integer, help="R, number of requests")
     p.add_argument("--depth", type=_integer, help="L, block positions per request")
     p.add_argument("--topk", type=_integer, help="K, top-k columns per position")
@@ -384,6 +432,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--threads", type=_integer, default=None, help="CPU threads (default: all cores)")
     p.add_argument("--recorded", type=Path, help="import this recorded trace file (optionally sliced)")
+    p.add_argument(
+        "--drafter-config",
+        type=Path,
+        help="a YAML file with a `drafter:` mapping (e.g. from calibrate) for the drafter distributions",
+    )
     p.add_argument("-o", "--output", type=Path, required=True, help="output .npz")
     p.set_defaults(func=cmd_trace)
 
@@ -478,6 +531,29 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--distribution", help="their distribution (default: the first configured)")
     p.add_argument("-o", "--output", type=Path, required=True, help="output folder (e.g. /tmp/report)")
     p.set_defaults(func=cmd_report)
+
+    p = sub.add_parser(
+        "calibrate",
+        help="fit the drafter distribution to measured tau per budget, write a config fragment (.yaml)",
+        description="Fit the drafter distribution's parameters to a measured acceptance curve.",
+    )
+    p.add_argument(
+        "--tau",
+        nargs="+",
+        required=True,
+        metavar="BUDGET:TAU",
+        help="measured tokens per verify round (bonus included) per budget, e.g. 16:8.61 32:9.27",
+    )
+    p.add_argument("--chain", type=float, help="the top-1 chain's (DFlash's) tau, e.g. 7.79")
+    p.add_argument(
+        "--depth", type=_integer, default=15, help="drafted positions per block (default 15: block 16)"
+    )
+    p.add_argument("--requests", type=_integer, default=256, help="simulated requests (default 256)")
+    p.add_argument("--iterations", type=_integer, default=300, help="Nelder-Mead iterations (default 300)")
+    p.add_argument("--vocab-size", type=_integer, default=163840, help="V (default 163840, Kimi K2.6)")
+    p.add_argument("--seed", type=_integer, default=0, help="seed of the fit's draws (default 0)")
+    p.add_argument("-o", "--output", type=Path, required=True, help="output config fragment (.yaml)")
+    p.set_defaults(func=cmd_calibrate)
     return parser
 
 

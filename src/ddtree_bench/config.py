@@ -18,7 +18,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 SCHEMA_PATH = REPO_ROOT / "workflow" / "schemas" / "config.schema.yaml"
 
 BUILDERS = ("sglang", "reference", "native", "native-mt", "gpu")
-DISTRIBUTIONS = ("uniform", "peaked", "bf16", "recorded")
+DISTRIBUTIONS = ("uniform", "peaked", "bf16", "recorded", "drafter", "drafter-bf16")
 TIMING_KEYS = ("warmup", "repeats", "min_repeats", "max_repeats", "min_seconds", "max_seconds")
 # "read-stream" is no attention: a kernel that reads as many bytes as the call moves (its measured bound)
 STREAM_IMPL = "read-stream"
@@ -148,6 +148,7 @@ def check_config(config: dict, schema: dict | str | Path | None = None) -> dict:
     _timing_counts(config.get("timing"), "timing")
     _step_lists(config.get("step"))
     _throughput_numbers(config.get("throughput"))
+    _drafter_params(config)
     _schema_check(config, schema)
 
     _timing_order(config["timing"], "timing")
@@ -228,6 +229,19 @@ def _input_paths(config: dict, columns: int) -> None:
     for (name, need, why), have in zip(needs, shape, strict=True):
         if have < need:
             _fail("recorded_trace", f"{recorded} holds {have} {name}, fewer than the {need} of {why}")
+
+
+def _drafter_params(config: dict) -> None:
+    """The drafter mapping's values, checked by the generator's own rules (one line naming the key)."""
+    from ddtree_bench.drafter import check_params  # noqa: PLC0415
+
+    drafter = config.get("drafter")
+    if drafter is None or not isinstance(drafter, dict):
+        _fail("drafter", f"must be a mapping of parameters, got {drafter!r}")
+    try:
+        check_params(drafter, where="drafter")
+    except ValueError as error:
+        raise ValueError(f"config: {error}") from None
 
 
 def _timing_counts(timing, field: str) -> None:

@@ -24,12 +24,14 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ddtree_bench import step_report, throughput_report
+from ddtree_bench import acceptance_report, step_report, throughput_report
 from ddtree_bench.environment import ENVIRONMENT_COLUMNS
 
 FIGURE_NAMES = ("time_vs_budget", "time_vs_batch", "speedup", "tree_shape", "step_share", "which_budget")
 #: The figures of the tree build (drawn from summary.parquet); step_share is the step-time breakdown's.
 BUILD_FIGURES = ("time_vs_budget", "time_vs_batch", "speedup", "tree_shape")
+# the acceptance section's figures (acceptance_report: tau per budget beside the paper, P(tau >= k))
+FIGURE_NAMES = (*FIGURE_NAMES, "acceptance_tau", "acceptance_histogram")
 
 #: How each (builder, timing) is named in figures and tables. ``reference`` is ours, never SGLang.
 SERIES_NAMES = {
@@ -493,6 +495,10 @@ def evaluate_targets(machines: list[Machine]) -> list[TargetResult]:
             machine.step, missing=machine.step_missing
         ):
             results.append(TargetResult(machine.label, target, source, status, measured))
+    for machine in machines:  # the drafter distribution's acceptance (tree_shape.parquet)
+        if not machine.shapes.empty and "drafter" in set(machine.shapes["distribution"]):
+            for target, source, status, measured in acceptance_report.acceptance_targets(machine.shapes):
+                results.append(TargetResult(machine.label, target, source, status, measured))
     order = {m.label: i for i, m in enumerate(machines)}
     return sorted(results, key=lambda r: order.get(r.machine, len(order)))
 
@@ -1180,6 +1186,10 @@ def render_report(
         "step_share": lambda p: step_report.figure_step_share(breakdowns, p),
         "which_budget": lambda p: throughput_report.figure(budget_sections, p, throughput_options),
     }
+    makers["acceptance_tau"] = lambda p: acceptance_report.figure_tau(machines, p)
+    makers["acceptance_histogram"] = lambda p: acceptance_report.figure_histogram(
+        machines, p, distribution, depth
+    )
     for name, path in figure_paths.items():
         if data.empty and name in BUILD_FIGURES and name != "tree_shape":
             _empty_figure(path, "no timings")
@@ -1219,6 +1229,8 @@ def render_report(
     baseline_line = "; ".join(f"{label}: speedups over {name}" for label, name in baselines.items())
     identity = consistency.trace_identity(machines)  # machines side by side: the same inputs or not
     step = _step_sections(machines, breakdowns, settings)
+    tau_table = acceptance_report.tau_table(machines)
+    gpu_agreement = acceptance_report.gpu_agreement_line(machines)
 
     # Markdown
     md = [f"# ddtree-bench report\n\n{intro}\n\nMachines: {machines_line}.\n\nBaselines: {baseline_line}.\n"]
@@ -1239,6 +1251,13 @@ def render_report(
     for name, path in figure_paths.items():
         if name in BUILD_FIGURES:
             md.append(f"## {titles[name]}\n\n![{name}](figures/{path.name})\n")
+    md.append(f"## Acceptance per budget\n\n{acceptance_report.INTRO}\n")
+    if gpu_agreement:
+        md.append(gpu_agreement + "\n")
+    md.append(markdown_table(tau_table) if not tau_table.empty else "No tree shapes with acceptance.\n")
+    for name in acceptance_report.FIGURES:
+        if name in figure_paths:
+            md.append(f"### {titles[name]}\n\n![{name}](figures/{figure_paths[name].name})\n")
     md += _step_markdown(step, figure_paths.get("step_share"), titles.get("step_share"))
     md += throughput_report.markdown(
         budget_sections,
@@ -1304,6 +1323,13 @@ def render_report(
             "p10-p90)</h2>",
             html_table(table),
         ]
+    parts += ["<h2>Acceptance per budget</h2>", f"<p class='note'>{escape(acceptance_report.INTRO)}</p>"]
+    if gpu_agreement:
+        parts.append(f"<p>{escape(gpu_agreement)}</p>")
+    parts.append(html_table(tau_table) if not tau_table.empty else "<p>No tree shapes with acceptance.</p>")
+    for name in acceptance_report.FIGURES:
+        if name in figure_paths:
+            parts += [f"<h3>{escape(titles[name])}</h3>", img(name)]
     parts += _step_html(
         step, img("step_share") if "step_share" in figure_paths else "", titles.get("step_share")
     )

@@ -29,6 +29,9 @@ Generated distributions (``generate_trace``), with ``z ~ N(0, 1)`` i.i.d. per (r
 - ``bf16``: the ``peaked`` logits rounded to bfloat16, then the log-softmax (in float32) rounded to bfloat16
   again, as a bf16 model's ``log_softmax`` output: many exact ties. Rounding is round-to-nearest-even.
 - ``recorded``: a user's file, imported with ``import_recorded`` (never generated).
+- ``drafter`` and ``drafter-bf16``: a mixture of confident and uncertain blocks whose mass after the top-1
+  sits on a few alternatives, with parameters (``drafter=``) fitted to the DDTree paper's acceptance; see
+  ``ddtree_bench.drafter``. Generated on the CPU from ``spawn_key=(r, 2)`` without full-vocabulary logits.
 
 The log-softmax is ``logits - lse`` in float32 with ``lse = max + ln(sum(exp(logits - max)))`` (the sum in
 float64). The top K are chosen on those final values, canonically: largest value first, equal values by
@@ -63,10 +66,12 @@ from pathlib import Path
 
 import numpy as np
 
+from ddtree_bench.drafter import DRAFTER_DISTRIBUTIONS, generate_drafter
+from ddtree_bench.drafter import check_params as check_drafter_params
 from ddtree_bench.validation import check_topk_arrays
 
-DISTRIBUTIONS = ("uniform", "peaked", "bf16", "recorded")
-GENERATED_DISTRIBUTIONS = ("uniform", "peaked", "bf16")
+DISTRIBUTIONS = ("uniform", "peaked", "bf16", "recorded", "drafter", "drafter-bf16")
+GENERATED_DISTRIBUTIONS = ("uniform", "peaked", "bf16", "drafter", "drafter-bf16")
 DEVICES = ("auto", "cpu", "cuda")
 DEFAULT_VOCAB_SIZE = 163840
 GENERATOR_VERSION = 1
@@ -314,6 +319,7 @@ def generate(
     *,
     chunk_bytes: int = DEFAULT_CHUNK_BYTES,
     threads: int | None = None,
+    drafter: dict | None = None,
 ) -> Trace:
     """Generate a trace (see the module docstring) and its metadata (including the device actually used).
 
@@ -333,6 +339,8 @@ def generate(
         raise ValueError(f"seed must be an integer >= 0, got {seed!r}")
     seed = int(seed)
     chunk_bytes = check_positive_int(chunk_bytes, "chunk_bytes")
+    if distribution in DRAFTER_DISTRIBUTIONS:
+        return _generate_drafter(distribution, requests, depth, topk, vocab_size, seed, device, drafter)
     resolved = resolve_device(device)
 
     lp = np.empty((requests, depth, topk), np.float32)
@@ -385,6 +393,23 @@ def generate(
         with ThreadPoolExecutor(max_workers=workers) as pool:
             list(pool.map(run, starts))  # numpy releases the GIL in the heavy loops
     metadata["device"] = "cpu"
+    return Trace(lp, ids, metadata)
+
+
+def _generate_drafter(distribution, requests, depth, topk, vocab_size, seed, device, drafter) -> Trace:
+    """The ``drafter`` distributions (``ddtree_bench.drafter``): always on the CPU, whatever ``device``."""
+    resolve_device(device)  # the device name is still checked
+    params = check_drafter_params(drafter)
+    lp, ids = generate_drafter(distribution, requests, depth, topk, vocab_size, seed, params)
+    metadata = {
+        "distribution": distribution,
+        "seed": seed,
+        "vocab_size": vocab_size,
+        "generator_version": GENERATOR_VERSION,
+        "numpy": np.__version__,
+        "device": "cpu",
+        **{f"drafter_{key}": value for key, value in params.as_dict().items()},
+    }
     return Trace(lp, ids, metadata)
 
 

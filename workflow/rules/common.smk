@@ -85,6 +85,9 @@ FIGURES = (
     "tree_shape",
     "step_share",
     "which_budget",
+    # the acceptance section's figures (tau per budget beside the DDTree paper, P(tau >= k) per round)
+    "acceptance_tau",
+    "acceptance_histogram",
 )
 # The lists that decide the tree-build grid (consistency.GRID_KEYS): what the summary must hold exactly.
 GRID = {key: list(config[key]) for key in GRID_KEYS}

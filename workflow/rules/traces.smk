@@ -5,7 +5,7 @@ rule trace:
     log:
         f"{LOGS}/traces/{{distribution}}-L{{depth}}.log",
     wildcard_constraints:
-        distribution="uniform|peaked|bf16",
+        distribution="uniform|peaked|bf16|drafter|drafter-bf16",
     conda:
         "../envs/ddtree-bench.yaml"
     threads: TIMING_THREADS
@@ -15,6 +15,10 @@ rule trace:
         vocab_size=config["vocab_size"],
         seed=config["seed"],
         device=config["trace_device"],
+        # the drafter distributions' parameters (None for the others: changing them reruns only these)
+        drafter=lambda wildcards: (
+            config["drafter"] if wildcards.distribution.startswith("drafter") else None
+        ),
     script:
         "../scripts/trace.py"
 

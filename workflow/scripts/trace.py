@@ -16,6 +16,7 @@ with logged(snakemake):
         seed=params.seed,
         device=params.device,
         threads=snakemake.threads,
+        drafter=getattr(params, "drafter", None),
     )
     # the generator's metadata: distribution, seed, vocabulary and the device it actually ran on
     save_trace(snakemake.output.trace, trace.top_log_probs, trace.top_token_ids, **trace.metadata)
