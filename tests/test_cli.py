@@ -15,9 +15,9 @@ import pytest
 
 import ddtree_bench.builders
 from ddtree_bench import check
-from ddtree_bench.report import FIGURE_NAMES
 from ddtree_bench.builders import Builder, get_builder
 from ddtree_bench.cli import main
+from ddtree_bench.report import FIGURE_NAMES
 from ddtree_bench.traces import generate_trace, load_trace
 from ddtree_bench.tree import TreeBatch
 
@@ -513,7 +513,9 @@ def test_report_renders_published_results_without_running_anything(tmp_path, cap
     html = (out / "index.html").read_text()
     assert html.startswith("<!DOCTYPE html>") and "h200" in html
     assert (out / "summary.md").read_text().startswith("# ddtree-bench report")
-    assert sorted(p.name for p in (out / "figures").iterdir()) == sorted(f"{name}.png" for name in FIGURE_NAMES)
+    assert sorted(p.name for p in (out / "figures").iterdir()) == sorted(
+        f"{name}.png" for name in FIGURE_NAMES
+    )
 
 
 def _stale_copy(tmp_path, **config_changes) -> Path:
