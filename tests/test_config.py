@@ -34,7 +34,7 @@ def test_default_config_is_valid_and_has_the_issue_defaults():
     assert config["budgets"] == [8, 16, 32, 64, 128, 256, 512, 1024]
     assert config["batch_sizes"] == [1, 8, 64, 256]
     assert config["depths"] == [16, 8]
-    assert config["distributions"] == ["drafter", "peaked", "uniform", "bf16"]
+    assert config["distributions"] == ["drafter", "peaked", "bf16"]
     assert config["vocab_size"] == 163840
     assert config["builders"] == ["sglang", "reference", "native", "native-mt", "gpu"]
     assert config["gpu"] == "auto"
