@@ -15,6 +15,17 @@ from test_report import synthetic_summary, write_machine
 
 from ddtree_bench.aggregate import combine_shapes, tree_shape
 from ddtree_bench.report import FIGURE_NAMES, evaluate_targets, load_machines, render_report
+from ddtree_bench.report.step import (
+    TARGET_ACCEPT,
+    TARGET_COMPUTE,
+    TARGET_FLEX,
+    TARGET_MEMORY,
+    accept_table,
+    attention_table,
+    backends_line,
+    breakdown_table,
+    step_targets,
+)
 from ddtree_bench.stage_records import stage_frame
 from ddtree_bench.step import (
     LEFT_OUT,
@@ -25,17 +36,6 @@ from ddtree_bench.step import (
     step_breakdown,
     summarize_steps,
     unavailable_stage_frame,
-)
-from ddtree_bench.step_report import (
-    TARGET_ACCEPT,
-    TARGET_COMPUTE,
-    TARGET_FLEX,
-    TARGET_MEMORY,
-    accept_table,
-    attention_table,
-    backends_line,
-    breakdown_table,
-    step_targets,
 )
 from ddtree_bench.traces import generate_trace, save_trace
 

@@ -16,6 +16,7 @@ from workflow_copy import ROOT
 
 from ddtree_bench.config import check_config, throughput_options
 from ddtree_bench.report import FIGURE_NAMES, load_machines, render_report
+from ddtree_bench.report.throughput import TARGET, budget_targets, sections
 from ddtree_bench.throughput import (
     PAPER_SPEEDUP,
     RoundModel,
@@ -27,7 +28,6 @@ from ddtree_bench.throughput import (
     throughput,
     tokens_per_second,
 )
-from ddtree_bench.throughput_report import TARGET, budget_targets, sections
 
 PUBLISHED = ROOT / "results" / "published" / "h200"
 

@@ -190,7 +190,7 @@ def _first_depth(machine) -> int | None:
 
 
 def _us(value) -> str:
-    from ddtree_bench.step_report import fmt_us  # noqa: PLC0415
+    from ddtree_bench.report.step import fmt_us  # noqa: PLC0415
 
     return fmt_us(value)
 
