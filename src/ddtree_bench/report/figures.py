@@ -103,8 +103,6 @@ def _grid(
     plt.close(grid.figure)
 
 
-
-
 def figure_time_vs_budget(data, path, depth, distribution) -> str:
     sel, depth, distribution = _select(data, depth, distribution)
     if sel.empty:
@@ -239,4 +237,3 @@ def figure_tree_shape(machines: list[Machine], path, depth) -> str:
     grid.figure.savefig(path, dpi=100, bbox_inches="tight")
     plt.close(grid.figure)
     return title
-

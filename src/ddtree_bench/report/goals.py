@@ -31,8 +31,6 @@ class TargetResult:
     measured: str
 
 
-
-
 def _status_minimum(pairs: pd.DataFrame, threshold: float) -> tuple[str, str]:
     worst = pairs.loc[pairs["ratio"].idxmin()]
     status = "met" if worst["ratio"] >= threshold else "not met"
@@ -210,7 +208,6 @@ def _build_targets(machines: list[Machine]) -> list[TargetResult]:
     return results
 
 
-
 # ------------------------------------------------------------------- SGLang's measured function
 
 REF_VS_SGLANG_TITLE = "reference (ours) / SGLang's function"
@@ -226,7 +223,6 @@ SGLANG_FUNCTION_TARGET = (
 )
 #: (budgets, factor) of that target: every budget up to 64 needs 500x, every budget from 256 up 1000x.
 SGLANG_FUNCTION_FACTORS = ((lambda budget: budget <= 64, 500.0), (lambda budget: budget >= 256, 1000.0))
-
 
 
 def sglang_function_targets(machines: list[Machine]) -> list[TargetResult]:
@@ -292,7 +288,6 @@ def sglang_function_targets(machines: list[Machine]) -> list[TargetResult]:
             measured += "; short: " + "; ".join(short)
         results.append(TargetResult(machine.label, SGLANG_FUNCTION_TARGET, source, status, measured))
     return results
-
 
 
 IN_SITU_SOURCE = "decode round (in-situ)"
@@ -391,4 +386,3 @@ def _target_frame(results: list[TargetResult]) -> pd.DataFrame:
         ],
         columns=["machine", "target", "from", "status", "measured"],
     )
-

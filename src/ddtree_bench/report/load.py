@@ -224,3 +224,19 @@ def _sglang_rows(df: pd.DataFrame) -> pd.DataFrame:
     if df.empty:
         return df
     return df[(df["builder"] == "sglang") & (df["status"] == "ok") & (df["n"] > 0) & (df["timing"] == "wall")]
+
+
+def selection_heading(rows: pd.DataFrame, machine: str, depth, distribution) -> str:
+    """The heading of one machine's rows at the report's depth and distribution, built from the rows
+    ``_select`` keeps: where the requested depth or distribution is absent, it says so and names what is
+    shown instead."""
+    _, used_depth, used_distribution = _select(rows, depth, distribution)
+    heading = f"{machine} (L = {used_depth}, {used_distribution}; per call, p10-p90)"
+    absent = []
+    if depth is not None and used_depth != depth:
+        absent.append(f"L = {depth}")
+    if distribution is not None and used_distribution != distribution:
+        absent.append(f"{distribution} trees")
+    if absent:
+        heading += f"; {' and '.join(absent)} not measured on {machine}"
+    return heading

@@ -10,6 +10,7 @@ from pathlib import Path
 import pandas as pd
 
 from ddtree_bench.report import acceptance as acceptance_report
+from ddtree_bench.report import answer as answer_module
 from ddtree_bench.report import step as step_report
 from ddtree_bench.report import throughput as throughput_report
 from ddtree_bench.report.figures import (
@@ -30,10 +31,12 @@ from ddtree_bench.report.load import (
     BASELINE_NAMES,
     BUILD_FIGURES,
     FIGURE_NAMES,
+    IN_SITU_TIMINGS,
     Machine,
     baseline_of,
     load_machine,
     load_machines,
+    selection_heading,
     timings,
 )
 from ddtree_bench.report.tables import (
@@ -59,8 +62,6 @@ th,td{border:1px solid #ccc;padding:.25em .5em;text-align:left;vertical-align:to
 th{background:#f3f3f3}td.met{background:#dff5df}td.not-met{background:#f9dcdc}td.no-data{color:#777}
 img{max-width:100%;border:1px solid #eee;margin:.5em 0}details{margin:.5em 0}.note{color:#555}
 """
-
-
 
 
 def render_report(
@@ -161,9 +162,21 @@ def render_report(
     env_table = environment_table(machines)
     ref_vs_sglang = reference_vs_sglang_table(machines)
     sglang_sources = sglang_source_table(machines)
-    compact = {}
-    if not data.empty:
-        compact = {m.label: compact_table(data, m.label, depth, distribution) for m in machines}
+    compact, in_situ_headings = {}, {}
+    for machine in machines:
+        rows = data[data["machine"] == machine.label] if not data.empty else data
+        if rows.empty:
+            continue
+        shown = selection_heading(rows, machine.label, depth, distribution)
+        compact[machine.label] = (
+            compact_table(data, machine.label, depth, distribution),
+            f"Medians on {shown}",
+        )
+        in_situ_rows = rows[rows["timing"].isin(IN_SITU_TIMINGS)]
+        if len(in_situ_rows):
+            in_situ_headings[machine.label] = selection_heading(
+                in_situ_rows, machine.label, depth, distribution
+            )
     in_situ = in_situ_tables(data, machines, depth, distribution)
     baselines = {}
     for machine in machines:
@@ -183,45 +196,53 @@ def render_report(
     tau_table = acceptance_report.tau_table(machines)
     gpu_agreement = acceptance_report.gpu_agreement_line(machines)
 
+    from ddtree_bench.traces import atomic_output  # noqa: PLC0415
+
+    answer = answer_module.answer(machines, breakdowns, settings, budget_sections)
+    compact_headings = {label: heading for label, (_, heading) in compact.items()}
+    compact = {label: table for label, (table, _) in compact.items()}
+    figure_order = [
+        n
+        for n in (*BUILD_FIGURES, *acceptance_report.FIGURES, "which_budget", "step_share")
+        if n in figure_paths
+    ]
+    key_figure = "step_share" if "step_share" in figure_paths else None
+    other_figures = [n for n in figure_order if n != key_figure]
+
     # Markdown
-    md = [f"# ddtree-bench report\n\n{intro}\n\nMachines: {machines_line}.\n\nBaselines: {baseline_line}.\n"]
+    md = [f"# ddtree-bench report\n\n{intro}\n\nMachines: {machines_line}.\n"]
     if identity:
         md.append("Inputs: " + " ".join(identity) + "\n")
-    md.append("## Benchmark targets\n\n" + markdown_table(targets))
-    if not ref_vs_sglang.empty:
-        md.append(f"## {REF_VS_SGLANG_TITLE}\n\n{REF_VS_SGLANG_NOTE}\n\n" + markdown_table(ref_vs_sglang))
-    md.append("## Builders that could not run\n\n" + markdown_table(unavailable))
-    md.append("## Correctness\n\n" + markdown_table(correctness))
-    md.append(f"## What the decode round pays (in-situ)\n\n{IN_SITU_INTRO}\n")
+    md += _answer_markdown(
+        answer, figure_paths.get(key_figure) if key_figure else None, titles.get(key_figure)
+    )
+    md.append("## Figures\n")
+    for name in other_figures:
+        md.append(f"### {titles[name]}\n\n![{name}](figures/{figure_paths[name].name})\n")
+    md.append(f"## Detail tables\n\n{DETAIL_NOTE}\n\nBaselines of the speedups: {baseline_line}.\n")
+    md.append(f"### What the decode round pays (in-situ)\n\n{IN_SITU_INTRO}\n")
     for label, table in in_situ.items():
-        heading = f"### {label} (L = {depth}, {distribution}; per call, p10-p90)"
-        md.append(f"{heading}\n\n" + (markdown_table(table) if isinstance(table, pd.DataFrame) else table))
+        if isinstance(table, pd.DataFrame):
+            md.append(f"#### {in_situ_headings[label]}\n\n" + md_details(table))
+        else:
+            md.append(f"#### {label}\n\n{table}\n")
     for label, table in compact.items():
-        heading = f"## Medians on {label} (L = {depth}, {distribution}; per call, p10-p90)"
-        md.append(f"{heading}\n\n" + markdown_table(table))
-    for name, path in figure_paths.items():
-        if name in BUILD_FIGURES:
-            md.append(f"## {titles[name]}\n\n![{name}](figures/{path.name})\n")
-    md.append(f"## Acceptance per budget\n\n{acceptance_report.INTRO}\n")
+        md.append(f"### {compact_headings[label]}\n\n" + md_details(table))
+    if not ref_vs_sglang.empty:
+        md.append(f"### {REF_VS_SGLANG_TITLE}\n\n{REF_VS_SGLANG_NOTE}\n\n" + md_details(ref_vs_sglang))
+    md.append(f"### Acceptance per budget\n\n{acceptance_report.INTRO}\n")
     if gpu_agreement:
         md.append(gpu_agreement + "\n")
-    md.append(markdown_table(tau_table) if not tau_table.empty else "No tree shapes with acceptance.\n")
-    for name in acceptance_report.FIGURES:
-        if name in figure_paths:
-            md.append(f"### {titles[name]}\n\n![{name}](figures/{figure_paths[name].name})\n")
-    md += _step_markdown(step, figure_paths.get("step_share"), titles.get("step_share"))
-    md += throughput_report.markdown(
-        budget_sections,
-        throughput_options,
-        figure_paths.get("which_budget"),
-        titles.get("which_budget"),
-        markdown_table,
-    )
+    md.append(md_details(tau_table) if not tau_table.empty else "No tree shapes with acceptance.\n")
+    md += _demote(_step_markdown(step, None, None, md_details))
+    md += _demote(throughput_report.markdown(budget_sections, throughput_options, None, None, md_details))
+    md.append("### Builders that could not run\n\n" + markdown_table(unavailable))
+    md.append("### Correctness\n\n" + md_details(correctness))
+    md.append("### All configurations\n\n" + md_details(medians))
     md.append("## Environment\n\n" + markdown_table(env_table))
     if not sglang_sources.empty:
         md.append("### SGLang's function: where it came from\n\n" + markdown_table(sglang_sources))
-    md.append("## All configurations\n\n" + markdown_table(medians))
-    from ddtree_bench.traces import atomic_output  # noqa: PLC0415
+    md.append(f"## Appendix: goals\n\n{GOALS_NOTE}\n\n" + markdown_table(targets))
 
     with atomic_output(md_path) as tmp:
         Path(tmp).write_text("\n".join(md))
@@ -237,74 +258,126 @@ def render_report(
         f"<style>{CSS}</style></head><body>",
         "<h1>ddtree-bench report</h1>",
         f"<p>{escape(intro)}</p>",
-        f"<p><b>Machines:</b> {escape(machines_line)}<br><b>Baselines:</b> {escape(baseline_line)}</p>",
+        f"<p><b>Machines:</b> {escape(machines_line)}</p>",
         *([f"<p><b>Inputs:</b> {escape(' '.join(identity))}</p>"] if identity else []),
-        "<h2>Benchmark targets</h2>",
-        "<p class='note'>Targets from the pipeline issue (CPU) and the GPU builder issue (stated for the "
-        "H200, L = 16, K = N, peaked and uniform traces), evaluated on the medians measured on each "
-        "machine.</p>",
-        html_table(targets, status_column="status"),
     ]
-    if not ref_vs_sglang.empty:
-        parts += [
-            f"<h2>{escape(REF_VS_SGLANG_TITLE)}</h2>",
-            f"<p class='note'>{escape(REF_VS_SGLANG_NOTE)}</p>",
-            html_table(ref_vs_sglang),
-        ]
+    parts += _answer_html(answer, img(key_figure) if key_figure else "", titles.get(key_figure))
+    parts.append("<h2>Figures</h2>")
+    for name in other_figures:
+        parts += [f"<h3>{escape(titles[name])}</h3>", img(name)]
     parts += [
-        "<h2>Builders that could not run</h2>",
-        html_table(unavailable),
-        "<h2>Correctness</h2>",
-        html_table(correctness),
-        "<h2>What the decode round pays (in-situ)</h2>",
+        "<h2>Detail tables</h2>",
+        f"<p class='note'>{escape(DETAIL_NOTE)}</p>",
+        f"<p><b>Baselines of the speedups:</b> {escape(baseline_line)}</p>",
+        "<h3>What the decode round pays (in-situ)</h3>",
         f"<p>{escape(IN_SITU_INTRO)}</p>",
     ]
     for label, table in in_situ.items():
-        parts.append(
-            f"<h3>{escape(label)} (L = {depth}, {escape(str(distribution))}; per call, p10-p90)</h3>"
-        )
-        is_table = isinstance(table, pd.DataFrame)
-        parts.append(html_table(table) if is_table else f"<p><em>{escape(table)}</em></p>")
-    for name in BUILD_FIGURES:
-        if name in figure_paths:
-            parts += [f"<h2>{escape(titles[name])}</h2>", img(name)]
+        if isinstance(table, pd.DataFrame):
+            parts += [f"<h4>{escape(in_situ_headings[label])}</h4>", html_details(table)]
+        else:
+            parts += [f"<h4>{escape(label)}</h4>", f"<p><em>{escape(table)}</em></p>"]
     for label, table in compact.items():
+        parts += [f"<h3>{escape(compact_headings[label])}</h3>", html_details(table)]
+    if not ref_vs_sglang.empty:
         parts += [
-            f"<h2>Medians on {escape(label)} (L = {depth}, {escape(str(distribution))}; per call, "
-            "p10-p90)</h2>",
-            html_table(table),
+            f"<h3>{escape(REF_VS_SGLANG_TITLE)}</h3>",
+            f"<p class='note'>{escape(REF_VS_SGLANG_NOTE)}</p>",
+            html_details(ref_vs_sglang),
         ]
-    parts += ["<h2>Acceptance per budget</h2>", f"<p class='note'>{escape(acceptance_report.INTRO)}</p>"]
+    parts += ["<h3>Acceptance per budget</h3>", f"<p class='note'>{escape(acceptance_report.INTRO)}</p>"]
     if gpu_agreement:
         parts.append(f"<p>{escape(gpu_agreement)}</p>")
-    parts.append(html_table(tau_table) if not tau_table.empty else "<p>No tree shapes with acceptance.</p>")
-    for name in acceptance_report.FIGURES:
-        if name in figure_paths:
-            parts += [f"<h3>{escape(titles[name])}</h3>", img(name)]
-    parts += _step_html(
-        step, img("step_share") if "step_share" in figure_paths else "", titles.get("step_share")
-    )
-    parts += throughput_report.html(
-        budget_sections,
-        throughput_options,
-        img("which_budget") if "which_budget" in figure_paths else "",
-        titles.get("which_budget"),
-        html_table,
-    )
+    parts.append(html_details(tau_table) if not tau_table.empty else "<p>No tree shapes with acceptance.</p>")
+    parts += _demote(_step_html(step, "", None, html_details))
+    parts += _demote(throughput_report.html(budget_sections, throughput_options, "", None, html_details))
     parts += [
+        "<h3>Builders that could not run</h3>",
+        html_table(unavailable),
+        "<h3>Correctness</h3>",
+        html_details(correctness),
+        "<h3>All configurations</h3>",
+        html_details(medians, "median, p10, p90 per call, per tree, speedup"),
         "<h2>Environment</h2>",
         html_table(env_table),
     ]
     if not sglang_sources.empty:
         parts += ["<h3>SGLang's function: where it came from</h3>", html_table(sglang_sources)]
     parts += [
-        "<h2>All configurations</h2>",
-        f"<details><summary>{len(medians)} rows: median, p10, p90 per call, per tree, speedup</summary>",
-        html_table(medians),
-        "</details></body></html>",
+        "<h2>Appendix: goals</h2>",
+        f"<p class='note'>{escape(GOALS_NOTE)}</p>",
+        html_table(targets, status_column="status"),
+        "</body></html>",
     ]
     with atomic_output(html_path) as tmp:
         Path(tmp).write_text("\n".join(parts))
+
+
+DETAIL_NOTE = (
+    "Every table below is collapsed; click a summary line to open it. Times: median per call (warm-up "
+    "excluded) with p10-p90 where shown; one unit per column."
+)
+GOALS_NOTE = (
+    "The project's goals, each named by what it measures and evaluated on each machine's measured medians; "
+    'a goal not met says by how much. "from" names what the goal is about.'
+)
+
+
+def md_details(df: pd.DataFrame, summary: str | None = None) -> str:
+    """A Markdown table collapsed in ``<details>`` (GitHub renders it), or the empty-table line."""
+    if df.empty:
+        return markdown_table(df)
+    return f"<details><summary>{summary or f'{len(df)} rows'}</summary>\n\n{markdown_table(df)}\n</details>\n"
+
+
+def html_details(df: pd.DataFrame, summary: str | None = None) -> str:
+    """An HTML table collapsed in ``<details>``, or the empty-table line."""
+    if df.empty:
+        return html_table(df)
+    text = f"{len(df)} rows" + (f": {summary}" if summary else "")
+    return f"<details><summary>{escape(text)}</summary>{html_table(df)}</details>"
+
+
+def _demote(lines: list[str]) -> list[str]:
+    """A section's headings one level down (it sits under "Detail tables")."""
+    out = []
+    for line in lines:
+        if line.startswith("#"):
+            line = "#" + line
+        for level in (3, 2):
+            line = line.replace(f"<h{level}>", f"<h{level + 1}>").replace(f"</h{level}>", f"</h{level + 1}>")
+        out.append(line)
+    return out
+
+
+def _answer_markdown(answer, figure_path, title) -> list[str]:
+    md = ["## Answer: what the tree build costs the decode round\n"]
+    if answer.machine is None:
+        return md + [f"_No answer: {answer.missing}._\n"]
+    md.append(answer.intro() + "\n")
+    for batch, table in answer.tables.items():
+        md.append(f"### {answer.heading(batch)}\n\n" + markdown_table(table))
+    md.append("**Verdict:**\n\n" + "\n".join(f"- {line}" for line in answer.verdict) + "\n")
+    if figure_path is not None:
+        md.append(f"### {title}\n\n![step_share](figures/{Path(figure_path).name})\n")
+    return md
+
+
+def _answer_html(answer, image: str, title) -> list[str]:
+    parts = ["<h2>Answer: what the tree build costs the decode round</h2>"]
+    if answer.machine is None:
+        return parts + [f"<p><em>No answer: {escape(answer.missing)}.</em></p>"]
+    parts.append(f"<p>{escape(answer.intro())}</p><div class='answer'>")
+    for batch, table in answer.tables.items():
+        parts += [f"<div><h3>{escape(answer.heading(batch))}</h3>", html_table(table), "</div>"]
+    parts.append("</div><p><b>Verdict:</b></p><ul>")
+    for line in answer.verdict:
+        head, _, rest = line.partition(":** ")
+        parts.append(f"<li><b>{escape(head.strip('*'))}:</b> {escape(rest)}</li>")
+    parts.append("</ul>")
+    if image:
+        parts += [f"<h3>{escape(str(title))}</h3>", image]
+    return parts
 
 
 # ----------------------------------------------------------------------------------------------- step part
@@ -392,35 +465,38 @@ def _missing_lines(step: StepSections) -> list[str]:
     return [f"{label}: no data ({why})" for label, why in step.missing]
 
 
-def _step_markdown(step: StepSections, figure_path, title) -> list[str]:
+def _step_markdown(step: StepSections, figure_path, title, writer=None) -> list[str]:
+    writer = writer or markdown_table
     md = [f"## Verify attention\n\n{STEP_INTRO}\n"]
     md += [f"- {line}" for line in _missing_lines(step)] + ([""] if step.missing else [])
     peaks = "; ".join(f"{label}: {line}" for label, line in step.peaks) or "no data"
     md.append(f"GPU peaks: {peaks}\n")
     md += [f"How each impl ran ({label}): {line}\n" for label, line in step.backends]
-    md.append(markdown_table(step.attention) if not step.attention.empty else "_no data_\n")
+    md.append(writer(step.attention) if not step.attention.empty else "_no data_\n")
     md.append(
         "## Tree accept\n\nGPU kernel (CUDA events), host-inclusive (launch, copies out, sync), the "
         "CPU walk including the device-to-host copy of the target's tokens, and the empty-kernel floor "
         "of the same run.\n"
     )
-    md.append(markdown_table(step.accept) if not step.accept.empty else "_no data_\n")
+    md.append(writer(step.accept) if not step.accept.empty else "_no data_\n")
     md.append(f"## Step-time breakdown\n\n{BREAKDOWN_INTRO}\n\n**Left out:** {step_report.LEFT_OUT}\n")
     md += [f"- {line}" for line in _missing_lines(step)] + ([""] if step.missing else [])
     for label, note, table in step.breakdown:
-        md.append(f"### {label} ({note})\n\n" + (markdown_table(table) if not table.empty else "_no data_\n"))
+        md.append(f"### {label} ({note})\n\n" + (writer(table) if not table.empty else "_no data_\n"))
     if figure_path is not None:
         md.append(f"### {title}\n\n![step_share](figures/{Path(figure_path).name})\n")
     md.append(
         "### Expected acceptance per budget\n\n"
-        + (markdown_table(step.acceptance) if not step.acceptance.empty else "_no data_\n")
+        + (writer(step.acceptance) if not step.acceptance.empty else "_no data_\n")
     )
     return md
 
 
-def _step_html(step: StepSections, image: str, title) -> list[str]:
+def _step_html(step: StepSections, image: str, title, writer=None) -> list[str]:
+    writer = writer or html_table
+
     def table(df):
-        return html_table(df) if not df.empty else "<p><em>no data</em></p>"
+        return writer(df) if not df.empty else "<p><em>no data</em></p>"
 
     missing = "".join(f"<li>{escape(line)}</li>" for line in _missing_lines(step))
     missing = f"<ul>{missing}</ul>" if missing else ""
@@ -434,7 +510,7 @@ def _step_html(step: StepSections, image: str, title) -> list[str]:
             f"<p><b>How each impl ran ({escape(label)}):</b> {escape(line)}</p>"
             for label, line in step.backends
         ),
-        f"<details open><summary>{len(step.attention)} rows</summary>{table(step.attention)}</details>",
+        table(step.attention),
         "<h2>Tree accept</h2>",
         "<p>GPU kernel (CUDA events), host-inclusive (launch, copies out, sync), the CPU walk including the "
         "device-to-host copy of the target's tokens, and the empty-kernel floor of the same run.</p>",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from html import escape
 
 import numpy as np
@@ -185,7 +186,6 @@ def environment_table(machines: list[Machine]) -> pd.DataFrame:
 # ----------------------------------------------------------------------------------------- output
 
 
-
 def reference_vs_sglang_table(machines: list[Machine]) -> pd.DataFrame:
     """Per configuration where both ran: our Python stand-in ``reference`` against SGLang's own function,
     medians per call, and their ratio (< 1: the stand-in is faster than SGLang's function)."""
@@ -256,10 +256,54 @@ def sglang_source_table(machines: list[Machine]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+#: A time in a cell: a number and its unit (not "s.e." or "/s").
+_TIME = re.compile(r"(?<![\w.])(\d[\d,]*(?:\.\d+)?) (ns|µs|ms|s)(?![\w./])")
+_SCALE = {"ns": 1e-9, "µs": 1e-6, "ms": 1e-3, "s": 1.0}
+
+
+def _in_unit(seconds: float, unit: str) -> str:
+    value = seconds / _SCALE[unit]
+    if value >= 100:
+        text = f"{value:,.0f}"
+    elif value >= 10:
+        text = f"{value:.1f}"
+    elif value >= 0.1:
+        text = f"{value:.2f}"
+    else:
+        text = f"{value:.2g}"
+    return f"{text} {unit}"
+
+
+def one_unit_per_column(df: pd.DataFrame) -> pd.DataFrame:
+    """Every column whose cells all start with a time ("193 µs (14%)", "5.5 µs (5.1 µs-5.9 µs)") written in
+    one unit: µs where its largest time is below 10 ms, else ms where below 10 s, else s. Other columns
+    (prose, counts) are left as they are."""
+    out = df.copy()
+    for column in df.columns:
+        cells = [str(v) for v in df[column]]
+        filled = [c for c in cells if c not in ("-", "", "nan", "None")]
+        if not filled or not all(_TIME.match(c.strip()) for c in filled):
+            continue
+        units = {u for c in filled for _, u in _TIME.findall(c)}
+        if len(units) <= 1:
+            continue
+        largest = max(float(n.replace(",", "")) * _SCALE[u] for c in filled for n, u in _TIME.findall(c))
+        unit = "µs" if largest < 1e-2 else "ms" if largest < 10 else "s"
+        out[column] = [
+            c
+            if c not in filled
+            else _TIME.sub(
+                lambda m, unit=unit: _in_unit(float(m[1].replace(",", "")) * _SCALE[m[2]], unit), c
+            )
+            for c in cells
+        ]
+    return out
+
 
 def markdown_table(df: pd.DataFrame) -> str:
     if df.empty:
         return "_(none)_\n"
+    df = one_unit_per_column(df)
 
     def cell(value) -> str:
         return str(value).replace("|", "\\|").replace("\n", " ")
@@ -273,6 +317,7 @@ def markdown_table(df: pd.DataFrame) -> str:
 def html_table(df: pd.DataFrame, *, status_column: str | None = None) -> str:
     if df.empty:
         return "<p><em>(none)</em></p>"
+    df = one_unit_per_column(df)
     head = "".join(f"<th>{escape(str(c))}</th>" for c in df.columns)
     rows = []
     for row in df.itertuples(index=False):
@@ -284,4 +329,3 @@ def html_table(df: pd.DataFrame, *, status_column: str | None = None) -> str:
             cells.append(f"<td{cls}>{escape(str(value))}</td>")
         rows.append("<tr>" + "".join(cells) + "</tr>")
     return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>"
-
