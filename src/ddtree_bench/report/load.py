@@ -46,9 +46,6 @@ IN_SITU_TIMINGS = ("in-situ", "in-situ-packed", "in-situ-launch-sync", "in-situ-
 
 # The public Triton builder as measured on our H200 (batch 64, L = 16, K = N), in µs; 1024 does not build.
 TRITON_US = {32: 28.0, 64: 52.0, 256: 214.0, 512: 547.0}
-# SGLang's own CPU builder as measured on our H200's host (per-request loop over a batch of 64, L = 16,
-# K = N), per call in µs (../shared/CONTEXT.md): compared with reference where SGLang cannot run here.
-SGLANG_PUBLISHED_BATCH64_US = {8: 3000.0, 32: 9500.0, 256: 55000.0, 1024: 218000.0}
 
 
 # ----------------------------------------------------------------------------------------- loading

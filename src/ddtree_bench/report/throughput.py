@@ -28,7 +28,7 @@ from ddtree_bench.throughput import (
 
 TITLE = "Which budget?"
 TARGET = "the report names the best budget per builder"
-TARGET_SOURCE = "Which budget?"
+TARGET_SOURCE = "throughput"
 FIGURE = "which_budget"
 INTRO = (
     "What a budget buys against what it costs, per tree builder: the modelled tokens per second of a batch, "
