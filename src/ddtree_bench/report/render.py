@@ -236,7 +236,7 @@ def render_report(
     md.append(md_details(tau_table) if not tau_table.empty else "No tree shapes with acceptance.\n")
     md += _demote(_step_markdown(step, None, None, md_details))
     md += _demote(throughput_report.markdown(budget_sections, throughput_options, None, None, md_details))
-    md.append("### Builders that could not run\n\n" + markdown_table(unavailable))
+    md.append("### Builders that could not run\n\n" + md_details(unavailable))
     md.append("### Correctness\n\n" + md_details(correctness))
     md.append("### All configurations\n\n" + md_details(medians))
     md.append("## Environment\n\n" + markdown_table(env_table))
@@ -293,7 +293,7 @@ def render_report(
     parts += _demote(throughput_report.html(budget_sections, throughput_options, "", None, html_details))
     parts += [
         "<h3>Builders that could not run</h3>",
-        html_table(unavailable),
+        html_details(unavailable),
         "<h3>Correctness</h3>",
         html_details(correctness),
         "<h3>All configurations</h3>",
@@ -353,11 +353,12 @@ def _demote(lines: list[str]) -> list[str]:
 def _answer_markdown(answer, figure_path, title) -> list[str]:
     md = ["## Answer: what the tree build costs the decode round\n"]
     if answer.machine is None:
-        return md + [f"_No answer: {answer.missing}._\n"]
-    md.append(answer.intro() + "\n")
-    for batch, table in answer.tables.items():
-        md.append(f"### {answer.heading(batch)}\n\n" + markdown_table(table))
-    md.append("**Verdict:**\n\n" + "\n".join(f"- {line}" for line in answer.verdict) + "\n")
+        md.append(f"_No answer: {answer.missing}._\n")
+    else:
+        md.append(answer.intro() + "\n")
+        for batch, table in answer.tables.items():
+            md.append(f"### {answer.heading(batch)}\n\n" + markdown_table(table))
+        md.append("**Verdict:**\n\n" + "\n".join(f"- {line}" for line in answer.verdict) + "\n")
     if figure_path is not None:
         md.append(f"### {title}\n\n![step_share](figures/{Path(figure_path).name})\n")
     return md
@@ -366,15 +367,16 @@ def _answer_markdown(answer, figure_path, title) -> list[str]:
 def _answer_html(answer, image: str, title) -> list[str]:
     parts = ["<h2>Answer: what the tree build costs the decode round</h2>"]
     if answer.machine is None:
-        return parts + [f"<p><em>No answer: {escape(answer.missing)}.</em></p>"]
-    parts.append(f"<p>{escape(answer.intro())}</p><div class='answer'>")
-    for batch, table in answer.tables.items():
-        parts += [f"<div><h3>{escape(answer.heading(batch))}</h3>", html_table(table), "</div>"]
-    parts.append("</div><p><b>Verdict:</b></p><ul>")
-    for line in answer.verdict:
-        head, _, rest = line.partition(":** ")
-        parts.append(f"<li><b>{escape(head.strip('*'))}:</b> {escape(rest)}</li>")
-    parts.append("</ul>")
+        parts.append(f"<p><em>No answer: {escape(answer.missing)}.</em></p>")
+    else:
+        parts.append(f"<p>{escape(answer.intro())}</p><div class='answer'>")
+        for batch, table in answer.tables.items():
+            parts += [f"<div><h3>{escape(answer.heading(batch))}</h3>", html_table(table), "</div>"]
+        parts.append("</div><p><b>Verdict:</b></p><ul>")
+        for line in answer.verdict:
+            head, _, rest = line.partition(":** ")
+            parts.append(f"<li><b>{escape(head.strip('*'))}:</b> {escape(rest)}</li>")
+        parts.append("</ul>")
     if image:
         parts += [f"<h3>{escape(str(title))}</h3>", image]
     return parts

@@ -457,9 +457,8 @@ def html(found: list[BudgetSection], options, image: str, title, table) -> list[
             table(best_table(section)),
             "<p>GPU builder's gain at each one's own best budget:</p>",
             table(gains) if not gains.empty else "<p><em>no GPU builder or baseline rows</em></p>",
-            "<details><summary>Every modelled budget</summary>",
+            "<p>Every modelled budget:</p>",
             table(detail_table(section)),
-            "</details>",
         ]
     if image:
         parts += [f"<h3>{escape(str(title))}</h3>", image]
