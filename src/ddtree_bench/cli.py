@@ -372,6 +372,7 @@ def cmd_report(args) -> int:
         grid=grid,
     )
     print(f"{PROG}: report: {out / 'index.html'} (and {out / 'summary.md'}, {out / 'figures'}/)")
+    return 0
 
 
 def cmd_calibrate(args) -> int:
