@@ -18,12 +18,24 @@ from ddtree_bench.report.load import (
 # ----------------------------------------------------------------------------------------- figures
 
 
+_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "<", ">", "h", "*", "p", "d", "H", "8", "1")
+_LINES = ("-", "--", "-.", ":", (0, (5, 1)), (0, (3, 1, 1, 1, 1, 1)))
+#: One marker and line style per series (beside its colour), so that lines of one colour family (the GPU's)
+#: stay apart where they overlap.
+SERIES_STYLES = {
+    s: (_MARKERS[i % len(_MARKERS)], _LINES[i % len(_LINES)]) for i, s in enumerate(SERIES_ORDER)
+}
+
+
 def _plot_band(data, x, y, lo, hi, color=None, label=None, **_):
     import matplotlib.pyplot as plt  # noqa: PLC0415
 
     data = data.sort_values(x)
     ax = plt.gca()
-    ax.plot(data[x], data[y], marker="o", markersize=3.5, linewidth=1.4, color=color, label=label)
+    marker, line = SERIES_STYLES.get(label, ("o", "-"))
+    ax.plot(
+        data[x], data[y], marker=marker, markersize=4, linewidth=1.4, linestyle=line, color=color, label=label
+    )
     if lo and hi:
         ax.fill_between(data[x], data[lo], data[hi], color=color, alpha=0.18, linewidth=0)
 
@@ -76,15 +88,18 @@ def _grid(
         + sorted(set(data["series"]) - set(hue_order)),
         height=2.9,
         aspect=1.15,
-        sharey=False,
+        sharey=True,
         margin_titles=False,
         col_wrap=col_wrap if rows <= 1 else None,
         palette=_palette(data["series"]),
     )
     grid.map_dataframe(_plot_band, x=x, y=y, lo=lo, hi=hi)
+    ticks = sorted({int(v) for v in data[x]})
     for ax in grid.axes.flat:
         if logx:
             ax.set_xscale("log", base=2)
+            ax.set_xticks(ticks, [str(v) for v in ticks], fontsize=7)
+            ax.minorticks_off()
         if logy:
             with warnings.catch_warnings():  # a flat series (one value) is drawn fine; no need to say so
                 warnings.simplefilter("ignore", UserWarning)
@@ -92,24 +107,53 @@ def _grid(
         if hline is not None:
             ax.axhline(hline, color="0.4", linewidth=0.8, linestyle="--")
     grid.set_axis_labels(xlabel, ylabel)
+    short = {"batch": "B", "budget": "N"}.get(col, col)
     if rows > 1:
-        grid.set_titles(row_template="{row_name}", col_template=f"{col} = {{col_name}}")
+        grid.set_titles(template=f"{{row_name}}, {short} = {{col_name}}", size=9)
     else:
         only = data[row].iloc[0] if row else ""
-        grid.set_titles(col_template=f"{only}  {col} = {{col_name}}".strip())
+        grid.set_titles(col_template=f"{only}, {short} = {{col_name}}".strip(", "), size=9)
     grid.add_legend(title="")
+    sns.move_legend(
+        grid, "upper center", bbox_to_anchor=(0.5, 0.0), ncol=3, title=None, frameon=False, fontsize=8
+    )
     grid.figure.suptitle(title, y=1.02, fontsize=11)
     grid.figure.savefig(path, dpi=100, bbox_inches="tight")
     plt.close(grid.figure)
 
 
+def _select_each(data: pd.DataFrame, depth, distribution) -> tuple[pd.DataFrame, int | None, str | None]:
+    """Each machine's rows at the report's depth and distribution, or, where it has none, at its own first
+    (its panels then name what they show): every machine's numbers are in the figures."""
+    if data.empty:
+        return data, depth, distribution
+    frames, shown = [], []
+    for machine, rows in data.groupby("machine", sort=False):
+        sel, used_depth, used = _select(rows, depth, distribution)
+        if (used_depth, used) != (depth, distribution):
+            sel = sel.assign(machine=f"{machine}: {used}, L = {used_depth}")
+        shown.append((used_depth, used))
+        frames.append(sel)
+    out = pd.concat(frames, ignore_index=True)
+    if (depth, distribution) not in shown:
+        depth, distribution = shown[0]
+    return out, depth, distribution
+
+
+def _others(sel: pd.DataFrame, distribution) -> str:
+    """The title's note on the machines shown at another distribution (their panels are named so)."""
+    other = sorted({m.split(":")[0] for m in sel["machine"] if ": " in m})
+    return f"; {', '.join(other)}: no {distribution} rows, its own shown" if other else ""
+
+
 def figure_time_vs_budget(data, path, depth, distribution) -> str:
-    sel, depth, distribution = _select(data, depth, distribution)
+    sel, depth, distribution = _select_each(data, depth, distribution)
     if sel.empty:
         _empty_figure(path, "no timings")
         return "no timings"
     sel = sel.assign(us=sel["median_s"] * 1e6, lo=sel["p10_s"] * 1e6, hi=sel["p90_s"] * 1e6)
-    title = f"Time per call vs budget (L = {depth}, {distribution} trace; band: p10-p90)"
+    note = _others(sel, distribution)
+    title = f"Time per call vs budget (L = {depth}, {distribution} trace{note}; band: p10-p90)"
     _grid(
         sel,
         x="budget",
@@ -120,7 +164,7 @@ def figure_time_vs_budget(data, path, depth, distribution) -> str:
         row="machine",
         hue_order=SERIES_ORDER,
         xlabel="budget N",
-        ylabel="µs per call (median)",
+        ylabel="µs per call, median\n(tree build only; no verify, accept)",
         title=title,
         path=path,
         col_wrap=4,
@@ -137,7 +181,7 @@ def _budget_choice(budgets) -> list[int]:
 
 
 def figure_time_vs_batch(data, path, depth, distribution) -> str:
-    sel, depth, distribution = _select(data, depth, distribution)
+    sel, depth, distribution = _select_each(data, depth, distribution)
     if sel.empty:
         _empty_figure(path, "no timings")
         return "no timings"
@@ -145,7 +189,8 @@ def figure_time_vs_batch(data, path, depth, distribution) -> str:
     sel = sel.assign(
         us=sel["median_per_tree_s"] * 1e6, lo=sel["p10_per_tree_s"] * 1e6, hi=sel["p90_per_tree_s"] * 1e6
     )
-    title = f"Time per tree vs batch size (L = {depth}, {distribution} trace; band: p10-p90)"
+    note = _others(sel, distribution)
+    title = f"Time per tree vs batch size (L = {depth}, {distribution} trace{note}; band: p10-p90)"
     _grid(
         sel,
         x="batch",
@@ -156,7 +201,7 @@ def figure_time_vs_batch(data, path, depth, distribution) -> str:
         row="machine",
         hue_order=SERIES_ORDER,
         xlabel="batch size B",
-        ylabel="µs per tree (median)",
+        ylabel="µs per tree, median\n(tree build only; no verify, accept)",
         title=title,
         path=path,
         col_wrap=4,
@@ -165,7 +210,7 @@ def figure_time_vs_batch(data, path, depth, distribution) -> str:
 
 
 def figure_speedup(data, path, depth, distribution) -> str:
-    sel, depth, distribution = _select(data, depth, distribution)
+    sel, depth, distribution = _select_each(data, depth, distribution)
     sp = speedups(sel, headline=True) if not sel.empty else pd.DataFrame()
     if sp.empty:
         _empty_figure(path, "no speedups: neither sglang nor reference was measured")
@@ -174,8 +219,10 @@ def figure_speedup(data, path, depth, distribution) -> str:
     what = "in-situ: what the decode round pays" if (sp["mode"] == "in-situ").all() else "same inputs"
     if sp["mode"].nunique() > 1:
         what = "in-situ where measured, else wall clock"
-    title = f"Speedup over {' / '.join(bases)} ({what}; L = {depth}, {distribution} trace)"
-    sp = sp.assign(machine=sp["panel"])
+    note = _others(sel, distribution)
+    title = f"Speedup over {' / '.join(bases)} ({what}; L = {depth}, {distribution} trace{note})"
+    mode = sp["mode"].map({"in-situ": " (in-situ)", "wall": " (wall clock)"}).fillna("")
+    sp = sp.assign(machine=sp["machine"] + mode)
     _grid(
         sp,
         x="budget",
@@ -186,7 +233,7 @@ def figure_speedup(data, path, depth, distribution) -> str:
         row="machine",
         hue_order=SERIES_ORDER,
         xlabel="budget N",
-        ylabel="speedup (x, median / median)",
+        ylabel="speedup, x (median / median;\ntree build only)",
         title=title,
         path=path,
         col_wrap=4,

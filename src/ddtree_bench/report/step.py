@@ -437,6 +437,9 @@ def figure_step_share(breakdowns: dict[str, pd.DataFrame], path) -> str:
     palette = ("#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#d62728", "#e377c2", "#8c564b", "#17becf")
     palette += ("#bcbd22", "#7f7f7f", "#aec7e8")
     colors = dict(zip(labels, palette, strict=True))
+    markers = dict(zip(labels, ("o", "s", "^", "D", "v", "P", "X", "<", ">", "h", "*"), strict=False))
+    lines = dict(zip(labels, ("-", "--", "-.", ":", "-", "--", "-.", ":", "-", "--", "-."), strict=False))
+    ticks = sorted(int(b) for b in data["budget"].unique())
     for i, (machine, prefix) in enumerate(panels):
         for j, batch in enumerate(batches):
             ax = axes[i][j]
@@ -447,33 +450,38 @@ def figure_step_share(breakdowns: dict[str, pd.DataFrame], path) -> str:
                     ax.plot(
                         line["budget"],
                         100 * line["share"],
-                        marker="o",
-                        markersize=3.5,
+                        marker=markers.get(label, "o"),
+                        markersize=4,
                         linewidth=1.4,
+                        linestyle=lines.get(label, "-"),
                         color=colors[label],
                         label=label,
                     )
             ax.set_xscale("log", base=2)
+            ax.set_xticks(ticks, [str(b) for b in ticks], fontsize=7)
+            ax.minorticks_off()
             ax.set_yscale("log")
             ax.grid(True, which="major", alpha=0.3)
             ax.set_title(f"{machine}: S = {prefix}, B = {batch}", fontsize=9)
             if i == len(panels) - 1:
                 ax.set_xlabel("budget N")
             if j == 0:
-                ax.set_ylabel("tree build, % of step")
+                ax.set_ylabel("tree build, % of build + verify\nattention x layers + accept", fontsize=8)
     handles, names = [], []
     for ax in np.ravel(axes):
         for handle, name in zip(*ax.get_legend_handles_labels(), strict=True):
             if name not in names:
                 handles.append(handle)
                 names.append(name)
-    fig.legend(handles, names, loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False, fontsize=8)
     title = (
         f"Tree build's share of build + verify attention (all layers) + accept ({heads} heads; "
-        "the rest of the step left out)"
+        "drafter, MoE/MLP, LM head not included)"
     )
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
+    fig.legend(
+        handles, names, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=3, frameon=False, fontsize=8
+    )
     fig.savefig(path, dpi=100, bbox_inches="tight")
     plt.close(fig)
     return title
