@@ -210,16 +210,17 @@ def render_report(
     other_figures = [n for n in figure_order if n != key_figure]
 
     # Markdown
-    md = [f"# ddtree-bench report\n\n{intro}\n\nMachines: {machines_line}.\n"]
-    if identity:
-        md.append("Inputs: " + " ".join(identity) + "\n")
+    md = [f"# ddtree-bench report\n\n{LEAD}\n"]
     md += _answer_markdown(
         answer, figure_paths.get(key_figure) if key_figure else None, titles.get(key_figure)
     )
     md.append("## Figures\n")
     for name in other_figures:
         md.append(f"### {titles[name]}\n\n![{name}](figures/{figure_paths[name].name})\n")
-    md.append(f"## Detail tables\n\n{DETAIL_NOTE}\n\nBaselines of the speedups: {baseline_line}.\n")
+    md.append(f"## Detail tables\n\n{intro}\n\n{DETAIL_NOTE}\n\nMachines: {machines_line}.\n")
+    if identity:
+        md.append("Inputs: " + " ".join(identity) + "\n")
+    md.append(f"Baselines of the speedups: {baseline_line}.\n")
     md.append(f"### What the decode round pays (in-situ)\n\n{IN_SITU_INTRO}\n")
     for label, table in in_situ.items():
         if isinstance(table, pd.DataFrame):
@@ -257,9 +258,7 @@ def render_report(
         "<title>ddtree-bench report</title>",
         f"<style>{CSS}</style></head><body>",
         "<h1>ddtree-bench report</h1>",
-        f"<p>{escape(intro)}</p>",
-        f"<p><b>Machines:</b> {escape(machines_line)}</p>",
-        *([f"<p><b>Inputs:</b> {escape(' '.join(identity))}</p>"] if identity else []),
+        f"<p class='note'>{escape(LEAD)}</p>",
     ]
     parts += _answer_html(answer, img(key_figure) if key_figure else "", titles.get(key_figure))
     parts.append("<h2>Figures</h2>")
@@ -267,7 +266,10 @@ def render_report(
         parts += [f"<h3>{escape(titles[name])}</h3>", img(name)]
     parts += [
         "<h2>Detail tables</h2>",
+        f"<p>{escape(intro)}</p>",
         f"<p class='note'>{escape(DETAIL_NOTE)}</p>",
+        f"<p><b>Machines:</b> {escape(machines_line)}</p>",
+        *([f"<p><b>Inputs:</b> {escape(' '.join(identity))}</p>"] if identity else []),
         f"<p><b>Baselines of the speedups:</b> {escape(baseline_line)}</p>",
         "<h3>What the decode round pays (in-situ)</h3>",
         f"<p>{escape(IN_SITU_INTRO)}</p>",
@@ -313,6 +315,11 @@ def render_report(
         Path(tmp).write_text("\n".join(parts))
 
 
+LEAD = (
+    "What building DDTree draft trees costs a speculative-decoding round, per tree builder and budget, on "
+    "the same inputs; every builder's trees equal the reference's. The answer first, then the figures, the "
+    "detail tables (collapsed), the environment and the project's goals."
+)
 DETAIL_NOTE = (
     "Every table below is collapsed; click a summary line to open it. Times: median per call (warm-up "
     "excluded) with p10-p90 where shown; one unit per column."
@@ -355,10 +362,10 @@ def _answer_markdown(answer, figure_path, title) -> list[str]:
     if answer.machine is None:
         md.append(f"_No answer: {answer.missing}._\n")
     else:
+        md.append("**Verdict:**\n\n" + "\n".join(f"- {line}" for line in answer.verdict) + "\n")
         md.append(answer.intro() + "\n")
         for batch, table in answer.tables.items():
             md.append(f"### {answer.heading(batch)}\n\n" + markdown_table(table))
-        md.append("**Verdict:**\n\n" + "\n".join(f"- {line}" for line in answer.verdict) + "\n")
     if figure_path is not None:
         md.append(f"### {title}\n\n![step_share](figures/{Path(figure_path).name})\n")
     return md
@@ -369,14 +376,13 @@ def _answer_html(answer, image: str, title) -> list[str]:
     if answer.machine is None:
         parts.append(f"<p><em>No answer: {escape(answer.missing)}.</em></p>")
     else:
-        parts.append(f"<p>{escape(answer.intro())}</p><div class='answer'>")
-        for batch, table in answer.tables.items():
-            parts += [f"<div><h3>{escape(answer.heading(batch))}</h3>", html_table(table), "</div>"]
-        parts.append("</div><p><b>Verdict:</b></p><ul>")
+        parts.append("<p><b>Verdict:</b></p><ul>")
         for line in answer.verdict:
             head, _, rest = line.partition(":** ")
             parts.append(f"<li><b>{escape(head.strip('*'))}:</b> {escape(rest)}</li>")
-        parts.append("</ul>")
+        parts.append(f"</ul><p class='note'>{escape(answer.intro())}</p>")
+        for batch, table in answer.tables.items():
+            parts += [f"<h3>{escape(answer.heading(batch))}</h3>", html_table(table)]
     if image:
         parts += [f"<h3>{escape(str(title))}</h3>", image]
     return parts
