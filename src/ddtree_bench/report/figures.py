@@ -141,9 +141,12 @@ def _select_each(data: pd.DataFrame, depth, distribution) -> tuple[pd.DataFrame,
 
 
 def _others(sel: pd.DataFrame, distribution) -> str:
-    """The title's note on the machines shown at another distribution (their panels are named so)."""
-    other = sorted({m.split(":")[0] for m in sel["machine"] if ": " in m})
-    return f"; {', '.join(other)}: no {distribution} rows, its own shown" if other else ""
+    """The title's note on the machines shown at their own depth or distribution (their panels say which)."""
+    other = sorted({m for m in sel["machine"] if ": " in m})
+    if not other:
+        return ""
+    each = ", ".join(f"{name} ({what})" for name, what in (m.split(": ", 1) for m in other))
+    return f"; machines without these rows at their own: {each}"
 
 
 def figure_time_vs_budget(data, path, depth, distribution) -> str:
