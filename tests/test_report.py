@@ -567,3 +567,19 @@ def test_selection_heading_says_what_is_absent(tmp_path):
     heading = selection_heading(data, "m", 16, "drafter")
     assert heading.startswith("m (L = 16, ") and heading.endswith("; drafter trees not measured on m")
     assert "drafter;" not in heading
+
+
+def test_figures_show_every_machine_naming_what_a_machine_lacks(tmp_path):
+    from ddtree_bench.report.figures import _others, _select_each  # noqa: PLC0415
+
+    data = timings(
+        load_machines(PUBLISHED_H200 / "summary.parquet", published=[PUBLISHED_SGLANG / "summary.parquet"])
+    )
+    sel, depth, distribution = _select_each(data, 16, "drafter")
+    assert (depth, distribution) == (16, "drafter")
+    assert set(sel["machine"]) == {"h200", "h200-sglang: peaked, L = 16"}  # its own rows, named
+    assert (
+        _others(sel, distribution)
+        == "; machines without these rows at their own: h200-sglang (peaked, L = 16)"
+    )
+    assert "gpu kernel, packed bits only (CUDA events)" in set(sel["series"])

@@ -25,6 +25,7 @@ SERIES_NAMES = {
     ("gpu", "graph-replay"): "gpu CUDA-graph replay",
     ("gpu", "host-inclusive"): "gpu host-inclusive (secondary: copies in + out)",
     ("gpu", "wall"): "gpu (wall)",
+    ("gpu", "kernel-events-packed"): "gpu kernel, packed bits only (CUDA events)",
     # in-situ (insitu_bench): from the drafter's top-K on the GPU to the padded tree on the GPU
     ("sglang", "in-situ"): "sglang in-situ (pageable copies)",
     ("reference", "in-situ"): "reference in-situ (pageable copies)",
@@ -39,6 +40,7 @@ BASELINE_NAMES = {"sglang": "SGLang's CPU builder", "reference": "reference (our
 SERIES_ORDER = list(SERIES_NAMES.values())
 _PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#d62728", "#8c564b", "#e377c2", "#17becf")
 _PALETTE += ("#aec7e8", "#ffbb78", "#98df8a", "#c5b0d5", "#ff9896", "#c49c94", "#f7b6d2", "#9edae5")
+_PALETTE += ("#7f7f7f",)
 #: One colour per series in every figure and on every machine.
 SERIES_COLORS = dict(zip(SERIES_ORDER, _PALETTE, strict=True))
 #: The timing values of the in-situ rows (what the decode round pays; ``insitu_bench``).
