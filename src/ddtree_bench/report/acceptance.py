@@ -122,14 +122,17 @@ def figure_tau(machines, path) -> str:
                 capsize=2,
             )
     ax.set_xscale("log", base=2)
+    ticks = sorted({int(x) for line in ax.get_lines() for x in line.get_xdata() if x >= 2})  # not axhline
+    ax.set_xticks(ticks, [str(b) for b in ticks], fontsize=7)
+    ax.minorticks_off()
     ax.set_xlabel("budget N (nodes per tree)")
     ax.set_ylabel("tau: tokens per verify round (bonus included)")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, loc="lower right")
     title = "Acceptance per budget: expected (lines), simulated (x, 2 s.e.), beside the DDTree paper"
     ax.set_title(title, fontsize=9)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=2, frameon=False)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
     return title
 
