@@ -532,12 +532,12 @@ def _stale_copy(tmp_path, **config_changes) -> Path:
 @pytest.mark.parametrize(
     ("changes", "needle"),
     [
-        ({"distributions": ["peaked"]}, "holds rows of distribution 'uniform', which is not among"),
+        ({"distributions": ["peaked"]}, "holds rows of distribution 'drafter', which is not among"),
         (
-            {"budgets": [8, 16, 32, 64, 128, 256, 512, 1024]},
-            "lacks builder reference's rows for peaked L=16 N=128",
+            {"budgets": [8, 12, 16, 32, 64, 128, 256, 512, 1024]},
+            "lacks builder sglang's rows for drafter L=16 N=12",
         ),
-        ({"batch_sizes": [1, 8, 64]}, "lacks builder reference's rows for peaked L=16 N=8 B=8"),
+        ({"batch_sizes": [1, 8, 64]}, "lacks builder sglang's rows for drafter L=16 N=8 B=8"),
         ({"depths": [8]}, "holds rows of depth 16, which is not among the configured depths [8]"),
         ({"builders": ["reference", "native", "native-mt", "gpu"]}, "holds rows of builder 'sglang'"),
     ],

@@ -258,8 +258,8 @@ def test_gpu_accept_kernel_agrees_on_the_simulated_draws():
 def test_acceptance_report_table_and_figures(tmp_path):
     from types import SimpleNamespace
 
-    from ddtree_bench import acceptance_report
     from ddtree_bench.aggregate import combine_shapes, write_json
+    from ddtree_bench.report import acceptance as acceptance_report
 
     trace = drafter(requests=32, depth=16, topk=32, vocab=4096)
     path = tmp_path / "t.npz"
@@ -318,8 +318,8 @@ def test_trace_cli_takes_a_drafter_config(tmp_path, capsys):
 
 
 def test_acceptance_targets(tmp_path):
-    from ddtree_bench.acceptance_report import acceptance_targets
     from ddtree_bench.aggregate import combine_shapes, write_json
+    from ddtree_bench.report.acceptance import acceptance_targets
 
     trace = drafter(requests=16, depth=16, topk=16, vocab=4096)
     path = tmp_path / "t.npz"

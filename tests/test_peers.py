@@ -34,9 +34,7 @@ from ddtree_bench.attention_peers import (
     make_peer,
 )
 from ddtree_bench.config import ATTENTION_IMPLS, check_config, load_schema, step_options
-from ddtree_bench.stage_records import STAGE_COLUMNS, stage_frame
-from ddtree_bench.step import STEP_SUMMARY_COLUMNS, summarize_steps
-from ddtree_bench.step_report import (
+from ddtree_bench.report.step import (
     PEER_TARGETS,
     STEP_TARGETS,
     TARGET_COMPUTE_700,
@@ -46,6 +44,8 @@ from ddtree_bench.step_report import (
     attention_table,
     step_targets,
 )
+from ddtree_bench.stage_records import STAGE_COLUMNS, stage_frame
+from ddtree_bench.step import STEP_SUMMARY_COLUMNS, summarize_steps
 
 TORCH_REASON = attention_peers.torch_unavailable_reason()
 needs_torch_gpu = pytest.mark.skipif(

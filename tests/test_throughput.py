@@ -16,6 +16,7 @@ from workflow_copy import ROOT
 
 from ddtree_bench.config import check_config, throughput_options
 from ddtree_bench.report import FIGURE_NAMES, load_machines, render_report
+from ddtree_bench.report.throughput import TARGET, budget_targets, sections
 from ddtree_bench.throughput import (
     PAPER_SPEEDUP,
     RoundModel,
@@ -27,7 +28,6 @@ from ddtree_bench.throughput import (
     throughput,
     tokens_per_second,
 )
-from ddtree_bench.throughput_report import TARGET, budget_targets, sections
 
 PUBLISHED = ROOT / "results" / "published" / "h200"
 
@@ -275,42 +275,39 @@ def test_section_names_best_budgets_on_the_published_h200_data(tmp_path):
         html=out / "index.html",
         markdown=out / "summary.md",
         depth=16,
-        distribution="peaked",
+        distribution="drafter",
         step_depth=16,
-        step_distribution="peaked",
-        distributions=["peaked", "uniform"],
+        step_distribution="drafter",
+        distributions=["drafter"],
     )
     markdown = (out / "summary.md").read_text()
-    section = markdown[markdown.index("## Which budget?") : markdown.index("## Environment")]
-    assert "### h200: peaked trees (L = 16; verify attention at S = 32768, 8 heads)" in section
+    section = markdown[markdown.index("### Which budget?\n") : markdown.index("## Environment")]
+    assert "#### h200: drafter trees (L = 16; verify attention at S = 32768, 8 heads)" in section
     assert section.count("The model's assumptions") == 1 and section.count("\n1. ") == 3
     assert "| B | builder | build cost from | best N | tokens/s | tau | round | budgets compared |" in section
-    for label in ("reference (ours, Python)", "native (C++, 1 thread)", "native-mt (C++, all cores)"):
-        assert f"| 64 | {label} | wall clock |" in section
-    assert "| 1 | gpu (our CUDA kernel) | kernel (CUDA events) |" in section
-    assert "a stand-in for SGLang's builder" in section  # no sglang rows in this publication
-    assert "![which_budget](figures/which_budget.png)" in section
+    for label in ("sglang (SGLang's CPU builder)", "reference (ours, Python)", "native-mt (C++, all cores)"):
+        assert f"| 64 | {label} | in-situ |" in section  # what the decode round pays
+    assert "| 1 | gpu (our CUDA kernel) | in-situ |" in section
+    assert "![which_budget](figures/which_budget.png)" in markdown  # in the figures, above the detail
     assert (out / "figures" / "which_budget.png").stat().st_size > 10_000
     target = next(line for line in markdown.splitlines() if TARGET in line)
     assert "| met |" in target and "gpu 8" in target
     page = (out / "index.html").read_text()
     assert page.count('src="data:image/png;base64,') == len(FIGURE_NAMES)
-    assert "<h2>Which budget?</h2>" in page
+    assert "<h3>Which budget?</h3>" in page
 
 
 def test_a_configured_distribution_the_machine_lacks_is_named_not_substituted_silently():
     machines = load_machines(PUBLISHED / "summary.parquet")
-    found = sections(
-        machines, {"h200": {"layers": 61}}, None, distributions=["drafter", "recorded"], depth=16
-    )
-    assert [s.distribution for s in found] == ["peaked", "uniform"]
+    found = sections(machines, {"h200": {"layers": 61}}, None, distributions=["peaked", "recorded"], depth=16)
+    assert [s.distribution for s in found] == ["drafter", "recorded"]
     assert (
-        found[0].note == "The configured drafter trees are absent on h200; shown instead: its peaked trees."
+        found[0].note == "The configured peaked trees are absent on h200; shown instead: its drafter trees."
     )
-    assert found[1].note.startswith("The configured recorded trees are absent on h200")
-    assert found[0].heading().startswith("h200: peaked trees")
-    # the uniform trees' verify attention was not measured: the peaked trees' is used, and said
-    assert "measured on the peaked trees" in found[1].heading()
+    assert found[0].heading().startswith("h200: drafter trees")
+    # nothing else to show for the recorded trees: said, not substituted by the drafter trees again
+    assert found[1].result is None
+    assert found[1].missing == "no tree-build rows of the recorded trees on this machine"
 
 
 def test_section_on_a_cpu_only_run_says_it_needs_the_step_stages(tmp_path):
@@ -320,8 +317,8 @@ def test_section_on_a_cpu_only_run_says_it_needs_the_step_stages(tmp_path):
     out = tmp_path / "r"
     render_report(summary=ours, html=out / "index.html", markdown=out / "summary.md", step_enabled=False)
     markdown = (out / "summary.md").read_text()
-    section = markdown[markdown.index("## Which budget?") : markdown.index("## Environment")]
-    assert "### laptop: uniform trees (L = 16)" in section
+    section = markdown[markdown.index("### Which budget?\n") : markdown.index("## Environment")]
+    assert "#### laptop: uniform trees (L = 16)" in section
     assert "_no data: needs the step stages (measured verify attention): step stages off" in section
     assert "| B | builder |" not in section
     target = next(line for line in markdown.splitlines() if TARGET in line)

@@ -281,9 +281,9 @@ def _budget_config(args) -> dict:
 
 def cmd_budget(args) -> int:
     """Which budget? The throughput model on one results folder, printed as Markdown tables."""
-    from ddtree_bench import throughput_report
     from ddtree_bench.config import throughput_options
     from ddtree_bench.report import load_machine, markdown_table
+    from ddtree_bench.report import throughput as throughput_report
 
     config = _budget_config(args)
     options = throughput_options(config)
@@ -372,6 +372,7 @@ def cmd_report(args) -> int:
         grid=grid,
     )
     print(f"{PROG}: report: {out / 'index.html'} (and {out / 'summary.md'}, {out / 'figures'}/)")
+    return 0
 
 
 def cmd_calibrate(args) -> int:

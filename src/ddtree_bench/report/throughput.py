@@ -28,7 +28,7 @@ from ddtree_bench.throughput import (
 
 TITLE = "Which budget?"
 TARGET = "the report names the best budget per builder"
-TARGET_SOURCE = "Which budget?"
+TARGET_SOURCE = "throughput"
 FIGURE = "which_budget"
 INTRO = (
     "What a budget buys against what it costs, per tree builder: the modelled tokens per second of a batch, "
@@ -190,7 +190,7 @@ def _first_depth(machine) -> int | None:
 
 
 def _us(value) -> str:
-    from ddtree_bench.step_report import fmt_us  # noqa: PLC0415
+    from ddtree_bench.report.step import fmt_us  # noqa: PLC0415
 
     return fmt_us(value)
 
@@ -457,9 +457,8 @@ def html(found: list[BudgetSection], options, image: str, title, table) -> list[
             table(best_table(section)),
             "<p>GPU builder's gain at each one's own best budget:</p>",
             table(gains) if not gains.empty else "<p><em>no GPU builder or baseline rows</em></p>",
-            "<details><summary>Every modelled budget</summary>",
+            "<p>Every modelled budget:</p>",
             table(detail_table(section)),
-            "</details>",
         ]
     if image:
         parts += [f"<h3>{escape(str(title))}</h3>", image]

@@ -122,14 +122,17 @@ def figure_tau(machines, path) -> str:
                 capsize=2,
             )
     ax.set_xscale("log", base=2)
+    ticks = sorted({int(x) for line in ax.get_lines() for x in line.get_xdata() if x >= 2})  # not axhline
+    ax.set_xticks(ticks, [str(b) for b in ticks], fontsize=7)
+    ax.minorticks_off()
     ax.set_xlabel("budget N (nodes per tree)")
     ax.set_ylabel("tau: tokens per verify round (bonus included)")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, loc="lower right")
     title = "Acceptance per budget: expected (lines), simulated (x, 2 s.e.), beside the DDTree paper"
     ax.set_title(title, fontsize=9)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=2, frameon=False)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
     return title
 
@@ -230,13 +233,13 @@ def acceptance_targets(
     fig3 = f"{distribution} trees' tau within 3 % of the DDTree paper's at every budget (first 15 positions)"
     chain = f"{distribution} top-1 chain's tau within 3 % of DFlash's {PAPER_CHAIN} (first 15 positions)"
     simulated = f"{distribution} simulated tau within 2 standard errors of the expected, per budget"
-    source = "DDTree paper, Fig. 3"
+    source = "acceptance"
     if rows.empty:
         why = f"no {distribution} tree shapes"
         return [
             (fig3, source, "no data", why),
             (chain, source, "no data", why),
-            (simulated, "-", "no data", why),
+            (simulated, source, "no data", why),
         ]
     out = []
     at15 = rows[rows["paper_depth_tau_mean"].notna() & rows["budget"].isin(list(PAPER_TAU))]
@@ -257,12 +260,12 @@ def acceptance_targets(
         out.append((chain, source, status, f"{value:.2f} ({value / PAPER_CHAIN - 1.0:+.1%})"))
     sim = rows[rows["simulated_tau_se"].notna() & (rows["simulated_tau_se"] > 0)]
     if sim.empty:
-        out.append((simulated, "-", "no data", "no simulated rounds"))
+        out.append((simulated, source, "no data", "no simulated rounds"))
     else:
         z = (sim["simulated_tau_mean"] - 1.0 - sim["expected_accept_mean"]) / sim["simulated_tau_se"]
         status = "met" if z.abs().max() <= 2.0 else "not met"
         out.append(
-            (simulated, "-", status, f"largest |sim - exp| = {z.abs().max():.1f} s.e. ({len(sim)} rows)")
+            (simulated, source, status, f"largest |sim - exp| = {z.abs().max():.1f} s.e. ({len(sim)} rows)")
         )
     return out
 

@@ -1,0 +1,68 @@
+"""The report: ``report/index.html`` (self-contained, figures embedded as base64 PNG) and
+``report/summary.md``.
+
+It reads this machine's summary (``results/<machine>/summary.parquet``, its ``tree_shape.parquet``,
+``environment.json`` and ``step_summary.parquet``) and every published summary
+(``results/published/<machine>/``),
+and opens with the answer: what the tree build costs the decode round per builder and budget, and its share of
+the round. Then the figures, the detail tables (collapsed), the environment, and the project's goals.
+
+Modules, by role: ``load`` (machines, parquet/json), ``figures``, ``tables`` (frames and the one Markdown and
+HTML table writer), ``goals`` (targets), ``answer`` (the first screen), ``render`` (the pages); and the
+sections of the decode step (``step``), the "Which budget?" model (``throughput``) and the acceptance
+(``acceptance``).
+"""
+
+from ddtree_bench.report.goals import (
+    SGLANG_FUNCTION_TARGET,
+    TargetResult,
+    evaluate_targets,
+    sglang_function_targets,
+)
+from ddtree_bench.report.load import (
+    BUILD_FIGURES,
+    FIGURE_NAMES,
+    SERIES_NAMES,
+    Machine,
+    baseline_of,
+    load_machine,
+    load_machines,
+    series_name,
+    speedups,
+    timings,
+)
+from ddtree_bench.report.render import render_report
+from ddtree_bench.report.tables import (
+    compact_table,
+    html_table,
+    in_situ_tables,
+    markdown_table,
+    medians_table,
+    reference_vs_sglang_table,
+    sglang_source_table,
+)
+
+__all__ = [
+    "BUILD_FIGURES",
+    "FIGURE_NAMES",
+    "SERIES_NAMES",
+    "SGLANG_FUNCTION_TARGET",
+    "Machine",
+    "TargetResult",
+    "baseline_of",
+    "compact_table",
+    "evaluate_targets",
+    "html_table",
+    "in_situ_tables",
+    "load_machine",
+    "load_machines",
+    "markdown_table",
+    "medians_table",
+    "reference_vs_sglang_table",
+    "render_report",
+    "series_name",
+    "sglang_function_targets",
+    "sglang_source_table",
+    "speedups",
+    "timings",
+]

@@ -1,0 +1,241 @@
+"""The machines side by side: each machine's summaries (parquet, json) loaded, the timing rows named by
+series, the baseline of each machine and the speedups over it."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+
+FIGURE_NAMES = ("time_vs_budget", "time_vs_batch", "speedup", "tree_shape", "step_share", "which_budget")
+#: The figures of the tree build (drawn from summary.parquet); step_share is the step-time breakdown's.
+BUILD_FIGURES = ("time_vs_budget", "time_vs_batch", "speedup", "tree_shape")
+# the acceptance section's figures (acceptance_report: tau per budget beside the paper, P(tau >= k))
+FIGURE_NAMES = (*FIGURE_NAMES, "acceptance_tau", "acceptance_histogram")
+
+#: How each (builder, timing) is named in figures and tables. ``reference`` is ours, never SGLang.
+SERIES_NAMES = {
+    ("sglang", "wall"): "sglang (SGLang's CPU builder)",
+    ("reference", "wall"): "reference (ours, Python)",
+    ("native", "wall"): "native (C++, 1 thread)",
+    ("native-mt", "wall"): "native-mt (C++, all cores)",
+    ("gpu", "kernel-events"): "gpu kernel (CUDA events)",
+    ("gpu", "graph-replay"): "gpu CUDA-graph replay",
+    ("gpu", "host-inclusive"): "gpu host-inclusive (secondary: copies in + out)",
+    ("gpu", "wall"): "gpu (wall)",
+    ("gpu", "kernel-events-packed"): "gpu kernel, packed bits only (CUDA events)",
+    # in-situ (insitu_bench): from the drafter's top-K on the GPU to the padded tree on the GPU
+    ("sglang", "in-situ"): "sglang in-situ (pageable copies)",
+    ("reference", "in-situ"): "reference in-situ (pageable copies)",
+    ("native", "in-situ"): "native in-situ (pinned copies)",
+    ("native-mt", "in-situ"): "native-mt in-situ (pinned copies)",
+    ("gpu", "in-situ"): "gpu in-situ (graph replay, bool mask)",
+    ("gpu", "in-situ-packed"): "gpu in-situ (graph replay, packed bits)",
+    ("gpu", "in-situ-launch-sync"): "gpu launch + sync wall (secondary, bool mask)",
+    ("gpu", "in-situ-launch-sync-packed"): "gpu launch + sync wall (secondary, packed bits)",
+}
+BASELINE_NAMES = {"sglang": "SGLang's CPU builder", "reference": "reference (ours)"}
+SERIES_ORDER = list(SERIES_NAMES.values())
+_PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#d62728", "#8c564b", "#e377c2", "#17becf")
+_PALETTE += ("#aec7e8", "#ffbb78", "#98df8a", "#c5b0d5", "#ff9896", "#c49c94", "#f7b6d2", "#9edae5")
+_PALETTE += ("#7f7f7f",)
+#: One colour per series in every figure and on every machine.
+SERIES_COLORS = dict(zip(SERIES_ORDER, _PALETTE, strict=True))
+#: The timing values of the in-situ rows (what the decode round pays; ``insitu_bench``).
+IN_SITU_TIMINGS = ("in-situ", "in-situ-packed", "in-situ-launch-sync", "in-situ-launch-sync-packed")
+
+# The public Triton builder as measured on our H200 (batch 64, L = 16, K = N), in µs; 1024 does not build.
+TRITON_US = {32: 28.0, 64: 52.0, 256: 214.0, 512: 547.0}
+
+
+# ----------------------------------------------------------------------------------------- loading
+
+
+@dataclass
+class Machine:
+    label: str
+    source: str  # "this run" or "published"
+    summary: pd.DataFrame
+    shapes: pd.DataFrame
+    environment: dict
+    #: the step summary (step.summarize_steps); empty where the machine has none
+    step: pd.DataFrame = field(default_factory=pd.DataFrame)
+    #: why ``step`` is empty (for the "no data" cells)
+    step_missing: str = "no step data"
+
+
+def _read_json(path) -> dict:
+    path = Path(path)
+    if not path.is_file():
+        return {}
+    return json.loads(path.read_text())
+
+
+def _read_parquet(path) -> pd.DataFrame:
+    path = Path(path)
+    return pd.read_parquet(path) if path.is_file() else pd.DataFrame()
+
+
+def load_machine(
+    summary_path, shapes_path=None, environment_path=None, step_path=None, *, source="this run"
+) -> Machine:
+    """A machine's results: ``summary.parquet`` and, beside it unless given, ``tree_shape.parquet``,
+    ``environment.json`` and ``step_summary.parquet`` (each optional)."""
+    summary_path = Path(summary_path)
+    folder = summary_path.parent
+    summary = pd.read_parquet(summary_path)
+    shapes = _read_parquet(shapes_path or folder / "tree_shape.parquet")
+    environment = _read_json(environment_path or folder / "environment.json")
+    step_path = Path(step_path or folder / "step_summary.parquet")
+    step = _read_parquet(step_path)
+    label = environment.get("machine")
+    if not label and len(summary) and "machine" in summary:
+        label = str(summary["machine"].dropna().iloc[0]) if summary["machine"].notna().any() else None
+    label = label or folder.name
+    if step_path.is_file():
+        missing = "no step rows"
+    elif (
+        source == "published"
+        and ((environment.get("config") or {}).get("step") or {}).get("enabled") is False
+    ):
+        missing = "no step_summary.parquet; the step stages were off in that run"
+    elif source == "published":
+        missing = "no step_summary.parquet; published before the step stages"
+    else:
+        missing = "no step_summary.parquet"
+    return Machine(label, source, summary, shapes, environment, step, missing)
+
+
+def load_machines(summary, shapes=None, environment=None, published=(), step=None) -> list[Machine]:
+    """This run's machine first, then each published one (labelled "(published)" when a label repeats).
+    ``step``: this run's step summary (default: ``step_summary.parquet`` beside ``summary``)."""
+    machines = [load_machine(summary, shapes, environment, step)]
+    for path in published:
+        other = load_machine(path, source="published")
+        if other.label in {m.label for m in machines}:
+            other.label = f"{other.label} (published)"
+        machines.append(other)
+    return machines
+
+
+def series_name(builder: str, timing: str, cache: str | None = None) -> str:
+    name = SERIES_NAMES.get((builder, timing), f"{builder} ({timing})")
+    if cache == "cold":
+        name += ", cold L2"
+    return name
+
+
+def timings(machines: list[Machine]) -> pd.DataFrame:
+    """Every measured configuration of every machine, one row each, with ``series`` and ``machine`` set.
+    Cold-L2 GPU samples are kept as their own series; the empty-kernel floor is left out."""
+    frames = []
+    for machine in machines:
+        df = machine.summary
+        if df.empty:
+            continue
+        df = df[(df["status"] == "ok") & (df["n"] > 0) & (df["timing"] != "floor")].copy()
+        if df.empty:
+            continue
+        df["machine"] = machine.label
+        df["series"] = [
+            series_name(b, t, c) for b, t, c in zip(df["builder"], df["timing"], df["cache"], strict=True)
+        ]
+        frames.append(df)
+    if not frames:
+        return pd.DataFrame()
+    out = pd.concat(frames, ignore_index=True)
+    for column in ("budget", "batch", "depth"):
+        out[column] = out[column].astype("int64")
+    return out
+
+
+def baseline_of(df: pd.DataFrame) -> str | None:
+    """``sglang`` where SGLang's builder was measured, else ``reference``, else ``None``."""
+    builders = set(df.loc[df["timing"] == "wall", "builder"]) if not df.empty else set()
+    for name in ("sglang", "reference"):
+        if name in builders:
+            return name
+    return None
+
+
+def speedups(data: pd.DataFrame, headline: bool = False) -> pd.DataFrame:
+    """Per machine, every series' median time divided into the baseline's (same budget, batch, depth,
+    distribution): ``speedup`` > 1 means faster than the baseline. ``baseline`` names it. In-situ series
+    are set against the baseline's in-situ time, the others against its wall time (``mode`` says which).
+    ``headline``: only the in-situ comparison where the baseline has in-situ rows on the machine (what the
+    decode round pays), else the wall-clock one."""
+    frames = []
+    keys = ["budget", "batch", "depth", "distribution"]
+    for machine, df in data.groupby("machine", sort=False):
+        base = baseline_of(df)
+        if base is None:
+            continue
+        in_situ = df["timing"].isin(IN_SITU_TIMINGS)
+        has_in_situ = ((df["builder"] == base) & (df["timing"] == "in-situ")).any()
+        for mode, ref_timing, series in (("wall", "wall", df[~in_situ]), ("in-situ", "in-situ", df[in_situ])):
+            if headline and has_in_situ and mode == "wall":
+                continue
+            ref = df[(df["builder"] == base) & (df["timing"] == ref_timing)][keys + ["median_s"]]
+            if ref.empty or series.empty:
+                continue
+            ref = ref.rename(columns={"median_s": "baseline_s"})
+            merged = series.merge(ref, on=keys, how="inner")
+            merged = merged[merged["builder"] != base]
+            merged["speedup"] = merged["baseline_s"] / merged["median_s"]
+            merged["baseline"] = base
+            merged["mode"] = mode
+            suffix = ", in-situ (what the decode round pays)" if mode == "in-situ" else ""
+            merged["panel"] = f"{machine}: vs {BASELINE_NAMES[base]}{suffix}"
+            frames.append(merged)
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
+
+def _select(data: pd.DataFrame, depth, distribution) -> tuple[pd.DataFrame, int | None, str | None]:
+    """The rows at the report's depth and distribution (or the first present, where those are absent); warm
+    caches only (cold-L2 GPU samples are in the tables)."""
+    if data.empty:
+        return data, depth, distribution
+    data = data[data["cache"] != "cold"]
+    if depth is None or depth not in set(data["depth"]):
+        depth = int(data["depth"].iloc[0])
+    data = data[data["depth"] == depth]
+    if distribution is None or distribution not in set(data["distribution"]):
+        distribution = str(data["distribution"].iloc[0])
+    return data[data["distribution"] == distribution], depth, distribution
+
+
+def _medians(df: pd.DataFrame, builder: str, timing: str = "wall", cache=("warm", "n/a")) -> pd.DataFrame:
+    sel = df[(df["builder"] == builder) & (df["timing"] == timing) & (df["cache"].isin(cache))]
+    return sel
+
+
+def _ratio_pairs(num: pd.DataFrame, den: pd.DataFrame, column: str) -> pd.DataFrame:
+    keys = ["budget", "batch", "depth", "distribution"]
+    merged = num[keys + [column]].merge(den[keys + [column]], on=keys, suffixes=("_num", "_den"))
+    merged["ratio"] = merged[f"{column}_num"] / merged[f"{column}_den"]
+    return merged
+
+
+def _sglang_rows(df: pd.DataFrame) -> pd.DataFrame:
+    """The rows where SGLang's own function ran (builder sglang, status ok, timed calls)."""
+    if df.empty:
+        return df
+    return df[(df["builder"] == "sglang") & (df["status"] == "ok") & (df["n"] > 0) & (df["timing"] == "wall")]
+
+
+def selection_heading(rows: pd.DataFrame, machine: str, depth, distribution) -> str:
+    """The heading of one machine's rows at the report's depth and distribution, built from the rows
+    ``_select`` keeps: where the requested depth or distribution is absent, it says so and names what is
+    shown instead."""
+    _, used_depth, used_distribution = _select(rows, depth, distribution)
+    heading = f"{machine} (L = {used_depth}, {used_distribution}; per call, p10-p90)"
+    absent = []
+    if depth is not None and used_depth != depth:
+        absent.append(f"L = {depth}")
+    if distribution is not None and used_distribution != distribution:
+        absent.append(f"{distribution} trees")
+    if absent:
+        heading += f"; {' and '.join(absent)} not measured on {machine}"
+    return heading

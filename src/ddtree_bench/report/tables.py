@@ -1,0 +1,331 @@
+"""The report's tables (pandas frames) and the one Markdown and one HTML table writer."""
+
+from __future__ import annotations
+
+import re
+from html import escape
+
+import numpy as np
+import pandas as pd
+
+from ddtree_bench.environment import ENVIRONMENT_COLUMNS
+from ddtree_bench.report import step as step_report
+from ddtree_bench.report.load import (
+    IN_SITU_TIMINGS,
+    SERIES_ORDER,
+    Machine,
+    _medians,
+    _ratio_pairs,
+    _select,
+    _sglang_rows,
+    speedups,
+)
+
+# ----------------------------------------------------------------------------------------- tables
+
+
+def _fmt_x(value: float) -> str:
+    return f"{value:,.1f}x" if value < 100 else f"{value:,.0f}x"
+
+
+def _where(row) -> str:
+    return f"N={row['budget']}, B={row['batch']}, L={row['depth']}, {row['distribution']}"
+
+
+def _us(value) -> str:
+    return step_report.fmt_us(value)
+
+
+def medians_table(data: pd.DataFrame) -> pd.DataFrame:
+    """Every configuration: median, p10, p90 per call and per tree, n, and the speedup over the baseline."""
+    if data.empty:
+        return pd.DataFrame()
+    sp = speedups(data)
+    keys = ["machine", "series", "budget", "batch", "depth", "distribution", "cache"]
+    if sp.empty:
+        data = data.assign(speedup=np.nan)
+    else:
+        data = data.merge(sp[keys + ["speedup"]], on=keys, how="left")
+    data = data.sort_values(
+        ["machine", "depth", "distribution", "budget", "batch", "series"],
+        ascending=[True, False, True, True, True, True],
+    )
+    return pd.DataFrame(
+        {
+            "machine": data["machine"],
+            "builder": data["series"],
+            "distribution": data["distribution"],
+            "L": data["depth"],
+            "N": data["budget"],
+            "B": data["batch"],
+            "n": data["n"],
+            "median / call": data["median_s"].map(_us),
+            "p10": data["p10_s"].map(_us),
+            "p90": data["p90_s"].map(_us),
+            "median / tree": data["median_per_tree_s"].map(_us),
+            "speedup": data["speedup"].map(lambda v: "-" if pd.isna(v) else _fmt_x(v)),
+        }
+    )
+
+
+def compact_table(data: pd.DataFrame, machine: str, depth, distribution) -> pd.DataFrame:
+    """One machine, one depth and distribution: rows (N, B), a column per builder, "median (p10-p90)"."""
+    sel, _, _ = _select(data[data["machine"] == machine], depth, distribution)
+    if sel.empty:
+        return pd.DataFrame()
+    sel = sel.assign(
+        cell=[
+            f"{_us(m)} ({_us(a)}-{_us(b)})"
+            for m, a, b in zip(sel["median_s"], sel["p10_s"], sel["p90_s"], strict=True)
+        ]
+    )
+    table = sel.pivot_table(index=["budget", "batch"], columns="series", values="cell", aggfunc="first")
+    order = [c for c in SERIES_ORDER if c in table.columns]
+    table = table[order + [c for c in table.columns if c not in SERIES_ORDER]]
+    table = table.reset_index().rename(columns={"budget": "N", "batch": "B"})
+    table.columns.name = None
+    return table.fillna("-")
+
+
+IN_SITU_INTRO = (
+    "From the drafter's top-K on the GPU to the padded tree on the GPU, what the decode round's critical "
+    "path pays, per builder, on the same inputs (docs/in_situ.md): sglang and reference as SGLang's worker "
+    "does it (pageable copies of the top-K to the host, build and pad per request, the padded visibility, "
+    "links, token ids and depths back to the device, synchronise; wall clock); native and native-mt with "
+    "pinned buffers allocated once (one copy each way on one stream; wall clock); gpu with inputs and "
+    "outputs on the device, its time on the stream (CUDA events around a CUDA-graph replay), with the bool "
+    "mask and with packed bits only, and the launch + synchronise wall time as a secondary column."
+)
+
+
+def in_situ_tables(data: pd.DataFrame, machines: list[Machine], depth, distribution) -> dict:
+    """Per machine, the in-situ series as ``compact_table`` lays them out, or a line saying why none."""
+    out = {}
+    for machine in machines:
+        sel = data[data["timing"].isin(IN_SITU_TIMINGS)] if not data.empty else data
+        table = compact_table(sel, machine.label, depth, distribution) if not sel.empty else pd.DataFrame()
+        if table.empty:
+            failed = machine.summary
+            if not failed.empty:
+                failed = failed[(failed["timing"] == "in-situ") & (failed["status"] != "ok")]
+            reasons = sorted({str(r) for r in failed["status_reason"].dropna()}) if len(failed) else []
+            why = "; ".join(reasons) or "timing.in_situ off, or results from before the mode existed"
+            table = f"no in-situ rows ({why})"
+        out[machine.label] = table
+    return out
+
+
+def unavailable_table(machines: list[Machine]) -> pd.DataFrame:
+    rows = []
+    for machine in machines:
+        df = machine.summary
+        seen = set()
+        if not df.empty:
+            bad = df[df["status"] != "ok"]
+            for _, row in bad.iterrows():
+                key = (row["builder"], row["status"], row["status_reason"])
+                if key in seen:
+                    continue
+                seen.add(key)
+                rows.append(
+                    {
+                        "machine": machine.label,
+                        "builder": row["builder"],
+                        "status": row["status"],
+                        "reason": row["status_reason"] or "-",
+                    }
+                )
+        env = machine.environment
+        wanted = "gpu" in (env.get("config") or {}).get("builders", [])
+        if wanted and not (env.get("builds") or {}).get("fatbin"):
+            rows.append(
+                {
+                    "machine": machine.label,
+                    "builder": "gpu (kernel build)",
+                    "status": "not compiled",
+                    "reason": "no nvcc found" if not env.get("nvcc") else "gpu: off",
+                }
+            )
+    return pd.DataFrame(rows, columns=["machine", "builder", "status", "reason"])
+
+
+def correctness_table(machines: list[Machine]) -> pd.DataFrame:
+    rows = []
+    for machine in machines:
+        df = machine.summary
+        if df.empty:
+            continue
+        ok = df[(df["status"] == "ok") & (df["n"] > 0)]
+        for builder, group in ok.groupby("builder", sort=False):
+            correct = group["correct"]
+            verdict = "yes" if correct.notna().all() and correct.astype(bool).all() else "NO"
+            rows.append(
+                {
+                    "machine": machine.label,
+                    "builder": builder,
+                    "configurations": len(group),
+                    "trees equal reference's": verdict,
+                }
+            )
+    return pd.DataFrame(rows)
+
+
+ENV_KEYS = (*ENVIRONMENT_COLUMNS, "platform")  # the benchmark rows' environment, and the platform
+
+
+def environment_table(machines: list[Machine]) -> pd.DataFrame:
+    table = {}
+    for machine in machines:
+        env = machine.environment
+        table[f"{machine.label} ({machine.source})"] = [
+            "-" if env.get(key) in (None, "") else str(env.get(key)) for key in ENV_KEYS
+        ]
+    return pd.DataFrame(table, index=list(ENV_KEYS)).reset_index(names="")
+
+
+# ----------------------------------------------------------------------------------------- output
+
+
+def reference_vs_sglang_table(machines: list[Machine]) -> pd.DataFrame:
+    """Per configuration where both ran: our Python stand-in ``reference`` against SGLang's own function,
+    medians per call, and their ratio (< 1: the stand-in is faster than SGLang's function)."""
+    rows = []
+    for machine in machines:
+        sglang = _sglang_rows(machine.summary)
+        if sglang.empty:
+            continue
+        ok = machine.summary[(machine.summary["status"] == "ok") & (machine.summary["n"] > 0)]
+        ref = _medians(ok, "reference")
+        pairs = _ratio_pairs(ref, sglang, "median_s") if len(ref) else pd.DataFrame()
+        for _, row in pairs.sort_values(["depth", "distribution", "budget", "batch"]).iterrows():
+            rows.append(
+                {
+                    "machine": machine.label,
+                    "distribution": row["distribution"],
+                    "L": int(row["depth"]),
+                    "N": int(row["budget"]),
+                    "B": int(row["batch"]),
+                    "reference (ours)": _us(row["median_s_num"]),
+                    "SGLang's function": _us(row["median_s_den"]),
+                    "reference / SGLang": f"{row['ratio']:.2f}",
+                }
+            )
+    return pd.DataFrame(rows)
+
+
+def sglang_source_table(machines: list[Machine]) -> pd.DataFrame:
+    """Where each machine's SGLang function came from (the provenance columns of its sglang rows)."""
+    rows = []
+    for machine in machines:
+        sglang = _sglang_rows(machine.summary)
+        if sglang.empty:
+            continue
+
+        def last(column, sglang=sglang):
+            if column not in sglang:
+                return None
+            values = sglang[column].dropna()
+            return values.iloc[-1] if len(values) else None
+
+        where = last("builder_source")
+        if where is None:
+            rows.append(
+                {
+                    "machine": machine.label,
+                    "SGLang's function from": "not recorded in these rows (published before provenance was "
+                    "recorded; see the publication's README)",
+                    "file sha256": "-",
+                    "git checkout": "-",
+                    "workspace passed": "-",
+                }
+            )
+            continue
+        sha = last("builder_source_sha256")
+        workspace = last("builder_workspace")
+        rows.append(
+            {
+                "machine": machine.label,
+                "SGLang's function from": str(where),
+                "file sha256": str(sha) if sha else "-",
+                "git checkout": "file tracked; commit in summary.parquet"
+                if last("builder_source_git_commit")
+                else "none (the file is not tracked by git)",
+                "workspace passed": "-" if workspace is None else ("yes" if bool(workspace) else "no"),
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+#: A time in a cell: a number and its unit (not "s.e." or "/s").
+_TIME = re.compile(r"(?<![\w.])(\d[\d,]*(?:\.\d+)?) (ns|µs|ms|s)(?![\w./])")
+_SCALE = {"ns": 1e-9, "µs": 1e-6, "ms": 1e-3, "s": 1.0}
+
+
+def _in_unit(seconds: float, unit: str) -> str:
+    value = seconds / _SCALE[unit]
+    if value >= 100:
+        text = f"{value:,.0f}"
+    elif value >= 10:
+        text = f"{value:.1f}"
+    elif value >= 0.1:
+        text = f"{value:.2f}"
+    else:
+        text = f"{value:.2g}"
+    return f"{text} {unit}"
+
+
+def one_unit_per_column(df: pd.DataFrame) -> pd.DataFrame:
+    """Every column whose cells all start with a time ("193 µs (14%)", "5.5 µs (5.1 µs-5.9 µs)") written in
+    one unit: µs where its largest time is below 10 ms, else ms where below 10 s, else s. Other columns
+    (prose, counts) are left as they are."""
+    out = df.copy()
+    for column in df.columns:
+        cells = [str(v) for v in df[column]]
+        filled = [c for c in cells if c not in ("-", "", "nan", "None")]
+        if not filled or not all(_TIME.match(c.strip()) for c in filled):
+            continue
+        units = {u for c in filled for _, u in _TIME.findall(c)}
+        if len(units) <= 1:
+            continue
+        largest = max(float(n.replace(",", "")) * _SCALE[u] for c in filled for n, u in _TIME.findall(c))
+        unit = "µs" if largest < 1e-2 else "ms" if largest < 10 else "s"
+        out[column] = [
+            c
+            if c not in filled
+            else _TIME.sub(
+                lambda m, unit=unit: _in_unit(float(m[1].replace(",", "")) * _SCALE[m[2]], unit), c
+            )
+            for c in cells
+        ]
+    return out
+
+
+def markdown_table(df: pd.DataFrame) -> str:
+    if df.empty:
+        return "_(none)_\n"
+    df = one_unit_per_column(df)
+
+    def cell(value) -> str:
+        return str(value).replace("|", "\\|").replace("\n", " ")
+
+    header = "| " + " | ".join(cell(c) for c in df.columns) + " |"
+    rule = "|" + "|".join("---" for _ in df.columns) + "|"
+    body = ["| " + " | ".join(cell(v) for v in row) + " |" for row in df.itertuples(index=False)]
+    return "\n".join([header, rule, *body]) + "\n"
+
+
+def html_table(df: pd.DataFrame, *, status_column: str | None = None) -> str:
+    if df.empty:
+        return "<p><em>(none)</em></p>"
+    df = one_unit_per_column(df)
+    head = "".join(f"<th>{escape(str(c))}</th>" for c in df.columns)
+    rows = []
+    for row in df.itertuples(index=False):
+        cells = []
+        for column, value in zip(df.columns, row, strict=True):
+            cls = ""
+            if column == status_column:
+                cls = f' class="{str(value).replace(" ", "-")}"'
+            cells.append(f"<td{cls}>{escape(str(value))}</td>")
+        rows.append("<tr>" + "".join(cells) + "</tr>")
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>"
