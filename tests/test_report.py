@@ -527,7 +527,7 @@ def test_published_report_opens_with_the_answer_and_collapses_the_detail(tmp_pat
     answer = markdown[markdown.index("## Answer") : markdown.index("## Figures")]
     assert "### Batch 1: h200, S = 32768 prefix tokens" in answer and "### Batch 64: h200" in answer
     assert "S = 4096 is in the step-time breakdown below" in answer  # the other prefix length, named
-    assert "| N | E[accepted] | verify attention x 61 | accept | SGLang's function |" in answer
+    assert "| N | tau | verify attention x 61 | accept | SGLang's function |" in answer
     assert "**B = 64:**" in answer and "Which budget?" in answer and "![step_share]" in answer
     # every table between "Detail tables" and "Environment" is collapsed
     detail = page[page.index("<h2>Detail tables</h2>") : page.index("<h2>Environment</h2>")]

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 from ddtree_bench.report.step import fmt_us
+from ddtree_bench.throughput import tau_per_budget
 
 #: The in-situ build labels of the step breakdown (``step.BUILD_LABELS``), in column order, with the
 #: builder each one is and the column name of the answer's tables.
@@ -57,8 +58,13 @@ class Answer:
             f"{self.machine}) and, in brackets, its share of the round's measured part ({self.round_text}) "
             f"at the largest measured prefix length, S = {self.prefix}.{where} Left out of the round: the "
             "drafter's forward pass, the MoE/MLP and the rest of the target's layers besides the attention "
-            "core, the LM head and sampling, so the real share is smaller."
+            "core, the LM head and sampling, so the real share is smaller. tau: the expected tokens per "
+            "round (bonus included) of the budget's trees over the whole trace."
         )
+
+
+def _tau(value) -> str:
+    return "-" if value is None or pd.isna(value) else f"{value:.2f}"
 
 
 def _cell(build_s: float, share: float) -> str:
@@ -96,14 +102,21 @@ def answer(machines, breakdowns: dict, settings: dict, budget_sections=()) -> An
             setting.get("depth"),
             setting.get("distribution"),
         )
+        # tau(N) of the whole trace (every request a round), as the "Which budget?" model takes it; a
+        # batch's own trees (the step rows) would give one request's tau at batch 1
+        distribution = out.distribution or (df["distribution"].iloc[0] if "distribution" in df else None)
+        depth = out.depth or (int(df["depth"].iloc[0]) if "depth" in df else None)
+        tau = (
+            tau_per_budget(machine.shapes, distribution, depth)
+            if distribution is not None and depth is not None
+            else pd.Series(dtype="float64")
+        )
         for batch, rows in df.groupby("batch", sort=True):
             first = rows.drop_duplicates("budget").set_index("budget").sort_index()
             table = pd.DataFrame(
                 {
                     "N": first.index.astype(int),
-                    "E[accepted]": first["expected_accept_mean"].map(
-                        lambda v: "-" if pd.isna(v) else f"{v:.2f}"
-                    ),
+                    "tau": [_tau(tau.get(n)) for n in first.index],
                     f"verify attention x {out.layers}": first["attention_s"].map(fmt_us).to_numpy(),
                     "accept": first["accept_s"].map(fmt_us).to_numpy(),
                 }
