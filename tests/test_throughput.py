@@ -329,6 +329,28 @@ def test_section_on_a_cpu_only_run_says_it_needs_the_step_stages(tmp_path):
     assert [r[3] for r in results] == ["no data"]
 
 
+def test_a_machine_without_step_stages_borrows_a_published_machines_verify_and_names_it(tmp_path):
+    # a CPU machine's own builds and trees (the published CPU builders' rows, relabelled), no step stages
+    summary = pd.read_parquet(PUBLISHED / "summary.parquet")
+    summary = summary[summary["builder"] != "gpu"].assign(machine="laptop")
+    folder = tmp_path / "laptop"
+    folder.mkdir()
+    summary.to_parquet(folder / "summary.parquet")
+    pd.read_parquet(PUBLISHED / "tree_shape.parquet").assign(machine="laptop").to_parquet(
+        folder / "tree_shape.parquet"
+    )
+    machines = load_machines(
+        folder / "summary.parquet", folder / "tree_shape.parquet", published=[PUBLISHED / "summary.parquet"]
+    )
+    assert machines[0].step.empty and not machines[1].step.empty
+    found = sections(machines, {}, None, distributions=["drafter"], depth=16)
+    laptop = next(s for s in found if s.machine == "laptop")
+    assert laptop.result is not None and not laptop.missing
+    assert "Verify attention and tree accept measured on h200 (published)" in laptop.note
+    assert "tree builds and tau are laptop's" in laptop.note
+    assert set(laptop.best["builder"]) == {"sglang", "reference", "native", "native-mt"}
+
+
 # ----------------------------------------------------------------------------------------------- config
 
 

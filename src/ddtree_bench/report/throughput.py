@@ -159,9 +159,21 @@ def sections(
             if distribution in shown:
                 continue
             shown.add(distribution)
+            # a machine without step stages (no GPU) borrows the verify attention and accept of the first
+            # machine that measured them, named in the section: its own builds and trees, their round
+            step, donor = machine.step, None
+            if step.empty:
+                donor = next((m for m in machines if m is not machine and not m.step.empty), None)
+                if donor is not None:
+                    step = donor.step
+                    note = (
+                        f"{note} Verify attention and tree accept measured on {donor.label} "
+                        f"({donor.source}): {label} has no step stages (they need a GPU); tree builds and "
+                        f"tau are {label}'s."
+                    ).strip()
             result = throughput(
                 machine.summary,
-                machine.step,
+                step,
                 machine.shapes,
                 model,
                 distribution=distribution,
