@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from ddtree_bench.cuda import KERNEL_DIR
+from ddtree_bench.cuda.loader import KERNEL_DIR
 
 SANITIZERS = {
     "address": ["-fsanitize=address,undefined", "-fno-sanitize-recover=all", "-fno-omit-frame-pointer"],

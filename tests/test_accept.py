@@ -13,8 +13,8 @@ from host_programs import compile_host_program, host_program
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ddtree_bench import cuda
-from ddtree_bench.accept import (
+from ddtree_bench.cuda import loader as cuda
+from ddtree_bench.ops.accept import (
     KERNEL_SOURCE,
     MAX_THREADS,
     NODES_PER_THREAD,
@@ -393,7 +393,7 @@ def test_batch_and_budget_checks():
 
 
 def test_device_outputs_refuse_a_negative_budget_before_touching_the_device():
-    from ddtree_bench.accept import DeviceAccept
+    from ddtree_bench.ops.accept import DeviceAccept
 
     one_line_error("budget must be >= 0, got -1", DeviceAccept, 4, -1)
     one_line_error("batch must be >= 0, got -2", DeviceAccept, -2, 8)
@@ -1142,7 +1142,7 @@ def test_gpu_launch_on_device_trees(gpu_accept, gpu_accept_global, batch, budget
     """On the GPU builder's own DeviceTrees, on a side stream, every output element written."""
     import cupy as cp
 
-    from ddtree_bench.accept import DeviceAccept
+    from ddtree_bench.ops.accept import DeviceAccept
 
     trees, target, d_trees, d_target = device_case(("path", batch, budget, 16, 16, 64))
     out = DeviceAccept(batch, budget)
@@ -1159,7 +1159,7 @@ def test_gpu_launch_on_device_trees(gpu_accept, gpu_accept_global, batch, budget
 def test_gpu_launch_replays_in_a_cuda_graph(gpu_accept, gpu_accept_global, path):
     import cupy as cp
 
-    from ddtree_bench.accept import DeviceAccept
+    from ddtree_bench.ops.accept import DeviceAccept
 
     accept = accepts(gpu_accept, gpu_accept_global, path)
     trees, target, d_trees, d_target = device_case(("path", 64, 256, 16, 16, 64))
@@ -1182,7 +1182,7 @@ def test_gpu_launch_replays_in_a_cuda_graph(gpu_accept, gpu_accept_global, path)
 def test_gpu_rejects_bad_shapes(gpu_accept):
     import cupy as cp
 
-    from ddtree_bench.accept import DeviceAccept
+    from ddtree_bench.ops.accept import DeviceAccept
 
     trees, target, d_trees, d_target = device_case(("random", 4, 16, 16, 6, 6))
     one_line_error("budget must be >= 0, got -1", DeviceAccept, 4, -1)

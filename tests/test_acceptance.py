@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from ddtree_bench.accept import accept_cpu
+from ddtree_bench.ops.accept import accept_cpu
 from ddtree_bench.acceptance import (
     absent_token,
     expected_acceptance,

@@ -11,8 +11,8 @@ import sys
 import numpy as np
 import pytest
 
-from ddtree_bench import attention_peers
-from ddtree_bench.attention_peers import PEERS, PeerUnavailable, make_peer
+from ddtree_bench.ops import attention_peers
+from ddtree_bench.ops.attention_peers import PEERS, PeerUnavailable, make_peer
 
 TORCH_REASON = attention_peers.torch_unavailable_reason()
 needs_torch_gpu = pytest.mark.skipif(
@@ -30,7 +30,8 @@ def test_module_imports_and_refuses_without_torch():
     code = """
 import json, sys
 sys.modules["torch"] = None  # "import torch" now raises ImportError
-from ddtree_bench import attention_peers, peaks
+from ddtree_bench.ops import attention_peers
+from ddtree_bench.stages import peaks
 out = {"reason": attention_peers.torch_unavailable_reason()}
 out["torch_loaded"] = sys.modules.get("torch") is not None
 try:

@@ -351,7 +351,7 @@ def test_snakemake_stops_before_any_job_on_bad_config(tmp_path, key, value, mess
 
 
 def test_gpu_on_without_a_gpu_fails_before_any_job(tmp_path):
-    from ddtree_bench.cuda import gpu_unavailable_reason
+    from ddtree_bench.cuda.loader import gpu_unavailable_reason
 
     if gpu_unavailable_reason() is None:
         pytest.skip("a GPU is present here: gpu: on is satisfiable")

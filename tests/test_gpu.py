@@ -15,7 +15,7 @@ from gpu_inputs import KINDS, topk_inputs
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ddtree_bench import cuda
+from ddtree_bench.cuda import loader as cuda
 from ddtree_bench.builders import get_builder
 from ddtree_bench.tree import first_difference, packed_visibility
 
@@ -276,7 +276,7 @@ def test_sanitizer_clean(tool):
         "--error-exitcode=9",
         sys.executable,
         "-m",
-        "ddtree_bench.gpu_selftest",
+        "ddtree_bench.cuda.selftest",
         "--budgets",
         "8",
         "32",
@@ -292,7 +292,7 @@ def test_sanitizer_clean(tool):
 @needs_gpu
 def test_gpu_benchmark_rows(tmp_path):
     """Every timing kind is measured in the same run, on trees checked equal to the reference's."""
-    from ddtree_bench.gpu_bench import run_gpu_benchmark
+    from ddtree_bench.stages.build_gpu import run_gpu_benchmark
     from ddtree_bench.traces import save_trace
 
     lp, ids = topk_inputs("peaked", 8, 16, 64, seed=5)

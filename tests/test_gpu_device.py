@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 from gpu_inputs import topk_inputs
 
-from ddtree_bench import cuda
+from ddtree_bench.cuda import loader as cuda
 from ddtree_bench.builders import get_builder
-from ddtree_bench.insitu_bench import IN_SITU, torch_cuda_reason
+from ddtree_bench.stages.insitu import IN_SITU, torch_cuda_reason
 from ddtree_bench.traces import generate_trace, save_trace
 from ddtree_bench.tree import TREE_FIELDS, TreeBatch, first_difference, packed_visibility
 
@@ -203,7 +203,7 @@ TIMING = dict(warmup=1, repeats=3, min_seconds=0.0, max_repeats=5, machine="test
 @needs_gpu
 @pytest.mark.parametrize("builder", ["reference", "native", "native-mt"])
 def test_in_situ_timing_rows_for_the_cpu_builders(small_trace, native_library, builder):
-    from ddtree_bench.insitu_bench import run_insitu_benchmark
+    from ddtree_bench.stages.insitu import run_insitu_benchmark
 
     if builder == "reference" and TORCH_REASON is not None:
         pytest.skip(f"reference's in-situ path needs torch with CUDA: {TORCH_REASON}")
@@ -218,7 +218,7 @@ def test_in_situ_timing_rows_for_the_cpu_builders(small_trace, native_library, b
 
 @needs_torch_gpu
 def test_in_situ_timing_rows_for_sglang_where_it_loads(small_trace):
-    from ddtree_bench.insitu_bench import run_insitu_benchmark
+    from ddtree_bench.stages.insitu import run_insitu_benchmark
 
     reason = get_builder("sglang").unavailable_reason()
     if reason is not None:
@@ -229,7 +229,7 @@ def test_in_situ_timing_rows_for_sglang_where_it_loads(small_trace):
 
 @needs_gpu
 def test_in_situ_timing_rows_for_the_gpu_builder(small_trace):
-    from ddtree_bench.gpu_bench import run_gpu_benchmark
+    from ddtree_bench.stages.build_gpu import run_gpu_benchmark
 
     df = run_gpu_benchmark("gpu", small_trace, 64, 4, in_situ=True, **TIMING)
     timed = df[df["phase"] == "timed"]

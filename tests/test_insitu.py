@@ -10,11 +10,11 @@ import pytest
 from test_report import rows_for, write_machine
 from test_step import shapes_frame, synthetic_step
 
-from ddtree_bench.aggregate import summarize
+from ddtree_bench.summary.build import summarize
 from ddtree_bench.builders import get_builder
 from ddtree_bench.builders.reference import build_one
 from ddtree_bench.config import check_config
-from ddtree_bench.insitu_bench import (
+from ddtree_bench.stages.insitu import (
     IN_SITU,
     VERIFY_FIELDS,
     _torch_measure,
@@ -31,7 +31,7 @@ from ddtree_bench.report import (
     speedups,
     timings,
 )
-from ddtree_bench.step import step_breakdown, summarize_steps
+from ddtree_bench.summary.step import step_breakdown, summarize_steps
 from ddtree_bench.traces import generate_trace, save_trace
 from ddtree_bench.tree import TreeBatch
 
@@ -341,8 +341,8 @@ def test_in_situ_config_key():
 
 
 def test_unavailable_like_names_the_timing_jobs_configuration(tmp_path):
-    from ddtree_bench.bench import run_benchmark
-    from ddtree_bench.insitu_bench import unavailable_like
+    from ddtree_bench.stages.build import run_benchmark
+    from ddtree_bench.stages.insitu import unavailable_like
 
     rows = run_benchmark(
         "reference",

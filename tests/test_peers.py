@@ -17,8 +17,8 @@ import yaml
 from test_step import _status, attention_rows, peak_rows
 from workflow_copy import snakemake, workdir_copy
 
-from ddtree_bench import attention_peers
-from ddtree_bench.attention_peers import (
+from ddtree_bench.ops import attention_peers
+from ddtree_bench.ops.attention_peers import (
     CAUSAL_MASK,
     FLASHMLA,
     PEER_MASKS,
@@ -34,8 +34,8 @@ from ddtree_bench.attention_peers import (
     make_peer,
 )
 from ddtree_bench.config import ATTENTION_IMPLS, check_config, load_schema, step_options
-from ddtree_bench.stage_records import STAGE_COLUMNS, stage_frame
-from ddtree_bench.step import STEP_SUMMARY_COLUMNS, summarize_steps
+from ddtree_bench.timing.records import STAGE_COLUMNS, stage_frame
+from ddtree_bench.summary.step import STEP_SUMMARY_COLUMNS, summarize_steps
 from ddtree_bench.step_report import (
     PEER_TARGETS,
     STEP_TARGETS,
@@ -232,7 +232,7 @@ def test_snakemake_stops_on_a_bad_sglang_path(tmp_path):
 
 
 def test_benchmark_refuses_a_bad_sglang_path_before_measuring(tmp_path):
-    from ddtree_bench.attention_bench import run_attention_benchmark
+    from ddtree_bench.stages.attention import run_attention_benchmark
 
     with pytest.raises(ValueError, match="no SGLang Triton extend-attention file"):
         run_attention_benchmark(

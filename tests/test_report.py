@@ -10,8 +10,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from ddtree_bench.aggregate import SUMMARY_COLUMNS, aggregate, combine_shapes, summarize, tree_shape
-from ddtree_bench.bench import COLUMNS, frame, unavailable_frame
+from ddtree_bench.summary.build import SUMMARY_COLUMNS, aggregate, combine_shapes, summarize, tree_shape
+from ddtree_bench.stages.build import COLUMNS, frame, unavailable_frame
 from ddtree_bench.builders import get_builder
 from ddtree_bench.report import (
     FIGURE_NAMES,

@@ -13,10 +13,10 @@ import pandas as pd
 import pytest
 from test_report import synthetic_summary, write_machine
 
-from ddtree_bench.aggregate import combine_shapes, tree_shape
+from ddtree_bench.summary.build import combine_shapes, tree_shape
 from ddtree_bench.report import FIGURE_NAMES, evaluate_targets, load_machines, render_report
-from ddtree_bench.stage_records import stage_frame
-from ddtree_bench.step import (
+from ddtree_bench.timing.records import stage_frame
+from ddtree_bench.summary.step import (
     LEFT_OUT,
     STEP_SUMMARY_COLUMNS,
     aggregate_steps,
@@ -250,7 +250,7 @@ def build_summary():
     """Tree-build summary at depth 16, peaked: reference and native (CPU), gpu kernel + host-inclusive."""
     from test_report import rows_for
 
-    from ddtree_bench.aggregate import summarize
+    from ddtree_bench.summary.build import summarize
 
     frames = []
     for budget in (8, 64):
@@ -637,7 +637,7 @@ def test_step_scripts_call_the_libraries(tmp_path, monkeypatch):
     assert {"ours", "sdpa"} <= set(attention["impl"])
     assert (attention["budget"].isin([0, 4])).all() and (attention["prefix"].dropna().isin([64])).all()
     walk = summary[(summary["impl"] == "cpu-walk") & (summary["status"] == "ok")]
-    from ddtree_bench.cuda import gpu_unavailable_reason
+    from ddtree_bench.cuda.loader import gpu_unavailable_reason
 
     if gpu_unavailable_reason() is not None:  # the walk runs without a GPU; the rest says why not
         assert len(walk) == 1 and walk.iloc[0]["n"] >= 1 and walk.iloc[0]["expected_accept_mean"] > 0

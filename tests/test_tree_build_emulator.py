@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ddtree_bench.builders.gpu import WARP_MAX_BUDGET, warp_shared_bytes, warp_slots
-from ddtree_bench.cuda import KERNEL_DIR
+from ddtree_bench.cuda.loader import KERNEL_DIR
 
 WARP_HEADER = KERNEL_DIR / "tree_build_warp.cuh"
 UNWRITTEN = 0x5A  # every output byte before the emulated launch: what the kernel must overwrite

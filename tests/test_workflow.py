@@ -93,7 +93,7 @@ def test_dry_run_of_the_default_configuration(tmp_path):
         per_builder[builder] = per_builder.get(builder, 0) + 1
     assert per_builder["reference"] == 8 * 4 * 2 * 4  # budgets x batch sizes x depths x distributions
     assert rules.count("aggregate_step") == 1
-    from ddtree_bench.cuda import gpu_unavailable_reason
+    from ddtree_bench.cuda.loader import gpu_unavailable_reason
 
     if gpu_unavailable_reason() is not None:  # no GPU here: one file of rows saying why per step stage
         assert rules.count("step_unavailable") == 3 and not STEP_RULES & set(rules)
@@ -193,7 +193,7 @@ def test_smoke_pipeline_end_to_end(smoke_run):
     assert "## Step-time breakdown" in markdown and "## Verify attention" in markdown
     step = pd.read_parquet(results / "step_summary.parquet")
     assert set(step["stage"]) == {"verify-attention", "accept", "peak"}
-    from ddtree_bench.cuda import gpu_unavailable_reason
+    from ddtree_bench.cuda.loader import gpu_unavailable_reason
 
     if gpu_unavailable_reason() is not None:
         assert set(step["status"]) == {"unavailable"} and step["status_reason"].notna().all()
@@ -319,8 +319,8 @@ def test_a_tree_mismatch_fails_the_run_naming_request_and_field(tmp_path):
 
 
 STUB_STEP = """
-from ddtree_bench.bench import write_frame
-from ddtree_bench.stage_records import stage_frame
+from ddtree_bench.stages.build import write_frame
+from ddtree_bench.timing.records import stage_frame
 
 job = snakemake  # noqa: F821
 w, common = job.wildcards, {"phase": "timed", "status": "ok", "machine": job.params.machine}

@@ -35,13 +35,13 @@ def snakemake(
 
 
 def pretend_gpu(base: Path) -> dict:
-    """An environment in which ``ddtree_bench.cuda.gpu_unavailable_reason()`` says a GPU is here (a
+    """An environment in which ``ddtree_bench.cuda.loader.gpu_unavailable_reason()`` says a GPU is here (a
     ``sitecustomize`` on PYTHONPATH replaces it, in Snakemake and in every job it starts): the workflow then
     plans its GPU jobs as on a GPU machine. For dry runs, and for runs whose GPU jobs' scripts are stubs."""
     folder = base / "pretend-gpu"
     folder.mkdir()
     (folder / "sitecustomize.py").write_text(
-        "import ddtree_bench.cuda\n\nddtree_bench.cuda.gpu_unavailable_reason = lambda: None\n"
+        "import ddtree_bench.cuda.loader\n\nddtree_bench.cuda.loader.gpu_unavailable_reason = lambda: None\n"
     )
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(folder), env.get("PYTHONPATH")) if p)

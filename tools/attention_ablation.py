@@ -63,7 +63,7 @@ VARIANTS = {
 
 def build(workdir: Path) -> dict[str, Path]:
     """A fatbin of every variant under ``workdir``."""
-    from ddtree_bench import cuda
+    from ddtree_bench.cuda import loader as cuda
 
     fatbins = {}
     for i, (name, kw) in enumerate(VARIANTS.items()):
@@ -81,15 +81,15 @@ def main(argv: list[str]) -> None:
     import torch
     from gpu_inputs import topk_inputs
 
-    from ddtree_bench import cuda
-    from ddtree_bench.attention import (
+    from ddtree_bench.cuda import loader as cuda
+    from ddtree_bench.ops.attention import (
         HEAD_DIM,
         VALUE_DIM,
         PreparedAttention,
         VerifyAttention,
         attention_bytes,
     )
-    from ddtree_bench.attention_bench import STREAM_BLOCKS_PER_SM, STREAM_NEVER, STREAM_THREADS
+    from ddtree_bench.stages.attention import STREAM_BLOCKS_PER_SM, STREAM_NEVER, STREAM_THREADS
     from ddtree_bench.builders import get_builder
     from ddtree_bench.tree import packed_visibility
 

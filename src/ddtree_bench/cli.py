@@ -157,7 +157,7 @@ def cmd_build(args) -> int:
 
 
 def cmd_check(args) -> int:
-    from ddtree_bench.check import check_builder
+    from ddtree_bench.stages.check import check_builder
     from ddtree_bench.traces import atomic_output
 
     summary = check_builder(
@@ -197,9 +197,9 @@ def cmd_bench(args) -> int:
 
     budget = check_budget(args.budget)
     if args.builder == "gpu":
-        from ddtree_bench.gpu_bench import run_gpu_benchmark as run
+        from ddtree_bench.stages.build_gpu import run_gpu_benchmark as run
     else:
-        from ddtree_bench.bench import run_benchmark as run
+        from ddtree_bench.stages.build import run_benchmark as run
     distribution = args.distribution or _trace_distribution(args.trace)
     extra = {
         name: getattr(args, name)

@@ -365,7 +365,7 @@ def _sglang_triton_source(attention: dict) -> None:
         return
     if not isinstance(source, str) or not source.strip():
         _fail("step.attention.sglang_triton_source", f"must be a directory path or null, got {source!r}")
-    from ddtree_bench.attention_peers import find_sglang_kernel
+    from ddtree_bench.ops.attention_peers import find_sglang_kernel
 
     path = Path(source).expanduser()
     if not path.is_dir():

@@ -105,9 +105,9 @@ wildcard_constraints:
 
 
 def nvcc_path():
-    """nvcc's path (as ddtree_bench.cuda finds it), or None where there is none."""
+    """nvcc's path (as ddtree_bench.cuda.loader finds it), or None where there is none."""
     try:
-        from ddtree_bench.cuda import find_nvcc
+        from ddtree_bench.cuda.loader import find_nvcc
     except ImportError:
         return shutil.which("nvcc")
     return find_nvcc()
@@ -118,9 +118,9 @@ def gpu_reason():
     if config["gpu"] == "off":
         return "gpu: off in the configuration"
     try:
-        from ddtree_bench.cuda import gpu_unavailable_reason
+        from ddtree_bench.cuda.loader import gpu_unavailable_reason
     except ImportError as error:
-        reason = f"ddtree_bench.cuda cannot be imported ({error})"
+        reason = f"ddtree_bench.cuda.loader cannot be imported ({error})"
     else:
         reason = gpu_unavailable_reason()
     if reason is not None and config["gpu"] == "on":
@@ -178,9 +178,9 @@ def in_situ_reason():
     if config["gpu"] == "off":
         return "gpu: off in the configuration"
     try:
-        from ddtree_bench.cuda import gpu_unavailable_reason
+        from ddtree_bench.cuda.loader import gpu_unavailable_reason
     except ImportError as error:
-        return f"ddtree_bench.cuda cannot be imported ({error})"
+        return f"ddtree_bench.cuda.loader cannot be imported ({error})"
     return gpu_unavailable_reason()
 
 

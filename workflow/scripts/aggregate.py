@@ -1,6 +1,6 @@
 from _job import logged
 
-from ddtree_bench.aggregate import aggregate
+from ddtree_bench.summary.build import aggregate
 from ddtree_bench.environment import collect_environment
 
 snakemake = snakemake  # noqa: F821 (the job object Snakemake's script preamble defines)

@@ -1,6 +1,6 @@
 from _job import logged, write_json
 
-from ddtree_bench.check import check_builder
+from ddtree_bench.stages.check import check_builder
 
 snakemake = snakemake  # noqa: F821 (the job object Snakemake's script preamble defines)
 

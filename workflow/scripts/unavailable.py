@@ -1,6 +1,6 @@
 from _job import logged
 
-from ddtree_bench.bench import unavailable_frame, write_frame
+from ddtree_bench.stages.build import unavailable_frame, write_frame
 
 snakemake = snakemake  # noqa: F821 (the job object Snakemake's script preamble defines)
 

@@ -251,7 +251,7 @@ class GpuBuilder(Builder):
         self._shared_set = set()
 
     def unavailable_reason(self) -> str | None:
-        from ddtree_bench.cuda import gpu_unavailable_reason
+        from ddtree_bench.cuda.loader import gpu_unavailable_reason
 
         return gpu_unavailable_reason()
 
@@ -261,7 +261,7 @@ class GpuBuilder(Builder):
             reason = self.unavailable_reason()
             if reason:
                 raise BuilderUnavailable(f"gpu builder unavailable: {reason}")
-            from ddtree_bench import cuda
+            from ddtree_bench.cuda import loader as cuda
 
             archs = self._archs or cuda.DEFAULT_ARCHS
             fatbin = self._fatbin or cuda.cached_fatbin(cuda.TREE_BUILD_SOURCE, archs)

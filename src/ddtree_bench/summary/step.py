@@ -26,7 +26,7 @@ import pandas as pd
 
 from ddtree_bench.config import ATTENTION_IMPLS
 from ddtree_bench.environment import ENVIRONMENT_COLUMNS, collect_environment
-from ddtree_bench.stage_records import stage_frame
+from ddtree_bench.timing.records import stage_frame
 
 #: The record stage of each workflow stage (file names use the short ones), and its impls.
 RECORD_STAGE = {"attention": "verify-attention", "accept": "accept", "peaks": "peak"}
@@ -184,7 +184,7 @@ def read_stage_rows(paths) -> pd.DataFrame:
 def peak_rates(rows: pd.DataFrame) -> dict:
     """``peaks.peak_rates`` of the ``peak`` rows among ``rows`` (the medians over timed calls of the GEMM's
     TFLOP/s, the copy's TB/s and the empty kernel's seconds); every key None where no peak ran."""
-    from ddtree_bench.peaks import peak_rates as rates  # noqa: PLC0415
+    from ddtree_bench.stages.peaks import peak_rates as rates  # noqa: PLC0415
 
     rows = rows[rows["stage"] == "peak"]
     if not (rows["status"] == "ok").any():
@@ -317,7 +317,7 @@ def _typed(summary: pd.DataFrame) -> pd.DataFrame:
 
 def aggregate_steps(paths, summary_path) -> pd.DataFrame:
     """Summarise the step jobs' files ``paths`` into ``summary_path`` (parquet)."""
-    from ddtree_bench.bench import write_frame  # noqa: PLC0415
+    from ddtree_bench.stages.build import write_frame  # noqa: PLC0415
 
     summary = summarize_steps(read_stage_rows(paths))
     write_frame(summary, Path(summary_path))

@@ -58,7 +58,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ddtree_bench.attention import HEAD_DIM, SOFTMAX_SCALE, VALUE_DIM, reference_attention
+from ddtree_bench.ops.attention import HEAD_DIM, SOFTMAX_SCALE, VALUE_DIM, reference_attention
 
 FLASHMLA, SGLANG_TRITON = "flashmla", "sglang-triton"
 PEERS = ("flexattention", "sdpa", FLASHMLA, SGLANG_TRITON)

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[3]
 KERNEL_DIR = REPO_ROOT / "kernels"
 TREE_BUILD_SOURCE = KERNEL_DIR / "tree_build.cu"
 BENCH_UTIL_SOURCE = KERNEL_DIR / "bench_util.cu"

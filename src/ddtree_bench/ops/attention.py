@@ -32,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ddtree_bench.cuda import KERNEL_DIR
+from ddtree_bench.cuda.loader import KERNEL_DIR
 
 KERNEL_SOURCE = KERNEL_DIR / "verify_attn.cu"
 HEAD_DIM = 576  # q/k: kv_lora_rank 512 + qk_rope_head_dim 64
@@ -445,7 +445,7 @@ class VerifyAttention:
         self._kernels: AttentionKernels | None = None
 
     def unavailable_reason(self) -> str | None:
-        from ddtree_bench.cuda import gpu_unavailable_reason
+        from ddtree_bench.cuda.loader import gpu_unavailable_reason
 
         reason = gpu_unavailable_reason()
         if reason is None:
@@ -463,7 +463,7 @@ class VerifyAttention:
                 raise AttentionUnavailable(f"gpu verify attention unavailable: {reason}")
             import cupy as cp
 
-            from ddtree_bench import cuda
+            from ddtree_bench.cuda import loader as cuda
 
             fatbin = self._fatbin or cuda.cached_fatbin(KERNEL_SOURCE, self._archs or cuda.DEFAULT_ARCHS)
             module = cp.RawModule(path=str(fatbin))

@@ -40,11 +40,11 @@ from types import SimpleNamespace
 import numpy as np
 import pandas as pd
 
-from ddtree_bench.accept import TREE_LINK_FIELDS, DeviceAccept, GpuAccept, accept_cpu, host_field
+from ddtree_bench.ops.accept import TREE_LINK_FIELDS, DeviceAccept, GpuAccept, accept_cpu, host_field
 from ddtree_bench.acceptance import expected_acceptance, sample_target_tokens
-from ddtree_bench.bench import TimingPolicy, read_batch
+from ddtree_bench.stages.build import TimingPolicy, read_batch
 from ddtree_bench.environment import ENVIRONMENT_COLUMNS, collect_environment
-from ddtree_bench.stage_records import stage_frame
+from ddtree_bench.timing.records import stage_frame
 from ddtree_bench.traces import check_positive_int, row_sha256
 from ddtree_bench.validation import check_budget
 
@@ -240,8 +240,8 @@ def _cpu_walk_rows(policy, base, trees, target, expected, device) -> list[dict]:
 def _device_rows(policy, base, trees, target, expected, accept: GpuAccept, util_fatbin) -> list[dict]:
     import cupy as cp
 
-    from ddtree_bench import cuda
-    from ddtree_bench.gpu_bench import SPIN_NS, _pinned
+    from ddtree_bench.cuda import loader as cuda
+    from ddtree_bench.stages.build_gpu import SPIN_NS, _pinned
 
     batch, budget = base["batch"], base["budget"]
     stream = cp.cuda.Stream(non_blocking=True)

@@ -32,7 +32,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from ddtree_bench.attention import (
+from ddtree_bench.ops.attention import (
     HEAD_DIM,
     SMALL_KEYS_PER_TILE,
     SMALL_ROWS_PER_BLOCK,
@@ -42,10 +42,10 @@ from ddtree_bench.attention import (
     attention_flops,
     visible_keys,
 )
-from ddtree_bench.bench import TimingPolicy, read_batch
+from ddtree_bench.stages.build import TimingPolicy, read_batch
 from ddtree_bench.config import ATTENTION_IMPLS, STREAM_IMPL
 from ddtree_bench.environment import ENVIRONMENT_COLUMNS, collect_environment
-from ddtree_bench.stage_records import stage_frame
+from ddtree_bench.timing.records import stage_frame
 from ddtree_bench.traces import row_sha256
 
 IMPLS = ATTENTION_IMPLS  # ours, ours-mma, flexattention, sdpa, flashmla, sglang-triton, read-stream
@@ -117,7 +117,7 @@ def run_attention_benchmark(
     _check_args(budget, batch, heads, prefix, impls)
     budget, batch, heads, prefix = int(budget), int(batch), int(heads), int(prefix)
     if sglang_source is not None and "sglang-triton" in impls:
-        from ddtree_bench.attention_peers import find_sglang_kernel
+        from ddtree_bench.ops.attention_peers import find_sglang_kernel
 
         find_sglang_kernel(sglang_source)  # a path given without SGLang's file: ValueError, nothing measured
     policy = TimingPolicy(**timing)
@@ -136,7 +136,7 @@ def run_attention_benchmark(
         **{key: env.get(key) for key in ENVIRONMENT_COLUMNS},
     }
 
-    from ddtree_bench.attention import AttentionUnavailable, VerifyAttention
+    from ddtree_bench.ops.attention import AttentionUnavailable, VerifyAttention
     from ddtree_bench.builders import get_builder
     from ddtree_bench.tree import packed_visibility
 
@@ -152,7 +152,7 @@ def run_attention_benchmark(
 
     def mask_of(impl):
         """The mask an impl applies, as its rows record it (None for the read stream)."""
-        from ddtree_bench.attention_peers import PEER_MASKS, TREE_MASK
+        from ddtree_bench.ops.attention_peers import PEER_MASKS, TREE_MASK
 
         return None if impl == STREAM_IMPL else PEER_MASKS.get(impl, TREE_MASK)
 
@@ -178,8 +178,8 @@ def run_attention_benchmark(
     import cupy as cp
     import torch
 
-    from ddtree_bench.attention import reference_attention
-    from ddtree_bench.cuda import BENCH_UTIL_SOURCE, cached_fatbin
+    from ddtree_bench.ops.attention import reference_attention
+    from ddtree_bench.cuda.loader import BENCH_UTIL_SOURCE, cached_fatbin
 
     util = cp.RawModule(path=str(util_fatbin or cached_fatbin(BENCH_UTIL_SOURCE)))
     spin_kernel = util.get_function("ddtree_spin_kernel")
@@ -209,7 +209,7 @@ def run_attention_benchmark(
 
     def reference_for(impl):
         """The float32 reference with the mask ``impl`` applies (computed once per mask)."""
-        from ddtree_bench.attention_peers import check_visibility
+        from ddtree_bench.ops.attention_peers import check_visibility
 
         mask = mask_of(impl)
         if mask not in references:
@@ -275,7 +275,7 @@ def run_attention_benchmark(
                     call()
                     result = out
                 else:
-                    from ddtree_bench.attention_peers import PeerUnavailable, make_peer
+                    from ddtree_bench.ops.attention_peers import PeerUnavailable, make_peer
 
                     try:
                         options = flex_kernel_options if impl == "flexattention" else None

@@ -23,10 +23,11 @@ import math
 import numpy as np
 import pandas as pd
 
-from ddtree_bench import attention_peers, cuda
-from ddtree_bench.bench import TimingPolicy
+from ddtree_bench.ops import attention_peers
+from ddtree_bench.cuda import loader as cuda
+from ddtree_bench.stages.build import TimingPolicy
 from ddtree_bench.environment import collect_environment
-from ddtree_bench.stage_records import STAGE_COLUMNS, stage_frame
+from ddtree_bench.timing.records import STAGE_COLUMNS, stage_frame
 
 IMPLS = ("floor", "bf16-gemm", "device-copy")
 SPIN_NS = 100_000  # as gpu_bench: covers the host's cost of queueing the timed call

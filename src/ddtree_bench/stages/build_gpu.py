@@ -35,7 +35,7 @@ import time
 import numpy as np
 import pandas as pd
 
-from ddtree_bench.bench import TimingPolicy, frame, prepare_run
+from ddtree_bench.stages.build import TimingPolicy, frame, prepare_run
 
 SPIN_NS = 100_000  # long enough to cover the host's cost of queueing the timed launches
 #: The GPU timings measured by wall clock (the others: CUDA events).

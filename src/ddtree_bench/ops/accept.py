@@ -36,7 +36,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from ddtree_bench.cuda import KERNEL_DIR
+from ddtree_bench.cuda.loader import KERNEL_DIR
 from ddtree_bench.tree import TreeBatch
 
 KERNEL_SOURCE = KERNEL_DIR / "tree_accept.cu"
@@ -284,7 +284,7 @@ class GpuAccept:
         self.fatbin: Path | None = None
 
     def unavailable_reason(self) -> str | None:
-        from ddtree_bench.cuda import gpu_unavailable_reason
+        from ddtree_bench.cuda.loader import gpu_unavailable_reason
 
         return gpu_unavailable_reason()
 
@@ -299,7 +299,7 @@ class GpuAccept:
             self._require()
             import cupy
 
-            from ddtree_bench import cuda
+            from ddtree_bench.cuda import loader as cuda
 
             fatbin = self._fatbin or cuda.cached_fatbin(KERNEL_SOURCE, self._archs or cuda.DEFAULT_ARCHS)
             self._kernel = cupy.RawModule(path=str(fatbin)).get_function(KERNEL_NAME)

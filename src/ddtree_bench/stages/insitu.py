@@ -31,7 +31,7 @@ import time
 import numpy as np
 import pandas as pd
 
-from ddtree_bench.bench import TimingPolicy, frame, prepare_run, unavailable_frame
+from ddtree_bench.stages.build import TimingPolicy, frame, prepare_run, unavailable_frame
 from ddtree_bench.environment import ENVIRONMENT_COLUMNS
 
 IN_SITU = "in-situ"
@@ -65,7 +65,7 @@ def torch_cuda_reason() -> str | None:
 
 def in_situ_unavailable_reason(builder: str) -> str | None:
     """Why the in-situ mode cannot time ``builder`` here (None: it can)."""
-    from ddtree_bench.cuda import gpu_unavailable_reason
+    from ddtree_bench.cuda.loader import gpu_unavailable_reason
 
     if builder in TORCH_BUILDERS:
         reason = torch_cuda_reason()
@@ -195,7 +195,7 @@ def _pinned_measure(obj, lp: np.ndarray, ids: np.ndarray, budget: int, keep: lis
     import cupy as cp
 
     from ddtree_bench.builders.gpu import _layout, _views
-    from ddtree_bench.gpu_bench import _pinned
+    from ddtree_bench.stages.build_gpu import _pinned
     from ddtree_bench.tree import FIELD_DTYPES, TreeBatch
 
     batch = lp.shape[0]
@@ -304,7 +304,7 @@ def run_insitu_benchmark(
         return _unavailable(
             name, reason, distribution=base["distribution"], environment=environment, **fields
         )
-    from ddtree_bench.bench import _prechecked
+    from ddtree_bench.stages.build import _prechecked
 
     obj.check = _prechecked
     base["threads"] = obj.info().get("threads", 1)

@@ -12,7 +12,7 @@ from ddtree_bench.tree import first_difference
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m ddtree_bench.gpu_selftest")
+    parser = argparse.ArgumentParser(prog="python -m ddtree_bench.cuda.selftest")
     parser.add_argument("--budgets", type=int, nargs="+", default=[8, 32, 256, 1024])
     parser.add_argument("--batch", type=int, default=2)
     parser.add_argument("--depth", type=int, default=16)

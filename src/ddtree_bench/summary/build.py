@@ -71,7 +71,7 @@ def read_rows(paths) -> pd.DataFrame:
     frames = [pd.read_parquet(path) for path in paths]
     frames = [f for f in frames if len(f)]
     if not frames:
-        from ddtree_bench.bench import COLUMNS  # noqa: PLC0415
+        from ddtree_bench.stages.build import COLUMNS  # noqa: PLC0415
 
         return pd.DataFrame(columns=list(COLUMNS))
     return pd.concat(frames, ignore_index=True)
@@ -171,7 +171,7 @@ def simulated_accept_stats(lp, ids, trees, *, seed: int = 0, gpu: bool = True) -
     Where a CUDA device works (and ``gpu``), the GPU accept kernel walks the same draws too and
     ``simulated_gpu_agrees`` records whether its accepted paths, lengths and bonus tokens equal the CPU
     walk's (None: no GPU)."""
-    from ddtree_bench.accept import GpuAccept, accept_cpu  # noqa: PLC0415
+    from ddtree_bench.ops.accept import GpuAccept, accept_cpu  # noqa: PLC0415
     from ddtree_bench.acceptance import sample_target_tokens  # noqa: PLC0415
 
     target = sample_target_tokens(lp, ids, trees, seed=int(seed))
@@ -314,7 +314,7 @@ def write_json(data, path) -> None:
 
 
 def write_parquet(df: pd.DataFrame, path) -> None:
-    from ddtree_bench.bench import write_frame  # noqa: PLC0415
+    from ddtree_bench.stages.build import write_frame  # noqa: PLC0415
 
     write_frame(df, path)
 
