@@ -13,6 +13,7 @@ from host_programs import compile_host_program, host_program
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from ddtree_bench.builders import get_builder
 from ddtree_bench.cuda import loader as cuda
 from ddtree_bench.ops.accept import (
     KERNEL_SOURCE,
@@ -29,7 +30,6 @@ from ddtree_bench.ops.accept import (
     host_field,
     launch_config,
 )
-from ddtree_bench.builders import get_builder
 from ddtree_bench.tree import TreeBatch
 
 GPU_REASON = cuda.gpu_unavailable_reason()

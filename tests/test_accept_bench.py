@@ -8,13 +8,13 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from ddtree_bench.stages import accept as accept_bench
-from ddtree_bench.cuda import loader as cuda
-from ddtree_bench.ops.accept import GpuAccept, accept_cpu
-from ddtree_bench.stages.accept import IMPLS, NO_DEVICE_REASON, run_accept_benchmark
 from ddtree_bench.acceptance import expected_acceptance, sample_target_tokens
 from ddtree_bench.builders import get_builder
+from ddtree_bench.cuda import loader as cuda
 from ddtree_bench.environment import ENVIRONMENT_COLUMNS
+from ddtree_bench.ops.accept import GpuAccept, accept_cpu
+from ddtree_bench.stages import accept as accept_bench
+from ddtree_bench.stages.accept import IMPLS, NO_DEVICE_REASON, run_accept_benchmark
 from ddtree_bench.timing.records import STAGE_COLUMNS
 from ddtree_bench.traces import generate_trace, save_trace
 

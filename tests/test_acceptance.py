@@ -11,7 +11,6 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from ddtree_bench.ops.accept import accept_cpu
 from ddtree_bench.acceptance import (
     absent_token,
     expected_acceptance,
@@ -21,6 +20,7 @@ from ddtree_bench.acceptance import (
 )
 from ddtree_bench.builders import get_builder
 from ddtree_bench.builders import reference as reference_module
+from ddtree_bench.ops.accept import accept_cpu
 from ddtree_bench.tree import TreeBatch
 
 # kinds of conftest.make_topk whose rows hold distinct token ids (a top-K of a vocabulary)

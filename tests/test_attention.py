@@ -10,7 +10,9 @@ import numpy as np
 import pytest
 from gpu_inputs import topk_inputs
 
+from ddtree_bench.builders import get_builder
 from ddtree_bench.cuda import loader as cuda
+from ddtree_bench.cuda.loader import gpu_unavailable_reason
 from ddtree_bench.ops.attention import (
     HEAD_DIM,
     MIN_KEYS_PER_SPLIT,
@@ -23,8 +25,6 @@ from ddtree_bench.ops.attention import (
     plan_attention,
     visible_keys,
 )
-from ddtree_bench.builders import get_builder
-from ddtree_bench.cuda.loader import gpu_unavailable_reason
 from ddtree_bench.tree import packed_visibility
 
 
@@ -470,8 +470,8 @@ def test_auto_takes_the_wgmma_path_on_hopper():
 def test_mask_from_the_gpu_builder_and_both_split_paths_agree(path):
     import cupy as cp
 
-    from ddtree_bench.ops.attention import plan_attention, reference_attention
     from ddtree_bench.builders.gpu import DeviceTrees, GpuBuilder
+    from ddtree_bench.ops.attention import plan_attention, reference_attention
 
     batch, budget, heads = 2, 64, 8
     lp, ids = topk_inputs("bf16", batch, 16, budget)
@@ -532,7 +532,12 @@ def wide_kernel_or_skip(attn):
     ],
 )
 def test_the_72_row_kernel_equals_the_reference_and_the_64_row_tiles(batch, tokens, heads, prefix):
-    from ddtree_bench.ops.attention import AttentionPlan, PreparedAttention, VerifyAttention, reference_attention
+    from ddtree_bench.ops.attention import (
+        AttentionPlan,
+        PreparedAttention,
+        VerifyAttention,
+        reference_attention,
+    )
 
     attn = VerifyAttention(path="wgmma")
     wide_kernel_or_skip(attn)
@@ -564,7 +569,12 @@ def test_the_72_row_kernel_with_climbing_scores_and_splits_that_see_nothing(tile
     # is moved (its cross-warp exchange) on many tiles, not only the first. Prefix 120: with one key tile a
     # split, the last split holds only tree token 8, which rows of the other tokens do not see (their
     # partial row sums are 0, their log-sum-exp -inf).
-    from ddtree_bench.ops.attention import AttentionPlan, PreparedAttention, VerifyAttention, reference_attention
+    from ddtree_bench.ops.attention import (
+        AttentionPlan,
+        PreparedAttention,
+        VerifyAttention,
+        reference_attention,
+    )
 
     attn = VerifyAttention(path="wgmma")
     kernels = wide_kernel_or_skip(attn)
@@ -601,7 +611,12 @@ def test_the_72_row_kernel_with_climbing_scores_and_splits_that_see_nothing(tile
 def test_split_clusters_merge_on_chip_equal_the_reference_and_the_unclustered_kernel(
     batch, tokens, heads, prefix, splits
 ):
-    from ddtree_bench.ops.attention import AttentionPlan, PreparedAttention, VerifyAttention, reference_attention
+    from ddtree_bench.ops.attention import (
+        AttentionPlan,
+        PreparedAttention,
+        VerifyAttention,
+        reference_attention,
+    )
 
     attn = VerifyAttention(path="wgmma")
     kernels = wide_kernel_or_skip(attn)
@@ -646,7 +661,12 @@ def test_split_clusters_merge_on_chip_equal_the_reference_and_the_unclustered_ke
 def test_splits_merged_in_the_kernel_equal_the_combine_and_the_reference(
     rows_per_block, batch, tokens, heads, prefix, splits
 ):
-    from ddtree_bench.ops.attention import AttentionPlan, PreparedAttention, VerifyAttention, reference_attention
+    from ddtree_bench.ops.attention import (
+        AttentionPlan,
+        PreparedAttention,
+        VerifyAttention,
+        reference_attention,
+    )
 
     attn = VerifyAttention(path="wgmma")
     kernels = wide_kernel_or_skip(attn)
@@ -777,8 +797,8 @@ def test_stream_read_kernel_reads_every_word():
     equals `never`; a word the kernel skips (tail, unrolled body, any position) would leave the sink at 0."""
     import cupy as cp
 
-    from ddtree_bench.stages.attention import STREAM_THREADS
     from ddtree_bench.cuda.loader import BENCH_UTIL_SOURCE, cached_fatbin
+    from ddtree_bench.stages.attention import STREAM_THREADS
 
     read = cp.RawModule(path=str(cached_fatbin(BENCH_UTIL_SOURCE))).get_function("ddtree_stream_read")
     grid = 3  # a small grid, so that the unrolled body and the tail both run

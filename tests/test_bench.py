@@ -10,9 +10,9 @@ import time
 import numpy as np
 import pytest
 
-from ddtree_bench.stages.build import COLUMNS, read_batch, run_benchmark, unavailable_frame
 from ddtree_bench.builders import get_builder
 from ddtree_bench.builders.base import Builder
+from ddtree_bench.stages.build import COLUMNS, read_batch, run_benchmark, unavailable_frame
 from ddtree_bench.traces import generate_trace, load_trace, save_trace
 from ddtree_bench.tree import TreeBatch
 

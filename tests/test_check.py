@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ddtree_bench.stages import check
 from ddtree_bench.builders import Builder, BuilderUnavailable, get_builder
+from ddtree_bench.stages import check
 from ddtree_bench.stages.check import TreeMismatch, check_builder
 from ddtree_bench.traces import generate, load_trace, save_trace
 

@@ -14,10 +14,10 @@ import pandas as pd
 import pytest
 
 import ddtree_bench.builders
-from ddtree_bench.stages import check
 from ddtree_bench.builders import Builder, get_builder
 from ddtree_bench.cli import main
 from ddtree_bench.report import FIGURE_NAMES
+from ddtree_bench.stages import check
 from ddtree_bench.traces import generate_trace, load_trace
 from ddtree_bench.tree import TreeBatch
 
@@ -433,7 +433,8 @@ def test_bench_passes_the_optional_limits_only_when_given(tmp_path, trace_path, 
 
 
 @pytest.mark.skipif(
-    importlib.util.find_spec("ddtree_bench.stages.build") is None, reason="ddtree_bench/bench.py does not exist yet"
+    importlib.util.find_spec("ddtree_bench.stages.build") is None,
+    reason="ddtree_bench/stages/build.py does not exist yet",
 )
 def test_bench_end_to_end_with_the_real_benchmark(tmp_path, trace_path, capsys):
     out = tmp_path / "bench.parquet"

@@ -15,8 +15,8 @@ from gpu_inputs import KINDS, topk_inputs
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ddtree_bench.cuda import loader as cuda
 from ddtree_bench.builders import get_builder
+from ddtree_bench.cuda import loader as cuda
 from ddtree_bench.tree import first_difference, packed_visibility
 
 GPU_REASON = cuda.gpu_unavailable_reason()

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from gpu_inputs import topk_inputs
 
-from ddtree_bench.cuda import loader as cuda
 from ddtree_bench.builders import get_builder
+from ddtree_bench.cuda import loader as cuda
 from ddtree_bench.stages.insitu import IN_SITU, torch_cuda_reason
 from ddtree_bench.traces import generate_trace, save_trace
 from ddtree_bench.tree import TREE_FIELDS, TreeBatch, first_difference, packed_visibility

@@ -10,18 +10,9 @@ import pytest
 from test_report import rows_for, write_machine
 from test_step import shapes_frame, synthetic_step
 
-from ddtree_bench.summary.build import summarize
 from ddtree_bench.builders import get_builder
 from ddtree_bench.builders.reference import build_one
 from ddtree_bench.config import check_config
-from ddtree_bench.stages.insitu import (
-    IN_SITU,
-    VERIFY_FIELDS,
-    _torch_measure,
-    pad_request_torch,
-    run_insitu_benchmark,
-    torch_cuda_reason,
-)
 from ddtree_bench.report import (
     FIGURE_NAMES,
     evaluate_targets,
@@ -31,6 +22,15 @@ from ddtree_bench.report import (
     speedups,
     timings,
 )
+from ddtree_bench.stages.insitu import (
+    IN_SITU,
+    VERIFY_FIELDS,
+    _torch_measure,
+    pad_request_torch,
+    run_insitu_benchmark,
+    torch_cuda_reason,
+)
+from ddtree_bench.summary.build import summarize
 from ddtree_bench.summary.step import step_breakdown, summarize_steps
 from ddtree_bench.traces import generate_trace, save_trace
 from ddtree_bench.tree import TreeBatch

@@ -7,8 +7,8 @@ import math
 
 import pytest
 
-from ddtree_bench.ops import attention_peers
 from ddtree_bench.cuda import loader as cuda
+from ddtree_bench.ops import attention_peers
 from ddtree_bench.stages import peaks
 from ddtree_bench.stages.peaks import IMPLS, peak_rates, run_peaks
 from ddtree_bench.timing.records import STAGE_COLUMNS, stage_frame

@@ -17,6 +17,7 @@ import yaml
 from test_step import _status, attention_rows, peak_rows
 from workflow_copy import snakemake, workdir_copy
 
+from ddtree_bench.config import ATTENTION_IMPLS, check_config, load_schema, step_options
 from ddtree_bench.ops import attention_peers
 from ddtree_bench.ops.attention_peers import (
     CAUSAL_MASK,
@@ -33,9 +34,6 @@ from ddtree_bench.ops.attention_peers import (
     load_sglang_extend_attention,
     make_peer,
 )
-from ddtree_bench.config import ATTENTION_IMPLS, check_config, load_schema, step_options
-from ddtree_bench.timing.records import STAGE_COLUMNS, stage_frame
-from ddtree_bench.summary.step import STEP_SUMMARY_COLUMNS, summarize_steps
 from ddtree_bench.step_report import (
     PEER_TARGETS,
     STEP_TARGETS,
@@ -46,6 +44,8 @@ from ddtree_bench.step_report import (
     attention_table,
     step_targets,
 )
+from ddtree_bench.summary.step import STEP_SUMMARY_COLUMNS, summarize_steps
+from ddtree_bench.timing.records import STAGE_COLUMNS, stage_frame
 
 TORCH_REASON = attention_peers.torch_unavailable_reason()
 needs_torch_gpu = pytest.mark.skipif(

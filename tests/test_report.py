@@ -10,8 +10,6 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from ddtree_bench.summary.build import SUMMARY_COLUMNS, aggregate, combine_shapes, summarize, tree_shape
-from ddtree_bench.stages.build import COLUMNS, frame, unavailable_frame
 from ddtree_bench.builders import get_builder
 from ddtree_bench.report import (
     FIGURE_NAMES,
@@ -21,6 +19,8 @@ from ddtree_bench.report import (
     speedups,
     timings,
 )
+from ddtree_bench.stages.build import COLUMNS, frame, unavailable_frame
+from ddtree_bench.summary.build import SUMMARY_COLUMNS, aggregate, combine_shapes, summarize, tree_shape
 from ddtree_bench.traces import generate_trace, save_trace
 
 

@@ -610,8 +610,8 @@ def test_source_errors_on_the_command_line_exit_2(
 
 
 def test_source_provenance_is_in_every_row_and_the_summary(fake_torch_only, tmp_path, topk_inputs):
-    from ddtree_bench.summary.build import summarize  # noqa: PLC0415
     from ddtree_bench.stages.build import run_benchmark  # noqa: PLC0415
+    from ddtree_bench.summary.build import summarize  # noqa: PLC0415
     from ddtree_bench.traces import save_trace  # noqa: PLC0415
 
     lp, ids = topk_inputs("peaked", 2, 4, 8)

@@ -13,19 +13,7 @@ import pandas as pd
 import pytest
 from test_report import synthetic_summary, write_machine
 
-from ddtree_bench.summary.build import combine_shapes, tree_shape
 from ddtree_bench.report import FIGURE_NAMES, evaluate_targets, load_machines, render_report
-from ddtree_bench.timing.records import stage_frame
-from ddtree_bench.summary.step import (
-    LEFT_OUT,
-    STEP_SUMMARY_COLUMNS,
-    aggregate_steps,
-    peak_rates,
-    preferred,
-    step_breakdown,
-    summarize_steps,
-    unavailable_stage_frame,
-)
 from ddtree_bench.step_report import (
     TARGET_ACCEPT,
     TARGET_COMPUTE,
@@ -37,6 +25,18 @@ from ddtree_bench.step_report import (
     breakdown_table,
     step_targets,
 )
+from ddtree_bench.summary.build import combine_shapes, tree_shape
+from ddtree_bench.summary.step import (
+    LEFT_OUT,
+    STEP_SUMMARY_COLUMNS,
+    aggregate_steps,
+    peak_rates,
+    preferred,
+    step_breakdown,
+    summarize_steps,
+    unavailable_stage_frame,
+)
+from ddtree_bench.timing.records import stage_frame
 from ddtree_bench.traces import generate_trace, save_trace
 
 GEMM_TFLOPS, COPY_TBPS, FLOOR_S = 800.0, 4.0, 8e-6

@@ -319,7 +319,7 @@ def test_a_tree_mismatch_fails_the_run_naming_request_and_field(tmp_path):
 
 
 STUB_STEP = """
-from ddtree_bench.stages.build import write_frame
+from ddtree_bench.io import write_frame
 from ddtree_bench.timing.records import stage_frame
 
 job = snakemake  # noqa: F821

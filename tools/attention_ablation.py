@@ -81,6 +81,7 @@ def main(argv: list[str]) -> None:
     import torch
     from gpu_inputs import topk_inputs
 
+    from ddtree_bench.builders import get_builder
     from ddtree_bench.cuda import loader as cuda
     from ddtree_bench.ops.attention import (
         HEAD_DIM,
@@ -90,7 +91,6 @@ def main(argv: list[str]) -> None:
         attention_bytes,
     )
     from ddtree_bench.stages.attention import STREAM_BLOCKS_PER_SM, STREAM_NEVER, STREAM_THREADS
-    from ddtree_bench.builders import get_builder
     from ddtree_bench.tree import packed_visibility
 
     cases = argv or ["8x8x32768", "64x8x32768", "1x8x32768:16", "8x8x32768:8", "8x64x32768"]

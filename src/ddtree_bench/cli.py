@@ -137,7 +137,8 @@ def _drafter_params(path) -> dict | None:
 
 def cmd_build(args) -> int:
     from ddtree_bench.builders import get_builder
-    from ddtree_bench.traces import atomic_output, load_trace
+    from ddtree_bench.io import atomic_output
+    from ddtree_bench.traces import load_trace
     from ddtree_bench.validation import check_budget
 
     budget = check_budget(args.budget)
@@ -157,8 +158,8 @@ def cmd_build(args) -> int:
 
 
 def cmd_check(args) -> int:
+    from ddtree_bench.io import atomic_output
     from ddtree_bench.stages.check import check_builder
-    from ddtree_bench.traces import atomic_output
 
     summary = check_builder(
         args.builder,
@@ -192,7 +193,7 @@ def _trace_distribution(path) -> str | None:
 
 
 def cmd_bench(args) -> int:
-    from ddtree_bench.traces import atomic_output
+    from ddtree_bench.io import atomic_output
     from ddtree_bench.validation import check_budget
 
     budget = check_budget(args.budget)
@@ -376,7 +377,8 @@ def cmd_report(args) -> int:
 
 def cmd_calibrate(args) -> int:
     from ddtree_bench.calibrate import check_tau, fit, fragment_yaml, parse_tau_pairs
-    from ddtree_bench.traces import atomic_output, check_positive_int
+    from ddtree_bench.io import atomic_output
+    from ddtree_bench.traces import check_positive_int
 
     depth = check_positive_int(args.depth, "--depth")
     target = parse_tau_pairs(args.tau, depth)

@@ -1270,7 +1270,7 @@ def render_report(
     if not sglang_sources.empty:
         md.append("### SGLang's function: where it came from\n\n" + markdown_table(sglang_sources))
     md.append("## All configurations\n\n" + markdown_table(medians))
-    from ddtree_bench.traces import atomic_output  # noqa: PLC0415
+    from ddtree_bench.io import atomic_output  # noqa: PLC0415
 
     with atomic_output(md_path) as tmp:
         Path(tmp).write_text("\n".join(md))

@@ -3,7 +3,8 @@ import json
 
 from _job import logged
 
-from ddtree_bench.stages.build import run_benchmark, write_frame
+from ddtree_bench.io import write_frame
+from ddtree_bench.stages.build import run_benchmark
 
 snakemake = snakemake  # noqa: F821 (the job object Snakemake's script preamble defines)
 

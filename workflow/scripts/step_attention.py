@@ -1,6 +1,6 @@
 from _job import logged
 
-from ddtree_bench.stages.build import write_frame
+from ddtree_bench.io import write_frame
 from ddtree_bench.summary.step import describe_rows
 
 snakemake = snakemake  # noqa: F821 (the job object Snakemake's script preamble defines)

@@ -40,10 +40,10 @@ from types import SimpleNamespace
 import numpy as np
 import pandas as pd
 
-from ddtree_bench.ops.accept import TREE_LINK_FIELDS, DeviceAccept, GpuAccept, accept_cpu, host_field
 from ddtree_bench.acceptance import expected_acceptance, sample_target_tokens
-from ddtree_bench.stages.build import TimingPolicy, read_batch
 from ddtree_bench.environment import ENVIRONMENT_COLUMNS, collect_environment
+from ddtree_bench.ops.accept import TREE_LINK_FIELDS, DeviceAccept, GpuAccept, accept_cpu, host_field
+from ddtree_bench.stages.build import TimingPolicy, read_batch
 from ddtree_bench.timing.records import stage_frame
 from ddtree_bench.traces import check_positive_int, row_sha256
 from ddtree_bench.validation import check_budget

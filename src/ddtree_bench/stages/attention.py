@@ -32,6 +32,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from ddtree_bench.config import ATTENTION_IMPLS, STREAM_IMPL
+from ddtree_bench.environment import ENVIRONMENT_COLUMNS, collect_environment
 from ddtree_bench.ops.attention import (
     HEAD_DIM,
     SMALL_KEYS_PER_TILE,
@@ -43,8 +45,6 @@ from ddtree_bench.ops.attention import (
     visible_keys,
 )
 from ddtree_bench.stages.build import TimingPolicy, read_batch
-from ddtree_bench.config import ATTENTION_IMPLS, STREAM_IMPL
-from ddtree_bench.environment import ENVIRONMENT_COLUMNS, collect_environment
 from ddtree_bench.timing.records import stage_frame
 from ddtree_bench.traces import row_sha256
 
@@ -136,8 +136,8 @@ def run_attention_benchmark(
         **{key: env.get(key) for key in ENVIRONMENT_COLUMNS},
     }
 
-    from ddtree_bench.ops.attention import AttentionUnavailable, VerifyAttention
     from ddtree_bench.builders import get_builder
+    from ddtree_bench.ops.attention import AttentionUnavailable, VerifyAttention
     from ddtree_bench.tree import packed_visibility
 
     trees = get_builder("native").build(
@@ -178,8 +178,8 @@ def run_attention_benchmark(
     import cupy as cp
     import torch
 
-    from ddtree_bench.ops.attention import reference_attention
     from ddtree_bench.cuda.loader import BENCH_UTIL_SOURCE, cached_fatbin
+    from ddtree_bench.ops.attention import reference_attention
 
     util = cp.RawModule(path=str(util_fatbin or cached_fatbin(BENCH_UTIL_SOURCE)))
     spin_kernel = util.get_function("ddtree_spin_kernel")

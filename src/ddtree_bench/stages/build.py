@@ -461,12 +461,3 @@ def run_benchmark(
         for phase, rep, seconds in samples
     ]
     return frame(rows)
-
-
-def write_frame(df: pd.DataFrame, path) -> None:
-    """Write ``df`` to a parquet file atomically (no partial file on failure)."""
-    from ddtree_bench.traces import atomic_output  # noqa: PLC0415
-
-    path = Path(path)
-    with atomic_output(path) as tmp:
-        df.to_parquet(tmp, index=False)

@@ -31,8 +31,8 @@ import time
 import numpy as np
 import pandas as pd
 
-from ddtree_bench.stages.build import TimingPolicy, frame, prepare_run, unavailable_frame
 from ddtree_bench.environment import ENVIRONMENT_COLUMNS
+from ddtree_bench.stages.build import TimingPolicy, frame, prepare_run, unavailable_frame
 
 IN_SITU = "in-situ"
 #: The timing values of the in-situ rows (the gpu builder's variants: packed bits, launch + sync wall).

@@ -23,10 +23,10 @@ import math
 import numpy as np
 import pandas as pd
 
-from ddtree_bench.ops import attention_peers
 from ddtree_bench.cuda import loader as cuda
-from ddtree_bench.stages.build import TimingPolicy
 from ddtree_bench.environment import collect_environment
+from ddtree_bench.ops import attention_peers
+from ddtree_bench.stages.build import TimingPolicy
 from ddtree_bench.timing.records import STAGE_COLUMNS, stage_frame
 
 IMPLS = ("floor", "bf16-gemm", "device-copy")

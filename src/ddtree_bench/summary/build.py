@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ddtree_bench.io import write_frame, write_json
+
 if TYPE_CHECKING:
     import pandas as pd
 
@@ -171,8 +173,8 @@ def simulated_accept_stats(lp, ids, trees, *, seed: int = 0, gpu: bool = True) -
     Where a CUDA device works (and ``gpu``), the GPU accept kernel walks the same draws too and
     ``simulated_gpu_agrees`` records whether its accepted paths, lengths and bonus tokens equal the CPU
     walk's (None: no GPU)."""
-    from ddtree_bench.ops.accept import GpuAccept, accept_cpu  # noqa: PLC0415
     from ddtree_bench.acceptance import sample_target_tokens  # noqa: PLC0415
+    from ddtree_bench.ops.accept import GpuAccept, accept_cpu  # noqa: PLC0415
 
     target = sample_target_tokens(lp, ids, trees, seed=int(seed))
     result = accept_cpu(trees, target)
@@ -305,29 +307,15 @@ def combine_shapes(paths) -> pd.DataFrame:
     return shapes
 
 
-def write_json(data, path) -> None:
-    """Write ``data`` as indented JSON atomically."""
-    from ddtree_bench.traces import atomic_output  # noqa: PLC0415
-
-    with atomic_output(path) as tmp:
-        Path(tmp).write_text(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
-
-
-def write_parquet(df: pd.DataFrame, path) -> None:
-    from ddtree_bench.stages.build import write_frame  # noqa: PLC0415
-
-    write_frame(df, path)
-
-
 def aggregate(
     bench_paths, summary_path, *, shape_paths=(), shape_path=None, environment=None, environment_path=None
 ) -> pd.DataFrame:
     """Summarise the per-job files into ``summary_path`` (parquet); optionally combine the tree-shape files
     into ``shape_path`` and write ``environment`` (a dict) to ``environment_path`` (JSON)."""
     summary = summarize(read_rows(bench_paths))
-    write_parquet(summary, summary_path)
+    write_frame(summary, summary_path)
     if shape_path is not None:
-        write_parquet(combine_shapes(shape_paths), shape_path)
+        write_frame(combine_shapes(shape_paths), shape_path)
     if environment_path is not None:
         write_json(environment or {}, environment_path)
     return summary

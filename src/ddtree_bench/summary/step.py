@@ -317,7 +317,7 @@ def _typed(summary: pd.DataFrame) -> pd.DataFrame:
 
 def aggregate_steps(paths, summary_path) -> pd.DataFrame:
     """Summarise the step jobs' files ``paths`` into ``summary_path`` (parquet)."""
-    from ddtree_bench.stages.build import write_frame  # noqa: PLC0415
+    from ddtree_bench.io import write_frame  # noqa: PLC0415
 
     summary = summarize_steps(read_stage_rows(paths))
     write_frame(summary, Path(summary_path))
