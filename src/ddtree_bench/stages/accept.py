@@ -43,7 +43,9 @@ import pandas as pd
 from ddtree_bench.acceptance import expected_acceptance, sample_target_tokens
 from ddtree_bench.environment import ENVIRONMENT_COLUMNS, collect_environment
 from ddtree_bench.ops.accept import TREE_LINK_FIELDS, DeviceAccept, GpuAccept, accept_cpu, host_field
-from ddtree_bench.stages.build import TimingPolicy, read_batch
+from ddtree_bench.stages.build import read_batch
+from ddtree_bench.timing.gpu import EVENT_CLOCK, EventTimer, pinned
+from ddtree_bench.timing.policy import TimingPolicy
 from ddtree_bench.timing.records import stage_frame
 from ddtree_bench.traces import check_positive_int, row_sha256
 from ddtree_bench.validation import check_budget
@@ -53,7 +55,6 @@ IMPLS = ("cpu-walk", "gpu-kernel", "gpu-host-inclusive", "floor")
 TIMING_KEYS = ("warmup", "repeats", "min_seconds", "max_seconds", "min_repeats", "max_repeats")
 REQUIRED_TIMING_KEYS = ("warmup", "repeats", "min_seconds")
 NO_DEVICE_REASON = "no device: walk only, no device-to-host copy"
-EVENT_CLOCK = "cudaEventElapsedTime"
 # (timing, cache) of each impl's rows
 IMPL_TIMING = {
     "cpu-walk": ("wall", "n/a"),
@@ -241,7 +242,6 @@ def _device_rows(policy, base, trees, target, expected, accept: GpuAccept, util_
     import cupy as cp
 
     from ddtree_bench.cuda import loader as cuda
-    from ddtree_bench.stages.build_gpu import SPIN_NS, _pinned
 
     batch, budget = base["batch"], base["budget"]
     stream = cp.cuda.Stream(non_blocking=True)
@@ -249,7 +249,7 @@ def _device_rows(policy, base, trees, target, expected, accept: GpuAccept, util_
         d_target = cp.asarray(np.ascontiguousarray(target, np.int64))
         d_trees = SimpleNamespace(**{name: cp.asarray(host_field(trees, name)) for name in TREE_LINK_FIELDS})
     stream.synchronize()
-    pinned_target = _pinned(d_target.nbytes).view(np.int64).reshape(d_target.shape)
+    pinned_target = pinned(d_target.nbytes).view(np.int64).reshape(d_target.shape)
     rows = _cpu_walk_rows(policy, base, trees, target, expected, device=(stream, d_target, pinned_target))
 
     try:
@@ -259,14 +259,14 @@ def _device_rows(policy, base, trees, target, expected, accept: GpuAccept, util_
         with stream:
             out = DeviceAccept(batch, budget)
         outputs = (out.accepted_indices, out.accept_length, out.bonus_token)
-        pinned_out = [_pinned(a.nbytes).view(a.dtype).reshape(a.shape) for a in outputs]
+        pinned_out = [pinned(a.nbytes).view(a.dtype).reshape(a.shape) for a in outputs]
         accept.launch(d_target, d_trees, out, stream=stream)  # loads the module outside any timing
         stream.synchronize()
     except Exception as exc:  # the kernels cannot be built or loaded here: every GPU impl failed
         reason = _first_line(exc)
         return rows + [_status_row(base, impl, "failed", reason) for impl in IMPLS[1:]]
 
-    start, end = cp.cuda.Event(), cp.cuda.Event()
+    event_time = EventTimer(stream, spin_kernel)
 
     def fill_sentinel():
         for array in outputs:
@@ -274,14 +274,6 @@ def _device_rows(policy, base, trees, target, expected, accept: GpuAccept, util_
         for array in pinned_out:
             array.fill(_SENTINEL)
         stream.synchronize()
-
-    def event_time(fn) -> float:
-        spin_kernel((1,), (1,), (np.int64(SPIN_NS),), stream=stream)
-        start.record(stream)
-        fn()
-        end.record(stream)
-        end.synchronize()
-        return cp.cuda.get_elapsed_time(start, end) / 1e3
 
     def empty():
         empty_kernel((1,), (1,), (), stream=stream)

@@ -44,7 +44,9 @@ from ddtree_bench.ops.attention import (
     attention_flops,
     visible_keys,
 )
-from ddtree_bench.stages.build import TimingPolicy, read_batch
+from ddtree_bench.stages.build import read_batch
+from ddtree_bench.timing.gpu import SPIN_NS, EventTimer
+from ddtree_bench.timing.policy import TimingPolicy
 from ddtree_bench.timing.records import stage_frame
 from ddtree_bench.traces import row_sha256
 
@@ -58,7 +60,7 @@ STREAM_NEVER = 0x9E3779B9  # the kernel stores its fold only if it equals this; 
 # the mma.sync kernel, to set the two side by side on a Hopper GPU
 OUR_PATHS = {"ours": "auto", "ours-mma": "mma"}
 TOLERANCE = 2e-2  # max abs error against float32 on outputs of unit-variance inputs (bf16 output rounding)
-SPIN_NS = 200_000
+ATTENTION_SPIN_NS = 2 * SPIN_NS  # the peers' (PyTorch) calls take longer to queue than a raw launch
 
 
 def _check_args(budget, batch, heads, prefix, impls):
@@ -192,7 +194,13 @@ def run_attention_benchmark(
     torch_stream = torch.cuda.ExternalStream(stream.ptr)
     flush_words = 2 * l2_bytes // 4
     flush_buf = cp.empty(flush_words, cp.uint32)
-    start, end = cp.cuda.Event(), cp.cuda.Event()
+
+    def flush():
+        flush_kernel(
+            (4 * sm_count,), (1024,), (flush_buf, np.int64(flush_words), np.uint32(3)), stream=stream
+        )
+
+    event_time = EventTimer(stream, spin_kernel, spin_ns=ATTENTION_SPIN_NS, flush=flush)
 
     gen = torch.Generator(device="cuda").manual_seed(seed)
     tokens = budget + 1
@@ -218,18 +226,6 @@ def run_attention_benchmark(
                 q, kv, lengths, visibility_checked, requests=check_requests
             )
         return references[mask]
-
-    def event_time(fn, cold: bool) -> float:
-        spin_kernel((1,), (1,), (np.int64(SPIN_NS),), stream=stream)
-        if cold:
-            flush_kernel(
-                (4 * sm_count,), (1024,), (flush_buf, np.int64(flush_words), np.uint32(3)), stream=stream
-            )
-        start.record(stream)
-        fn()
-        end.record(stream)
-        end.synchronize()
-        return cp.cuda.get_elapsed_time(start, end) / 1e3
 
     rows = []
     ours_reason = {}

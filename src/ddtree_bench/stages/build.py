@@ -39,6 +39,7 @@ import numpy as np
 import pandas as pd
 
 from ddtree_bench.environment import ENVIRONMENT_COLUMNS, collect_environment
+from ddtree_bench.timing.policy import TimingPolicy, check_count
 from ddtree_bench.traces import row_sha256
 from ddtree_bench.validation import check_budget
 
@@ -78,20 +79,6 @@ COLUMNS = (*COLUMNS, *PROVENANCE_COLUMNS)
 
 STATUSES = ("ok", "unavailable", "failed")
 PHASES = ("warmup", "timed")
-
-
-def _check_count(value, name: str, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
-    return int(value)
-
-
-def _check_seconds(value, name: str, *, allow_none: bool = False) -> float | None:
-    if value is None and allow_none:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
-        raise ValueError(f"{name} must be a finite number of seconds >= 0, got {value!r}")
-    return float(value)
 
 
 def _builder_object(builder, builder_options):
@@ -268,38 +255,6 @@ def _trees_equal_reference(lp, ids, budget, trees) -> bool:
     return first_difference(expected, trees) is None
 
 
-class TimingPolicy:
-    """How many calls a timing job makes (module docstring): ``warmup`` untimed-but-recorded calls, then timed
-    calls until ``repeats`` calls and ``min_seconds`` are both reached, or ``max_repeats`` calls, or
-    ``max_seconds`` once there are ``min_repeats`` calls. Arguments are validated (one-line ValueError)."""
-
-    def __init__(self, *, warmup, repeats, min_seconds, max_seconds=None, min_repeats=1, max_repeats=None):
-        self.warmup = _check_count(warmup, "warmup", 0)
-        self.repeats = _check_count(repeats, "repeats", 1)
-        self.min_repeats = _check_count(min_repeats, "min_repeats", 1)
-        self.max_repeats = None if max_repeats is None else _check_count(max_repeats, "max_repeats", 1)
-        if self.max_repeats is not None and self.max_repeats < self.repeats:
-            raise ValueError(f"max_repeats ({self.max_repeats}) must be >= repeats ({self.repeats})")
-        self.min_seconds = _check_seconds(min_seconds, "min_seconds")
-        self.max_seconds = _check_seconds(max_seconds, "max_seconds", allow_none=True)
-
-    def samples(self, measure) -> list[tuple[str, int, float]]:
-        """``(phase, repetition, seconds)`` for every call of ``measure()`` (which returns its seconds)."""
-        out = [("warmup", rep, measure()) for rep in range(self.warmup)]
-        start, rep = time.perf_counter(), 0
-        while True:
-            out.append(("timed", rep, measure()))
-            rep += 1
-            elapsed = time.perf_counter() - start
-            if self.max_repeats is not None and rep >= self.max_repeats:
-                break
-            if rep >= self.repeats and elapsed >= self.min_seconds:
-                break
-            if self.max_seconds is not None and rep >= self.min_repeats and elapsed >= self.max_seconds:
-                break
-        return out
-
-
 INPUT_COLUMNS = ("topk", "trace")
 
 
@@ -318,7 +273,7 @@ def prepare_run(
     fields every row shares. Returns ``(builder_object, lp, ids, budget, base_row)``, or a one-row
     "unavailable" frame when the builder cannot run here."""
     budget = check_budget(budget)
-    batch = _check_count(batch, "batch", 1)
+    batch = check_count(batch, "batch", 1)
     input_columns = check_input_columns(input_columns)
     lp, ids, columns, metadata = read_batch(trace_path, batch, budget if input_columns == "topk" else None)
     depth = int(lp.shape[1])

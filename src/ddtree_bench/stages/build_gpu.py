@@ -35,9 +35,10 @@ import time
 import numpy as np
 import pandas as pd
 
-from ddtree_bench.stages.build import TimingPolicy, frame, prepare_run
+from ddtree_bench.stages.build import frame, prepare_run
+from ddtree_bench.timing.gpu import EVENT_CLOCK, EventTimer, pinned
+from ddtree_bench.timing.policy import TimingPolicy
 
-SPIN_NS = 100_000  # long enough to cover the host's cost of queueing the timed launches
 #: The GPU timings measured by wall clock (the others: CUDA events).
 WALL_TIMINGS = ("host-inclusive", "in-situ-launch-sync", "in-situ-launch-sync-packed")
 
@@ -98,19 +99,15 @@ def run_gpu_benchmark(
         in_offsets, in_bytes = _layout([("lp", lp.shape, lp.dtype), ("ids", ids.shape, ids.dtype)])
         d_in = cp.zeros(in_bytes, cp.uint8)
         d_lp, d_ids = (_views(d_in, in_offsets)[k] for k in ("lp", "ids"))
-        pinned_in = _pinned(in_bytes)
+        pinned_in = pinned(in_bytes)
         host_in = _views(pinned_in, in_offsets)
         host_in["lp"][...] = lp
         host_in["ids"][...] = ids
         d_in.set(pinned_in)
         out = DeviceTrees(batch, budget)
-        pinned_out = _pinned(out.tree_bytes)
+        pinned_out = pinned(out.tree_bytes)
         flush_words = 2 * kernels.l2_bytes // 4
         flush_buf = cp.empty(flush_words, cp.uint32)
-    start, end = cp.cuda.Event(), cp.cuda.Event()
-
-    def spin():
-        kernels.spin((1,), (1,), (np.int64(SPIN_NS),), stream=stream)
 
     def flush():
         kernels.flush_l2(
@@ -155,15 +152,7 @@ def run_gpu_benchmark(
             stream.synchronize()
             return (time.perf_counter_ns() - t0) / 1e9
 
-    def event_time(fn, cold: bool) -> float:
-        spin()
-        if cold:
-            flush()
-        start.record(stream)
-        fn()
-        end.record(stream)
-        end.synchronize()
-        return cp.cuda.get_elapsed_time(start, end) / 1e3
+    event_time = EventTimer(stream, kernels.spin, flush=flush)
 
     def host_inclusive() -> float:
         t0 = time.perf_counter_ns()
@@ -212,7 +201,7 @@ def run_gpu_benchmark(
     )
     rows = []
     for timing, cache, phase, rep, seconds in samples:
-        clock = "time.perf_counter_ns" if timing in WALL_TIMINGS else "cudaEventElapsedTime"
+        clock = "time.perf_counter_ns" if timing in WALL_TIMINGS else EVENT_CLOCK
         rows.append(
             {
                 **base,
@@ -231,10 +220,3 @@ def run_gpu_benchmark(
 
 
 _PATH_NAMES = ("parallel", "heap (anomaly)", "heap (pool overflow)", "heap (forced)", "warp heap")
-
-
-def _pinned(nbytes: int) -> np.ndarray:
-    """A page-locked host byte buffer."""
-    import cupy as cp
-
-    return np.frombuffer(cp.cuda.alloc_pinned_memory(max(1, nbytes)), np.uint8, nbytes)

@@ -32,7 +32,9 @@ import numpy as np
 import pandas as pd
 
 from ddtree_bench.environment import ENVIRONMENT_COLUMNS
-from ddtree_bench.stages.build import TimingPolicy, frame, prepare_run, unavailable_frame
+from ddtree_bench.stages.build import frame, prepare_run, unavailable_frame
+from ddtree_bench.timing.gpu import pinned
+from ddtree_bench.timing.policy import TimingPolicy
 
 IN_SITU = "in-situ"
 #: The timing values of the in-situ rows (the gpu builder's variants: packed bits, launch + sync wall).
@@ -195,7 +197,6 @@ def _pinned_measure(obj, lp: np.ndarray, ids: np.ndarray, budget: int, keep: lis
     import cupy as cp
 
     from ddtree_bench.builders.gpu import _layout, _views
-    from ddtree_bench.stages.build_gpu import _pinned
     from ddtree_bench.tree import FIELD_DTYPES, TreeBatch
 
     batch = lp.shape[0]
@@ -216,13 +217,13 @@ def _pinned_measure(obj, lp: np.ndarray, ids: np.ndarray, budget: int, keep: lis
     stream = cp.cuda.Stream(non_blocking=True)
     with stream:
         d_in = cp.zeros(in_bytes, cp.uint8)  # the drafter's top-K on the device (filled once, untimed)
-        staging = _pinned(in_bytes)
+        staging = pinned(in_bytes)
         host_in = _views(staging, in_offsets)
         host_in["lp"][...] = lp
         host_in["ids"][...] = ids
         d_in.set(staging, stream=stream)
         d_out = cp.zeros(verify_bytes, cp.uint8)
-        pinned_out = _pinned(out_bytes)
+        pinned_out = pinned(out_bytes)
         stream.synchronize()
         staging[...] = 0  # so that the timed copy in is what fills it
     host_lp, host_ids = host_in["lp"], host_in["ids"]

@@ -26,12 +26,11 @@ import pandas as pd
 from ddtree_bench.cuda import loader as cuda
 from ddtree_bench.environment import collect_environment
 from ddtree_bench.ops import attention_peers
-from ddtree_bench.stages.build import TimingPolicy
+from ddtree_bench.timing.gpu import EVENT_CLOCK, EventTimer
+from ddtree_bench.timing.policy import TimingPolicy
 from ddtree_bench.timing.records import STAGE_COLUMNS, stage_frame
 
 IMPLS = ("floor", "bf16-gemm", "device-copy")
-SPIN_NS = 100_000  # as gpu_bench: covers the host's cost of queueing the timed call
-CLOCK = "cudaEventElapsedTime"
 
 
 def _describe(exc: BaseException) -> str:
@@ -70,7 +69,7 @@ def run_peaks(
         "budget": 0,
         "timing": "cuda-events",
         "cache": "warm",
-        "clock": CLOCK,
+        "clock": EVENT_CLOCK,
     }
 
     def unavailable(impl: str, reason: str, status: str = "unavailable") -> dict:
@@ -99,15 +98,7 @@ def run_peaks(
         return stage_frame([unavailable(impl, reason) for impl in IMPLS])
 
     stream = cp.cuda.Stream(non_blocking=True)
-    start, end = cp.cuda.Event(), cp.cuda.Event()
-
-    def event_time(fn) -> float:
-        spin_kernel((1,), (1,), (np.int64(SPIN_NS),), stream=stream)
-        start.record(stream)
-        fn()
-        end.record(stream)
-        end.synchronize()
-        return cp.cuda.get_elapsed_time(start, end) / 1e3
+    event_time = EventTimer(stream, spin_kernel)
 
     def floor_samples():
         return policy.samples(lambda: event_time(lambda: empty((1,), (1,), (), stream=stream))), None, None
