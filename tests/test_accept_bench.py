@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from ddtree_bench.acceptance import expected_acceptance, sample_target_tokens
+from ddtree_bench.acceptance import expected_accepted_tokens, sample_target_tokens
 from ddtree_bench.builders import get_builder
 from ddtree_bench.cuda import loader as cuda
 from ddtree_bench.environment import ENVIRONMENT_COLUMNS
@@ -49,7 +49,7 @@ def expected_means(trace_path, budget, batch, seed=0):
         lp, ids = data["top_log_probs"][:batch], data["top_token_ids"][:batch]
     trees = get_builder("reference").build(lp, ids, budget)
     target = sample_target_tokens(lp, ids, trees, seed=seed)
-    return float(accept_cpu(trees, target)[1].mean()), float(expected_acceptance(lp, ids, trees).mean())
+    return float(accept_cpu(trees, target)[1].mean()), float(expected_accepted_tokens(lp, ids, trees).mean())
 
 
 def test_without_gpu_cpu_walk_is_timed_and_gpu_impls_are_unavailable(trace_path, no_gpu):

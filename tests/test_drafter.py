@@ -287,7 +287,7 @@ def test_acceptance_report_table_and_figures(tmp_path):
 def test_defaults_reproduce_the_paper_within_3_percent(native_library):
     """The pipeline's drafter trace (256 requests, seed 0, K = 1024), its first 15 positions (the paper's
     block 16): expected tau within 3 % of Fig. 3 at every budget, the top-1 chain within 3 % of 7.79."""
-    from ddtree_bench.acceptance import expected_acceptance
+    from ddtree_bench.acceptance import expected_accepted_tokens
     from ddtree_bench.calibrate import PAPER_CHAIN, PAPER_TAU
     from ddtree_bench.summary.build import chain_tau_mean
 
@@ -296,7 +296,7 @@ def test_defaults_reproduce_the_paper_within_3_percent(native_library):
     builder = get_builder("native", library=native_library, validate=False)
     for budget, paper in PAPER_TAU.items():
         sub_lp, sub_ids = np.ascontiguousarray(lp[:, :, :budget]), np.ascontiguousarray(ids[:, :, :budget])
-        tau = 1.0 + expected_acceptance(sub_lp, sub_ids, builder.build(sub_lp, sub_ids, budget)).mean()
+        tau = 1.0 + expected_accepted_tokens(sub_lp, sub_ids, builder.build(sub_lp, sub_ids, budget)).mean()
         assert abs(tau / paper - 1.0) <= 0.03, (budget, tau, paper)
     assert abs(chain_tau_mean(lp) / PAPER_CHAIN - 1.0) <= 0.03
 

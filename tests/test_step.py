@@ -516,14 +516,14 @@ def test_report_with_unavailable_step_rows(tmp_path):
 
 
 def test_tree_shape_carries_expected_acceptance(tmp_path):
-    from ddtree_bench.acceptance import expected_acceptance
+    from ddtree_bench.acceptance import expected_accepted_tokens
     from ddtree_bench.builders import get_builder
 
     path = tmp_path / "t.npz"
     lp, ids = generate_trace("peaked", 6, 4, 16, vocab_size=300, seed=2, device="cpu")
     save_trace(path, lp, ids, distribution="peaked")
     small, large = tree_shape(path, 2, distribution="peaked"), tree_shape(path, 16, distribution="peaked")
-    values = expected_acceptance(lp, ids, get_builder("reference").build(lp, ids, 16))
+    values = expected_accepted_tokens(lp, ids, get_builder("reference").build(lp, ids, 16))
     assert large[0]["expected_accept_mean"] == pytest.approx(float(np.mean(values)))
     assert large[0]["expected_accept_p10"] == pytest.approx(float(np.percentile(values, 10)))
     assert all(r["expected_accept_mean"] == large[0]["expected_accept_mean"] for r in large)

@@ -3,8 +3,8 @@
 A target is ``tau(N)`` per budget ``N`` (tokens per verify round, the bonus token included, as the DDTree
 paper counts it) and optionally the top-1 chain's ``tau`` (DFlash's). The model's ``tau(N)`` is the trees'
 expected acceptance, ``1 + `` the sum over the tree's nodes of the path probability
-(``acceptance.expected_acceptance``), averaged over requests, for best-first trees built by the native C++
-builder (the reference where it cannot load) at depth ``D`` (15 for the paper's block 16) with ``K = N``.
+(``acceptance.expected_accepted_tokens``), averaged over requests, for best-first trees built by the native
+C++ builder (the reference where it cannot load) at depth ``D`` (15 for the paper's block 16) with ``K = N``.
 The chain's is ``1 + sum_d prod_{j <= d} p1[j]``.
 
 The fit holds the random draws fixed (common random numbers: the ``z`` of a drafter trace of the same

@@ -23,7 +23,7 @@ Per impl, in one run, ``TimingPolicy`` calls each (warm-up calls kept as ``phase
 ``accept_cpu`` on the same inputs (the last timed call's outputs are compared; device outputs are filled
 with a sentinel before timing, so an element the kernel never writes shows up). ``floor`` rows carry the
 ``gpu-kernel`` check of the same run. ``accept_length_mean`` (root included) and ``expected_accept_mean``
-(``acceptance.expected_acceptance``, draft tokens) describe the inputs and are on every row.
+(``acceptance.expected_accepted_tokens``, draft tokens) describe the inputs and are on every row.
 
 Without a GPU the three GPU impls get one ``status = "unavailable"`` row each, with the reason. If a GPU impl
 raises, its rows say ``"failed"`` and why.
@@ -40,7 +40,7 @@ from types import SimpleNamespace
 import numpy as np
 import pandas as pd
 
-from ddtree_bench.acceptance import expected_acceptance, sample_target_tokens
+from ddtree_bench.acceptance import expected_accepted_tokens, sample_target_tokens
 from ddtree_bench.environment import ENVIRONMENT_COLUMNS, collect_environment
 from ddtree_bench.ops.accept import TREE_LINK_FIELDS, DeviceAccept, GpuAccept, accept_cpu, host_field
 from ddtree_bench.stages.build import read_batch
@@ -151,7 +151,7 @@ def run_accept_benchmark(
         "flops": None,
         "bytes": None,
         "accept_length_mean": float(np.mean(expected[1])),
-        "expected_accept_mean": float(np.mean(expected_acceptance(lp, ids, trees))),
+        "expected_accept_mean": float(np.mean(expected_accepted_tokens(lp, ids, trees))),
         "trace_sha256": row_sha256(path, metadata),
         **{k: env.get(k) for k in ENVIRONMENT_COLUMNS},
     }

@@ -148,10 +148,10 @@ def summarize(rows: pd.DataFrame) -> pd.DataFrame:
 
 def expected_accept_stats(lp, ids, trees) -> dict:
     """Mean, p10 and p90 over requests of the trees' expected accepted draft tokens (the sum over nodes of
-    the path probability under the drafter's distributions: ``acceptance.expected_acceptance``)."""
-    from ddtree_bench.acceptance import expected_acceptance  # noqa: PLC0415
+    the path probability under the drafter's distributions: ``acceptance.expected_accepted_tokens``)."""
+    from ddtree_bench.acceptance import expected_accepted_tokens  # noqa: PLC0415
 
-    values = np.asarray(expected_acceptance(lp, ids, trees), dtype=np.float64)
+    values = np.asarray(expected_accepted_tokens(lp, ids, trees), dtype=np.float64)
     p10, p90 = np.percentile(values, [10, 90])
     return {
         "expected_accept_mean": float(values.mean()),
@@ -201,7 +201,7 @@ def simulated_accept_stats(lp, ids, trees, *, seed: int = 0, gpu: bool = True) -
 def paper_depth_accept_mean(lp, ids, budget: int) -> float | None:
     """The trees' mean expected tau (1 + expected acceptance) on the first ``PAPER_DEPTH`` positions of
     every request (the paper's block 16), or None for traces with fewer positions."""
-    from ddtree_bench.acceptance import expected_acceptance  # noqa: PLC0415
+    from ddtree_bench.acceptance import expected_accepted_tokens  # noqa: PLC0415
     from ddtree_bench.builders import get_builder  # noqa: PLC0415
 
     if lp.shape[1] < PAPER_DEPTH:
@@ -209,7 +209,7 @@ def paper_depth_accept_mean(lp, ids, budget: int) -> float | None:
     sub_lp = np.ascontiguousarray(lp[:, :PAPER_DEPTH])
     sub_ids = np.ascontiguousarray(ids[:, :PAPER_DEPTH])
     trees = get_builder("reference").build(sub_lp, sub_ids, budget)
-    return float(1.0 + np.mean(expected_acceptance(sub_lp, sub_ids, trees)))
+    return float(1.0 + np.mean(expected_accepted_tokens(sub_lp, sub_ids, trees)))
 
 
 def chain_tau_mean(lp, depth: int | None = None) -> float | None:
