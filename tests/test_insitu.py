@@ -369,7 +369,7 @@ def test_unavailable_like_names_the_timing_jobs_configuration(tmp_path):
 
 
 def test_device_input_checks_name_the_problem(topk_inputs):
-    from ddtree_bench.builders.gpu import DeviceTrees, _layout
+    from ddtree_bench.builders.gpu import DeviceTrees, device_layout
     from ddtree_bench.builders.gpu_device import check_device_inputs
 
     lp, ids = _inputs(topk_inputs)
@@ -392,4 +392,4 @@ def test_device_input_checks_name_the_problem(topk_inputs):
     ]
     fields += [("e", (3, n1, n1), np.bool_), ("f", (3, n1), np.int64), ("g", (3, n1), np.int64)]
     fields += [("h", (3, n1, words), np.uint32), ("i", (3,), np.int32)]
-    assert DeviceTrees.required_bytes(3, 9) == _layout(fields)[1]
+    assert DeviceTrees.required_bytes(3, 9) == device_layout(fields)[1]

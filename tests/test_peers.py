@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import yaml
-from test_step import _status, attention_rows, peak_rows
+from test_step import attention_rows, peak_rows, target_status
 from workflow_copy import snakemake, workdir_copy
 
 from ddtree_bench.config import ATTENTION_IMPLS, check_config, load_schema, step_options
@@ -311,7 +311,7 @@ def test_attention_table_of_a_summary_without_the_mask_column():
 
 
 def test_peer_targets_met():
-    status = _status(peer_step())
+    status = target_status(peer_step())
     assert status[TARGET_VS_FLASHMLA][0] == "met" and "min 1.20x" in status[TARGET_VS_FLASHMLA][1]
     assert "causal mask" in status[TARGET_VS_FLASHMLA][1]
     # compute-bound: B·(N+1)·H >= 4096 query rows: N = 64 and 256 at B = 8, not N = 64 at B = 1 (520 rows)
@@ -322,7 +322,7 @@ def test_peer_targets_met():
 
 
 def test_peer_targets_not_met_say_by_how_much():
-    status = _status(peer_step(ours_tflops=600.0, flash_slow=0.8, sglang_slow=8.0, stream_slow=0.5))
+    status = target_status(peer_step(ours_tflops=600.0, flash_slow=0.8, sglang_slow=8.0, stream_slow=0.5))
     assert status[TARGET_VS_FLASHMLA] == (
         "not met",
         "min 0.80x (N=8, B=8, S=32768, H=8) over 5 configurations, 0.20x short; FlashMLA's time / ours; "
@@ -340,14 +340,14 @@ def test_peer_targets_not_met_say_by_how_much():
 
 def test_peer_targets_no_data_and_a_wrong_peer():
     rows = peak_rows() + attention_rows("ours", 8, 1, 4096, tbps=1, tflops=1)
-    status = _status(summarize_steps(stage_frame(rows)))
+    status = target_status(summarize_steps(stage_frame(rows)))
     for target in PEER_TARGETS:
         assert status[target][0] == "no data", target
     assert "no shape where both ours and FlashMLA ran" in status[TARGET_VS_FLASHMLA][1]
     empty = step_targets(pd.DataFrame(), missing="no step_summary.parquet")
     assert len(empty) == len(STEP_TARGETS) + len(PEER_TARGETS)
     assert all(s == "no data" for _, _, s, _ in empty)
-    measured = _status(peer_step(flash_correct=False))[TARGET_VS_FLASHMLA][1]
+    measured = target_status(peer_step(flash_correct=False))[TARGET_VS_FLASHMLA][1]
     assert "the peer's output failed its own check at 5 configurations" in measured
 
 

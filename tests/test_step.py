@@ -314,12 +314,12 @@ def test_breakdown_without_a_build_or_accept_leaves_share_empty():
 # ----------------------------------------------------------------------------------------------- targets
 
 
-def _status(step):
+def target_status(step):
     return {target: (status, measured) for target, _, status, measured in step_targets(step)}
 
 
 def test_step_targets_met():
-    status = _status(summarize_steps(synthetic_step(fast=True, accept_factor=1.5)))
+    status = target_status(summarize_steps(synthetic_step(fast=True, accept_factor=1.5)))
     assert status[TARGET_MEMORY][0] == "met" and "TB/s" in status[TARGET_MEMORY][1]
     assert status[TARGET_COMPUTE][0] == "met"
     assert status[TARGET_FLEX][0] == "met" and "min 2.00x" in status[TARGET_FLEX][1]  # flex takes 2x
@@ -327,7 +327,7 @@ def test_step_targets_met():
 
 
 def test_step_targets_not_met():
-    status = _status(summarize_steps(synthetic_step(fast=False, accept_factor=3.0)))
+    status = target_status(summarize_steps(synthetic_step(fast=False, accept_factor=3.0)))
     assert status[TARGET_MEMORY][0] == "not met" and "min 2.00 TB/s" in status[TARGET_MEMORY][1]
     assert status[TARGET_COMPUTE][0] == "not met" and "N=64" in status[TARGET_COMPUTE][1]
     assert status[TARGET_ACCEPT][0] == "not met" and "3.00x" in status[TARGET_ACCEPT][1]
@@ -339,7 +339,7 @@ def test_flex_ratio_is_time_over_time():
         rows += attention_rows(impl, 8, 1, 8192, tbps=tbps, tflops=1)
     step = summarize_steps(stage_frame(rows))
     # same per-call seconds by construction: ratio 1.0 < 1.5
-    assert _status(step)[TARGET_FLEX][0] == "not met"
+    assert target_status(step)[TARGET_FLEX][0] == "not met"
 
 
 def test_read_stream_sets_each_shape_against_its_bandwidth_bound():
@@ -366,29 +366,29 @@ def test_read_stream_sets_each_shape_against_its_bandwidth_bound():
     }
     assert set(table.loc[table["impl"] == "read-stream", "vs flexattention"]) == {"-"}  # no attention
     # the memory-bound target names what the read stream reached at ours' worst configuration
-    status, measured = _status(step)[TARGET_MEMORY]
+    status, measured = target_status(step)[TARGET_MEMORY]
     assert status == "not met" and "min 1.00 TB/s (N=8, B=1" in measured
     assert measured.endswith("a read stream of the same bytes reached 4.00 TB/s there")
     assert "met at" not in measured  # met nowhere
     # met at one configuration of three: named
     rows += attention_rows("ours", 8, 64, 32768, tbps=3.5, tflops=300)
-    status, measured = _status(summarize_steps(stage_frame(rows)))[TARGET_MEMORY]
+    status, measured = target_status(summarize_steps(stage_frame(rows)))[TARGET_MEMORY]
     assert status == "not met" and "over 3 configurations, met at 1 (N=8, B=64, S=32768, H=8);" in measured
 
 
 def test_step_targets_no_data():
-    status = _status(summarize_steps(synthetic_step(flex=False)))
+    status = target_status(summarize_steps(synthetic_step(flex=False)))
     assert status[TARGET_FLEX][0] == "no data"
     empty = step_targets(pd.DataFrame(), missing="no step_summary.parquet")
     assert [s for _, _, s, _ in empty] == ["no data"] * 8  # 4 here, 4 against the peers (test_peers.py)
     assert all(m == "no step_summary.parquet" for *_, m in empty)
     only_small = summarize_steps(stage_frame(attention_rows("ours", 8, 1, 4096, tbps=5, tflops=5)))
-    assert _status(only_small)[TARGET_MEMORY][0] == "no data"  # S < 8192 is not where it applies
+    assert target_status(only_small)[TARGET_MEMORY][0] == "no data"  # S < 8192 is not where it applies
 
 
 def test_wrong_output_fails_a_speed_target():
     rows = peak_rows() + attention_rows("ours", 8, 1, 8192, tbps=5.0, tflops=1, correct=False)
-    status = _status(summarize_steps(stage_frame(rows)))
+    status = target_status(summarize_steps(stage_frame(rows)))
     assert status[TARGET_MEMORY][0] == "not met" and "output wrong" in status[TARGET_MEMORY][1]
 
 

@@ -126,7 +126,7 @@ def plan_launch(
     return LaunchPlan(batch, depth, k, budget, cap, threads, size, staged, "parallel")
 
 
-def _layout(fields) -> tuple[dict[str, tuple[int, tuple, object]], int]:
+def device_layout(fields) -> tuple[dict[str, tuple[int, tuple, object]], int]:
     """Byte offsets of ``(name, shape, dtype)`` fields in one buffer, each 256-byte aligned."""
     offsets, at = {}, 0
     for name, shape, dtype in fields:
@@ -135,7 +135,7 @@ def _layout(fields) -> tuple[dict[str, tuple[int, tuple, object]], int]:
     return offsets, at
 
 
-def _views(buffer, offsets) -> dict:
+def device_views(buffer, offsets) -> dict:
     out = {}
     for name, (at, shape, dtype) in offsets.items():
         nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
@@ -164,8 +164,8 @@ class DeviceTrees:
             ("retrieve_next_token", (batch, n1), np.int64),
             ("retrieve_next_sibling", (batch, n1), np.int64),
         ]
-        self.tree_offsets, self.tree_bytes = _layout(tree_fields)
-        offsets, total = _layout(
+        self.tree_offsets, self.tree_bytes = device_layout(tree_fields)
+        offsets, total = device_layout(
             tree_fields + [("visibility_bits", (batch, n1, words), np.uint32), ("stats", (batch,), np.int32)]
         )
         self.offsets = offsets
@@ -175,7 +175,7 @@ class DeviceTrees:
             if buffer.dtype != cp.uint8 or buffer.ndim != 1 or buffer.size < total:
                 raise ValueError(f"DeviceTrees: buffer must be a 1-D uint8 device array of >= {total} bytes")
             self.buffer = buffer[:total]
-        for name, view in _views(self.buffer, offsets).items():
+        for name, view in device_views(self.buffer, offsets).items():
             setattr(self, name, view)
 
     @property
@@ -195,7 +195,7 @@ class DeviceTrees:
         """Bytes of the one allocation holding a (batch, budget) output (same layout as ``__init__``)."""
         n1 = budget + 1
         words = (n1 + 31) // 32
-        _, total = _layout(
+        _, total = device_layout(
             [
                 ("node_count", (batch,), np.int32),
                 ("node_token_ids", (batch, budget), np.int64),
@@ -216,7 +216,7 @@ class DeviceTrees:
 
     def host_views(self, host_buffer: np.ndarray) -> TreeBatch:
         """A TreeBatch viewing a host copy of ``tree_region()``."""
-        return TreeBatch(**_views(host_buffer, self.tree_offsets))
+        return TreeBatch(**device_views(host_buffer, self.tree_offsets))
 
     def to_host(self) -> TreeBatch:
         host = self.tree_region().get()

@@ -171,7 +171,7 @@ def unavailable_frame(
     return frame([row])
 
 
-def _prechecked(top_log_probs, top_token_ids, budget) -> int:
+def prechecked_budget(top_log_probs, top_token_ids, budget) -> int:
     """Stands in for ``Builder.check`` once the inputs were validated: the budget, as an int."""
     return int(budget)
 
@@ -364,7 +364,7 @@ def run_benchmark(
     if isinstance(prepared, pd.DataFrame):
         return prepared
     obj, lp, ids, budget, base = prepared
-    obj.check = _prechecked
+    obj.check = prechecked_budget
     base["threads"] = obj.info().get("threads", 1)
 
     kwargs = {}

@@ -62,7 +62,7 @@ def run_gpu_benchmark(
     input_columns: str = "trace",
     in_situ: bool = False,
 ) -> pd.DataFrame:
-    from ddtree_bench.builders.gpu import DeviceTrees, GpuBuilder, _layout, _views
+    from ddtree_bench.builders.gpu import DeviceTrees, GpuBuilder, device_layout, device_views
 
     policy = TimingPolicy(
         warmup=warmup,
@@ -96,11 +96,11 @@ def run_gpu_benchmark(
     stream = cp.cuda.Stream(non_blocking=True)
     with stream:
         # inputs in one device buffer (log-probs, then token ids), filled from one pinned host buffer
-        in_offsets, in_bytes = _layout([("lp", lp.shape, lp.dtype), ("ids", ids.shape, ids.dtype)])
+        in_offsets, in_bytes = device_layout([("lp", lp.shape, lp.dtype), ("ids", ids.shape, ids.dtype)])
         d_in = cp.zeros(in_bytes, cp.uint8)
-        d_lp, d_ids = (_views(d_in, in_offsets)[k] for k in ("lp", "ids"))
+        d_lp, d_ids = (device_views(d_in, in_offsets)[k] for k in ("lp", "ids"))
         pinned_in = pinned(in_bytes)
-        host_in = _views(pinned_in, in_offsets)
+        host_in = device_views(pinned_in, in_offsets)
         host_in["lp"][...] = lp
         host_in["ids"][...] = ids
         d_in.set(pinned_in)

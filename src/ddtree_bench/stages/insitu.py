@@ -196,7 +196,7 @@ def _pinned_measure(obj, lp: np.ndarray, ids: np.ndarray, budget: int, keep: lis
     """The measured call of ``native``/``native-mt`` (module docstring) and the device memory it holds."""
     import cupy as cp
 
-    from ddtree_bench.builders.gpu import _layout, _views
+    from ddtree_bench.builders.gpu import device_layout, device_views
     from ddtree_bench.tree import FIELD_DTYPES, TreeBatch
 
     batch = lp.shape[0]
@@ -211,14 +211,14 @@ def _pinned_measure(obj, lp: np.ndarray, ids: np.ndarray, budget: int, keep: lis
         "parents": (batch, n1),
     }
     fields = [(name, shape, FIELD_DTYPES[name]) for name, shape in shapes.items()]
-    out_offsets, out_bytes = _layout(fields)
-    verify_bytes = _layout(fields[: len(VERIFY_FIELDS)])[1]
-    in_offsets, in_bytes = _layout([("lp", lp.shape, lp.dtype), ("ids", ids.shape, ids.dtype)])
+    out_offsets, out_bytes = device_layout(fields)
+    verify_bytes = device_layout(fields[: len(VERIFY_FIELDS)])[1]
+    in_offsets, in_bytes = device_layout([("lp", lp.shape, lp.dtype), ("ids", ids.shape, ids.dtype)])
     stream = cp.cuda.Stream(non_blocking=True)
     with stream:
         d_in = cp.zeros(in_bytes, cp.uint8)  # the drafter's top-K on the device (filled once, untimed)
         staging = pinned(in_bytes)
-        host_in = _views(staging, in_offsets)
+        host_in = device_views(staging, in_offsets)
         host_in["lp"][...] = lp
         host_in["ids"][...] = ids
         d_in.set(staging, stream=stream)
@@ -227,7 +227,7 @@ def _pinned_measure(obj, lp: np.ndarray, ids: np.ndarray, budget: int, keep: lis
         stream.synchronize()
         staging[...] = 0  # so that the timed copy in is what fills it
     host_lp, host_ids = host_in["lp"], host_in["ids"]
-    trees = TreeBatch(**_views(pinned_out, out_offsets))
+    trees = TreeBatch(**device_views(pinned_out, out_offsets))
     verify_region = pinned_out[:verify_bytes]
     clock = time.perf_counter_ns
 
@@ -244,7 +244,7 @@ def _pinned_measure(obj, lp: np.ndarray, ids: np.ndarray, budget: int, keep: lis
 
     def fetch() -> list[np.ndarray]:
         host = keep[0].get()
-        views = _views(host, {name: out_offsets[name] for name in VERIFY_FIELDS})
+        views = device_views(host, {name: out_offsets[name] for name in VERIFY_FIELDS})
         return [views[name] for name in VERIFY_FIELDS]
 
     return measure, fetch, float(d_in.nbytes + d_out.nbytes)
@@ -305,9 +305,9 @@ def run_insitu_benchmark(
         return _unavailable(
             name, reason, distribution=base["distribution"], environment=environment, **fields
         )
-    from ddtree_bench.stages.build import _prechecked
+    from ddtree_bench.stages.build import prechecked_budget
 
-    obj.check = _prechecked
+    obj.check = prechecked_budget
     base["threads"] = obj.info().get("threads", 1)
     keep: list = []
     if name in TORCH_BUILDERS:
