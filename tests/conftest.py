@@ -61,7 +61,8 @@ def topk_inputs():
 
 @pytest.fixture(scope="session")
 def native_library(tmp_path_factory):
-    """The tree's ``csrc/tree_build_cpu.cpp`` built once for the session (skips where no C++ compiler)."""
+    """The tree's ``kernels/native/tree_build_cpu.cpp`` built once for the session (skips where no C++
+    compiler)."""
     from ddtree_bench.native_build import DEFAULT_SOURCE, build_native_library, compiler_unavailable_reason
 
     reason = compiler_unavailable_reason()

@@ -20,9 +20,9 @@ SANITIZERS = {
 
 
 def compile_host_program(source: str, output: Path, flags, sanitizer: str = "address") -> bool:
-    """Compile the C++ ``source`` to ``output`` (headers from kernels/ and tests/, pthreads, C++17, plus
-    ``flags``); True when built with the sanitizer. For ``address`` a compiler without it still builds
-    the program (unchecked); ``thread`` never falls back."""
+    """Compile the C++ ``source`` to ``output`` (headers from each kernels/ folder and tests/, pthreads,
+    C++17, plus ``flags``); True when built with the sanitizer. For ``address`` a compiler without it still
+    builds the program (unchecked); ``thread`` never falls back."""
     from ddtree_bench.native_build import find_compiler
 
     main = Path(output).with_suffix(".cpp")
@@ -32,7 +32,7 @@ def compile_host_program(source: str, output: Path, flags, sanitizer: str = "add
         "-O1",
         "-g",
         "-pthread",
-        f"-I{KERNEL_DIR}",
+        *(f"-I{folder}" for folder in sorted(KERNEL_DIR.iterdir()) if folder.is_dir()),
         f"-I{Path(__file__).parent}",
         *flags,
         "-o",

@@ -223,8 +223,9 @@ def _fake_cupy(launched: list):
 
 
 def _python_accept_kernel(grid, block, args, stream=None, shared_mem=0):
-    """What kernels/tree_accept.cu computes: node i (1..node_count) with a parent p in 0..i-1 is a child of p;
-    from the root, move to the largest-index child whose token is the current node's target token."""
+    """What kernels/tree_accept/tree_accept.cu computes: node i (1..node_count) with a parent p in 0..i-1 is
+    a child of p; from the root, move to the largest-index child whose token is the current node's target
+    token."""
     target, tokens, parents, node_count, batch, budget, accepted, length, bonus = args
     for b in range(int(batch)):
         count = min(max(int(node_count[b]), 0), int(budget))

@@ -1,5 +1,6 @@
-"""Verify attention (kernels/verify_attn.cu): input checks everywhere, equality with a float32 reference on a
-GPU (trees built from DDTree inputs, padding filled with NaN so an out-of-bounds read shows)."""
+"""Verify attention (kernels/verify_attn/verify_attn.cu): input checks everywhere, equality with a float32
+reference on a GPU (trees built from DDTree inputs, padding filled with NaN so an out-of-bounds read
+shows)."""
 
 from __future__ import annotations
 

@@ -1,10 +1,10 @@
-"""The parallel tree kernel's own bool rows (``expand_own_tree`` in kernels/tree_build_bool.cuh), run on the
-CPU: the kernel's code compiled by the host C++ compiler under AddressSanitizer, the block's threads one after
-another (the function has no barrier, so this order is as good as any). Wherever a C++ compiler is (CI has
-no GPU), each tree's block, run alone into a buffer of sentinel bytes the exact size of the batch's mask,
-must write exactly its own tree's region -- 16-byte chunks inside it, single bytes where a chunk is shared
-with a neighbouring tree or the tree has fewer than 16 columns -- equal to the reference's bool mask, and
-leave every other byte alone."""
+"""The parallel tree kernel's own bool rows (``expand_own_tree`` in kernels/tree_build/tree_build_bool.cuh),
+run on the CPU: the kernel's code compiled by the host C++ compiler under AddressSanitizer, the block's
+threads one after another (the function has no barrier, so this order is as good as any). Wherever a C++
+compiler is (CI has no GPU), each tree's block, run alone into a buffer of sentinel bytes the exact size of
+the batch's mask, must write exactly its own tree's region -- 16-byte chunks inside it, single bytes where a
+chunk is shared with a neighbouring tree or the tree has fewer than 16 columns -- equal to the reference's
+bool mask, and leave every other byte alone."""
 
 from __future__ import annotations
 

@@ -349,7 +349,8 @@ def test_cached_library_is_built_once_and_keyed_by_source(tmp_path, monkeypatch)
 
 
 def test_source_is_where_the_package_expects_it():
-    assert native_build.DEFAULT_SOURCE == Path(__file__).resolve().parents[1] / "csrc" / "tree_build_cpu.cpp"
+    root = Path(__file__).resolve().parents[1]
+    assert native_build.DEFAULT_SOURCE == root / "kernels" / "native" / "tree_build_cpu.cpp"
     text = native_build.DEFAULT_SOURCE.read_text()
     assert "ffast-math" not in " ".join(native_build.CXX_FLAGS).replace("-fno-fast-math", "")
     assert 'extern "C"' in text

@@ -1,7 +1,7 @@
-"""The parallel tree-build kernel (``ddtree_build_tree`` in kernels/tree_build.cu: the candidate pool, exact
-scores, preorder ranks, selection, sort and outputs, and the exact sequential heap it falls back to) run on
-the CPU: its code compiled by the host C++ compiler, every thread of the block a host thread, barriers and
-warp collectives emulated, under AddressSanitizer with the exact shared memory the host plans
+"""The parallel tree-build kernel (``ddtree_build_tree`` in kernels/tree_build/tree_build.cu: the candidate
+pool, exact scores, preorder ranks, selection, sort and outputs, and the exact sequential heap it falls back
+to) run on the CPU: its code compiled by the host C++ compiler, every thread of the block a host thread,
+barriers and warp collectives emulated, under AddressSanitizer with the exact shared memory the host plans
 (``plan_launch``, for the H200's shared memory and for a GPU with less, whose smaller pool takes other code
 paths). Wherever a C++ compiler is (CI has no GPU), its trees must equal the reference's on every
 distribution, budgets 1...1024, shape edges, with and without the bool mask, forced heap included; and under

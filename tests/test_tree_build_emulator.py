@@ -1,8 +1,8 @@
-"""The one-warp heap of the GPU tree builder (kernels/tree_build_warp.cuh), run on the CPU: its code compiled
-by the host C++ compiler, every lane a host thread, the warp intrinsics emulated, under AddressSanitizer.
-Wherever a C++ compiler is (CI has no GPU), its trees must equal the reference's on every distribution,
-budgets 1...128, depths 1...32, K < N and K > N, heap drain, ties (bf16, all-equal), with and without the
-bool mask, and the shared memory must be exactly what the host plans (``warp_shared_bytes``)."""
+"""The one-warp heap of the GPU tree builder (kernels/tree_build/tree_build_warp.cuh), run on the CPU: its
+code compiled by the host C++ compiler, every lane a host thread, the warp intrinsics emulated, under
+AddressSanitizer. Wherever a C++ compiler is (CI has no GPU), its trees must equal the reference's on every
+distribution, budgets 1...128, depths 1...32, K < N and K > N, heap drain, ties (bf16, all-equal), with and
+without the bool mask, and the shared memory must be exactly what the host plans (``warp_shared_bytes``)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from ddtree_bench.builders.gpu import WARP_MAX_BUDGET, warp_shared_bytes, warp_slots
 from ddtree_bench.cuda.loader import KERNEL_DIR
 
-WARP_HEADER = KERNEL_DIR / "tree_build_warp.cuh"
+WARP_HEADER = KERNEL_DIR / "tree_build" / "tree_build_warp.cuh"
 UNWRITTEN = 0x5A  # every output byte before the emulated launch: what the kernel must overwrite
 
 EMULATOR_MAIN = r"""

@@ -281,7 +281,7 @@ def test_nothing_to_do_after_a_complete_run(smoke_run):
 @pytest.mark.slow
 def test_editing_the_native_source_reruns_what_depends_on_it(smoke_run):
     work, _, _ = smoke_run
-    source = work / "csrc" / "tree_build_cpu.cpp"
+    source = work / "kernels" / "native" / "tree_build_cpu.cpp"
     original = source.read_text()
     try:
         source.write_text(original + "\n// an edit\n")
@@ -299,7 +299,7 @@ def test_a_tree_mismatch_fails_the_run_naming_request_and_field(tmp_path):
     """A native library that builds different trees (its child push moved one level up) fails the check job
     with one line naming the first differing request and field, and no timing of it is written."""
     work = workdir_copy(tmp_path)
-    source = work / "csrc" / "tree_build_cpu.cpp"
+    source = work / "kernels" / "native" / "tree_build_cpu.cpp"
     text = source.read_text()
     mutated, count = re.subn(r"if \(depth < L\)", "if (depth + 1 < L)", text)
     if count != 1:

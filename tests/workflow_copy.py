@@ -17,7 +17,7 @@ def workdir_copy(base: Path) -> Path:
     """A copy of the workflow (Snakefile, rules, schema, config, sources) to run Snakemake in."""
     work = base / "work"
     work.mkdir()
-    for name in ("Snakefile", "workflow", "config", "csrc", "kernels"):
+    for name in ("Snakefile", "workflow", "config", "kernels"):
         source = ROOT / name
         if source.is_dir():
             shutil.copytree(source, work / name, ignore=shutil.ignore_patterns("__pycache__"))

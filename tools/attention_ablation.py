@@ -1,4 +1,5 @@
-"""Timing-only ablations of the 72-row verify attention kernel (kernels/verify_attn_wgmma72.cuh) on a GPU.
+"""Timing-only ablations of the 72-row verify attention kernel (kernels/verify_attn/verify_attn_wgmma72.cuh)
+on a GPU.
 
 Which part bounds the memory-bound loop: each variant is a text patch of a copy of kernels/ (outputs
 wrong, never used), built for sm_90a and timed beside the unpatched kernel and the read stream of the
@@ -20,7 +21,7 @@ import tempfile
 from dataclasses import replace
 from pathlib import Path
 
-KERNELS = Path(__file__).resolve().parent.parent / "kernels"
+KERNELS = Path(__file__).resolve().parent.parent / "kernels" / "verify_attn"
 WIDE = "verify_attn_wgmma72.cuh"
 HEADS = 8
 # warpgroup 1's key loads in the loop (tile i + 1)
@@ -67,7 +68,7 @@ def build(workdir: Path) -> dict[str, Path]:
 
     fatbins = {}
     for i, (name, kw) in enumerate(VARIANTS.items()):
-        kernels = workdir / f"v{i}" / "kernels"
+        kernels = workdir / f"v{i}" / "verify_attn"
         shutil.copytree(KERNELS, kernels)
         (kernels / WIDE).write_text(patch((KERNELS / WIDE).read_text(), **kw))
         fatbins[name] = kernels.parent / "verify_attn.fatbin"

@@ -1,4 +1,4 @@
-"""Building the ``native`` C++ tree builder (``csrc/tree_build_cpu.cpp``) into a shared library.
+"""Building the ``native`` C++ tree builder (``kernels/native/tree_build_cpu.cpp``) into a shared library.
 
 The flags are portable and keep floating point exact: no ``-march=native`` (results must not depend on the
 machine that built them), no ``-ffast-math``, and ``-ffp-contract=off`` so that the sibling score
@@ -17,7 +17,7 @@ import tempfile
 from pathlib import Path
 
 CXX_FLAGS = ("-O3", "-fPIC", "-shared", "-std=c++17", "-pthread", "-ffp-contract=off", "-fno-fast-math")
-DEFAULT_SOURCE = Path(__file__).resolve().parents[2] / "csrc" / "tree_build_cpu.cpp"
+DEFAULT_SOURCE = Path(__file__).resolve().parents[2] / "kernels" / "native" / "tree_build_cpu.cpp"
 LIBRARY_STEM = "tree_build_cpu"
 
 
@@ -88,8 +88,8 @@ def cached_library_path(source: Path = DEFAULT_SOURCE) -> Path:
 
 
 def cached_native_library(source: Path = DEFAULT_SOURCE) -> Path:
-    """A built library for ``source`` (default: the package's ``csrc/tree_build_cpu.cpp``), compiled into
-    the cache on first use and reused after."""
+    """A built library for ``source`` (default: the package's ``kernels/native/tree_build_cpu.cpp``),
+    compiled into the cache on first use and reused after."""
     source = Path(source)
     if not source.is_file():
         raise RuntimeError(f"C++ source not found: {source}")

@@ -14,10 +14,10 @@ rule build_native:
 
 
 rule build_fatbin:
-    """Compile a CUDA source (kernels/NAME.cu) to a fatbin: machine code per configured architecture, plus PTX."""
+    """Compile a CUDA source (kernels/NAME/NAME.cu) to a fatbin: machine code per configured architecture, plus PTX."""
     input:
-        source="kernels/{kernel}.cu",
-        headers=KERNEL_HEADERS,
+        source="kernels/{kernel}/{kernel}.cu",
+        headers=lambda wildcards: headers(f"kernels/{wildcards.kernel}"),
     output:
         fatbin=f"{RESULTS}/build/{{kernel}}.fatbin",
         info=f"{RESULTS}/build/{{kernel}}.fatbin.json",

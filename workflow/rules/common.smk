@@ -57,11 +57,10 @@ def headers(folder):
     )
 
 
-NATIVE_SOURCE = "csrc/tree_build_cpu.cpp"
-NATIVE_HEADERS = headers("csrc")
+NATIVE_SOURCE = "kernels/native/tree_build_cpu.cpp"
+NATIVE_HEADERS = headers("kernels/native")
 NATIVE_LIBRARY = f"{RESULTS}/build/libddtree_native.so"
-KERNEL_SOURCE = "kernels/tree_build.cu"
-KERNEL_HEADERS = headers("kernels")
+KERNEL_SOURCE = "kernels/tree_build/tree_build.cu"
 FATBIN = f"{RESULTS}/build/tree_build.fatbin"
 FATBIN_INFO = f"{FATBIN}.json"
 # the empty, spin and L2-flush kernels the GPU benchmark launches around the build
@@ -354,7 +353,7 @@ if STEP["enabled"] and config["gpu"] != "off":
             ("attention_fatbin", ATTENTION_FATBIN),
             ("accept_fatbin", ACCEPT_FATBIN),
         ):
-            source = f"kernels/{Path(path).stem}.cu"
+            source = f"kernels/{Path(path).stem}/{Path(path).stem}.cu"
             if GPU_REASON is None or Path(source).is_file():
                 STEP_BUILDS[key] = path
         STEP_BUILDS["util_fatbin"] = UTIL_FATBIN

@@ -1,5 +1,6 @@
-"""``gpu``: the CUDA tree builder (kernels/tree_build.cu), one thread block per request, the whole batch in
-one launch, writing the padded TreeBatch (plus packed-bit visibility) into preallocated device buffers.
+"""``gpu``: the CUDA tree builder (kernels/tree_build/tree_build.cu), one thread block per request, the whole
+batch in one launch, writing the padded TreeBatch (plus packed-bit visibility) into preallocated device
+buffers.
 
 ``build()`` is the host-inclusive path (copy inputs in, build, copy the TreeBatch out); the benchmark uses
 ``prepare``/``launch`` on device arrays directly (no allocation, no host sync: CUDA-graph capturable).

@@ -21,8 +21,15 @@ from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 KERNEL_DIR = REPO_ROOT / "kernels"
-TREE_BUILD_SOURCE = KERNEL_DIR / "tree_build.cu"
-BENCH_UTIL_SOURCE = KERNEL_DIR / "bench_util.cu"
+
+
+def kernel_source(name: str) -> Path:
+    """The CUDA source of kernel ``name``: ``kernels/NAME/NAME.cu`` (its headers beside it)."""
+    return KERNEL_DIR / name / f"{name}.cu"
+
+
+TREE_BUILD_SOURCE = kernel_source("tree_build")
+BENCH_UTIL_SOURCE = kernel_source("bench_util")
 DEFAULT_ARCHS = ("sm_90", "sm_120")
 NVCC_FLAGS = ("-O3", "-std=c++17", "--fmad=false", "-lineinfo")
 # Sources with a path for arch-specific features (wgmma on sm_90a): their sm_90 machine code is built as

@@ -17,7 +17,7 @@ bonus_token           [B]         int64     the target's token where the walk st
 ====================  ==========  ========  ===========================================
 
 ``accept_cpu`` walks child maps built from the TreeBatch's parents and node tokens (SGLang's way).
-``GpuAccept`` runs ``kernels/tree_accept.cu`` on the trees' ``node_count``, ``node_token_ids`` and
+``GpuAccept`` runs ``kernels/tree_accept/tree_accept.cu`` on the trees' ``node_count``, ``node_token_ids`` and
 ``parents`` (``TREE_LINK_FIELDS``): one thread block per request computes, for every node at once, the child
 the walk would move to (the largest-index child whose token is the node's target token: a shared-memory
 ``atomicMax``), then one thread follows those links from the root. The target row and the links are staged
@@ -36,10 +36,10 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from ddtree_bench.cuda.loader import KERNEL_DIR
+from ddtree_bench.cuda.loader import kernel_source
 from ddtree_bench.tree import TreeBatch
 
-KERNEL_SOURCE = KERNEL_DIR / "tree_accept.cu"
+KERNEL_SOURCE = kernel_source("tree_accept")
 KERNEL_NAME = "ddtree_tree_accept"
 NODES_PER_THREAD = 4  # the kernel's DDTREE_ACCEPT_NODES_PER_THREAD: node loads a thread holds in registers
 MAX_THREADS = 1024  # the kernel's __launch_bounds__
@@ -273,8 +273,8 @@ def launch_config(batch: int, budget: int, force_global: bool = False) -> tuple[
 
 
 class GpuAccept:
-    """The CUDA tree accept (``kernels/tree_accept.cu``), loaded from ``fatbin`` or the cached build.
-    ``force_global``: run the global-memory path at every budget (tests, measurements)."""
+    """The CUDA tree accept (``kernels/tree_accept/tree_accept.cu``), loaded from ``fatbin`` or the cached
+    build. ``force_global``: run the global-memory path at every budget (tests, measurements)."""
 
     def __init__(self, fatbin: str | Path | None = None, archs=None, force_global: bool = False):
         self._fatbin = Path(fatbin) if fatbin else None

@@ -1,4 +1,5 @@
-"""Tree-verify attention for absorbed MLA (Kimi K2.6 / DeepSeek-V3 shapes): ``kernels/verify_attn.cu``.
+"""Tree-verify attention for absorbed MLA (Kimi K2.6 / DeepSeek-V3 shapes):
+``kernels/verify_attn/verify_attn.cu``.
 
 One layer, a whole batch, per GPU under tensor parallel 8 (8 query heads; any head count works):
 
@@ -32,9 +33,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ddtree_bench.cuda.loader import KERNEL_DIR
+from ddtree_bench.cuda.loader import kernel_source
 
-KERNEL_SOURCE = KERNEL_DIR / "verify_attn.cu"
+KERNEL_SOURCE = kernel_source("verify_attn")
 HEAD_DIM = 576  # q/k: kv_lora_rank 512 + qk_rope_head_dim 64
 VALUE_DIM = 512  # v: the latent part
 SOFTMAX_SCALE = 1.0 / math.sqrt(192.0)  # qk_nope_head_dim 128 + qk_rope_head_dim 64
@@ -415,7 +416,8 @@ class AttentionKernels:
 
 
 class VerifyAttention:
-    """The CUDA verify attention (``kernels/verify_attn.cu``), loaded from ``fatbin`` or the cached build.
+    """The CUDA verify attention (``kernels/verify_attn/verify_attn.cu``), loaded from ``fatbin`` or the
+    cached build.
 
     ``path``: "auto" takes the Hopper kernel (``ddtree_verify_attn_wgmma``: warpgroup MMAs from shared memory)
     where the fatbin has sm_90a code for the device, else the ``mma.sync`` kernel; "wgmma" insists on the

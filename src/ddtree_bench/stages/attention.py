@@ -18,11 +18,11 @@ For one grid point (trace, budget N, batch B, heads H, prefix length S):
   memory) gives one ``unavailable`` row with the reason, never a number.
 - FLOPs and bytes per call (``attention.attention_flops`` / ``attention_bytes``) go on every row, so
   TFLOP/s and TB/s follow from ``seconds``.
-- ``read-stream`` is no attention: ``ddtree_stream_read`` (``kernels/bench_util.cu``) reads a buffer of the
-  call's bytes once, timed the same way. It is the shape's bandwidth bound as measured in the same run -- what
-  any kernel that must move these bytes needs at least, launch and ramp included (warm: as much of them as
-  L2 holds is read from L2, as for the other impls' warm samples). Its rows carry the bytes, no FLOPs and
-  no correctness.
+- ``read-stream`` is no attention: ``ddtree_stream_read`` (``kernels/bench_util/bench_util.cu``) reads a
+  buffer of the call's bytes once, timed the same way. It is the shape's bandwidth bound as measured in the
+  same run -- what any kernel that must move these bytes needs at least, launch and ramp included (warm: as
+  much of them as L2 holds is read from L2, as for the other impls' warm samples). Its rows carry the bytes,
+  no FLOPs and no correctness.
 - Every row records the mask its impl applies (``mask``: "tree", or "causal (no tree mask)" for FlashMLA;
   null for the read stream). FLOPs are the tree's (the problem's work) for every impl, FlashMLA included.
 """

@@ -3,7 +3,7 @@
 Per repetition, in the same run and on the same inputs (the first ``batch`` requests of the trace, copied to
 the device once):
 
-- ``floor``: the empty kernel (``kernels/bench_util.cu``), timed like the build below;
+- ``floor``: the empty kernel (``kernels/bench_util/bench_util.cu``), timed like the build below;
 - ``kernel-events``: the whole TreeBatch built on the device (tree kernel plus the bool-mask expansion), by
   CUDA events recorded around the launches; ``kernel-events-packed``: the tree kernel alone (packed-bit
   mask only, what attention kernels consume);

@@ -1,9 +1,9 @@
 """The GPU's measured peaks, taken in the same run as the benchmarks they put in scale: ``run_peaks``.
 
 Three calls are timed, each by CUDA events recorded on one stream around a single call that is queued
-behind a short spin kernel (``kernels/bench_util.cu``), as ``gpu_bench`` times the tree build, so that the
-events time the GPU's work rather than the host's launch overhead. Every sample is ``cache = "warm"`` (run
-back to back); warm-up calls are kept as rows with ``phase = "warmup"``.
+behind a short spin kernel (``kernels/bench_util/bench_util.cu``), as ``gpu_bench`` times the tree build, so
+that the events time the GPU's work rather than the host's launch overhead. Every sample is
+``cache = "warm"`` (run back to back); warm-up calls are kept as rows with ``phase = "warmup"``.
 
 - ``floor``: one launch of the empty kernel: the smallest time any event-timed launch can show here;
 - ``bf16-gemm``: ``torch.matmul(a, b, out=c)`` of bf16 ``[n, n]`` matrices (unit-normal values), one call;
@@ -57,7 +57,7 @@ def run_peaks(
 
     ``timing`` holds ``bench.TimingPolicy``'s keywords (warmup, repeats, min_seconds, max_seconds,
     min_repeats, max_repeats); each peak gets its own ``TimingPolicy(**timing).samples``. ``util_fatbin``
-    is a fatbin of ``kernels/bench_util.cu`` (default: built into the cache on first use)."""
+    is a fatbin of ``kernels/bench_util/bench_util.cu`` (default: built into the cache on first use)."""
     policy = TimingPolicy(**timing)
     gemm_n = _positive_int(gemm_n, "gemm_n")
     copy_bytes = _positive_int(copy_bytes, "copy_bytes")
@@ -94,7 +94,7 @@ def run_peaks(
         empty = util.get_function("ddtree_empty_kernel")
         spin_kernel = util.get_function("ddtree_spin_kernel")
     except Exception as exc:  # no nvcc to build the fatbin, or it does not load on this device
-        reason = f"benchmark utility kernels (kernels/bench_util.cu) unavailable: {_describe(exc)}"
+        reason = f"benchmark utility kernels (kernels/bench_util/bench_util.cu) unavailable: {_describe(exc)}"
         return stage_frame([unavailable(impl, reason) for impl in IMPLS])
 
     stream = cp.cuda.Stream(non_blocking=True)
