@@ -19,7 +19,7 @@ import yaml
 from workflow_copy import BIN, ROOT, pretend_gpu, snakemake, workdir_copy
 
 SNAKEFMT = shutil.which("snakefmt", path=str(BIN)) or "snakefmt"
-TIMING_RULES = {"bench", "bench_gpu", "step_attention", "step_accept", "step_peaks"}
+TIMING_RULES = {"bench", "step_attention", "step_accept", "step_peaks"}
 STEP_RULES = {"step_attention", "step_accept", "step_peaks"}
 
 
@@ -83,10 +83,11 @@ def test_dry_run_of_the_default_configuration(tmp_path):
     rules = [job["rule"] for job in jobs]
     assert rules.count("trace") == 8  # one per (distribution, depth)
     assert rules.count("build_native") == 1
-    bench = [job for job in jobs if job["rule"] in ("bench", "bench_gpu")]
+    bench = [job for job in jobs if job["rule"] == "bench"]
     assert bench and all("timing_slot=1" in job["resources"] for job in bench)
     assert all(job["threads"] == min(4, len(_cpus())) for job in bench)  # the whole machine Snakemake has
-    assert all("gpu=1" in job["resources"] for job in bench if job["rule"] == "bench_gpu")
+    # one rule for every builder: the gpu builder's jobs take the GPU, the others none
+    assert all(("gpu=1" in job["resources"]) == ("/bench/gpu/" in job["output"][0]) for job in bench)
     per_builder = {}
     for job in bench:
         builder = job["output"][0].split("/")[3]
@@ -245,9 +246,7 @@ def test_adding_a_budget_schedules_only_that_budgets_jobs(smoke_run):
     rules = {job["rule"] for job in jobs}
     assert rules <= {
         "bench",
-        "bench_gpu",
         "check",
-        "check_gpu",
         "tree_shape",
         "step_attention",  # where a GPU is, the step jobs of the new budget too
         "step_accept",

@@ -19,8 +19,8 @@ rule build_fatbin:
         source="kernels/{kernel}/{kernel}.cu",
         headers=lambda wildcards: headers(f"kernels/{wildcards.kernel}"),
     output:
-        fatbin=f"{RESULTS}/build/{{kernel}}.fatbin",
-        info=f"{RESULTS}/build/{{kernel}}.fatbin.json",
+        fatbin=FATBIN_PATTERN,
+        info=f"{FATBIN_PATTERN}.json",
     log:
         f"{LOGS}/build/{{kernel}}.fatbin.log",
     wildcard_constraints:
