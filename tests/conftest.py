@@ -3,8 +3,16 @@ generator of top-k inputs (numpy only, independent of ddtree_bench.traces)."""
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
+
+# The tests' helpers (input generators, the emulator host programs, the workflow copy) live in
+# tests/support/; tests/ itself is on the path too (pytest puts this file's folder there), so the row
+# builders of the top-level tests are shared by the tests in the subfolders.
+sys.path.insert(0, str(Path(__file__).resolve().parent / "support"))
 
 TOPK_KINDS = ("uniform", "peaked", "bf16", "equal", "tied")
 

@@ -6,10 +6,10 @@ wrong, never used), built for sm_90a and timed beside the unpatched kernel and t
 call's bytes, on the same inputs (CUDA events queued behind a spin kernel, warm, medians). Results:
 docs/verify_attention.md, "What bounds the loop".
 
-    PYTHONPATH=src:tests python tools/attention_ablation.py [BxNxS[:forced_splits] ...]
+    PYTHONPATH=src:tests/support python tools/attention_ablation.py [BxNxS[:forced_splits] ...]
 
 Default shapes: 8x8x32768 64x8x32768 1x8x32768:16 8x8x32768:8 8x64x32768. Needs an sm_90 GPU, nvcc, CuPy,
-PyTorch and the tests' input helpers (tests/gpu_inputs.py).
+PyTorch and the tests' input helpers (tests/support/gpu_inputs.py).
 """
 
 from __future__ import annotations

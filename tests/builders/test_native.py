@@ -349,7 +349,7 @@ def test_cached_library_is_built_once_and_keyed_by_source(tmp_path, monkeypatch)
 
 
 def test_source_is_where_the_package_expects_it():
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     assert native_build.DEFAULT_SOURCE == root / "kernels" / "native" / "tree_build_cpu.cpp"
     text = native_build.DEFAULT_SOURCE.read_text()
     assert "ffast-math" not in " ".join(native_build.CXX_FLAGS).replace("-fno-fast-math", "")
