@@ -9,6 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from ddtree_bench.native_build import DEFAULT_SOURCE, build_native_library, compiler_unavailable_reason
+
 # The tests' helpers (input generators, the emulator host programs, the workflow copy) live in
 # tests/support/; tests/ itself is on the path too (pytest puts this file's folder there), so the row
 # builders of the top-level tests are shared by the tests in the subfolders.
@@ -71,8 +73,6 @@ def topk_inputs():
 def native_library(tmp_path_factory):
     """The tree's ``kernels/native/tree_build_cpu.cpp`` built once for the session (skips where no C++
     compiler)."""
-    from ddtree_bench.native_build import DEFAULT_SOURCE, build_native_library, compiler_unavailable_reason
-
     reason = compiler_unavailable_reason()
     if reason is not None:
         pytest.skip(reason)

@@ -14,6 +14,7 @@ import pandas as pd
 import pytest
 
 import ddtree_bench.builders
+from ddtree_bench import __version__
 from ddtree_bench.builders import Builder, get_builder
 from ddtree_bench.cli import main
 from ddtree_bench.report import FIGURE_NAMES
@@ -455,8 +456,6 @@ def test_bench_end_to_end_with_the_real_benchmark(tmp_path, trace_path, capsys):
 
 
 def test_version(capsys):
-    from ddtree_bench import __version__
-
     code, out, _ = run(["--version"], capsys)
     assert code == 0 and out.strip() == f"ddtree-bench {__version__}"
 

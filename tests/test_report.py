@@ -13,9 +13,12 @@ import pytest
 from ddtree_bench.builders import get_builder
 from ddtree_bench.report import (
     FIGURE_NAMES,
+    SGLANG_FUNCTION_TARGET,
     evaluate_targets,
     load_machines,
+    reference_vs_sglang_table,
     render_report,
+    sglang_source_table,
     speedups,
     timings,
 )
@@ -377,12 +380,6 @@ PUBLISHED_SGLANG = Path(__file__).resolve().parents[1] / "results" / "published"
 
 
 def test_published_h200_sglang_run_loads_and_its_sglang_target_is_evaluated():
-    from ddtree_bench.report import (  # noqa: PLC0415
-        SGLANG_FUNCTION_TARGET,
-        reference_vs_sglang_table,
-        sglang_source_table,
-    )
-
     assert {"summary.parquet", "tree_shape.parquet", "environment.json", "README.md"} <= {
         p.name for p in PUBLISHED_SGLANG.iterdir()
     }
@@ -437,8 +434,6 @@ def sglang_function_machine(folder, *, kernel_us_at_8: float, provenance: bool =
 
 
 def test_sglang_function_target_met_not_met_and_by_how_much(tmp_path):
-    from ddtree_bench.report import SGLANG_FUNCTION_TARGET, sglang_source_table  # noqa: PLC0415
-
     def result(machines):
         return next(r for r in evaluate_targets(machines) if r.target == SGLANG_FUNCTION_TARGET)
 

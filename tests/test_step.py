@@ -6,13 +6,18 @@ from __future__ import annotations
 
 import json
 import math
+import runpy
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pandas as pd
 import pytest
-from test_report import synthetic_summary, write_machine
+from test_report import rows_for, synthetic_summary, write_machine
 
+from ddtree_bench.acceptance import expected_accepted_tokens
+from ddtree_bench.builders import get_builder
+from ddtree_bench.cuda.loader import gpu_unavailable_reason
 from ddtree_bench.report import FIGURE_NAMES, evaluate_targets, load_machines, render_report
 from ddtree_bench.step_report import (
     TARGET_ACCEPT,
@@ -25,7 +30,7 @@ from ddtree_bench.step_report import (
     breakdown_table,
     step_targets,
 )
-from ddtree_bench.summary.build import combine_shapes, tree_shape
+from ddtree_bench.summary.build import combine_shapes, summarize, tree_shape
 from ddtree_bench.summary.step import (
     LEFT_OUT,
     STEP_SUMMARY_COLUMNS,
@@ -248,10 +253,6 @@ def shapes_frame():
 
 def build_summary():
     """Tree-build summary at depth 16, peaked: reference and native (CPU), gpu kernel + host-inclusive."""
-    from test_report import rows_for
-
-    from ddtree_bench.summary.build import summarize
-
     frames = []
     for budget in (8, 64):
         for batch in (1, 64):
@@ -516,9 +517,6 @@ def test_report_with_unavailable_step_rows(tmp_path):
 
 
 def test_tree_shape_carries_expected_acceptance(tmp_path):
-    from ddtree_bench.acceptance import expected_accepted_tokens
-    from ddtree_bench.builders import get_builder
-
     path = tmp_path / "t.npz"
     lp, ids = generate_trace("peaked", 6, 4, 16, vocab_size=300, seed=2, device="cpu")
     save_trace(path, lp, ids, distribution="peaked")
@@ -551,9 +549,6 @@ SCRIPTS = Path(__file__).resolve().parents[1] / "workflow" / "scripts"
 
 def run_script(name, monkeypatch, **job):
     """Run workflow/scripts/<name>.py as Snakemake would, with a stand-in for its ``snakemake`` object."""
-    import runpy
-    from types import SimpleNamespace
-
     monkeypatch.syspath_prepend(str(SCRIPTS))
     namespace = {
         key: SimpleNamespace(**value) if isinstance(value, dict) else value for key, value in job.items()
@@ -637,7 +632,6 @@ def test_step_scripts_call_the_libraries(tmp_path, monkeypatch):
     assert {"ours", "sdpa"} <= set(attention["impl"])
     assert (attention["budget"].isin([0, 4])).all() and (attention["prefix"].dropna().isin([64])).all()
     walk = summary[(summary["impl"] == "cpu-walk") & (summary["status"] == "ok")]
-    from ddtree_bench.cuda.loader import gpu_unavailable_reason
 
     if gpu_unavailable_reason() is not None:  # the walk runs without a GPU; the rest says why not
         assert len(walk) == 1 and walk.iloc[0]["n"] >= 1 and walk.iloc[0]["expected_accept_mean"] > 0

@@ -7,16 +7,22 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import re
 import shutil
 import subprocess
 import time
+import zipfile
 from pathlib import Path
 
 import pandas as pd
 import pytest
 import yaml
 from workflow_copy import BIN, ROOT, pretend_gpu, snakemake, workdir_copy
+
+from ddtree_bench.config import check_config, step_options
+from ddtree_bench.cuda.loader import gpu_unavailable_reason
+from ddtree_bench.traces import trace_sha256
 
 SNAKEFMT = shutil.which("snakefmt", path=str(BIN)) or "snakefmt"
 TIMING_RULES = {"bench", "step_attention", "step_accept", "step_peaks"}
@@ -94,7 +100,6 @@ def test_dry_run_of_the_default_configuration(tmp_path):
         per_builder[builder] = per_builder.get(builder, 0) + 1
     assert per_builder["reference"] == 8 * 4 * 2 * 4  # budgets x batch sizes x depths x distributions
     assert rules.count("aggregate_step") == 1
-    from ddtree_bench.cuda.loader import gpu_unavailable_reason
 
     if gpu_unavailable_reason() is not None:  # no GPU here: one file of rows saying why per step stage
         assert rules.count("step_unavailable") == 3 and not STEP_RULES & set(rules)
@@ -152,8 +157,6 @@ def test_step_stages_off_or_without_gpu(tmp_path, override, expected):
 
 
 def _cpus():
-    import os
-
     return os.sched_getaffinity(0)
 
 
@@ -194,7 +197,6 @@ def test_smoke_pipeline_end_to_end(smoke_run):
     assert "## Step-time breakdown" in markdown and "## Verify attention" in markdown
     step = pd.read_parquet(results / "step_summary.parquet")
     assert set(step["stage"]) == {"verify-attention", "accept", "peak"}
-    from ddtree_bench.cuda.loader import gpu_unavailable_reason
 
     if gpu_unavailable_reason() is not None:
         assert set(step["status"]) == {"unavailable"} and step["status_reason"].notna().all()
@@ -392,7 +394,6 @@ def test_adding_a_budget_schedules_only_its_step_jobs(tmp_path):
     assert all(
         f"-N{new}-" in job["output"][0] or job["output"][0].endswith(f"-N{new}.json") for job in per_budget
     )
-    from ddtree_bench.config import check_config, step_options
 
     step = step_options(check_config(copy.deepcopy(config)))
     batches = len(step["batch_sizes"])
@@ -425,8 +426,6 @@ def _copy_of(work: Path, tmp_path: Path) -> Path:
 
 @pytest.mark.slow
 def test_rows_record_their_traces_sha256_and_the_run_names_its_report(smoke_run):
-    from ddtree_bench.traces import trace_sha256
-
     work, result, _ = smoke_run
     results = work / "results" / "smoke"
     digests = {
@@ -530,8 +529,6 @@ def test_the_report_refuses_a_summary_that_does_not_match_the_configuration(smok
 
 @pytest.mark.slow
 def test_snakemakes_own_report_holds_the_marked_outputs(smoke_run, tmp_path):
-    import zipfile
-
     work, _, _ = smoke_run
     archive = tmp_path / "snakemake-report.zip"
     result = snakemake(work, "--cores", "1", "--configfile", "config/smoke.yaml", "--report", str(archive))

@@ -21,6 +21,21 @@ import tempfile
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
+from gpu_inputs import topk_inputs
+
+from ddtree_bench.builders import get_builder
+from ddtree_bench.cuda import loader as cuda
+from ddtree_bench.ops.attention import (
+    HEAD_DIM,
+    VALUE_DIM,
+    PreparedAttention,
+    VerifyAttention,
+    attention_bytes,
+)
+from ddtree_bench.stages.attention import STREAM_BLOCKS_PER_SM, STREAM_NEVER, STREAM_THREADS
+from ddtree_bench.tree import packed_visibility
+
 KERNELS = Path(__file__).resolve().parent.parent / "kernels" / "verify_attn"
 WIDE = "verify_attn_wgmma72.cuh"
 HEADS = 8
@@ -64,8 +79,6 @@ VARIANTS = {
 
 def build(workdir: Path) -> dict[str, Path]:
     """A fatbin of every variant under ``workdir``."""
-    from ddtree_bench.cuda import loader as cuda
-
     fatbins = {}
     for i, (name, kw) in enumerate(VARIANTS.items()):
         kernels = workdir / f"v{i}" / "verify_attn"
@@ -77,22 +90,8 @@ def build(workdir: Path) -> dict[str, Path]:
 
 
 def main(argv: list[str]) -> None:
-    import cupy as cp
-    import numpy as np
-    import torch
-    from gpu_inputs import topk_inputs
-
-    from ddtree_bench.builders import get_builder
-    from ddtree_bench.cuda import loader as cuda
-    from ddtree_bench.ops.attention import (
-        HEAD_DIM,
-        VALUE_DIM,
-        PreparedAttention,
-        VerifyAttention,
-        attention_bytes,
-    )
-    from ddtree_bench.stages.attention import STREAM_BLOCKS_PER_SM, STREAM_NEVER, STREAM_THREADS
-    from ddtree_bench.tree import packed_visibility
+    import cupy as cp  # noqa: PLC0415
+    import torch  # noqa: PLC0415
 
     cases = argv or ["8x8x32768", "64x8x32768", "1x8x32768:16", "8x8x32768:8", "8x64x32768"]
     util = cp.RawModule(path=str(cuda.cached_fatbin(cuda.BENCH_UTIL_SOURCE)))

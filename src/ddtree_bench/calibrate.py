@@ -22,6 +22,8 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from ddtree_bench.builders import get_builder
+from ddtree_bench.builders.base import BuilderUnavailable
 from ddtree_bench.drafter import DrafterParams, check_params, draws, row_probabilities, top1_probabilities
 
 #: The DDTree paper's Fig. 3 (Qwen3-8B, MATH-500, block 16) tau per budget, and DFlash's chain.
@@ -95,9 +97,6 @@ def check_tau(tau, depth: int, what: str) -> float:
 
 
 def _builder():
-    from ddtree_bench.builders import get_builder  # noqa: PLC0415
-    from ddtree_bench.builders.base import BuilderUnavailable  # noqa: PLC0415
-
     native = get_builder("native", validate=False)
     try:
         native._ensure_loaded()

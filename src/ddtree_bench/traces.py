@@ -283,7 +283,7 @@ def _chunk_gpu(cp, distribution, first, count, depth, topk, vocab_size, seed):
 def _cuda_module():
     """CuPy when a CUDA device works here, else ``None`` (no CuPy, no driver, no device: all mean CPU)."""
     try:
-        import cupy as cp  # noqa: PLC0415 (optional dependency)
+        import cupy as cp  # noqa: PLC0415
     except Exception:  # ImportError, or a broken CUDA install failing at import
         return None
     try:

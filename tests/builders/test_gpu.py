@@ -4,6 +4,7 @@ reference's trees, ties included, on every distribution and shape edge."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -16,7 +17,18 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ddtree_bench.builders import get_builder
+from ddtree_bench.builders.gpu import (
+    BOOL_IN_BUILD_MAX_BUDGET,
+    BOOL_IN_BUILD_MIN_BATCH,
+    STATIC_SHARED_BYTES,
+    GpuBuilder,
+    plan_launch,
+    warp_shared_bytes,
+    warp_slots,
+)
 from ddtree_bench.cuda import loader as cuda
+from ddtree_bench.stages.build_gpu import run_gpu_benchmark
+from ddtree_bench.traces import save_trace
 from ddtree_bench.tree import first_difference, packed_visibility
 
 GPU_REASON = cuda.gpu_unavailable_reason()
@@ -37,10 +49,6 @@ def test_kernels_compile_for_configured_archs(tmp_path):
 def test_static_shared_memory_within_what_the_plan_reserves_ptxas(tmp_path, arch):
     """ptxas's count of the parallel kernel's static __shared__ bytes fits what plan_launch keeps free for
     them (the rest of the block's shared memory goes to the pool)."""
-    import re
-
-    from ddtree_bench.builders.gpu import STATIC_SHARED_BYTES
-
     cmd = [cuda.find_nvcc(), *cuda.NVCC_FLAGS, "-cubin", f"-arch={arch}", "-Xptxas", "-v"]
     cmd += ["-o", str(tmp_path / "k.cubin"), str(cuda.TREE_BUILD_SOURCE)]
     proc = subprocess.run(cmd, capture_output=True, text=True)
@@ -85,8 +93,6 @@ def test_unknown_arch_is_refused():
 
 
 def test_launch_plan_refuses_shapes_it_cannot_take():
-    from ddtree_bench.builders.gpu import plan_launch
-
     with pytest.raises(ValueError, match="depth"):
         plan_launch(1, 33, 8, 8, 232_448)
     with pytest.raises(ValueError, match="budget"):
@@ -98,8 +104,6 @@ def test_launch_plan_refuses_shapes_it_cannot_take():
 
 
 def test_launch_plan_picks_the_warp_heap_for_small_budgets():
-    from ddtree_bench.builders.gpu import plan_launch, warp_shared_bytes, warp_slots
-
     for budget in (1, 8, 32, 64):
         plan = plan_launch(64, 16, budget, budget, 232_448)
         assert (plan.path, plan.threads) == ("warp-heap", 32)
@@ -145,8 +149,6 @@ def assert_same(lp, ids, budget, builder):
 def test_static_shared_memory_within_what_the_plan_reserves(gpu):
     """The parallel kernel's static __shared__ arrays fit the bytes plan_launch keeps free for them (the rest
     of the block's shared memory goes to the pool)."""
-    from ddtree_bench.builders.gpu import STATIC_SHARED_BYTES
-
     assert 0 < gpu.kernels.build.shared_size_bytes <= STATIC_SHARED_BYTES
 
 
@@ -222,13 +224,6 @@ def test_bool_mask_written_by_the_build_kernel_or_the_expansion(batch, budget):
 
 
 def test_bool_mask_goes_into_the_build_kernel_at_mid_budgets_and_large_batches():
-    from ddtree_bench.builders.gpu import (
-        BOOL_IN_BUILD_MAX_BUDGET,
-        BOOL_IN_BUILD_MIN_BATCH,
-        GpuBuilder,
-        plan_launch,
-    )
-
     builder = GpuBuilder()
     for budget in (128, BOOL_IN_BUILD_MAX_BUDGET, BOOL_IN_BUILD_MAX_BUDGET + 1, 1024):
         for batch in (1, BOOL_IN_BUILD_MIN_BATCH - 1, BOOL_IN_BUILD_MIN_BATCH, 512):
@@ -292,9 +287,6 @@ def test_sanitizer_clean(tool):
 @needs_gpu
 def test_gpu_benchmark_rows(tmp_path):
     """Every timing kind is measured in the same run, on trees checked equal to the reference's."""
-    from ddtree_bench.stages.build_gpu import run_gpu_benchmark
-    from ddtree_bench.traces import save_trace
-
     lp, ids = topk_inputs("peaked", 8, 16, 64, seed=5)
     trace = tmp_path / "trace.npz"
     save_trace(trace, lp, ids, distribution="peaked")

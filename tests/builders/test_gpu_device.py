@@ -10,8 +10,11 @@ import pytest
 from gpu_inputs import topk_inputs
 
 from ddtree_bench.builders import get_builder
+from ddtree_bench.builders.gpu import DeviceTrees
+from ddtree_bench.builders.gpu_device import DeviceTreeBuilder, build_ddtree_batch_torch
 from ddtree_bench.cuda import loader as cuda
-from ddtree_bench.stages.insitu import IN_SITU, torch_cuda_reason
+from ddtree_bench.stages.build_gpu import run_gpu_benchmark
+from ddtree_bench.stages.insitu import IN_SITU, run_insitu_benchmark, torch_cuda_reason
 from ddtree_bench.traces import generate_trace, save_trace
 from ddtree_bench.tree import TREE_FIELDS, TreeBatch, first_difference, packed_visibility
 
@@ -41,17 +44,13 @@ def _host(out) -> TreeBatch:
 
 @pytest.fixture(scope="module")
 def device_builder():
-    from ddtree_bench.builders.gpu_device import DeviceTreeBuilder
-
     return DeviceTreeBuilder()
 
 
 @needs_gpu
 @pytest.mark.parametrize(("kind", "batch", "depth", "k", "budget"), CASES)
 def test_device_entry_equals_reference_from_cupy_arrays(device_builder, kind, batch, depth, k, budget):
-    import cupy as cp
-
-    from ddtree_bench.builders.gpu import DeviceTrees
+    import cupy as cp  # noqa: PLC0415
 
     lp, ids = topk_inputs(kind, batch, depth, k)
     expected = _expected(lp, ids, budget)
@@ -74,7 +73,7 @@ def test_device_entry_equals_reference_from_cupy_arrays(device_builder, kind, ba
 
 @needs_gpu
 def test_device_entry_refuses_host_arrays_and_bad_dtypes(device_builder):
-    import cupy as cp
+    import cupy as cp  # noqa: PLC0415
 
     lp, ids = topk_inputs("peaked", 2, 4, 8)
     with pytest.raises(ValueError, match="not an array on the CUDA device"):
@@ -88,7 +87,7 @@ def test_device_entry_refuses_host_arrays_and_bad_dtypes(device_builder):
 @needs_gpu
 @pytest.mark.parametrize("packed_only", [False, True])
 def test_cupy_graph_capture_and_replay_gives_the_same_trees(device_builder, packed_only):
-    import cupy as cp
+    import cupy as cp  # noqa: PLC0415
 
     lp, ids = topk_inputs("bf16", 6, 16, 64, seed=1)
     lp2, ids2 = topk_inputs("peaked", 6, 16, 64, seed=2)
@@ -119,7 +118,7 @@ def test_cupy_graph_capture_and_replay_gives_the_same_trees(device_builder, pack
 
 @needs_torch_gpu
 def test_device_entry_takes_torch_tensors_on_torchs_current_stream(device_builder):
-    import torch
+    import torch  # noqa: PLC0415
 
     lp, ids = topk_inputs("tied", 4, 16, 32)
     budget = 32
@@ -136,9 +135,7 @@ def test_device_entry_takes_torch_tensors_on_torchs_current_stream(device_builde
 @needs_torch_gpu
 @pytest.mark.parametrize(("kind", "batch", "depth", "k", "budget"), CASES)
 def test_torch_function_equals_reference_after_padding(kind, batch, depth, k, budget):
-    import torch
-
-    from ddtree_bench.builders.gpu_device import build_ddtree_batch_torch
+    import torch  # noqa: PLC0415
 
     lp, ids = topk_inputs(kind, batch, depth, k)
     expected = _expected(lp, ids, budget)
@@ -159,9 +156,7 @@ def test_torch_function_equals_reference_after_padding(kind, batch, depth, k, bu
 
 @needs_torch_gpu
 def test_torch_graph_capture_and_replay_gives_the_same_trees():
-    import torch
-
-    from ddtree_bench.builders.gpu_device import build_ddtree_batch_torch
+    import torch  # noqa: PLC0415
 
     lp, ids = topk_inputs("bf16", 4, 16, 128, seed=3)
     lp2, ids2 = topk_inputs("uniform", 4, 16, 128, seed=4)
@@ -203,8 +198,6 @@ TIMING = dict(warmup=1, repeats=3, min_seconds=0.0, max_repeats=5, machine="test
 @needs_gpu
 @pytest.mark.parametrize("builder", ["reference", "native", "native-mt"])
 def test_in_situ_timing_rows_for_the_cpu_builders(small_trace, native_library, builder):
-    from ddtree_bench.stages.insitu import run_insitu_benchmark
-
     if builder == "reference" and TORCH_REASON is not None:
         pytest.skip(f"reference's in-situ path needs torch with CUDA: {TORCH_REASON}")
     options = {"library": str(native_library)} if builder.startswith("native") else None
@@ -218,8 +211,6 @@ def test_in_situ_timing_rows_for_the_cpu_builders(small_trace, native_library, b
 
 @needs_torch_gpu
 def test_in_situ_timing_rows_for_sglang_where_it_loads(small_trace):
-    from ddtree_bench.stages.insitu import run_insitu_benchmark
-
     reason = get_builder("sglang").unavailable_reason()
     if reason is not None:
         pytest.skip(f"SGLang's function is not loadable here: {reason}")
@@ -229,8 +220,6 @@ def test_in_situ_timing_rows_for_sglang_where_it_loads(small_trace):
 
 @needs_gpu
 def test_in_situ_timing_rows_for_the_gpu_builder(small_trace):
-    from ddtree_bench.stages.build_gpu import run_gpu_benchmark
-
     df = run_gpu_benchmark("gpu", small_trace, 64, 4, in_situ=True, **TIMING)
     timed = df[df["phase"] == "timed"]
     kinds = {t: g for t, g in timed.groupby("timing")}

@@ -10,13 +10,16 @@ without the optional extra. The builder's output must equal ``reference`` elemen
 
 from __future__ import annotations
 
+import hashlib
 import heapq
 import importlib.machinery
 import importlib.util
+import inspect
 import os
 import shutil
 import subprocess
 import sys
+import textwrap
 import types
 
 import numpy as np
@@ -24,6 +27,11 @@ import pytest
 
 from ddtree_bench.builders import BuilderUnavailable, get_builder
 from ddtree_bench.builders import sglang as sglang_builder
+from ddtree_bench.cli import main
+from ddtree_bench.config import check_config
+from ddtree_bench.stages.build import run_benchmark
+from ddtree_bench.summary.build import summarize
+from ddtree_bench.traces import save_trace
 from ddtree_bench.tree import first_difference
 
 HAS_TORCH = importlib.util.find_spec("torch") is not None
@@ -79,7 +87,7 @@ def make_fake_torch() -> types.ModuleType:
 def torch_for(kind: str):
     if kind == "fake":
         return make_fake_torch()
-    import torch  # noqa: PLC0415 - only where installed
+    import torch  # noqa: PLC0415
 
     return torch
 
@@ -432,9 +440,6 @@ def build_ddtree_tree_from_topk(top_log_probs, top_token_ids, budget):
 def stand_in_text(*, workspace: bool = True) -> str:
     """A module file defining ``build_ddtree_tree_from_topk`` (SGLang's statements: ``make_sglang_function``),
     with ``workspace=``, ``DFlashDDTreeBuildWorkspace`` and ``pad_ddtree_build_outputs`` where asked."""
-    import inspect  # noqa: PLC0415
-    import textwrap  # noqa: PLC0415
-
     body = textwrap.dedent(inspect.getsource(make_sglang_function))
     return (
         STAND_IN_HEAD
@@ -464,8 +469,6 @@ def fake_torch_only(monkeypatch):
 
 @pytest.mark.parametrize("workspace", [True, False])
 def test_source_file_loads_by_path_and_equals_reference(fake_torch_only, tmp_path, topk_inputs, workspace):
-    import hashlib  # noqa: PLC0415
-
     path = write_stand_in(tmp_path / "my_ddtree.py", workspace=workspace)
     builder = get_builder("sglang", source=path)
     assert builder.unavailable_reason() is None
@@ -515,7 +518,6 @@ def test_source_in_a_git_checkout_records_its_commit(fake_torch_only, tmp_path):
         "GIT_COMMITTER_NAME": "t",
         "GIT_COMMITTER_EMAIL": "t@t",
     }
-    import os  # noqa: PLC0415
 
     def git(*args):
         return subprocess.run(
@@ -574,9 +576,6 @@ def test_source_without_torch_is_one_line_error(monkeypatch, tmp_path):
 def test_source_errors_on_the_command_line_exit_2(
     fake_torch_only, monkeypatch, tmp_path, topk_inputs, capsys
 ):
-    from ddtree_bench.cli import main  # noqa: PLC0415
-    from ddtree_bench.traces import save_trace  # noqa: PLC0415
-
     lp, ids = topk_inputs("uniform", 2, 4, 8)
     trace = tmp_path / "t.npz"
     save_trace(trace, lp, ids)
@@ -610,10 +609,6 @@ def test_source_errors_on_the_command_line_exit_2(
 
 
 def test_source_provenance_is_in_every_row_and_the_summary(fake_torch_only, tmp_path, topk_inputs):
-    from ddtree_bench.stages.build import run_benchmark  # noqa: PLC0415
-    from ddtree_bench.summary.build import summarize  # noqa: PLC0415
-    from ddtree_bench.traces import save_trace  # noqa: PLC0415
-
     lp, ids = topk_inputs("peaked", 2, 4, 8)
     trace = tmp_path / "t.npz"
     save_trace(trace, lp, ids)
@@ -646,8 +641,6 @@ def test_source_provenance_is_in_every_row_and_the_summary(fake_torch_only, tmp_
 
 
 def test_config_sglang_source_is_checked_before_any_job(fake_torch_only, tmp_path, monkeypatch):
-    from ddtree_bench.config import check_config  # noqa: PLC0415
-
     def config(**sglang):
         return {"builders": ["sglang", "reference"], "sglang": sglang, "step": {"enabled": False}}
 

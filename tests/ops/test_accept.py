@@ -4,6 +4,7 @@ under AddressSanitizer -- equals the CPU walk on every case; on a GPU, ``GpuAcce
 
 from __future__ import annotations
 
+import os
 import subprocess
 from types import SimpleNamespace
 
@@ -24,6 +25,7 @@ from ddtree_bench.ops.accept import (
     TREE_FIELD_DTYPES,
     TREE_LINK_FIELDS,
     AcceptUnavailable,
+    DeviceAccept,
     GpuAccept,
     accept_cpu,
     check_batch_budget,
@@ -393,8 +395,6 @@ def test_batch_and_budget_checks():
 
 
 def test_device_outputs_refuse_a_negative_budget_before_touching_the_device():
-    from ddtree_bench.ops.accept import DeviceAccept
-
     one_line_error("budget must be >= 0, got -1", DeviceAccept, 4, -1)
     one_line_error("batch must be >= 0, got -2", DeviceAccept, -2, 8)
 
@@ -711,8 +711,6 @@ def tsan_emulator(tmp_path_factory):
 def run_emulator(exe, trees, target, grid=None, block=None, shared=None, tmp=None, force_global=False):
     """One emulated launch (``GpuAccept``'s launch configuration unless ``grid`` / ``block`` / ``shared``
     say otherwise): ``(accepted, length, bonus)`` with the sentinels left where nothing wrote."""
-    import os
-
     batch, budget = trees.node_token_ids.shape
     n1 = budget + 1
     default_grid, default_block, default_shared = launch_config(batch, budget, force_global)
@@ -1067,7 +1065,7 @@ class GuardedOutputs:
     GUARD = 4096
 
     def __init__(self, batch: int, budget: int):
-        import cupy as cp
+        import cupy as cp  # noqa: PLC0415
 
         n1, g = budget + 1, self.GUARD
         self.batch, self.budget = batch, budget
@@ -1100,7 +1098,7 @@ def test_gpu_survives_malformed_parents(gpu_accept, gpu_accept_global, seed, pat
     """Wrecked parents and node counts: the launch finishes, writes nothing outside the outputs (guards),
     writes every output element, and computes kernel_reference (out-of-bounds reads are the emulator's to
     catch, under AddressSanitizer; run this file under compute-sanitizer to check them on the GPU too)."""
-    import cupy as cp
+    import cupy as cp  # noqa: PLC0415
 
     accept = accepts(gpu_accept, gpu_accept_global, path)
     for batch, budget in ((4, 32), (3, 1024), (2, STAGE_MAX_BUDGET + 100)):
@@ -1117,7 +1115,7 @@ def test_gpu_survives_malformed_parents(gpu_accept, gpu_accept_global, seed, pat
 
 def device_case(case):
     """A case's trees built by the GPU builder into DeviceTrees, plus device target tokens."""
-    import cupy as cp
+    import cupy as cp  # noqa: PLC0415
 
     kind, batch, budget, depth, k, vocab = case
     rng = np.random.default_rng([7, batch, budget])
@@ -1140,9 +1138,7 @@ def sentinel_outputs(out):
 @pytest.mark.parametrize("batch", [1, 64, 300])
 def test_gpu_launch_on_device_trees(gpu_accept, gpu_accept_global, batch, budget, path):
     """On the GPU builder's own DeviceTrees, on a side stream, every output element written."""
-    import cupy as cp
-
-    from ddtree_bench.ops.accept import DeviceAccept
+    import cupy as cp  # noqa: PLC0415
 
     trees, target, d_trees, d_target = device_case(("path", batch, budget, 16, 16, 64))
     out = DeviceAccept(batch, budget)
@@ -1157,9 +1153,7 @@ def test_gpu_launch_on_device_trees(gpu_accept, gpu_accept_global, batch, budget
 @needs_gpu
 @pytest.mark.parametrize("path", PATHS)
 def test_gpu_launch_replays_in_a_cuda_graph(gpu_accept, gpu_accept_global, path):
-    import cupy as cp
-
-    from ddtree_bench.ops.accept import DeviceAccept
+    import cupy as cp  # noqa: PLC0415
 
     accept = accepts(gpu_accept, gpu_accept_global, path)
     trees, target, d_trees, d_target = device_case(("path", 64, 256, 16, 16, 64))
@@ -1180,9 +1174,7 @@ def test_gpu_launch_replays_in_a_cuda_graph(gpu_accept, gpu_accept_global, path)
 
 @needs_gpu
 def test_gpu_rejects_bad_shapes(gpu_accept):
-    import cupy as cp
-
-    from ddtree_bench.ops.accept import DeviceAccept
+    import cupy as cp  # noqa: PLC0415
 
     trees, target, d_trees, d_target = device_case(("random", 4, 16, 16, 6, 6))
     one_line_error("budget must be >= 0, got -1", DeviceAccept, 4, -1)

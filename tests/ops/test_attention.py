@@ -5,27 +5,40 @@ shows)."""
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 from gpu_inputs import topk_inputs
 
+import ddtree_bench.ops.attention as attention_module
 from ddtree_bench.builders import get_builder
+from ddtree_bench.builders.gpu import DeviceTrees, GpuBuilder
 from ddtree_bench.cuda import loader as cuda
-from ddtree_bench.cuda.loader import gpu_unavailable_reason
+from ddtree_bench.cuda.loader import BENCH_UTIL_SOURCE, cached_fatbin, gpu_unavailable_reason
 from ddtree_bench.ops.attention import (
     HEAD_DIM,
+    KERNEL_SOURCE,
     MIN_KEYS_PER_SPLIT,
+    SMALL_OVERHEAD_TILES,
     VALUE_DIM,
+    AttentionKernels,
     AttentionPlan,
     AttentionShape,
+    AttentionUnavailable,
+    PreparedAttention,
+    VerifyAttention,
     attention_bytes,
     attention_flops,
     check_attention_inputs,
     plan_attention,
+    reference_attention,
     visible_keys,
 )
+from ddtree_bench.stages.attention import STREAM_THREADS, backend_name, run_attention_benchmark
+from ddtree_bench.timing.records import STAGE_COLUMNS
+from ddtree_bench.traces import generate_trace, save_trace
 from ddtree_bench.tree import packed_visibility
 
 
@@ -159,10 +172,6 @@ def test_plan_of_72_row_tiles():
 
 
 def test_72_row_tiles_are_planned_only_where_they_need_fewer_blocks_are_loaded_and_estimated_faster():
-    from pathlib import Path
-
-    from ddtree_bench.ops.attention import AttentionKernels
-
     fields = dict(
         attn=None, combine=None, combine_threads=256, smem_bytes=1, sm_count=132, keys_per_tile=64,
         overhead_tiles=8, runs="", fatbin=Path("x"), path="wgmma",
@@ -189,10 +198,6 @@ def test_72_row_tiles_are_planned_only_where_they_need_fewer_blocks_are_loaded_a
 
 
 def test_2_split_plans_of_72_row_tiles_run_as_clusters_merged_on_chip():
-    from pathlib import Path
-
-    from ddtree_bench.ops.attention import AttentionKernels
-
     fields = dict(
         attn=None, combine=None, combine_threads=256, smem_bytes=1, sm_count=132, keys_per_tile=64,
         overhead_tiles=8, runs="", fatbin=Path("x"), path="wgmma", attn_wide=object(), wide_smem_bytes=1,
@@ -216,10 +221,6 @@ def test_2_split_plans_of_72_row_tiles_run_as_clusters_merged_on_chip():
 
 
 def test_the_small_mma_tiles_plan_32_row_blocks_of_16_key_tiles():
-    from pathlib import Path
-
-    from ddtree_bench.ops.attention import SMALL_OVERHEAD_TILES, AttentionKernels
-
     small = AttentionKernels(
         attn=None, combine=None, combine_threads=256, smem_bytes=1, sm_count=188, keys_per_tile=16,
         overhead_tiles=SMALL_OVERHEAD_TILES, runs="", fatbin=Path("x"), path="mma", rows_per_block=32,
@@ -235,10 +236,6 @@ def test_the_small_mma_tiles_plan_32_row_blocks_of_16_key_tiles():
 
 
 def test_split_plans_whose_grid_is_resident_at_once_merge_in_the_kernel(monkeypatch):
-    from pathlib import Path
-
-    from ddtree_bench.ops.attention import AttentionKernels
-
     fields = dict(
         attn=None, combine=None, combine_threads=256, smem_bytes=1, sm_count=132, keys_per_tile=64,
         overhead_tiles=8, runs="", fatbin=Path("x"), attn_wide=object(), wide_smem_bytes=1,
@@ -267,7 +264,6 @@ def test_split_plans_whose_grid_is_resident_at_once_merge_in_the_kernel(monkeypa
         AttentionKernels(**fields, path="wgmma", merge_in_kernel=False), 1, 8, 32768
     ).merged_in_kernel
     # a plan of two waves (blocks wait for splits that have not started): the combine launch
-    import ddtree_bench.ops.attention as attention_module
 
     two_waves = AttentionPlan(row_tiles=2, splits=100, tiles_per_split=6)
     monkeypatch.setattr(attention_module, "plan_attention", lambda *args, **kwargs: two_waves)
@@ -301,8 +297,6 @@ def test_visible_keys_and_work():
 
 @pytest.mark.skipif(cuda.find_nvcc() is None, reason="nvcc not found")
 def test_fatbin_has_sm90a_code_for_the_wgmma_path(tmp_path):
-    from ddtree_bench.ops.attention import KERNEL_SOURCE
-
     info = cuda.build_fatbin(KERNEL_SOURCE, tmp_path / "verify_attn.fatbin", ["sm_90", "sm_120"])
     assert info["archs"] == ["sm_120", "sm_90a"] and info["ptx"] == "compute_120"
     assert "arch=compute_90a,code=sm_90a" in info["command"]
@@ -316,8 +310,6 @@ def test_fatbin_has_sm90a_code_for_the_wgmma_path(tmp_path):
 
 
 def test_unknown_path_is_refused():
-    from ddtree_bench.ops.attention import VerifyAttention
-
     with pytest.raises(ValueError, match="path must be one of"):
         VerifyAttention(path="tensor-cores")
 
@@ -380,8 +372,6 @@ def assert_close(out, ref, tol=2e-2):
 )
 @pytest.mark.parametrize("path", ["wgmma", "mma", "mma-small"])
 def test_equals_float32_reference(batch, budget, heads, prefix, path):
-    from ddtree_bench.ops.attention import reference_attention
-
     trees = tree_mask(batch, budget, seed=budget)
     bits = torch.as_tensor(packed_visibility(trees.visibility).view(np.int32), device="cuda")
     q, kv, out = random_case(trees, heads, prefix, seed=batch)
@@ -396,8 +386,6 @@ def test_equals_float32_reference(batch, budget, heads, prefix, path):
 def attention_on_path(path):
     """Our kernel on ``path`` ("mma-small": the mma.sync kernel with 32-row tiles); the wgmma path is skipped
     (with the reason) where it is not compiled in."""
-    from ddtree_bench.ops.attention import AttentionUnavailable, VerifyAttention
-
     attn = VerifyAttention(path=path)
     try:
         kernels = attn.kernels
@@ -411,9 +399,7 @@ def attention_on_path(path):
 
 @needs_gpu
 def test_the_mma_path_takes_the_small_tiles_where_the_gpu_allows_less_shared_memory(monkeypatch):
-    import cupy as cp
-
-    from ddtree_bench.ops.attention import AttentionUnavailable, VerifyAttention
+    import cupy as cp  # noqa: PLC0415
 
     real = cp.cuda.runtime.deviceGetAttribute
     allowed = {}
@@ -440,8 +426,6 @@ def test_the_mma_path_takes_the_small_tiles_where_the_gpu_allows_less_shared_mem
 
 @needs_gpu
 def test_the_small_tiles_equal_the_64_row_tiles():
-    from ddtree_bench.ops.attention import VerifyAttention
-
     batch, budget, heads, prefix = 3, 64, 8, [5000, 33, 0]
     trees = tree_mask(batch, budget, seed=7)
     bits = torch.as_tensor(packed_visibility(trees.visibility).view(np.int32), device="cuda")
@@ -458,8 +442,6 @@ def test_the_small_tiles_equal_the_64_row_tiles():
 
 @needs_gpu
 def test_auto_takes_the_wgmma_path_on_hopper():
-    from ddtree_bench.ops.attention import VerifyAttention
-
     major = torch.cuda.get_device_capability()[0]
     kernels = VerifyAttention().kernels
     assert kernels.path == ("wgmma" if major == 9 else "mma")
@@ -469,10 +451,7 @@ def test_auto_takes_the_wgmma_path_on_hopper():
 @needs_gpu
 @pytest.mark.parametrize("path", ["wgmma", "mma", "mma-small"])
 def test_mask_from_the_gpu_builder_and_both_split_paths_agree(path):
-    import cupy as cp
-
-    from ddtree_bench.builders.gpu import DeviceTrees, GpuBuilder
-    from ddtree_bench.ops.attention import plan_attention, reference_attention
+    import cupy as cp  # noqa: PLC0415
 
     batch, budget, heads = 2, 64, 8
     lp, ids = topk_inputs("bf16", batch, 16, budget)
@@ -507,8 +486,6 @@ def test_mask_from_the_gpu_builder_and_both_split_paths_agree(path):
 
 def wide_kernel_or_skip(attn):
     """The 72-row kernel belongs to the wgmma path: skipped (with the reason) where that is not compiled."""
-    from ddtree_bench.ops.attention import AttentionUnavailable
-
     try:
         kernels = attn.kernels
     except AttentionUnavailable as exc:
@@ -533,13 +510,6 @@ def wide_kernel_or_skip(attn):
     ],
 )
 def test_the_72_row_kernel_equals_the_reference_and_the_64_row_tiles(batch, tokens, heads, prefix):
-    from ddtree_bench.ops.attention import (
-        AttentionPlan,
-        PreparedAttention,
-        VerifyAttention,
-        reference_attention,
-    )
-
     attn = VerifyAttention(path="wgmma")
     wide_kernel_or_skip(attn)
     trees = tree_mask(batch, tokens - 1, seed=tokens)
@@ -570,12 +540,6 @@ def test_the_72_row_kernel_with_climbing_scores_and_splits_that_see_nothing(tile
     # is moved (its cross-warp exchange) on many tiles, not only the first. Prefix 120: with one key tile a
     # split, the last split holds only tree token 8, which rows of the other tokens do not see (their
     # partial row sums are 0, their log-sum-exp -inf).
-    from ddtree_bench.ops.attention import (
-        AttentionPlan,
-        PreparedAttention,
-        VerifyAttention,
-        reference_attention,
-    )
 
     attn = VerifyAttention(path="wgmma")
     kernels = wide_kernel_or_skip(attn)
@@ -612,13 +576,6 @@ def test_the_72_row_kernel_with_climbing_scores_and_splits_that_see_nothing(tile
 def test_split_clusters_merge_on_chip_equal_the_reference_and_the_unclustered_kernel(
     batch, tokens, heads, prefix, splits
 ):
-    from ddtree_bench.ops.attention import (
-        AttentionPlan,
-        PreparedAttention,
-        VerifyAttention,
-        reference_attention,
-    )
-
     attn = VerifyAttention(path="wgmma")
     kernels = wide_kernel_or_skip(attn)
     trees = tree_mask(batch, tokens - 1, seed=tokens)
@@ -662,13 +619,6 @@ def test_split_clusters_merge_on_chip_equal_the_reference_and_the_unclustered_ke
 def test_splits_merged_in_the_kernel_equal_the_combine_and_the_reference(
     rows_per_block, batch, tokens, heads, prefix, splits
 ):
-    from ddtree_bench.ops.attention import (
-        AttentionPlan,
-        PreparedAttention,
-        VerifyAttention,
-        reference_attention,
-    )
-
     attn = VerifyAttention(path="wgmma")
     kernels = wide_kernel_or_skip(attn)
     trees = tree_mask(batch, tokens - 1, seed=tokens)
@@ -700,9 +650,7 @@ def test_splits_merged_in_the_kernel_equal_the_combine_and_the_reference(
 
 @needs_gpu
 def test_splits_merged_in_the_kernel_replay_from_a_cuda_graph():
-    import cupy as cp
-
-    from ddtree_bench.ops.attention import VerifyAttention, reference_attention
+    import cupy as cp  # noqa: PLC0415
 
     attn = VerifyAttention()
     trees = tree_mask(1, 8, seed=2)
@@ -728,8 +676,6 @@ def test_splits_merged_in_the_kernel_replay_from_a_cuda_graph():
 
 @needs_gpu
 def test_launch_refuses_host_and_non_contiguous_tensors():
-    from ddtree_bench.ops.attention import VerifyAttention
-
     trees = tree_mask(1, 8)
     q, kv, out = random_case(trees, 8, [16])
     bits = torch.as_tensor(packed_visibility(trees.visibility).view(np.int32), device="cuda")
@@ -746,8 +692,6 @@ def test_launch_refuses_host_and_non_contiguous_tensors():
 
 @pytest.fixture(scope="module")
 def attention_trace(tmp_path_factory):
-    from ddtree_bench.traces import generate_trace, save_trace
-
     path = tmp_path_factory.mktemp("trace") / "peaked-L8.npz"
     lp, ids = generate_trace("peaked", 4, 8, 32, vocab_size=300, seed=1, device="cpu")
     save_trace(path, lp, ids, distribution="peaked", seed=1)
@@ -759,8 +703,6 @@ TIMING = dict(warmup=1, repeats=2, min_seconds=0.0, max_seconds=0.1, min_repeats
 
 def small_benchmark(trace, impls):
     """Budget 16, batch 2, 8 heads, S = 300 on the trace's first requests: every impl in ``impls``."""
-    from ddtree_bench.stages.attention import run_attention_benchmark
-
     return run_attention_benchmark(
         trace, 16, 2, heads=8, prefix=300, impls=impls, timing=TIMING, machine="m", distribution=None
     )
@@ -768,8 +710,6 @@ def small_benchmark(trace, impls):
 
 @needs_gpu
 def test_benchmark_times_both_of_our_paths(attention_trace):
-    from ddtree_bench.ops.attention import VerifyAttention
-
     df = small_benchmark(attention_trace, ["ours", "ours-mma"])
     assert set(df["impl"]) == {"ours", "ours-mma"}
     assert set(df["status"]) == {"ok"} and df["correct"].all()
@@ -796,10 +736,7 @@ def test_benchmark_read_stream_is_the_shapes_bandwidth_bound(attention_trace):
 def test_stream_read_kernel_reads_every_word():
     """A buffer of zeros but one word: the thread that reads that word folds it, and stores its fold when it
     equals `never`; a word the kernel skips (tail, unrolled body, any position) would leave the sink at 0."""
-    import cupy as cp
-
-    from ddtree_bench.cuda.loader import BENCH_UTIL_SOURCE, cached_fatbin
-    from ddtree_bench.stages.attention import STREAM_THREADS
+    import cupy as cp  # noqa: PLC0415
 
     read = cp.RawModule(path=str(cached_fatbin(BENCH_UTIL_SOURCE))).get_function("ddtree_stream_read")
     grid = 3  # a small grid, so that the unrolled body and the tail both run
@@ -815,8 +752,6 @@ def test_stream_read_kernel_reads_every_word():
 
 
 def test_benchmark_backend_names_the_72_row_tiles():
-    from ddtree_bench.stages.attention import backend_name
-
     def prepared(path, rows_per_block, cluster=1, merged=0):
         plan = SimpleNamespace(
             rows_per_block=rows_per_block, cluster=cluster, merged_in_kernel=merged > 0, splits=merged
@@ -832,10 +767,6 @@ def test_benchmark_backend_names_the_72_row_tiles():
 
 
 def test_benchmark_without_a_gpu_gives_one_unavailable_row_per_impl(attention_trace, monkeypatch):
-    from ddtree_bench.ops.attention import VerifyAttention
-    from ddtree_bench.stages.attention import run_attention_benchmark
-    from ddtree_bench.timing.records import STAGE_COLUMNS
-
     monkeypatch.setattr(VerifyAttention, "unavailable_reason", lambda self: "no GPU in this test")
     df = run_attention_benchmark(
         attention_trace, 16, 2, heads=8, prefix=100, timing=TIMING, machine="m", distribution=None
@@ -867,7 +798,6 @@ def test_benchmark_without_a_gpu_gives_one_unavailable_row_per_impl(attention_tr
     )
     assert row.distribution == "peaked" and row.machine == "m"
     # the work of one call follows from the trees: every query sees the prefix plus its path to the root
-    from ddtree_bench.builders import get_builder
 
     with np.load(attention_trace) as data:
         lp, ids = data["top_log_probs"][:2, :, :16], data["top_token_ids"][:2, :, :16]
@@ -886,8 +816,6 @@ def test_benchmark_without_a_gpu_gives_one_unavailable_row_per_impl(attention_tr
     ],
 )
 def test_benchmark_rejects_bad_arguments(attention_trace, change, message):
-    from ddtree_bench.stages.attention import run_attention_benchmark
-
     args = dict(heads=8, prefix=10, timing=TIMING, machine="m", distribution=None) | change
     with pytest.raises(ValueError, match=message):
         run_attention_benchmark(attention_trace, 16, 2, **args)

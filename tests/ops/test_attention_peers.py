@@ -91,7 +91,7 @@ def ancestor_visibility(rng: np.random.Generator, nodes: int) -> np.ndarray:
 
 def make_case(batch=2, budget=7, heads=8, prefix=(40, 100), extra=5, seed=0, nan_padding=True):
     """Unit-scale random bf16 inputs on the GPU; kv rows past S_b + N are NaN (they must not matter)."""
-    import torch
+    import torch  # noqa: PLC0415
 
     rng = np.random.default_rng(seed)
     nodes = budget + 1
@@ -110,7 +110,7 @@ def make_case(batch=2, budget=7, heads=8, prefix=(40, 100), extra=5, seed=0, nan
 
 def naive_reference(q, kv, prefix_lengths, visibility, scale=None):
     """Float32, one request and one query at a time: the definition, written out."""
-    import torch
+    import torch  # noqa: PLC0415
 
     scale = 1 / math.sqrt(192) if scale is None else scale
     batch, nodes, heads, _ = q.shape
@@ -136,7 +136,7 @@ def test_reference_matches_the_definition():
 
 @needs_torch_gpu
 def test_dense_mask():
-    import torch
+    import torch  # noqa: PLC0415
 
     _, _, prefix_lengths, visibility = make_case()
     used = 100 + 8
@@ -152,7 +152,7 @@ def test_dense_mask():
 @needs_torch_gpu
 @pytest.mark.parametrize("name", PEERS)
 def test_peer_matches_float32_reference(name):
-    import torch
+    import torch  # noqa: PLC0415
 
     q, kv, prefix_lengths, visibility = make_case()
     try:
@@ -185,7 +185,7 @@ def test_peer_scale_is_passed_through():
 
 @needs_torch_gpu
 def test_malformed_inputs_are_value_errors():
-    import torch
+    import torch  # noqa: PLC0415
 
     q, kv, prefix_lengths, visibility = make_case()
     with pytest.raises(ValueError, match="q must be"):

@@ -6,6 +6,7 @@ targets against the peers on synthetic rows; on a GPU, each peer against float32
 from __future__ import annotations
 
 import copy
+import importlib.util
 import sys
 import types
 from pathlib import Path
@@ -15,7 +16,7 @@ import pandas as pd
 import pytest
 import yaml
 from test_step import attention_rows, peak_rows, target_status
-from workflow_copy import snakemake, workdir_copy
+from workflow_copy import ROOT, snakemake, workdir_copy
 
 from ddtree_bench.config import ATTENTION_IMPLS, check_config, load_schema, step_options
 from ddtree_bench.ops import attention_peers
@@ -34,6 +35,7 @@ from ddtree_bench.ops.attention_peers import (
     load_sglang_extend_attention,
     make_peer,
 )
+from ddtree_bench.stages.attention import run_attention_benchmark
 from ddtree_bench.step_report import (
     PEER_TARGETS,
     STEP_TARGETS,
@@ -54,8 +56,6 @@ needs_torch_gpu = pytest.mark.skipif(
 
 
 def default_config() -> dict:
-    from workflow_copy import ROOT
-
     return yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
 
 
@@ -190,8 +190,6 @@ def test_sglang_bad_path_is_a_value_error(tmp_path):
 
 
 def test_sglang_not_installed_is_a_stated_reason(monkeypatch):
-    import importlib.util
-
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
     with pytest.raises(PeerUnavailable) as info:
         find_sglang_kernel(None)
@@ -232,8 +230,6 @@ def test_snakemake_stops_on_a_bad_sglang_path(tmp_path):
 
 
 def test_benchmark_refuses_a_bad_sglang_path_before_measuring(tmp_path):
-    from ddtree_bench.stages.attention import run_attention_benchmark
-
     with pytest.raises(ValueError, match="no SGLang Triton extend-attention file"):
         run_attention_benchmark(
             tmp_path / "unused.npz",
@@ -371,7 +367,7 @@ def tree_visibility(rng: np.random.Generator, batch: int, nodes: int) -> np.ndar
 def test_peer_matches_float32_with_its_mask(name, batch, budget, prefix):
     """Each peer (where it loads: otherwise skipped with its stated reason) against the float32 reference
     with the mask it applies; padding rows of NaN past S + N never reach the output."""
-    import torch
+    import torch  # noqa: PLC0415
 
     rng = np.random.default_rng(batch * 1000 + budget)
     nodes, heads = budget + 1, 8

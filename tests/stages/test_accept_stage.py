@@ -4,6 +4,9 @@ arguments are one-line ValueErrors before anything runs; on a GPU every impl is 
 
 from __future__ import annotations
 
+import sys
+import types
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -196,8 +199,6 @@ class _Event:
 
 
 def _fake_cupy(launched: list):
-    import types
-
     cp = types.ModuleType("cupy")
     cp.ndarray, cp.int32, cp.int64 = _HostArray, np.int32, np.int64
     cp.asarray = lambda a, dtype=None: np.array(a, dtype=dtype).view(_HostArray)
@@ -248,8 +249,6 @@ def _python_accept_kernel(grid, block, args, stream=None, shared_mem=0):
 @pytest.fixture
 def fake_device(monkeypatch):
     """``(launched kernel names, set_kernel(fn))`` with CuPy faked and the GPU declared available."""
-    import sys
-
     launched = []
     monkeypatch.setitem(sys.modules, "cupy", _fake_cupy(launched))
     monkeypatch.setattr(cuda, "cached_fatbin", lambda *args, **kwargs: "/fake/bench_util.fatbin")
@@ -293,8 +292,6 @@ def test_device_path_a_kernel_that_writes_nothing_is_incorrect(trace_path, fake_
 
 
 def test_device_path_kernel_load_failure_gives_failed_rows(trace_path, fake_device, monkeypatch):
-    import sys
-
     def broken(path):
         raise RuntimeError("nvcc failed on bench_util.cu:\nerror details")
 

@@ -11,6 +11,8 @@ from test_report import rows_for, write_machine
 from test_step import shapes_frame, synthetic_step
 
 from ddtree_bench.builders import get_builder
+from ddtree_bench.builders.gpu import DeviceTrees, device_layout
+from ddtree_bench.builders.gpu_device import check_device_inputs
 from ddtree_bench.builders.reference import build_one
 from ddtree_bench.config import check_config
 from ddtree_bench.report import (
@@ -22,6 +24,7 @@ from ddtree_bench.report import (
     speedups,
     timings,
 )
+from ddtree_bench.stages.build import run_benchmark
 from ddtree_bench.stages.insitu import (
     IN_SITU,
     VERIFY_FIELDS,
@@ -29,6 +32,7 @@ from ddtree_bench.stages.insitu import (
     pad_request_torch,
     run_insitu_benchmark,
     torch_cuda_reason,
+    unavailable_like,
 )
 from ddtree_bench.summary.build import summarize
 from ddtree_bench.summary.step import step_breakdown, summarize_steps
@@ -341,9 +345,6 @@ def test_in_situ_config_key():
 
 
 def test_unavailable_like_names_the_timing_jobs_configuration(tmp_path):
-    from ddtree_bench.stages.build import run_benchmark
-    from ddtree_bench.stages.insitu import unavailable_like
-
     rows = run_benchmark(
         "reference",
         _trace(tmp_path),
@@ -369,9 +370,6 @@ def test_unavailable_like_names_the_timing_jobs_configuration(tmp_path):
 
 
 def test_device_input_checks_name_the_problem(topk_inputs):
-    from ddtree_bench.builders.gpu import DeviceTrees, device_layout
-    from ddtree_bench.builders.gpu_device import check_device_inputs
-
     lp, ids = _inputs(topk_inputs)
     assert check_device_inputs(lp, ids, 9) == 9
     with pytest.raises(ValueError, match="float32 log-probs and int64 token ids"):

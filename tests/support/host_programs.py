@@ -11,7 +11,10 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from ddtree_bench.builders import get_builder
 from ddtree_bench.cuda.loader import KERNEL_DIR
+from ddtree_bench.native_build import compiler_unavailable_reason, find_compiler
+from ddtree_bench.tree import TreeBatch, packed_visibility
 
 SANITIZERS = {
     "address": ["-fsanitize=address,undefined", "-fno-sanitize-recover=all", "-fno-omit-frame-pointer"],
@@ -23,8 +26,6 @@ def compile_host_program(source: str, output: Path, flags, sanitizer: str = "add
     """Compile the C++ ``source`` to ``output`` (headers from each kernels/ folder and tests/, pthreads,
     C++17, plus ``flags``); True when built with the sanitizer. For ``address`` a compiler without it still
     builds the program (unchecked); ``thread`` never falls back."""
-    from ddtree_bench.native_build import find_compiler
-
     main = Path(output).with_suffix(".cpp")
     main.write_text(source)
     base = [
@@ -53,8 +54,6 @@ def compile_host_program(source: str, output: Path, flags, sanitizer: str = "add
 def host_program(tmp_path_factory, name: str, source: str, flags=(), sanitizer: str = "address"):
     """For a module-scoped fixture: the built program as ``SimpleNamespace(path, sanitized)``, or a skip
     with the reason where there is no C++ compiler."""
-    from ddtree_bench.native_build import compiler_unavailable_reason
-
     reason = compiler_unavailable_reason()
     if reason is not None:
         pytest.skip(reason)
@@ -66,10 +65,6 @@ def host_program(tmp_path_factory, name: str, source: str, flags=(), sanitizer: 
 def run_tree_emulator(emulator, data: Path, out: Path, batch: int, budget: int, with_bool: bool):
     """Run an emulated tree-build launch (input file ``data``, outputs to ``out``, in the order of the
     kernels' parameter list) and read back ``(TreeBatch, packed bits, path codes)``."""
-    import subprocess
-
-    from ddtree_bench.tree import TreeBatch
-
     proc = subprocess.run(
         [str(emulator.path), str(data), str(out)], capture_output=True, text=True, timeout=900
     )
@@ -107,9 +102,6 @@ def run_tree_emulator(emulator, data: Path, out: Path, batch: int, budget: int, 
 def assert_trees_equal_reference(trees, bits, lp, ids, budget: int, with_bool: bool):
     """Every output of an emulated launch equals the reference builder's on the same inputs (the bool mask
     where it was written), and the packed bits are the reference's mask packed."""
-    from ddtree_bench.builders import get_builder
-    from ddtree_bench.tree import packed_visibility
-
     want = get_builder("reference").build(lp, ids, budget)
     fields = ["node_count", "node_token_ids", "node_depths", "parents", "retrieve_next_token"]
     fields += ["retrieve_next_sibling"] + (["visibility"] if with_bool else [])

@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from ddtree_bench.builders.base import Builder, BuilderUnavailable
+from ddtree_bench.cuda import loader as cuda
 from ddtree_bench.tree import TreeBatch
 
 MAX_DEPTH = 32
@@ -152,7 +153,7 @@ class DeviceTrees:
     def __init__(self, batch: int, budget: int, buffer=None):
         """``buffer``: a device byte array of at least ``required_bytes(batch, budget)`` bytes to lay the
         outputs out in (e.g. a CuPy view of a torch tensor); ``None``: a new zeroed CuPy allocation."""
-        import cupy as cp
+        import cupy as cp  # noqa: PLC0415
 
         n1 = budget + 1
         words = (n1 + 31) // 32
@@ -252,7 +253,7 @@ class GpuBuilder(Builder):
         self._shared_set = set()
 
     def unavailable_reason(self) -> str | None:
-        from ddtree_bench.cuda.loader import gpu_unavailable_reason
+        from ddtree_bench.cuda.loader import gpu_unavailable_reason  # noqa: PLC0415
 
         return gpu_unavailable_reason()
 
@@ -262,7 +263,6 @@ class GpuBuilder(Builder):
             reason = self.unavailable_reason()
             if reason:
                 raise BuilderUnavailable(f"gpu builder unavailable: {reason}")
-            from ddtree_bench.cuda import loader as cuda
 
             archs = self._archs or cuda.DEFAULT_ARCHS
             fatbin = self._fatbin or cuda.cached_fatbin(cuda.TREE_BUILD_SOURCE, archs)
@@ -303,7 +303,7 @@ class GpuBuilder(Builder):
         """Enqueue one build of the whole batch on ``stream`` (no allocation, no host sync): the tree kernel,
         which writes the bool mask too where wanted (the warp-heap kernels always; the parallel kernel per
         ``bool_in_build_kernel``), else followed by the kernel expanding the packed bits to it."""
-        import cupy as cp
+        import cupy as cp  # noqa: PLC0415
 
         stream = stream or cp.cuda.get_current_stream()
         k = self.kernels
@@ -351,7 +351,7 @@ class GpuBuilder(Builder):
     def build_device(
         self, top_log_probs, top_token_ids, budget: int, bool_visibility: bool | None = None
     ) -> tuple[DeviceTrees, LaunchPlan]:
-        import cupy as cp
+        import cupy as cp  # noqa: PLC0415
 
         batch, depth, k = top_log_probs.shape
         plan = self.plan(batch, depth, k, budget)

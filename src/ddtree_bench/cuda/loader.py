@@ -125,7 +125,7 @@ def cached_fatbin(source: Path = TREE_BUILD_SOURCE, archs=DEFAULT_ARCHS) -> Path
 def gpu_unavailable_reason() -> str | None:
     """``None`` when CuPy imports and sees a CUDA device, else why not (no GPU is not a failure)."""
     try:
-        import cupy
+        import cupy  # noqa: PLC0415
     except Exception as exc:  # ImportError, or a broken CUDA install
         return f"CuPy is not installed or does not import ({type(exc).__name__}: {exc}); pip install .[gpu]"
     try:
@@ -169,7 +169,7 @@ class LoadedKernels:
 
 def load_kernels(fatbin: Path, util_fatbin: Path | None = None) -> LoadedKernels:
     """Load the tree-build fatbin (and the benchmark utilities: empty, spin and L2-flush kernels)."""
-    import cupy
+    import cupy  # noqa: PLC0415
 
     fatbin = Path(fatbin)
     module = cupy.RawModule(path=str(fatbin))

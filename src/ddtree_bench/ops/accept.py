@@ -36,6 +36,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
+from ddtree_bench.cuda import loader as cuda
 from ddtree_bench.cuda.loader import kernel_source
 from ddtree_bench.tree import TreeBatch
 
@@ -213,7 +214,7 @@ class DeviceAccept:
 
     def __init__(self, batch: int, budget: int):
         batch, budget = check_batch_budget(batch, budget)  # before CuPy: a bad shape is a ValueError anywhere
-        import cupy as cp
+        import cupy as cp  # noqa: PLC0415
 
         self.batch, self.budget = batch, budget
         self.accepted_indices = cp.empty((batch, budget + 1), cp.int32)
@@ -284,7 +285,7 @@ class GpuAccept:
         self.fatbin: Path | None = None
 
     def unavailable_reason(self) -> str | None:
-        from ddtree_bench.cuda.loader import gpu_unavailable_reason
+        from ddtree_bench.cuda.loader import gpu_unavailable_reason  # noqa: PLC0415
 
         return gpu_unavailable_reason()
 
@@ -297,9 +298,7 @@ class GpuAccept:
     def kernel(self):
         if self._kernel is None:
             self._require()
-            import cupy
-
-            from ddtree_bench.cuda import loader as cuda
+            import cupy  # noqa: PLC0415
 
             fatbin = self._fatbin or cuda.cached_fatbin(KERNEL_SOURCE, self._archs or cuda.DEFAULT_ARCHS)
             self._kernel = cupy.RawModule(path=str(fatbin)).get_function(KERNEL_NAME)
@@ -319,7 +318,7 @@ class GpuAccept:
         (ValueError)."""
         batch, budget = check_device_arrays(d_target, d_trees, out)
         self._require()
-        import cupy as cp
+        import cupy as cp  # noqa: PLC0415
 
         arrays = [d_target, *(getattr(d_trees, name) for name in TREE_LINK_FIELDS)]
         arrays += [out.accepted_indices, out.accept_length, out.bonus_token]
@@ -348,7 +347,7 @@ class GpuAccept:
         batch, budget = check_host_inputs(trees, target_tokens, need_parents=False)
         host = {name: host_field(trees, name) for name in TREE_LINK_FIELDS}
         self._require()
-        import cupy as cp
+        import cupy as cp  # noqa: PLC0415
 
         d_target = cp.asarray(np.ascontiguousarray(np.asarray(target_tokens).astype(np.int64, copy=False)))
         d_trees = SimpleNamespace(**{name: cp.asarray(array) for name, array in host.items()})

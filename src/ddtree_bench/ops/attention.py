@@ -33,6 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ddtree_bench.cuda import loader as cuda
 from ddtree_bench.cuda.loader import kernel_source
 
 KERNEL_SOURCE = kernel_source("verify_attn")
@@ -276,7 +277,7 @@ def plan_attention(
 
 def _as_cupy(array, name: str):
     """A CuPy view of a CuPy array or a contiguous PyTorch CUDA tensor (bf16 seen as int16), no copy."""
-    import cupy as cp
+    import cupy as cp  # noqa: PLC0415
 
     if isinstance(array, cp.ndarray):
         if not array.flags.c_contiguous:
@@ -287,7 +288,7 @@ def _as_cupy(array, name: str):
             raise ValueError(f"verify attention: {name} must be on the GPU, got device {array.device}")
         if not array.is_contiguous():
             raise ValueError(f"verify attention: {name} must be contiguous")
-        import torch
+        import torch  # noqa: PLC0415
 
         if array.dtype == torch.bfloat16:
             array = array.view(torch.int16)
@@ -302,7 +303,7 @@ class PreparedAttention:
     """One validated call: device views, the plan and the split workspace. ``launch`` enqueues only."""
 
     def __init__(self, kernels, shape: AttentionShape, plan: AttentionPlan, views: dict, lengths):
-        import cupy as cp
+        import cupy as cp  # noqa: PLC0415
 
         self.kernels, self.shape, self.plan, self.views = kernels, shape, plan, views
         self.prefix_lengths = lengths
@@ -322,7 +323,7 @@ class PreparedAttention:
         )
 
     def launch(self, stream=None) -> None:
-        import cupy as cp
+        import cupy as cp  # noqa: PLC0415
 
         k, s, p, v = self.kernels, self.shape, self.plan, self.views
         stream = stream or cp.cuda.get_current_stream()
@@ -447,12 +448,12 @@ class VerifyAttention:
         self._kernels: AttentionKernels | None = None
 
     def unavailable_reason(self) -> str | None:
-        from ddtree_bench.cuda.loader import gpu_unavailable_reason
+        from ddtree_bench.cuda.loader import gpu_unavailable_reason  # noqa: PLC0415
 
         reason = gpu_unavailable_reason()
         if reason is None:
             try:
-                import torch  # noqa: F401  (bf16 tensors)
+                import torch  # noqa: F401, PLC0415  (bf16 tensors)
             except ImportError as exc:
                 reason = f"PyTorch is not installed (bf16 tensors): {exc}"
         return reason
@@ -463,9 +464,7 @@ class VerifyAttention:
             reason = self.unavailable_reason()
             if reason:
                 raise AttentionUnavailable(f"gpu verify attention unavailable: {reason}")
-            import cupy as cp
-
-            from ddtree_bench.cuda import loader as cuda
+            import cupy as cp  # noqa: PLC0415
 
             fatbin = self._fatbin or cuda.cached_fatbin(KERNEL_SOURCE, self._archs or cuda.DEFAULT_ARCHS)
             module = cp.RawModule(path=str(fatbin))
@@ -585,7 +584,7 @@ def reference_attention(q, kv, prefix_lengths, visibility, *, requests=None, sca
     softmax over the prefix plus the tree keys ``visibility[b, i]`` marks (numpy or torch) of ``scale * q.k``
     (default ``SOFTMAX_SCALE``), times V. Rows of ``kv`` past ``S_b + N`` are never read; a query with no
     visible key gives zeros, like the kernel."""
-    import torch
+    import torch  # noqa: PLC0415
 
     scale = SOFTMAX_SCALE if scale is None else float(scale)
     batch, tokens, _, _ = q.shape

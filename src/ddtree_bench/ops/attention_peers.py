@@ -52,7 +52,12 @@ time), re-exported here.
 
 from __future__ import annotations
 
+import importlib.abc
+import importlib.machinery
+import importlib.util
 import inspect
+import sys
+import types
 from collections.abc import Callable
 from pathlib import Path
 
@@ -97,7 +102,7 @@ class PeerUnavailable(RuntimeError):
 def torch_unavailable_reason() -> str | None:
     """``None`` when PyTorch imports and sees a CUDA device, else why not (one line)."""
     try:
-        import torch
+        import torch  # noqa: PLC0415
     except Exception as exc:  # ImportError, or a broken install
         return f"PyTorch is not installed or does not import ({_describe(exc)}); pip install torch"
     try:
@@ -171,7 +176,7 @@ def _sanitized_kv(torch, kv, prefix_lengths, nodes: int, used: int):
 def dense_mask(prefix_lengths, visibility, used: int):
     """The boolean mask ``[B, 1, N+1, used]`` (True = attend): request ``b``'s query ``i`` sees key ``k``
     iff ``k < S_b``, or ``k = S_b + j`` with ``visibility[b, i, j]``; padding keys are never seen."""
-    import torch
+    import torch  # noqa: PLC0415
 
     batch, nodes, _ = visibility.shape
     device = visibility.device
@@ -188,7 +193,7 @@ def _sdpa_backend(torch, query, key, value, mask, scale) -> str | None:
     """The SDPA backend PyTorch chooses for these inputs (``torch._fused_sdp_choice``), or None."""
     try:
         choice = int(torch._fused_sdp_choice(query, key, value, mask, 0.0, False, scale=scale))
-        from torch.nn.attention import SDPBackend
+        from torch.nn.attention import SDPBackend  # noqa: PLC0415
 
         for name, member in SDPBackend.__members__.items():
             if int(member) == choice:
@@ -200,7 +205,7 @@ def _sdpa_backend(torch, query, key, value, mask, scale) -> str | None:
 
 def _raise_recompile_limits(torch) -> None:
     """At least ``RECOMPILE_LIMIT`` (newer names first; older torch calls them ``*cache_size_limit``)."""
-    import torch._dynamo
+    import torch._dynamo  # noqa: PLC0415
 
     config = torch._dynamo.config
     for names in (
@@ -214,7 +219,7 @@ def _raise_recompile_limits(torch) -> None:
 
 
 def _build_sdpa(torch, q_bhld, kv_used, mask, scale, heads: int):
-    import torch.nn.functional as F
+    import torch.nn.functional as F  # noqa: PLC0415
 
     batch, used, _ = kv_used.shape
     key = kv_used[:, None, :, :].expand(batch, heads, used, HEAD_DIM)
@@ -230,7 +235,7 @@ def _build_sdpa(torch, q_bhld, kv_used, mask, scale, heads: int):
 
 def _build_flex(torch, q_bhld, kv_used, prefix_lengths, visibility, scale, kernel_options):
     try:
-        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+        from torch.nn.attention.flex_attention import create_block_mask, flex_attention  # noqa: PLC0415
     except ImportError as exc:
         raise PeerUnavailable(
             f"torch {torch.__version__} has no torch.nn.attention.flex_attention ({_describe(exc)}); "
@@ -289,7 +294,7 @@ FLASHMLA_DISTRIBUTIONS = ("tokenspeed-flashmla", "sgl-flash-mla")
 def _distribution_of(package: str) -> str | None:
     """``name version`` of the installed distribution that provides ``package``, or None."""
     try:
-        from importlib import metadata
+        from importlib import metadata  # noqa: PLC0415
 
         names = metadata.packages_distributions().get(package) or []
         for name in names:
@@ -303,7 +308,7 @@ def load_flash_mla():
     """``(flash_mla module, "distribution version")``; ``PeerUnavailable`` (one line) where the package does
     not import or lacks ``flash_mla_with_kvcache`` / ``get_mla_metadata``."""
     try:
-        import flash_mla
+        import flash_mla  # noqa: PLC0415
     except Exception as exc:  # ImportError, or a build for another torch / CUDA (undefined symbols)
         raise PeerUnavailable(
             f"{FLASHMLA}: the flash_mla package does not import ({_describe(exc)}); install "
@@ -363,9 +368,7 @@ class _SglangStubUtils:
 
     @staticmethod
     def module(name: str):
-        import types
-
-        import torch
+        import torch  # noqa: PLC0415
 
         stub = types.ModuleType(name)
         stub.__doc__ = "ddtree_bench's stand-in for sglang.srt.utils (platform queries only)"
@@ -394,8 +397,6 @@ def find_sglang_kernel(source=None) -> tuple[Path, str]:
     None, the installed ``sglang``'s (``importlib.util.find_spec``, which does not import it). A ``source``
     without the file is a ``ValueError`` (a configuration error); no installed ``sglang``,
     ``PeerUnavailable``."""
-    import importlib.util
-
     if source is not None:
         source = Path(source).expanduser()
         for root in _sglang_roots(source):
@@ -434,11 +435,6 @@ def load_sglang_extend_attention(source=None):
     (``_SglangStubUtils``). ``sys.modules`` is restored afterwards (a real ``sglang`` imported before or
     after is left alone). Loaded once per file and process. ``ValueError`` for a bad ``source``;
     ``PeerUnavailable`` (one line) where it cannot load (a file it needs missing, no Triton)."""
-    import importlib.abc
-    import importlib.machinery
-    import importlib.util
-    import sys
-
     root, rel = find_sglang_kernel(source)
     key = str(root / rel)
     if key in _SGLANG_LOADED:
@@ -619,7 +615,7 @@ def make_peer(
     reason = torch_unavailable_reason()
     if reason is not None:
         raise PeerUnavailable(f"{name}: {reason}")
-    import torch
+    import torch  # noqa: PLC0415
 
     scale = SOFTMAX_SCALE if scale is None else float(scale)
     if kernel_options is not None and name != "flexattention":

@@ -41,6 +41,8 @@ import numpy as np
 import pandas as pd
 
 from ddtree_bench.acceptance import expected_accepted_tokens, sample_target_tokens
+from ddtree_bench.builders import get_builder
+from ddtree_bench.cuda import loader as cuda
 from ddtree_bench.environment import ENVIRONMENT_COLUMNS, collect_environment
 from ddtree_bench.ops.accept import TREE_LINK_FIELDS, DeviceAccept, GpuAccept, accept_cpu, host_field
 from ddtree_bench.stages.build import read_batch
@@ -80,8 +82,6 @@ def timing_policy(timing) -> TimingPolicy:
 
 
 def _build_trees(lp, ids, budget):
-    from ddtree_bench.builders import get_builder  # noqa: PLC0415
-
     builder = get_builder("native")
     if builder.unavailable_reason() is not None:
         builder = get_builder("reference")  # identical trees (the project's checks), only slower to build
@@ -216,7 +216,7 @@ def _cpu_walk_rows(policy, base, trees, target, expected, device) -> list[dict]:
 
         reason = NO_DEVICE_REASON
     else:
-        import cupy as cp
+        import cupy as cp  # noqa: PLC0415
 
         stream, d_target, pinned = device
 
@@ -239,9 +239,7 @@ def _cpu_walk_rows(policy, base, trees, target, expected, device) -> list[dict]:
 
 
 def _device_rows(policy, base, trees, target, expected, accept: GpuAccept, util_fatbin) -> list[dict]:
-    import cupy as cp
-
-    from ddtree_bench.cuda import loader as cuda
+    import cupy as cp  # noqa: PLC0415
 
     batch, budget = base["batch"], base["budget"]
     stream = cp.cuda.Stream(non_blocking=True)

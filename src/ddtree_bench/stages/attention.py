@@ -32,6 +32,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from ddtree_bench.builders import get_builder
 from ddtree_bench.config import ATTENTION_IMPLS, STREAM_IMPL
 from ddtree_bench.environment import ENVIRONMENT_COLUMNS, collect_environment
 from ddtree_bench.ops.attention import (
@@ -40,15 +41,20 @@ from ddtree_bench.ops.attention import (
     SMALL_ROWS_PER_BLOCK,
     VALUE_DIM,
     WIDE_ROWS_PER_BLOCK,
+    AttentionUnavailable,
+    VerifyAttention,
     attention_bytes,
     attention_flops,
+    reference_attention,
     visible_keys,
 )
+from ddtree_bench.ops.attention_peers import PEER_MASKS, TREE_MASK, check_visibility, find_sglang_kernel
 from ddtree_bench.stages.build import read_batch
 from ddtree_bench.timing.gpu import SPIN_NS, EventTimer
 from ddtree_bench.timing.policy import TimingPolicy
 from ddtree_bench.timing.records import stage_frame
 from ddtree_bench.traces import row_sha256
+from ddtree_bench.tree import packed_visibility
 
 IMPLS = ATTENTION_IMPLS  # ours, ours-mma, flexattention, sdpa, flashmla, sglang-triton, read-stream
 # ddtree_stream_read's launch: 2 blocks of 1024 threads per SM (4 words of 16 bytes in flight a thread) was
@@ -119,8 +125,6 @@ def run_attention_benchmark(
     _check_args(budget, batch, heads, prefix, impls)
     budget, batch, heads, prefix = int(budget), int(batch), int(heads), int(prefix)
     if sglang_source is not None and "sglang-triton" in impls:
-        from ddtree_bench.ops.attention_peers import find_sglang_kernel
-
         find_sglang_kernel(sglang_source)  # a path given without SGLang's file: ValueError, nothing measured
     policy = TimingPolicy(**timing)
     lp, ids, columns, metadata = read_batch(trace_path, batch)
@@ -138,10 +142,6 @@ def run_attention_benchmark(
         **{key: env.get(key) for key in ENVIRONMENT_COLUMNS},
     }
 
-    from ddtree_bench.builders import get_builder
-    from ddtree_bench.ops.attention import AttentionUnavailable, VerifyAttention
-    from ddtree_bench.tree import packed_visibility
-
     trees = get_builder("native").build(
         np.ascontiguousarray(lp[..., :topk]), np.ascontiguousarray(ids[..., :topk]), budget
     )
@@ -154,8 +154,6 @@ def run_attention_benchmark(
 
     def mask_of(impl):
         """The mask an impl applies, as its rows record it (None for the read stream)."""
-        from ddtree_bench.ops.attention_peers import PEER_MASKS, TREE_MASK
-
         return None if impl == STREAM_IMPL else PEER_MASKS.get(impl, TREE_MASK)
 
     def unavailable(impl, reason, status="unavailable"):
@@ -177,11 +175,10 @@ def run_attention_benchmark(
     if reason is not None:
         return stage_frame([unavailable(impl, reason) for impl in impls])
 
-    import cupy as cp
-    import torch
+    import cupy as cp  # noqa: PLC0415
+    import torch  # noqa: PLC0415
 
-    from ddtree_bench.cuda.loader import BENCH_UTIL_SOURCE, cached_fatbin
-    from ddtree_bench.ops.attention import reference_attention
+    from ddtree_bench.cuda.loader import BENCH_UTIL_SOURCE, cached_fatbin  # noqa: PLC0415
 
     util = cp.RawModule(path=str(util_fatbin or cached_fatbin(BENCH_UTIL_SOURCE)))
     spin_kernel = util.get_function("ddtree_spin_kernel")
@@ -217,8 +214,6 @@ def run_attention_benchmark(
 
     def reference_for(impl):
         """The float32 reference with the mask ``impl`` applies (computed once per mask)."""
-        from ddtree_bench.ops.attention_peers import check_visibility
-
         mask = mask_of(impl)
         if mask not in references:
             visibility_checked = check_visibility(impl, trees.visibility)
@@ -271,7 +266,7 @@ def run_attention_benchmark(
                     call()
                     result = out
                 else:
-                    from ddtree_bench.ops.attention_peers import PeerUnavailable, make_peer
+                    from ddtree_bench.ops.attention_peers import PeerUnavailable, make_peer  # noqa: PLC0415
 
                     try:
                         options = flex_kernel_options if impl == "flexattention" else None

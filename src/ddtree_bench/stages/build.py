@@ -38,10 +38,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from ddtree_bench.builders import get_builder
 from ddtree_bench.environment import ENVIRONMENT_COLUMNS, collect_environment
 from ddtree_bench.timing.policy import TimingPolicy, check_count
-from ddtree_bench.traces import row_sha256
-from ddtree_bench.validation import check_budget
+from ddtree_bench.traces import load_trace, row_sha256
+from ddtree_bench.tree import TreeBatch, first_difference
+from ddtree_bench.validation import check_budget, check_topk_arrays
 
 COLUMNS = (
     "builder",
@@ -83,8 +85,6 @@ PHASES = ("warmup", "timed")
 
 def _builder_object(builder, builder_options):
     if isinstance(builder, str):
-        from ddtree_bench.builders import get_builder  # noqa: PLC0415
-
         return get_builder(builder, **(builder_options or {}))
     if builder_options:
         raise ValueError("builder_options can only be given with a builder name")
@@ -210,9 +210,6 @@ def read_batch(
     """``(top_log_probs, top_token_ids, K, metadata)`` of the first ``batch`` requests of a trace file (of
     their first ``max_columns`` columns where given), contiguous, without reading the rest; K is the trace's
     column count; validated as ``traces.load_trace`` validates a trace (one-line ValueError)."""
-    from ddtree_bench.traces import load_trace  # noqa: PLC0415
-    from ddtree_bench.validation import check_topk_arrays  # noqa: PLC0415
-
     cut = slice(None) if max_columns is None else slice(0, max_columns)
 
     path = Path(trace_path)
@@ -248,9 +245,6 @@ def read_batch(
 
 
 def _trees_equal_reference(lp, ids, budget, trees) -> bool:
-    from ddtree_bench.builders import get_builder  # noqa: PLC0415
-    from ddtree_bench.tree import first_difference  # noqa: PLC0415
-
     expected = get_builder("reference").build(lp, ids, budget)
     return first_difference(expected, trees) is None
 
@@ -369,8 +363,6 @@ def run_benchmark(
 
     kwargs = {}
     if _accepts_out(obj):
-        from ddtree_bench.tree import TreeBatch  # noqa: PLC0415
-
         kwargs["out"] = TreeBatch.empty(base["batch"], budget)
     build = obj.build
     clock = time.perf_counter_ns

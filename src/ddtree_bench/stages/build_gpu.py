@@ -35,9 +35,13 @@ import time
 import numpy as np
 import pandas as pd
 
+from ddtree_bench.builders import get_builder
+from ddtree_bench.builders.gpu import DeviceTrees, GpuBuilder, device_layout, device_views
+from ddtree_bench.builders.gpu_device import DeviceTreeBuilder
 from ddtree_bench.stages.build import frame, prepare_run
 from ddtree_bench.timing.gpu import EVENT_CLOCK, EventTimer, pinned
 from ddtree_bench.timing.policy import TimingPolicy
+from ddtree_bench.tree import first_difference
 
 #: The GPU timings measured by wall clock (the others: CUDA events).
 WALL_TIMINGS = ("host-inclusive", "in-situ-launch-sync", "in-situ-launch-sync-packed")
@@ -62,8 +66,6 @@ def run_gpu_benchmark(
     input_columns: str = "trace",
     in_situ: bool = False,
 ) -> pd.DataFrame:
-    from ddtree_bench.builders.gpu import DeviceTrees, GpuBuilder, device_layout, device_views
-
     policy = TimingPolicy(
         warmup=warmup,
         repeats=repeats,
@@ -89,7 +91,7 @@ def run_gpu_benchmark(
     if not isinstance(gpu, GpuBuilder):
         raise ValueError(f"run_gpu_benchmark times the gpu builder, not {base['builder']!r}")
 
-    import cupy as cp
+    import cupy as cp  # noqa: PLC0415
 
     kernels = gpu.kernels
     plan = gpu.plan(batch, lp.shape[1], lp.shape[-1], budget)
@@ -134,8 +136,6 @@ def run_gpu_benchmark(
         graph.launch(stream)
 
     if in_situ:  # the packed-bits-only build as a graph too, and the device-array entry point
-        from ddtree_bench.builders.gpu_device import DeviceTreeBuilder
-
         build_packed()
         stream.synchronize()
         stream.begin_capture()
@@ -188,9 +188,6 @@ def run_gpu_benchmark(
     paths = np.bincount(out.stats.get(), minlength=5)
     gpu.last_paths = {label: int(c) for label, c in zip(_PATH_NAMES, paths, strict=True) if c}
     if correct is None:
-        from ddtree_bench.builders import get_builder
-        from ddtree_bench.tree import first_difference
-
         correct = first_difference(get_builder("reference").build(lp, ids, budget), trees) is None
     device_bytes = out.nbytes + d_in.nbytes
     base.update(

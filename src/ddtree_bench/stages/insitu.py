@@ -31,10 +31,13 @@ import time
 import numpy as np
 import pandas as pd
 
+from ddtree_bench.builders import get_builder
+from ddtree_bench.builders.gpu import device_layout, device_views
 from ddtree_bench.environment import ENVIRONMENT_COLUMNS
-from ddtree_bench.stages.build import frame, prepare_run, unavailable_frame
+from ddtree_bench.stages.build import frame, prechecked_budget, prepare_run, unavailable_frame
 from ddtree_bench.timing.gpu import pinned
 from ddtree_bench.timing.policy import TimingPolicy
+from ddtree_bench.tree import FIELD_DTYPES, TreeBatch
 
 IN_SITU = "in-situ"
 #: The timing values of the in-situ rows (the gpu builder's variants: packed bits, launch + sync wall).
@@ -54,7 +57,7 @@ PINNED_BUILDERS = ("native", "native-mt")
 def torch_cuda_reason() -> str | None:
     """``None`` where torch imports and sees a CUDA device, else why not."""
     try:
-        import torch
+        import torch  # noqa: PLC0415
     except Exception as error:  # noqa: BLE001 - any import failure is the reason
         return f"torch is not installed or does not import ({type(error).__name__}: {error})"
     try:
@@ -67,7 +70,7 @@ def torch_cuda_reason() -> str | None:
 
 def in_situ_unavailable_reason(builder: str) -> str | None:
     """Why the in-situ mode cannot time ``builder`` here (None: it can)."""
-    from ddtree_bench.cuda.loader import gpu_unavailable_reason
+    from ddtree_bench.cuda.loader import gpu_unavailable_reason  # noqa: PLC0415
 
     if builder in TORCH_BUILDERS:
         reason = torch_cuda_reason()
@@ -151,7 +154,7 @@ def _sglang_call(obj):
 def _torch_measure(obj, name: str, lp: np.ndarray, ids: np.ndarray, budget: int, keep: list, device="cuda"):
     """The measured call of ``sglang``/``reference`` (module docstring), a fetch of what the last call left
     on the device, and the device memory it holds (``device="cpu"``: the same steps without a GPU: tests)."""
-    import torch
+    import torch  # noqa: PLC0415
 
     device = torch.device(device)
     on_gpu = device.type == "cuda"
@@ -194,10 +197,7 @@ def _torch_measure(obj, name: str, lp: np.ndarray, ids: np.ndarray, budget: int,
 
 def _pinned_measure(obj, lp: np.ndarray, ids: np.ndarray, budget: int, keep: list):
     """The measured call of ``native``/``native-mt`` (module docstring) and the device memory it holds."""
-    import cupy as cp
-
-    from ddtree_bench.builders.gpu import device_layout, device_views
-    from ddtree_bench.tree import FIELD_DTYPES, TreeBatch
+    import cupy as cp  # noqa: PLC0415
 
     batch = lp.shape[0]
     n1 = budget + 1
@@ -305,7 +305,6 @@ def run_insitu_benchmark(
         return _unavailable(
             name, reason, distribution=base["distribution"], environment=environment, **fields
         )
-    from ddtree_bench.stages.build import prechecked_budget
 
     obj.check = prechecked_budget
     base["threads"] = obj.info().get("threads", 1)
@@ -323,8 +322,6 @@ def run_insitu_benchmark(
     finally:
         if gc_was_enabled:
             gc.enable()
-
-    from ddtree_bench.builders import get_builder
 
     expected = get_builder("reference").build(lp, ids, budget)
     got = fetch()

@@ -87,7 +87,7 @@ def run_peaks(
     if reason is not None:
         return stage_frame([unavailable(impl, reason) for impl in IMPLS])
 
-    import cupy as cp
+    import cupy as cp  # noqa: PLC0415
 
     try:
         util = cp.RawModule(path=str(util_fatbin or cuda.cached_fatbin(cuda.BENCH_UTIL_SOURCE)))
@@ -116,7 +116,7 @@ def run_peaks(
         return policy.samples(lambda: event_time(copy)), None, 2.0 * copy_bytes
 
     def gemm_samples():
-        import torch
+        import torch  # noqa: PLC0415
 
         device = torch.device("cuda", cp.cuda.Device().id)
         torch_stream = torch.cuda.ExternalStream(stream.ptr, device=device)
@@ -134,7 +134,7 @@ def run_peaks(
         stream.synchronize()
         cp.get_default_memory_pool().free_all_blocks()
         if impl == "bf16-gemm":
-            import torch
+            import torch  # noqa: PLC0415
 
             torch.cuda.empty_cache()
 

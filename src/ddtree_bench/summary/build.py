@@ -13,8 +13,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
+import pandas as pd
 
+from ddtree_bench.acceptance import expected_accepted_tokens, sample_target_tokens
+from ddtree_bench.builders import get_builder
 from ddtree_bench.io import write_frame, write_json
+from ddtree_bench.ops.accept import GpuAccept, accept_cpu
+from ddtree_bench.stages.build import COLUMNS
+from ddtree_bench.traces import load_trace
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -68,13 +74,9 @@ SUMMARY_COLUMNS = (
 
 def read_rows(paths) -> pd.DataFrame:
     """All rows of the per-job parquet files ``paths``, concatenated (an empty list gives no rows)."""
-    import pandas as pd  # noqa: PLC0415 (lazy: the tree-shape jobs do not need it)
-
     frames = [pd.read_parquet(path) for path in paths]
     frames = [f for f in frames if len(f)]
     if not frames:
-        from ddtree_bench.stages.build import COLUMNS  # noqa: PLC0415
-
         return pd.DataFrame(columns=list(COLUMNS))
     return pd.concat(frames, ignore_index=True)
 
@@ -99,8 +101,6 @@ def _stats(seconds: np.ndarray, per_tree: np.ndarray) -> dict:
 
 def summarize(rows: pd.DataFrame) -> pd.DataFrame:
     """One row per configuration (``KEYS``) with the statistics of its timed calls (module docstring)."""
-    import pandas as pd  # noqa: PLC0415 (lazy: the tree-shape jobs do not need it)
-
     if rows.empty:
         return pd.DataFrame(columns=list(SUMMARY_COLUMNS))
     rows = rows.copy()
@@ -149,8 +149,6 @@ def summarize(rows: pd.DataFrame) -> pd.DataFrame:
 def expected_accept_stats(lp, ids, trees) -> dict:
     """Mean, p10 and p90 over requests of the trees' expected accepted draft tokens (the sum over nodes of
     the path probability under the drafter's distributions: ``acceptance.expected_accepted_tokens``)."""
-    from ddtree_bench.acceptance import expected_accepted_tokens  # noqa: PLC0415
-
     values = np.asarray(expected_accepted_tokens(lp, ids, trees), dtype=np.float64)
     p10, p90 = np.percentile(values, [10, 90])
     return {
@@ -173,9 +171,6 @@ def simulated_accept_stats(lp, ids, trees, *, seed: int = 0, gpu: bool = True) -
     Where a CUDA device works (and ``gpu``), the GPU accept kernel walks the same draws too and
     ``simulated_gpu_agrees`` records whether its accepted paths, lengths and bonus tokens equal the CPU
     walk's (None: no GPU)."""
-    from ddtree_bench.acceptance import sample_target_tokens  # noqa: PLC0415
-    from ddtree_bench.ops.accept import GpuAccept, accept_cpu  # noqa: PLC0415
-
     target = sample_target_tokens(lp, ids, trees, seed=int(seed))
     result = accept_cpu(trees, target)
     lengths = np.asarray(result[1], dtype=np.int64)
@@ -201,9 +196,6 @@ def simulated_accept_stats(lp, ids, trees, *, seed: int = 0, gpu: bool = True) -
 def paper_depth_accept_mean(lp, ids, budget: int) -> float | None:
     """The trees' mean expected tau (1 + expected acceptance) on the first ``PAPER_DEPTH`` positions of
     every request (the paper's block 16), or None for traces with fewer positions."""
-    from ddtree_bench.acceptance import expected_accepted_tokens  # noqa: PLC0415
-    from ddtree_bench.builders import get_builder  # noqa: PLC0415
-
     if lp.shape[1] < PAPER_DEPTH:
         return None
     sub_lp = np.ascontiguousarray(lp[:, :PAPER_DEPTH])
@@ -227,9 +219,6 @@ def tree_shape(trace_path, budget: int, *, distribution: str | None = None) -> l
     per tree depth d (1..L) with the mean, p10 and p90 over requests of the tree's node count at that depth,
     and on every record the trees' expected acceptance (``expected_accept_stats``: what the budget buys).
     (Plain records, no pandas: the workflow runs this once per budget and writes JSON.)"""
-    from ddtree_bench.builders import get_builder  # noqa: PLC0415
-    from ddtree_bench.traces import load_trace  # noqa: PLC0415
-
     trace = load_trace(trace_path)
     lp, ids = trace.batch()
     trees = get_builder("reference").build(lp, ids, budget)
@@ -280,8 +269,6 @@ SHAPE_SIMULATED_COLUMNS = (
 
 def combine_shapes(paths) -> pd.DataFrame:
     """The per-budget tree-shape files (JSON records from ``tree_shape``) as one table."""
-    import pandas as pd  # noqa: PLC0415 (lazy: the tree-shape jobs do not need it)
-
     records = [record for path in paths for record in json.loads(Path(path).read_text())]
     columns = [
         "distribution",

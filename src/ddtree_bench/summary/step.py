@@ -26,6 +26,8 @@ import pandas as pd
 
 from ddtree_bench.config import ATTENTION_IMPLS
 from ddtree_bench.environment import ENVIRONMENT_COLUMNS, collect_environment
+from ddtree_bench.io import write_frame
+from ddtree_bench.stages.peaks import peak_rates as rates
 from ddtree_bench.timing.records import stage_frame
 
 #: The record stage of each workflow stage (file names use the short ones), and its impls.
@@ -184,8 +186,6 @@ def read_stage_rows(paths) -> pd.DataFrame:
 def peak_rates(rows: pd.DataFrame) -> dict:
     """``peaks.peak_rates`` of the ``peak`` rows among ``rows`` (the medians over timed calls of the GEMM's
     TFLOP/s, the copy's TB/s and the empty kernel's seconds); every key None where no peak ran."""
-    from ddtree_bench.stages.peaks import peak_rates as rates  # noqa: PLC0415
-
     rows = rows[rows["stage"] == "peak"]
     if not (rows["status"] == "ok").any():
         return dict.fromkeys(PEAK_KEYS)
@@ -317,8 +317,6 @@ def _typed(summary: pd.DataFrame) -> pd.DataFrame:
 
 def aggregate_steps(paths, summary_path) -> pd.DataFrame:
     """Summarise the step jobs' files ``paths`` into ``summary_path`` (parquet)."""
-    from ddtree_bench.io import write_frame  # noqa: PLC0415
-
     summary = summarize_steps(read_stage_rows(paths))
     write_frame(summary, Path(summary_path))
     return summary

@@ -23,7 +23,7 @@ class EventTimer:
     L2-flush on ``stream``, run before the start event when a sample asks for ``cold=True``."""
 
     def __init__(self, stream, spin_kernel, *, spin_ns: int = SPIN_NS, flush=None):
-        import cupy as cp  # noqa: PLC0415 (optional dependency: only where a GPU timer is built)
+        import cupy as cp  # noqa: PLC0415
 
         self.stream = stream
         self.spin_kernel = spin_kernel
@@ -48,6 +48,6 @@ class EventTimer:
 
 def pinned(nbytes: int) -> np.ndarray:
     """A page-locked host byte buffer of ``nbytes`` bytes."""
-    import cupy as cp  # noqa: PLC0415 (optional dependency)
+    import cupy as cp  # noqa: PLC0415
 
     return np.frombuffer(cp.cuda.alloc_pinned_memory(max(1, nbytes)), np.uint8, nbytes)
