@@ -390,8 +390,8 @@ def trace_columns(config: dict) -> int:
 
 
 def builder_input_columns(config: dict) -> str:
-    """Which columns the timing jobs hand each builder (``bench.prepare_run``): the first min(N, K) ("topk"),
-    as a drafter emitting top-N would give them."""
+    """Which columns the timing jobs hand each builder (``stages.build.prepare_run``): the first min(N, K)
+    ("topk"), as a drafter emitting top-N would give them."""
     return "topk"
 
 
@@ -402,7 +402,7 @@ def trace_requests(config: dict) -> int:
 
 def timing_options(config: dict, section: dict | None = None) -> dict:
     """The ``timing`` section (or another section with the same keys) as keyword arguments of
-    ``bench.run_benchmark``."""
+    ``stages.build.run_benchmark``."""
     section = config["timing"] if section is None else section
     return {key: section[key] for key in TIMING_KEYS}
 

@@ -1,4 +1,4 @@
-"""``accept_bench.run_accept_benchmark``: stage records of the tree accept. Without a GPU (or with the GPU
+"""``stages.accept.run_accept_benchmark``: stage records of the tree accept. Without a GPU (or with the GPU
 made unavailable) the GPU impls give one "unavailable" row each and the CPU walk is still timed; bad
 arguments are one-line ValueErrors before anything runs; on a GPU every impl is timed and correct."""
 

@@ -1,5 +1,5 @@
-"""``bench.run_benchmark``: one row per call, warm-up rows kept and flagged, the stopping rule, GC off while
-timing, unavailable builders, and the contract's columns."""
+"""``stages.build.run_benchmark``: one row per call, warm-up rows kept and flagged, the stopping rule, GC off
+while timing, unavailable builders, and the contract's columns."""
 
 from __future__ import annotations
 

@@ -46,7 +46,7 @@ Layout choices made once during setup (untimed), the same for both peers:
   SDPA backends and in partial blocks of FlexAttention, so masking alone does not protect the output.
   The copy holds exactly the rows the unpadded cache would; the prefix and tree rows are unchanged.
 
-The float32 reference the peers are checked against is ``attention.reference_attention`` (one request at a
+The float32 reference the peers are checked against is ``ops.attention.reference_attention`` (one request at a
 time), re-exported here.
 """
 

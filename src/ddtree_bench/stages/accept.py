@@ -1,18 +1,18 @@
-"""Timing the tree accept (the greedy verify walk): ``run_accept_benchmark``, rows in ``stage_records``'
+"""Timing the tree accept (the greedy verify walk): ``run_accept_benchmark``, rows in ``timing.records``'
 format with ``stage = "accept"``.
 
-Inputs, prepared once and untimed: the trace's first ``batch`` requests (``bench.read_batch``), their trees
-at ``budget`` built by the ``native`` builder (``reference`` where no C++ compiler is found: the same trees,
-element for element), and target tokens ``[B, N+1]`` drawn by ``acceptance.sample_target_tokens(seed)``
+Inputs, prepared once and untimed: the trace's first ``batch`` requests (``stages.build.read_batch``), their
+trees at ``budget`` built by the ``native`` builder (``reference`` where no C++ compiler is found: the same
+trees, element for element), and target tokens ``[B, N+1]`` drawn by ``acceptance.sample_target_tokens(seed)``
 (per node, from the drafter's own distribution of the next position, so that accept lengths are realistic).
 After the target's forward pass those tokens are on the device, so that is where every impl starts from.
 
 Per impl, in one run, ``TimingPolicy`` calls each (warm-up calls kept as ``phase = "warmup"`` rows):
 
 - ``cpu-walk`` (``timing = "wall"``, ``time.perf_counter_ns``): copy the target tokens from the device to a
-  pinned host buffer, synchronise, and run ``accept.accept_cpu`` on the host TreeBatch (SGLang's child maps
-  and walk); one interval covers both. Without a GPU the interval covers the walk alone (``status_reason``
-  says so).
+  pinned host buffer, synchronise, and run ``ops.accept.accept_cpu`` on the host TreeBatch (SGLang's child
+  maps and walk); one interval covers both. Without a GPU the interval covers the walk alone
+  (``status_reason`` says so).
 - ``gpu-kernel`` (``timing = "cuda-events"``, ``cache = "warm"``): ``GpuAccept.launch`` on device arrays,
   queued behind a short spin kernel so that the events time the GPU's work, not the host's launch overhead.
 - ``gpu-host-inclusive`` (``timing = "wall"``): the launch, the three outputs copied to pinned host memory,
@@ -68,8 +68,8 @@ _SENTINEL = -0x5EED  # in no output: indices are >= -1, lengths >= 1, tokens >= 
 
 
 def timing_policy(timing) -> TimingPolicy:
-    """``bench.TimingPolicy`` from a dict of its keyword arguments (one-line ValueError on unknown or missing
-    keys, or bad values)."""
+    """``timing.policy.TimingPolicy`` from a dict of its keyword arguments (one-line ValueError on unknown or
+    missing keys, or bad values)."""
     if not isinstance(timing, dict):
         raise ValueError(f"timing must be a dict with keys {list(TIMING_KEYS)}, got {type(timing).__name__}")
     unknown = sorted(set(timing) - set(TIMING_KEYS))
@@ -89,7 +89,7 @@ def _build_trees(lp, ids, budget):
 
 
 def _timed(policy: TimingPolicy, measure) -> list[tuple[str, int, float]]:
-    """``policy.samples(measure)`` with Python's garbage collector off (as ``bench.run_benchmark``)."""
+    """``policy.samples(measure)`` with Python's garbage collector off (as ``stages.build.run_benchmark``)."""
     gc.collect()
     was_enabled = gc.isenabled()
     gc.disable()
@@ -122,7 +122,7 @@ def run_accept_benchmark(
     seed: int = 0,
 ) -> pd.DataFrame:
     """Time the tree accept of the first ``batch`` requests of ``trace_path`` at ``budget`` (module
-    docstring); one row per call, ``stage_records.stage_frame`` columns. ``timing``: ``TimingPolicy``'s
+    docstring); one row per call, ``timing.records.stage_frame`` columns. ``timing``: ``TimingPolicy``'s
     keyword arguments. ``accept_fatbin`` / ``util_fatbin``: prebuilt ``tree_accept.cu`` /
     ``bench_util.cu`` fatbins (default: the cached builds). Bad arguments are a one-line ValueError before
     anything runs."""

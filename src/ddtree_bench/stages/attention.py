@@ -11,12 +11,12 @@ For one grid point (trace, budget N, batch B, heads H, prefix length S):
   is set up untimed (allocation, masks, compilation, one call), checked against the float32 reference with
   the mask it applies on the first and the last request (max abs error, ``correct`` when below
   ``TOLERANCE``; every impl applies the tree mask except FlashMLA, which has none and runs causal: its
-  reference is causal attention over the same keys, ``attention_peers.check_visibility``), then timed: CUDA
-  events around one call queued behind a spin kernel (so the host's launch cost is hidden, as for the tree
-  build), ``warm`` samples back to back and ``cold`` samples after an L2 flush. An implementation that
+  reference is causal attention over the same keys, ``ops.attention_peers.check_visibility``), then timed:
+  CUDA events around one call queued behind a spin kernel (so the host's launch cost is hidden, as for the
+  tree build), ``warm`` samples back to back and ``cold`` samples after an L2 flush. An implementation that
   cannot run a shape (missing, an optional extra that does not import, unsupported head dims, out of
   memory) gives one ``unavailable`` row with the reason, never a number.
-- FLOPs and bytes per call (``attention.attention_flops`` / ``attention_bytes``) go on every row, so
+- FLOPs and bytes per call (``ops.attention.attention_flops`` / ``attention_bytes``) go on every row, so
   TFLOP/s and TB/s follow from ``seconds``.
 - ``read-stream`` is no attention: ``ddtree_stream_read`` (``kernels/bench_util/bench_util.cu``) reads a
   buffer of the call's bytes once, timed the same way. It is the shape's bandwidth bound as measured in the

@@ -1,4 +1,5 @@
-"""Timing the GPU builder: ``run_gpu_benchmark`` (same signature and columns as ``bench.run_benchmark``).
+"""Timing the GPU builder: ``run_gpu_benchmark`` (same signature and columns as
+``stages.build.run_benchmark``).
 
 Per repetition, in the same run and on the same inputs (the first ``batch`` requests of the trace, copied to
 the device once):
@@ -13,7 +14,7 @@ the device once):
   transfer: the device buffers are laid out contiguously) and synchronising, as a CPU-side consumer pays
   (copies a decode round never makes: see the in-situ rows).
 
-With ``in_situ=True`` (``insitu_bench``: what the decode round pays, inputs already on the device and the
+With ``in_situ=True`` (``stages.insitu``: what the decode round pays, inputs already on the device and the
 outputs left there), also:
 
 - ``in-situ``: the build's time on the stream, CUDA events around one replay of the CUDA graph of the build

@@ -1,7 +1,7 @@
 """In-situ cost: what the decode round's critical path pays between the drafter's top-K on the GPU and the
 padded tree on the GPU, for every builder, on the same inputs (``timing = "in-situ"`` rows).
 
-``run_insitu_benchmark`` (same arguments and columns as ``bench.run_benchmark``) times one CPU builder:
+``run_insitu_benchmark`` (same arguments and columns as ``stages.build.run_benchmark``) times one CPU builder:
 
 - ``sglang`` and ``reference``, the way SGLang's DDTree worker does it (torch): the [B, L, K] top-K starts as
   torch CUDA tensors; a call copies them to the host with pageable copies (``.to("cpu")``), builds and pads

@@ -1,8 +1,8 @@
 """The GPU's measured peaks, taken in the same run as the benchmarks they put in scale: ``run_peaks``.
 
 Three calls are timed, each by CUDA events recorded on one stream around a single call that is queued
-behind a short spin kernel (``kernels/bench_util/bench_util.cu``), as ``gpu_bench`` times the tree build, so
-that the events time the GPU's work rather than the host's launch overhead. Every sample is
+behind a short spin kernel (``kernels/bench_util/bench_util.cu``), as ``stages.build_gpu`` times the tree
+build, so that the events time the GPU's work rather than the host's launch overhead. Every sample is
 ``cache = "warm"`` (run back to back); warm-up calls are kept as rows with ``phase = "warmup"``.
 
 - ``floor``: one launch of the empty kernel: the smallest time any event-timed launch can show here;
@@ -11,7 +11,7 @@ that the events time the GPU's work rather than the host's launch overhead. Ever
 - ``device-copy``: one device-to-device ``cudaMemcpyAsync`` (CuPy) of ``copy_bytes`` bytes;
   ``bytes = 2 * copy_bytes`` (every byte is read once and written once).
 
-Rows are ``stage_records`` rows with ``stage = "peak"``, ``batch = budget = 0``, ``timing = "cuda-events"``.
+Rows are ``timing.records`` rows with ``stage = "peak"``, ``batch = budget = 0``, ``timing = "cuda-events"``.
 Where there is no GPU, every peak is one ``status = "unavailable"`` row with the reason (no timings); where
 PyTorch is missing, only the GEMM is. A peak that raises while it runs is one ``status = "failed"`` row.
 """
@@ -53,9 +53,9 @@ def run_peaks(
     copy_bytes: int = 2**30,
 ) -> pd.DataFrame:
     """Time the empty-kernel floor, a bf16 GEMM of ``gemm_n``³ and a device copy of ``copy_bytes`` bytes
-    (module docstring); one row per call, as ``stage_records.stage_frame``.
+    (module docstring); one row per call, as ``timing.records.stage_frame``.
 
-    ``timing`` holds ``bench.TimingPolicy``'s keywords (warmup, repeats, min_seconds, max_seconds,
+    ``timing`` holds ``timing.policy.TimingPolicy``'s keywords (warmup, repeats, min_seconds, max_seconds,
     min_repeats, max_repeats); each peak gets its own ``TimingPolicy(**timing).samples``. ``util_fatbin``
     is a fatbin of ``kernels/bench_util/bench_util.cu`` (default: built into the cache on first use)."""
     policy = TimingPolicy(**timing)

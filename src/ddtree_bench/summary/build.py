@@ -165,7 +165,7 @@ PAPER_DEPTH = 15
 def simulated_accept_stats(lp, ids, trees, *, seed: int = 0, gpu: bool = True) -> dict:
     """The realised acceptance when the target's token at every tree position is drawn from the drafter's
     own distribution of that position (``acceptance.sample_target_tokens``: drafter equals target) and the
-    tree is walked greedily (``accept.accept_cpu``, SGLang's walk): tokens per round (accepted nodes, the
+    tree is walked greedily (``ops.accept.accept_cpu``, SGLang's walk): tokens per round (accepted nodes, the
     root standing for the bonus token) per request, their mean, its standard error, and the histogram of
     tokens per round (``simulated_accept_hist[k]``: rounds that committed ``k`` tokens, k = 0 .. L + 1).
     Where a CUDA device works (and ``gpu``), the GPU accept kernel walks the same draws too and

@@ -1,4 +1,4 @@
-"""The decode step around the tree build: summarising the step stages' rows (``stage_records``) and the
+"""The decode step around the tree build: summarising the step stages' rows (``timing.records``) and the
 step-time breakdown the report shows.
 
 ``summarize_steps(rows)`` gives one row per step configuration (``STEP_KEYS``: stage, impl, batch, budget,
@@ -95,7 +95,7 @@ BUILD_SERIES = (
     ("gpu", "kernel-events", ("warm",), "gpu kernel"),
     ("gpu", "host-inclusive", ("n/a", "warm"), "gpu host-inclusive"),
 )
-#: The in-situ builds (``insitu_bench``: from the drafter's top-K on the GPU to the padded tree on the GPU,
+#: The in-situ builds (``stages.insitu``: from the drafter's top-K on the GPU to the padded tree on the GPU,
 #: the copies each builder needs included): where a builder has them, the breakdown shows them instead.
 IN_SITU_BUILD_SERIES = (
     ("sglang", "in-situ", ("n/a",), "sglang in-situ"),
@@ -184,8 +184,8 @@ def read_stage_rows(paths) -> pd.DataFrame:
 
 
 def peak_rates(rows: pd.DataFrame) -> dict:
-    """``peaks.peak_rates`` of the ``peak`` rows among ``rows`` (the medians over timed calls of the GEMM's
-    TFLOP/s, the copy's TB/s and the empty kernel's seconds); every key None where no peak ran."""
+    """``stages.peaks.peak_rates`` of the ``peak`` rows among ``rows`` (the medians over timed calls of the
+    GEMM's TFLOP/s, the copy's TB/s and the empty kernel's seconds); every key None where no peak ran."""
     rows = rows[rows["stage"] == "peak"]
     if not (rows["status"] == "ok").any():
         return dict.fromkeys(PEAK_KEYS)
