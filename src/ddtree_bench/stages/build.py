@@ -259,6 +259,21 @@ def check_input_columns(value) -> str:
     return value
 
 
+#: The arguments of a tree-build timing job (``run_benchmark``'s) that go to ``TimingPolicy`` and
+#: ``prepare_run``.
+POLICY_ARGS = ("warmup", "repeats", "min_seconds", "max_seconds", "min_repeats", "max_repeats")
+RUN_ARGS = ("machine", "distribution", "builder_options", "input_columns")
+
+
+def start_run(job: dict):
+    """What every tree-build timing job (``run_benchmark``, ``run_gpu_benchmark``, ``run_insitu_benchmark``:
+    one signature) starts with, from its arguments ``job`` (``locals()`` at its start): the timing policy and
+    ``prepare_run``'s result."""
+    policy = TimingPolicy(**{key: job[key] for key in POLICY_ARGS})
+    run = {key: job[key] for key in RUN_ARGS}
+    return policy, prepare_run(job["builder"], job["trace_path"], job["budget"], job["batch"], **run)
+
+
 def prepare_run(
     builder, trace_path, budget, batch, *, machine, distribution, builder_options, input_columns="trace"
 ):
@@ -337,24 +352,7 @@ def run_benchmark(
     passes ``True``); ``None`` compares the last timed call's trees with ``reference`` here (``reference``
     itself is correct by definition).
     """
-    policy = TimingPolicy(
-        warmup=warmup,
-        repeats=repeats,
-        min_seconds=min_seconds,
-        max_seconds=max_seconds,
-        min_repeats=min_repeats,
-        max_repeats=max_repeats,
-    )
-    prepared = prepare_run(
-        builder,
-        trace_path,
-        budget,
-        batch,
-        machine=machine,
-        distribution=distribution,
-        builder_options=builder_options,
-        input_columns=input_columns,
-    )
+    policy, prepared = start_run(locals())  # first: the arguments, nothing else
     if isinstance(prepared, pd.DataFrame):
         return prepared
     obj, lp, ids, budget, base = prepared

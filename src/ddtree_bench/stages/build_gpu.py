@@ -39,9 +39,8 @@ import pandas as pd
 from ddtree_bench.builders import get_builder
 from ddtree_bench.builders.gpu import DeviceTrees, GpuBuilder, device_layout, device_views
 from ddtree_bench.builders.gpu_device import DeviceTreeBuilder
-from ddtree_bench.stages.build import frame, prepare_run
+from ddtree_bench.stages.build import frame, start_run
 from ddtree_bench.timing.gpu import EVENT_CLOCK, EventTimer, pinned
-from ddtree_bench.timing.policy import TimingPolicy
 from ddtree_bench.tree import first_difference
 
 #: The GPU timings measured by wall clock (the others: CUDA events).
@@ -67,24 +66,7 @@ def run_gpu_benchmark(
     input_columns: str = "trace",
     in_situ: bool = False,
 ) -> pd.DataFrame:
-    policy = TimingPolicy(
-        warmup=warmup,
-        repeats=repeats,
-        min_seconds=min_seconds,
-        max_seconds=max_seconds,
-        min_repeats=min_repeats,
-        max_repeats=max_repeats,
-    )
-    prepared = prepare_run(
-        builder,
-        trace_path,
-        budget,
-        batch,
-        machine=machine,
-        distribution=distribution,
-        builder_options=builder_options,
-        input_columns=input_columns,
-    )
+    policy, prepared = start_run(locals())  # first: the arguments, nothing else
     if isinstance(prepared, pd.DataFrame):
         return prepared  # unavailable here, with the reason
     gpu, lp, ids, budget, base = prepared

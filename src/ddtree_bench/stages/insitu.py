@@ -34,9 +34,8 @@ import pandas as pd
 from ddtree_bench.builders import get_builder
 from ddtree_bench.builders.gpu import device_layout, device_views
 from ddtree_bench.environment import ENVIRONMENT_COLUMNS
-from ddtree_bench.stages.build import frame, prechecked_budget, prepare_run, unavailable_frame
+from ddtree_bench.stages.build import frame, prechecked_budget, start_run, unavailable_frame
 from ddtree_bench.timing.gpu import pinned
-from ddtree_bench.timing.policy import TimingPolicy
 from ddtree_bench.tree import FIELD_DTYPES, TreeBatch
 
 IN_SITU = "in-situ"
@@ -271,24 +270,7 @@ def run_insitu_benchmark(
     """In-situ timing of one CPU builder (module docstring); one row per call, ``timing = "in-situ"``.
     ``correct``: the check job's verdict on the builder's trees (``None``: not known); the rows' ``correct``
     is it and-ed with the equality of the tensors the in-situ calls left on the device to ``reference``'s."""
-    policy = TimingPolicy(
-        warmup=warmup,
-        repeats=repeats,
-        min_seconds=min_seconds,
-        max_seconds=max_seconds,
-        min_repeats=min_repeats,
-        max_repeats=max_repeats,
-    )
-    prepared = prepare_run(
-        builder,
-        trace_path,
-        budget,
-        batch,
-        machine=machine,
-        distribution=distribution,
-        builder_options=builder_options,
-        input_columns=input_columns,
-    )
+    policy, prepared = start_run(locals())  # first: the arguments, nothing else
     if isinstance(prepared, pd.DataFrame):
         prepared["timing"] = IN_SITU
         return prepared
