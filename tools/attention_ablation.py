@@ -34,6 +34,7 @@ from ddtree_bench.ops.attention import (
     attention_bytes,
 )
 from ddtree_bench.stages.attention import STREAM_BLOCKS_PER_SM, STREAM_NEVER, STREAM_THREADS
+from ddtree_bench.timing.gpu import EventTimer
 from ddtree_bench.tree import packed_visibility
 
 KERNELS = Path(__file__).resolve().parent.parent / "kernels" / "verify_attn"
@@ -97,20 +98,12 @@ def main(argv: list[str]) -> None:
     util = cp.RawModule(path=str(cuda.cached_fatbin(cuda.BENCH_UTIL_SOURCE)))
     spin, stream_read = util.get_function("ddtree_spin_kernel"), util.get_function("ddtree_stream_read")
     sm_count = cp.cuda.runtime.getDeviceProperties(0)["multiProcessorCount"]
-    start, end = cp.cuda.Event(), cp.cuda.Event()
+    timer = EventTimer(cp.cuda.get_current_stream(), spin)
 
     def median_us(fn, reps=21) -> float:
         for _ in range(3):
             fn()
-        times = []
-        for _ in range(reps):
-            spin((1,), (1,), (np.int64(100_000),))
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            times.append(cp.cuda.get_elapsed_time(start, end) * 1e3)
-        return float(np.median(times))
+        return float(np.median([timer(fn) * 1e6 for _ in range(reps)]))
 
     with tempfile.TemporaryDirectory() as tmp:
         attention = {name: VerifyAttention(fatbin=fb, path="wgmma") for name, fb in build(Path(tmp)).items()}

@@ -14,10 +14,11 @@ import os
 import re
 import shutil
 import subprocess
-import tempfile
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
+
+from ddtree_bench.io import atomic_output
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 KERNEL_DIR = REPO_ROOT / "kernels"
@@ -83,10 +84,8 @@ def build_fatbin(source: Path, output: Path, archs=DEFAULT_ARCHS, ptx: bool = Tr
     nvcc = find_nvcc()
     if nvcc is None:
         raise RuntimeError("nvcc not found (set $NVCC or put CUDA's bin directory on PATH)")
-    output.parent.mkdir(parents=True, exist_ok=True)
     flags = gencode_flags(archs, ptx, arch_specific)
-    with tempfile.TemporaryDirectory(dir=output.parent) as tmp:
-        tmp_out = Path(tmp) / output.name
+    with atomic_output(output) as tmp_out:
         cmd = [nvcc, *NVCC_FLAGS, "-fatbin", *flags, "-o", str(tmp_out), str(source)]
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:
@@ -100,8 +99,8 @@ def build_fatbin(source: Path, output: Path, archs=DEFAULT_ARCHS, ptx: bool = Tr
             "nvcc": version.strip().splitlines()[-1] if version else "unknown",
             "command": " ".join(cmd[:-3] + ["-o", str(output), str(source)]),
         }
-        os.replace(tmp_out, output)
-    Path(str(output) + ".json").write_text(json.dumps(info, indent=2) + "\n")
+    with atomic_output(str(output) + ".json") as tmp_json:
+        Path(tmp_json).write_text(json.dumps(info, indent=2) + "\n")
     return info
 
 
