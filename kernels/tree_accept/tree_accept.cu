@@ -56,7 +56,12 @@
 #ifndef DDTREE_ACCEPT_NODES_PER_THREAD
 #define DDTREE_ACCEPT_NODES_PER_THREAD 4  // nodes whose parent and token a thread holds in registers
 #endif
-#define DDTREE_ACCEPT_SHARED_BYTES(budget) (12ull * (static_cast<unsigned long long>(budget) + 1ull))
+// The launch's limits, read by the host (ops/accept.py) from this file rather than copied there.
+#define DDTREE_ACCEPT_MAX_THREADS 1024           // threads per block at most (__launch_bounds__)
+#define DDTREE_ACCEPT_SHARED_BYTES_PER_NODE 12  // staged path: an int64 target and an int32 link per node
+#define DDTREE_ACCEPT_SHARED_BYTES(budget)                                  \
+    (static_cast<unsigned long long>(DDTREE_ACCEPT_SHARED_BYTES_PER_NODE) * \
+     (static_cast<unsigned long long>(budget) + 1ull))
 
 // The dynamic shared memory and its size (hooks: the tests' host emulator replaces both).
 #ifndef DDTREE_ACCEPT_DYNAMIC_SHARED
@@ -165,7 +170,7 @@ __device__ inline void ddtree_accept_request(const long long* __restrict__ targe
 // about ceil(N / NODES_PER_THREAD) rounded up to whole warps), dynamic shared memory
 // DDTREE_ACCEPT_SHARED_BYTES(budget) for the staged path or 0 for the global-memory path.
 // 0 <= budget <= 2^30, batch >= 0; the host checks every shape before launch.
-extern "C" __global__ void __launch_bounds__(1024)
+extern "C" __global__ void __launch_bounds__(DDTREE_ACCEPT_MAX_THREADS)
     ddtree_tree_accept(const long long* __restrict__ target_tokens, const long long* __restrict__ node_token_ids,
                        const int* __restrict__ parents, const int* __restrict__ node_count, int batch,
                        int budget, int* __restrict__ accepted_indices, int* __restrict__ accept_length,

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from ddtree_bench.builders import get_builder
 from ddtree_bench.cuda import loader as cuda
+from ddtree_bench.cuda.loader import kernel_constant
 from ddtree_bench.ops.accept import (
     KERNEL_SOURCE,
     MAX_THREADS,
@@ -490,11 +491,25 @@ def test_launch_configuration():
         assert threads * NODES_PER_THREAD >= min(budget, MAX_THREADS * NODES_PER_THREAD)
 
 
+def test_launch_figures_are_read_from_the_kernel_source(tmp_path):
+    """The host's launch figures are the kernel's own #defines (its __launch_bounds__ included), not a copy;
+    a source without the figure is a one-line ValueError."""
+    text = KERNEL_SOURCE.read_text()
+    assert "__launch_bounds__(DDTREE_ACCEPT_MAX_THREADS)" in text
+    assert (NODES_PER_THREAD, MAX_THREADS, STAGE_BYTES_PER_NODE) == (4, 1024, 12)
+    mutant = tmp_path / "tree_accept.cu"
+    define = "#define DDTREE_ACCEPT_MAX_THREADS"
+    mutant.write_text(text.replace(f"{define} 1024", f"{define} 512"))
+    assert kernel_constant(mutant, "DDTREE_ACCEPT_MAX_THREADS") == 512
+    with pytest.raises(ValueError, match="does not #define DDTREE_ACCEPT_NOT_THERE"):
+        kernel_constant(mutant, "DDTREE_ACCEPT_NOT_THERE")
+
+
 def test_python_constants_match_the_kernel_source():
     source = KERNEL_SOURCE.read_text()
     assert f"#define DDTREE_ACCEPT_NODES_PER_THREAD {NODES_PER_THREAD} " in source
-    assert f"({STAGE_BYTES_PER_NODE}ull * (" in source
-    assert f"__launch_bounds__({MAX_THREADS})" in source
+    assert "static_cast<unsigned long long>(DDTREE_ACCEPT_SHARED_BYTES_PER_NODE) *" in source
+    assert "__launch_bounds__(DDTREE_ACCEPT_MAX_THREADS)" in source
     assert "const int* __restrict__ parents, const int* __restrict__ node_count, int batch," in source
 
 

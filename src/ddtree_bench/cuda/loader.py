@@ -29,6 +29,16 @@ def kernel_source(name: str) -> Path:
     return KERNEL_DIR / name / f"{name}.cu"
 
 
+def kernel_constant(source: Path, name: str) -> int:
+    """The integer a kernel's source ``#define``s as ``name``: a kernel's own launch or shared-memory figure,
+    read from the kernel rather than copied into Python (ValueError where the source does not define it)."""
+    text = Path(source).read_text()
+    match = re.search(rf"^[ \t]*#define[ \t]+{re.escape(name)}[ \t]+(\d+)(?:[uU]?[lL]{{0,2}})\b", text, re.M)
+    if match is None:
+        raise ValueError(f"{source} does not #define {name} as an integer")
+    return int(match.group(1))
+
+
 TREE_BUILD_SOURCE = kernel_source("tree_build")
 BENCH_UTIL_SOURCE = kernel_source("bench_util")
 DEFAULT_ARCHS = ("sm_90", "sm_120")

@@ -37,15 +37,17 @@ from types import SimpleNamespace
 import numpy as np
 
 from ddtree_bench.cuda import loader as cuda
-from ddtree_bench.cuda.loader import kernel_source
+from ddtree_bench.cuda.loader import kernel_constant, kernel_source
 from ddtree_bench.tree import TreeBatch
 
 KERNEL_SOURCE = kernel_source("tree_accept")
 KERNEL_NAME = "ddtree_tree_accept"
-NODES_PER_THREAD = 4  # the kernel's DDTREE_ACCEPT_NODES_PER_THREAD: node loads a thread holds in registers
-MAX_THREADS = 1024  # the kernel's __launch_bounds__
+# The kernel's own launch figures, read from its source: node loads a thread holds in registers, the
+# block-size limit (its __launch_bounds__), and the staged path's shared bytes per node.
+NODES_PER_THREAD = kernel_constant(KERNEL_SOURCE, "DDTREE_ACCEPT_NODES_PER_THREAD")
+MAX_THREADS = kernel_constant(KERNEL_SOURCE, "DDTREE_ACCEPT_MAX_THREADS")
 STAGE_MAX_BUDGET = 4000  # 12 (N + 1) bytes of dynamic shared memory stay under the 48 KB needing no opt-in
-STAGE_BYTES_PER_NODE = 12  # the kernel's DDTREE_ACCEPT_SHARED_BYTES: int64 target + int32 link per node
+STAGE_BYTES_PER_NODE = kernel_constant(KERNEL_SOURCE, "DDTREE_ACCEPT_SHARED_BYTES_PER_NODE")
 MAX_BATCH = 2**31 - 1
 MAX_BUDGET = 2**30  # the kernel's int indices: N + 1 plus a block's stride must fit
 # the TreeBatch fields the kernel reads, with the dtypes it reads them as
