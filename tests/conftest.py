@@ -3,8 +3,18 @@ generator of top-k inputs (numpy only, independent of ddtree_bench.traces)."""
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
+
+from ddtree_bench.native_build import DEFAULT_SOURCE, build_native_library, compiler_unavailable_reason
+
+# The tests' helpers (input generators, the emulator host programs, the workflow copy) live in
+# tests/support/; tests/ itself is on the path too (pytest puts this file's folder there), so the row
+# builders of the top-level tests are shared by the tests in the subfolders.
+sys.path.insert(0, str(Path(__file__).resolve().parent / "support"))
 
 TOPK_KINDS = ("uniform", "peaked", "bf16", "equal", "tied")
 
@@ -61,9 +71,8 @@ def topk_inputs():
 
 @pytest.fixture(scope="session")
 def native_library(tmp_path_factory):
-    """The tree's ``csrc/tree_build_cpu.cpp`` built once for the session (skips where no C++ compiler)."""
-    from ddtree_bench.native_build import DEFAULT_SOURCE, build_native_library, compiler_unavailable_reason
-
+    """The tree's ``kernels/native/tree_build_cpu.cpp`` built once for the session (skips where no C++
+    compiler)."""
     reason = compiler_unavailable_reason()
     if reason is not None:
         pytest.skip(reason)

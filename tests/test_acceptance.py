@@ -1,6 +1,6 @@
 """``acceptance``: path scores equal a slow root-path recomputation and the reference heap's own ``logw``;
 the expected acceptance of a hand-built tree; target tokens are deterministic, padded, absent past the last
-row, and make the walk's mean accept length ``1 + expected_acceptance``."""
+row, and make the walk's mean accept length ``1 + expected_accepted_tokens``."""
 
 from __future__ import annotations
 
@@ -11,16 +11,16 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from ddtree_bench.accept import accept_cpu
 from ddtree_bench.acceptance import (
     absent_token,
-    expected_acceptance,
+    expected_accepted_tokens,
     node_columns,
     node_log_probs,
     sample_target_tokens,
 )
 from ddtree_bench.builders import get_builder
 from ddtree_bench.builders import reference as reference_module
+from ddtree_bench.ops.accept import accept_cpu
 from ddtree_bench.tree import TreeBatch
 
 # kinds of conftest.make_topk whose rows hold distinct token ids (a top-K of a vocabulary)
@@ -128,22 +128,22 @@ def test_expected_acceptance_of_a_hand_computed_tree():
     # best-first: 10 (0.6), then 10->20 (0.42), then 11 (0.3); 10->21 (0.12) and 11->20 (0.21) are left out
     assert trees.node_token_ids.tolist() == [[10, 20, 11]]
     assert trees.parents.tolist() == [[-1, 0, 1, 0]]
-    assert expected_acceptance(lp, ids, trees) == pytest.approx([0.6 + 0.42 + 0.3], abs=1e-6)
+    assert expected_accepted_tokens(lp, ids, trees) == pytest.approx([0.6 + 0.42 + 0.3], abs=1e-6)
     # every path of the tiny tree (budget 6 keeps all of them): 0.6 + 0.3 + 0.6 * 0.9 + 0.3 * 0.9
     full = reference_trees(lp, ids, 6)
     assert int(full.node_count[0]) == 6
-    assert expected_acceptance(lp, ids, full) == pytest.approx([0.9 + 0.9 * 0.9], abs=1e-6)
+    assert expected_accepted_tokens(lp, ids, full) == pytest.approx([0.9 + 0.9 * 0.9], abs=1e-6)
     # exactly sum(exp(score)), per request, float64
     lp2, ids2 = np.concatenate([lp, lp[:, ::-1]]), np.concatenate([ids, ids])
     trees2 = reference_trees(lp2, ids2, 4)
-    got = expected_acceptance(lp2, ids2, trees2)
+    got = expected_accepted_tokens(lp2, ids2, trees2)
     assert got.dtype == np.float64 and got.shape == (2,)
     assert got == pytest.approx(np.exp(node_log_probs(lp2, ids2, trees2)).sum(1), rel=1e-15)
 
 
 def test_expected_acceptance_grows_with_the_budget(topk_inputs):
     lp, ids = topk_inputs("peaked", 3, 8, 64, seed=3)
-    values = [expected_acceptance(lp, ids, reference_trees(lp, ids, n)) for n in (1, 4, 16, 64, 256)]
+    values = [expected_accepted_tokens(lp, ids, reference_trees(lp, ids, n)) for n in (1, 4, 16, 64, 256)]
     for smaller, larger in zip(values, values[1:], strict=False):
         assert (larger >= smaller).all()
     assert values[0] == pytest.approx(np.exp(lp[:, 0, 0].astype(np.float64)))
@@ -219,12 +219,12 @@ def test_target_tokens_follow_the_drafters_distribution(topk_inputs):
 @pytest.mark.parametrize(("kind", "depth", "k", "budget"), [("peaked", 3, 3, 8), ("uniform", 4, 4, 12)])
 def test_mean_accept_length_is_one_plus_expected_acceptance(topk_inputs, kind, depth, k, budget):
     """Each request replicated; over many seeds and copies the walk's mean accept length (root included)
-    approaches ``1 + expected_acceptance`` within five standard errors."""
+    approaches ``1 + expected_accepted_tokens`` within five standard errors."""
     lp, ids = topk_inputs(kind, 2, depth, k, vocab=3 * k, seed=2)
     copies, seeds = 500, 8
     lp_many, ids_many = np.repeat(lp, copies, 0), np.repeat(ids, copies, 0)
     trees = reference_trees(lp_many, ids_many, budget)
-    expected = expected_acceptance(lp, ids, reference_trees(lp, ids, budget))
+    expected = expected_accepted_tokens(lp, ids, reference_trees(lp, ids, budget))
     lengths = np.stack(
         [accept_cpu(trees, sample_target_tokens(lp_many, ids_many, trees, seed=s))[1] for s in range(seeds)]
     ).reshape(seeds, 2, copies)

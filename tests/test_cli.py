@@ -14,10 +14,11 @@ import pandas as pd
 import pytest
 
 import ddtree_bench.builders
-from ddtree_bench import check
+from ddtree_bench import __version__
 from ddtree_bench.builders import Builder, get_builder
 from ddtree_bench.cli import main
 from ddtree_bench.report import FIGURE_NAMES
+from ddtree_bench.stages import check
 from ddtree_bench.traces import generate_trace, load_trace
 from ddtree_bench.tree import TreeBatch
 
@@ -357,8 +358,8 @@ def _fake_bench_module(monkeypatch, module_name, function_name, calls):
 @pytest.mark.parametrize(
     "builder, module_name, function_name",
     [
-        ("native", "ddtree_bench.bench", "run_benchmark"),
-        ("gpu", "ddtree_bench.gpu_bench", "run_gpu_benchmark"),
+        ("native", "ddtree_bench.stages.build", "run_benchmark"),
+        ("gpu", "ddtree_bench.stages.build_gpu", "run_gpu_benchmark"),
     ],
 )
 def test_bench_calls_the_benchmark_and_writes_parquet(
@@ -392,13 +393,13 @@ def test_bench_calls_the_benchmark_and_writes_parquet(
 
 
 def test_bench_failure_leaves_no_parquet(tmp_path, trace_path, capsys, monkeypatch):
-    module = types.ModuleType("ddtree_bench.bench")
+    module = types.ModuleType("ddtree_bench.stages.build")
 
     def failing(*args, **kwargs):
         raise ValueError("batch 64 is larger than the 5 requests in trace x")
 
     module.run_benchmark = failing
-    monkeypatch.setitem(sys.modules, "ddtree_bench.bench", module)
+    monkeypatch.setitem(sys.modules, "ddtree_bench.stages.build", module)
     monkeypatch.setattr(ddtree_bench, "bench", module, raising=False)
     out = tmp_path / "bench.parquet"
     argv = [
@@ -423,7 +424,7 @@ def test_bench_failure_leaves_no_parquet(tmp_path, trace_path, capsys, monkeypat
 
 def test_bench_passes_the_optional_limits_only_when_given(tmp_path, trace_path, capsys, monkeypatch):
     calls = []
-    _fake_bench_module(monkeypatch, "ddtree_bench.bench", "run_benchmark", calls)
+    _fake_bench_module(monkeypatch, "ddtree_bench.stages.build", "run_benchmark", calls)
     out = tmp_path / "bench.parquet"
     argv = ["bench", "--builder", "reference", "--trace", trace_path, "--budget", 4, "--batch", 2, "-o", out]
     assert run([*argv, "--max-seconds", "2.5", "--max-repeats", "50"], capsys)[0] == 0
@@ -433,7 +434,8 @@ def test_bench_passes_the_optional_limits_only_when_given(tmp_path, trace_path, 
 
 
 @pytest.mark.skipif(
-    importlib.util.find_spec("ddtree_bench.bench") is None, reason="ddtree_bench/bench.py does not exist yet"
+    importlib.util.find_spec("ddtree_bench.stages.build") is None,
+    reason="ddtree_bench/stages/build.py does not exist yet",
 )
 def test_bench_end_to_end_with_the_real_benchmark(tmp_path, trace_path, capsys):
     out = tmp_path / "bench.parquet"
@@ -454,8 +456,6 @@ def test_bench_end_to_end_with_the_real_benchmark(tmp_path, trace_path, capsys):
 
 
 def test_version(capsys):
-    from ddtree_bench import __version__
-
     code, out, _ = run(["--version"], capsys)
     assert code == 0 and out.strip() == f"ddtree-bench {__version__}"
 

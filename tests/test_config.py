@@ -10,6 +10,7 @@ import pytest
 import yaml
 from workflow_copy import ROOT, snakemake, workdir_copy
 
+from ddtree_bench.builders import BUILDER_NAMES
 from ddtree_bench.config import (
     ATTENTION_IMPLS,
     BUILDERS,
@@ -23,6 +24,9 @@ from ddtree_bench.config import (
     trace_columns,
     trace_requests,
 )
+from ddtree_bench.cuda.loader import gpu_unavailable_reason
+from ddtree_bench.traces import DISTRIBUTIONS as TRACE_DISTRIBUTIONS
+from ddtree_bench.traces import save_trace
 
 
 def default_config() -> dict:
@@ -128,9 +132,6 @@ def test_the_schema_describes_every_field():
 
 
 def test_schema_names_match_the_package():
-    from ddtree_bench.builders import BUILDER_NAMES
-    from ddtree_bench.traces import DISTRIBUTIONS as TRACE_DISTRIBUTIONS
-
     assert set(BUILDERS) == set(BUILDER_NAMES)
     assert set(DISTRIBUTIONS) == set(TRACE_DISTRIBUTIONS)
 
@@ -280,8 +281,6 @@ def test_bad_step_config_is_one_clear_line(override, message):
 
 
 def _recorded(path, requests=256, depth=16, topk=1024):
-    from ddtree_bench.traces import save_trace  # noqa: PLC0415
-
     lp = np.zeros((requests, depth, topk), np.float32)
     ids = np.broadcast_to(np.arange(topk, dtype=np.int64), lp.shape).copy()
     save_trace(path, lp, ids)
@@ -351,8 +350,6 @@ def test_snakemake_stops_before_any_job_on_bad_config(tmp_path, key, value, mess
 
 
 def test_gpu_on_without_a_gpu_fails_before_any_job(tmp_path):
-    from ddtree_bench.cuda import gpu_unavailable_reason
-
     if gpu_unavailable_reason() is None:
         pytest.skip("a GPU is present here: gpu: on is satisfiable")
     work = workdir_copy(tmp_path)

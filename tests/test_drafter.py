@@ -2,17 +2,37 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 import yaml
 
-from ddtree_bench import cuda
-from ddtree_bench.aggregate import expected_accept_stats, simulated_accept_stats, tree_shape
+from ddtree_bench.acceptance import expected_accepted_tokens
 from ddtree_bench.builders import get_builder
-from ddtree_bench.calibrate import Evaluator, fit, fragment_yaml, nelder_mead, parse_tau_pairs
+from ddtree_bench.calibrate import (
+    PAPER_CHAIN,
+    PAPER_TAU,
+    Evaluator,
+    fit,
+    fragment_yaml,
+    nelder_mead,
+    parse_tau_pairs,
+)
 from ddtree_bench.cli import main
 from ddtree_bench.config import check_config
+from ddtree_bench.cuda import loader as cuda
 from ddtree_bench.drafter import DrafterParams, check_params, row_probabilities, top1_probabilities
+from ddtree_bench.io import write_json
+from ddtree_bench.report import acceptance as acceptance_report
+from ddtree_bench.report.acceptance import acceptance_targets
+from ddtree_bench.summary.build import (
+    chain_tau_mean,
+    combine_shapes,
+    expected_accept_stats,
+    simulated_accept_stats,
+    tree_shape,
+)
 from ddtree_bench.traces import generate, load_trace, save_trace
 from ddtree_bench.validation import check_topk_arrays
 
@@ -256,11 +276,6 @@ def test_gpu_accept_kernel_agrees_on_the_simulated_draws():
 
 
 def test_acceptance_report_table_and_figures(tmp_path):
-    from types import SimpleNamespace
-
-    from ddtree_bench.aggregate import combine_shapes, write_json
-    from ddtree_bench.report import acceptance as acceptance_report
-
     trace = drafter(requests=32, depth=16, topk=32, vocab=4096)
     path = tmp_path / "t.npz"
     save_trace(path, trace.top_log_probs, trace.top_token_ids, **trace.metadata)
@@ -286,16 +301,12 @@ def test_acceptance_report_table_and_figures(tmp_path):
 def test_defaults_reproduce_the_paper_within_3_percent(native_library):
     """The pipeline's drafter trace (256 requests, seed 0, K = 1024), its first 15 positions (the paper's
     block 16): expected tau within 3 % of Fig. 3 at every budget, the top-1 chain within 3 % of 7.79."""
-    from ddtree_bench.acceptance import expected_acceptance
-    from ddtree_bench.aggregate import chain_tau_mean
-    from ddtree_bench.calibrate import PAPER_CHAIN, PAPER_TAU
-
     trace = generate("drafter", 256, 15, 1024, 163840, 0, "cpu")
     lp, ids = trace.top_log_probs, trace.top_token_ids
     builder = get_builder("native", library=native_library, validate=False)
     for budget, paper in PAPER_TAU.items():
         sub_lp, sub_ids = np.ascontiguousarray(lp[:, :, :budget]), np.ascontiguousarray(ids[:, :, :budget])
-        tau = 1.0 + expected_acceptance(sub_lp, sub_ids, builder.build(sub_lp, sub_ids, budget)).mean()
+        tau = 1.0 + expected_accepted_tokens(sub_lp, sub_ids, builder.build(sub_lp, sub_ids, budget)).mean()
         assert abs(tau / paper - 1.0) <= 0.03, (budget, tau, paper)
     assert abs(chain_tau_mean(lp) / PAPER_CHAIN - 1.0) <= 0.03
 
@@ -318,9 +329,6 @@ def test_trace_cli_takes_a_drafter_config(tmp_path, capsys):
 
 
 def test_acceptance_targets(tmp_path):
-    from ddtree_bench.aggregate import combine_shapes, write_json
-    from ddtree_bench.report.acceptance import acceptance_targets
-
     trace = drafter(requests=16, depth=16, topk=16, vocab=4096)
     path = tmp_path / "t.npz"
     save_trace(path, trace.top_log_probs, trace.top_token_ids, **trace.metadata)

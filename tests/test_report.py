@@ -10,17 +10,20 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from ddtree_bench.aggregate import SUMMARY_COLUMNS, aggregate, combine_shapes, summarize, tree_shape
-from ddtree_bench.bench import COLUMNS, frame, unavailable_frame
 from ddtree_bench.builders import get_builder
 from ddtree_bench.report import (
     FIGURE_NAMES,
+    SGLANG_FUNCTION_TARGET,
     evaluate_targets,
     load_machines,
+    reference_vs_sglang_table,
     render_report,
+    sglang_source_table,
     speedups,
     timings,
 )
+from ddtree_bench.stages.build import COLUMNS, frame, unavailable_frame
+from ddtree_bench.summary.build import SUMMARY_COLUMNS, aggregate, combine_shapes, summarize, tree_shape
 from ddtree_bench.traces import generate_trace, save_trace
 
 
@@ -415,12 +418,6 @@ PUBLISHED_SGLANG = Path(__file__).resolve().parents[1] / "results" / "published"
 
 
 def test_published_h200_sglang_run_loads_and_its_sglang_target_is_evaluated():
-    from ddtree_bench.report import (  # noqa: PLC0415
-        SGLANG_FUNCTION_TARGET,
-        reference_vs_sglang_table,
-        sglang_source_table,
-    )
-
     assert {"summary.parquet", "tree_shape.parquet", "environment.json", "README.md"} <= {
         p.name for p in PUBLISHED_SGLANG.iterdir()
     }
@@ -475,8 +472,6 @@ def sglang_function_machine(folder, *, kernel_us_at_8: float, provenance: bool =
 
 
 def test_sglang_function_target_met_not_met_and_by_how_much(tmp_path):
-    from ddtree_bench.report import SGLANG_FUNCTION_TARGET, sglang_source_table  # noqa: PLC0415
-
     def result(machines):
         return next(r for r in evaluate_targets(machines) if r.target == SGLANG_FUNCTION_TARGET)
 

@@ -1,19 +1,23 @@
 """The step stages' summary (median, p10, p90, n, TFLOP/s, TB/s, % of the measured peaks), the step-time
 breakdown, the issue-4 targets (met / not met / no data), and the report's step part with and without step
-data, all on synthetic stage records (``stage_records.stage_frame``)."""
+data, all on synthetic stage records (``timing.records.stage_frame``)."""
 
 from __future__ import annotations
 
 import json
 import math
+import runpy
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pandas as pd
 import pytest
-from test_report import synthetic_summary, write_machine
+from test_report import rows_for, synthetic_summary, write_machine
 
-from ddtree_bench.aggregate import combine_shapes, tree_shape
+from ddtree_bench.acceptance import expected_accepted_tokens
+from ddtree_bench.builders import get_builder
+from ddtree_bench.cuda.loader import gpu_unavailable_reason
 from ddtree_bench.report import FIGURE_NAMES, evaluate_targets, load_machines, render_report
 from ddtree_bench.report.step import (
     PEER_TARGETS,
@@ -25,8 +29,8 @@ from ddtree_bench.report.step import (
     breakdown_table,
     step_targets,
 )
-from ddtree_bench.stage_records import stage_frame
-from ddtree_bench.step import (
+from ddtree_bench.summary.build import combine_shapes, summarize, tree_shape
+from ddtree_bench.summary.step import (
     LEFT_OUT,
     STEP_SUMMARY_COLUMNS,
     aggregate_steps,
@@ -36,6 +40,7 @@ from ddtree_bench.step import (
     summarize_steps,
     unavailable_stage_frame,
 )
+from ddtree_bench.timing.records import stage_frame
 from ddtree_bench.traces import generate_trace, save_trace
 
 GEMM_TFLOPS, COPY_TBPS, FLOOR_S = 800.0, 4.0, 8e-6
@@ -247,10 +252,6 @@ def shapes_frame():
 
 def build_summary():
     """Tree-build summary at depth 16, peaked: reference and native (CPU), gpu kernel + host-inclusive."""
-    from test_report import rows_for
-
-    from ddtree_bench.aggregate import summarize
-
     frames = []
     for budget in (8, 64):
         for batch in (1, 64):
@@ -313,19 +314,19 @@ def test_breakdown_without_a_build_or_accept_leaves_share_empty():
 # ----------------------------------------------------------------------------------------------- targets
 
 
-def _status(step):
+def target_status(step):
     return {target: (status, measured) for target, _, status, measured in step_targets(step)}
 
 
 def test_step_targets_met():
-    status = _status(summarize_steps(synthetic_step(fast=True, accept_factor=1.5)))
+    status = target_status(summarize_steps(synthetic_step(fast=True, accept_factor=1.5)))
     assert status[TARGET_ACCEPT][0] == "met" and "1.50x" in status[TARGET_ACCEPT][1]
     # the retired goals (3.0 TB/s, 300 TFLOP/s, 1.5x FlexAttention) are gone: superseded by the peers'
     assert not [t for t in status if "3.0 TB/s" in t or "300 TFLOP/s" in t or "FlexAttention" in t]
 
 
 def test_step_targets_not_met():
-    status = _status(summarize_steps(synthetic_step(fast=False, accept_factor=3.0)))
+    status = target_status(summarize_steps(synthetic_step(fast=False, accept_factor=3.0)))
     assert status[TARGET_ACCEPT][0] == "not met" and "3.00x" in status[TARGET_ACCEPT][1]
 
 
@@ -335,8 +336,8 @@ def test_flexattention_rows_set_no_goal():
         rows += attention_rows(impl, 8, 1, 8192, tbps=tbps, tflops=1)
     step = summarize_steps(stage_frame(rows))
     # FlexAttention is no longer a goal's peer (not measured in the published run): its rows judge nothing
-    assert not [t for t in _status(step) if "FlexAttention" in t]
-    assert set(_status(step)) == {TARGET_ACCEPT, *PEER_TARGETS}
+    assert not [t for t in target_status(step) if "FlexAttention" in t]
+    assert set(target_status(step)) == {TARGET_ACCEPT, *PEER_TARGETS}
 
 
 def test_read_stream_sets_each_shape_against_its_bandwidth_bound():
@@ -363,25 +364,26 @@ def test_read_stream_sets_each_shape_against_its_bandwidth_bound():
     }
     assert set(table.loc[table["impl"] == "read-stream", "vs flexattention"]) == {"-"}  # no attention
     # the read-stream goal (batch >= 8) sets ours against the stream of the same bytes, and says by how much
-    status, measured = _status(step)[TARGET_STREAM_85]
+    status, measured = target_status(step)[TARGET_STREAM_85]
     assert status == "not met" and "min 50.0% (N=8, B=8, S=32768, H=8) over 1 configurations" in measured
     assert "35.0% short" in measured and "met at" not in measured  # met nowhere
 
 
 def test_step_targets_no_data():
-    status = _status(summarize_steps(synthetic_step(flex=False)))
+    status = target_status(summarize_steps(synthetic_step(flex=False)))
     assert status[TARGET_ACCEPT][0] != "no data"
     empty = step_targets(pd.DataFrame(), missing="no step_summary.parquet")
     assert [s for _, _, s, _ in empty] == ["no data"] * 5  # accept here, 4 against the peers
     assert all(m == "no step_summary.parquet" for *_, m in empty)
     only_small = summarize_steps(stage_frame(attention_rows("ours", 8, 1, 4096, tbps=5, tflops=5)))
-    assert _status(only_small)[TARGET_STREAM_85][0] == "no data"  # S = 32768, B >= 8 is where it applies
+    # S = 32768, B >= 8 is where it applies
+    assert target_status(only_small)[TARGET_STREAM_85][0] == "no data"
 
 
 def test_wrong_output_fails_a_speed_target():
     rows = peak_rows() + attention_rows("ours", 8, 8, 32768, tbps=5.0, tflops=1, correct=False)
     rows += attention_rows("read-stream", 8, 8, 32768, tbps=5.0, tflops=1)
-    status = _status(summarize_steps(stage_frame(rows)))
+    status = target_status(summarize_steps(stage_frame(rows)))
     assert status[TARGET_STREAM_85][0] == "not met" and "output wrong" in status[TARGET_STREAM_85][1]
 
 
@@ -509,14 +511,11 @@ def test_report_with_unavailable_step_rows(tmp_path):
 
 
 def test_tree_shape_carries_expected_acceptance(tmp_path):
-    from ddtree_bench.acceptance import expected_acceptance
-    from ddtree_bench.builders import get_builder
-
     path = tmp_path / "t.npz"
     lp, ids = generate_trace("peaked", 6, 4, 16, vocab_size=300, seed=2, device="cpu")
     save_trace(path, lp, ids, distribution="peaked")
     small, large = tree_shape(path, 2, distribution="peaked"), tree_shape(path, 16, distribution="peaked")
-    values = expected_acceptance(lp, ids, get_builder("reference").build(lp, ids, 16))
+    values = expected_accepted_tokens(lp, ids, get_builder("reference").build(lp, ids, 16))
     assert large[0]["expected_accept_mean"] == pytest.approx(float(np.mean(values)))
     assert large[0]["expected_accept_p10"] == pytest.approx(float(np.percentile(values, 10)))
     assert all(r["expected_accept_mean"] == large[0]["expected_accept_mean"] for r in large)
@@ -544,9 +543,6 @@ SCRIPTS = Path(__file__).resolve().parents[1] / "workflow" / "scripts"
 
 def run_script(name, monkeypatch, **job):
     """Run workflow/scripts/<name>.py as Snakemake would, with a stand-in for its ``snakemake`` object."""
-    import runpy
-    from types import SimpleNamespace
-
     monkeypatch.syspath_prepend(str(SCRIPTS))
     namespace = {
         key: SimpleNamespace(**value) if isinstance(value, dict) else value for key, value in job.items()
@@ -630,7 +626,6 @@ def test_step_scripts_call_the_libraries(tmp_path, monkeypatch):
     assert {"ours", "sdpa"} <= set(attention["impl"])
     assert (attention["budget"].isin([0, 4])).all() and (attention["prefix"].dropna().isin([64])).all()
     walk = summary[(summary["impl"] == "cpu-walk") & (summary["status"] == "ok")]
-    from ddtree_bench.cuda import gpu_unavailable_reason
 
     if gpu_unavailable_reason() is not None:  # the walk runs without a GPU; the rest says why not
         assert len(walk) == 1 and walk.iloc[0]["n"] >= 1 and walk.iloc[0]["expected_accept_mean"] > 0

@@ -12,6 +12,7 @@ import sys
 import pandas as pd
 import pytest
 import yaml
+from test_report import write_machine
 from workflow_copy import ROOT
 
 from ddtree_bench.config import check_config, throughput_options
@@ -311,8 +312,6 @@ def test_a_configured_distribution_the_machine_lacks_is_named_not_substituted_si
 
 
 def test_section_on_a_cpu_only_run_says_it_needs_the_step_stages(tmp_path):
-    from test_report import write_machine
-
     ours = write_machine(tmp_path / "m", "laptop")
     out = tmp_path / "r"
     render_report(summary=ours, html=out / "index.html", markdown=out / "summary.md", step_enabled=False)

@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import re
 import shutil
 import subprocess
 import time
+import zipfile
 from pathlib import Path
 
 import pandas as pd
@@ -18,8 +20,12 @@ import pytest
 import yaml
 from workflow_copy import BIN, ROOT, pretend_gpu, snakemake, workdir_copy
 
+from ddtree_bench.config import check_config, step_options
+from ddtree_bench.cuda.loader import gpu_unavailable_reason
+from ddtree_bench.traces import trace_sha256
+
 SNAKEFMT = shutil.which("snakefmt", path=str(BIN)) or "snakefmt"
-TIMING_RULES = {"bench", "bench_gpu", "step_attention", "step_accept", "step_peaks"}
+TIMING_RULES = {"bench", "step_attention", "step_accept", "step_peaks"}
 STEP_RULES = {"step_attention", "step_accept", "step_peaks"}
 
 
@@ -83,17 +89,17 @@ def test_dry_run_of_the_default_configuration(tmp_path):
     rules = [job["rule"] for job in jobs]
     assert rules.count("trace") == 6  # one per (distribution, depth)
     assert rules.count("build_native") == 1
-    bench = [job for job in jobs if job["rule"] in ("bench", "bench_gpu")]
+    bench = [job for job in jobs if job["rule"] == "bench"]
     assert bench and all("timing_slot=1" in job["resources"] for job in bench)
     assert all(job["threads"] == min(4, len(_cpus())) for job in bench)  # the whole machine Snakemake has
-    assert all("gpu=1" in job["resources"] for job in bench if job["rule"] == "bench_gpu")
+    # one rule for every builder: the gpu builder's jobs take the GPU, the others none
+    assert all(("gpu=1" in job["resources"]) == ("/bench/gpu/" in job["output"][0]) for job in bench)
     per_builder = {}
     for job in bench:
         builder = job["output"][0].split("/")[3]
         per_builder[builder] = per_builder.get(builder, 0) + 1
     assert per_builder["reference"] == 8 * 4 * 2 * 3  # budgets x batch sizes x depths x distributions
     assert rules.count("aggregate_step") == 1
-    from ddtree_bench.cuda import gpu_unavailable_reason
 
     if gpu_unavailable_reason() is not None:  # no GPU here: one file of rows saying why per step stage
         assert rules.count("step_unavailable") == 3 and not STEP_RULES & set(rules)
@@ -151,8 +157,6 @@ def test_step_stages_off_or_without_gpu(tmp_path, override, expected):
 
 
 def _cpus():
-    import os
-
     return os.sched_getaffinity(0)
 
 
@@ -193,7 +197,6 @@ def test_smoke_pipeline_end_to_end(smoke_run):
     assert "## Step-time breakdown" in markdown and "## Verify attention" in markdown
     step = pd.read_parquet(results / "step_summary.parquet")
     assert set(step["stage"]) == {"verify-attention", "accept", "peak"}
-    from ddtree_bench.cuda import gpu_unavailable_reason
 
     if gpu_unavailable_reason() is not None:
         assert set(step["status"]) == {"unavailable"} and step["status_reason"].notna().all()
@@ -245,9 +248,7 @@ def test_adding_a_budget_schedules_only_that_budgets_jobs(smoke_run):
     rules = {job["rule"] for job in jobs}
     assert rules <= {
         "bench",
-        "bench_gpu",
         "check",
-        "check_gpu",
         "tree_shape",
         "step_attention",  # where a GPU is, the step jobs of the new budget too
         "step_accept",
@@ -281,7 +282,7 @@ def test_nothing_to_do_after_a_complete_run(smoke_run):
 @pytest.mark.slow
 def test_editing_the_native_source_reruns_what_depends_on_it(smoke_run):
     work, _, _ = smoke_run
-    source = work / "csrc" / "tree_build_cpu.cpp"
+    source = work / "kernels" / "native" / "tree_build_cpu.cpp"
     original = source.read_text()
     try:
         source.write_text(original + "\n// an edit\n")
@@ -299,7 +300,7 @@ def test_a_tree_mismatch_fails_the_run_naming_request_and_field(tmp_path):
     """A native library that builds different trees (its child push moved one level up) fails the check job
     with one line naming the first differing request and field, and no timing of it is written."""
     work = workdir_copy(tmp_path)
-    source = work / "csrc" / "tree_build_cpu.cpp"
+    source = work / "kernels" / "native" / "tree_build_cpu.cpp"
     text = source.read_text()
     mutated, count = re.subn(r"if \(depth < L\)", "if (depth + 1 < L)", text)
     if count != 1:
@@ -319,8 +320,8 @@ def test_a_tree_mismatch_fails_the_run_naming_request_and_field(tmp_path):
 
 
 STUB_STEP = """
-from ddtree_bench.bench import write_frame
-from ddtree_bench.stage_records import stage_frame
+from ddtree_bench.io import write_frame
+from ddtree_bench.timing.records import stage_frame
 
 job = snakemake  # noqa: F821
 w, common = job.wildcards, {"phase": "timed", "status": "ok", "machine": job.params.machine}
@@ -393,7 +394,6 @@ def test_adding_a_budget_schedules_only_its_step_jobs(tmp_path):
     assert all(
         f"-N{new}-" in job["output"][0] or job["output"][0].endswith(f"-N{new}.json") for job in per_budget
     )
-    from ddtree_bench.config import check_config, step_options
 
     step = step_options(check_config(copy.deepcopy(config)))
     batches = len(step["batch_sizes"])
@@ -426,8 +426,6 @@ def _copy_of(work: Path, tmp_path: Path) -> Path:
 
 @pytest.mark.slow
 def test_rows_record_their_traces_sha256_and_the_run_names_its_report(smoke_run):
-    from ddtree_bench.traces import trace_sha256
-
     work, result, _ = smoke_run
     results = work / "results" / "smoke"
     digests = {
@@ -531,8 +529,6 @@ def test_the_report_refuses_a_summary_that_does_not_match_the_configuration(smok
 
 @pytest.mark.slow
 def test_snakemakes_own_report_holds_the_marked_outputs(smoke_run, tmp_path):
-    import zipfile
-
     work, _, _ = smoke_run
     archive = tmp_path / "snakemake-report.zip"
     result = snakemake(work, "--cores", "1", "--configfile", "config/smoke.yaml", "--report", str(archive))

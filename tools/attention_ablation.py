@@ -1,14 +1,15 @@
-"""Timing-only ablations of the 72-row verify attention kernel (kernels/verify_attn_wgmma72.cuh) on a GPU.
+"""Timing-only ablations of the 72-row verify attention kernel (kernels/verify_attn/verify_attn_wgmma72.cuh)
+on a GPU.
 
 Which part bounds the memory-bound loop: each variant is a text patch of a copy of kernels/ (outputs
 wrong, never used), built for sm_90a and timed beside the unpatched kernel and the read stream of the
 call's bytes, on the same inputs (CUDA events queued behind a spin kernel, warm, medians). Results:
 docs/verify_attention.md, "What bounds the loop".
 
-    PYTHONPATH=src:tests python tools/attention_ablation.py [BxNxS[:forced_splits] ...]
+    PYTHONPATH=src:tests/support python tools/attention_ablation.py [BxNxS[:forced_splits] ...]
 
 Default shapes: 8x8x32768 64x8x32768 1x8x32768:16 8x8x32768:8 8x64x32768. Needs an sm_90 GPU, nvcc, CuPy,
-PyTorch and the tests' input helpers (tests/gpu_inputs.py).
+PyTorch and the tests' input helpers (tests/support/gpu_inputs.py).
 """
 
 from __future__ import annotations
@@ -20,7 +21,23 @@ import tempfile
 from dataclasses import replace
 from pathlib import Path
 
-KERNELS = Path(__file__).resolve().parent.parent / "kernels"
+import numpy as np
+from gpu_inputs import topk_inputs
+
+from ddtree_bench.builders import get_builder
+from ddtree_bench.cuda import loader as cuda
+from ddtree_bench.ops.attention import (
+    HEAD_DIM,
+    VALUE_DIM,
+    PreparedAttention,
+    VerifyAttention,
+    attention_bytes,
+)
+from ddtree_bench.stages.attention import STREAM_BLOCKS_PER_SM, STREAM_NEVER, STREAM_THREADS
+from ddtree_bench.timing.gpu import EventTimer
+from ddtree_bench.tree import packed_visibility
+
+KERNELS = Path(__file__).resolve().parent.parent / "kernels" / "verify_attn"
 WIDE = "verify_attn_wgmma72.cuh"
 HEADS = 8
 # warpgroup 1's key loads in the loop (tile i + 1)
@@ -63,11 +80,9 @@ VARIANTS = {
 
 def build(workdir: Path) -> dict[str, Path]:
     """A fatbin of every variant under ``workdir``."""
-    from ddtree_bench import cuda
-
     fatbins = {}
     for i, (name, kw) in enumerate(VARIANTS.items()):
-        kernels = workdir / f"v{i}" / "kernels"
+        kernels = workdir / f"v{i}" / "verify_attn"
         shutil.copytree(KERNELS, kernels)
         (kernels / WIDE).write_text(patch((KERNELS / WIDE).read_text(), **kw))
         fatbins[name] = kernels.parent / "verify_attn.fatbin"
@@ -76,41 +91,19 @@ def build(workdir: Path) -> dict[str, Path]:
 
 
 def main(argv: list[str]) -> None:
-    import cupy as cp
-    import numpy as np
-    import torch
-    from gpu_inputs import topk_inputs
-
-    from ddtree_bench import cuda
-    from ddtree_bench.attention import (
-        HEAD_DIM,
-        VALUE_DIM,
-        PreparedAttention,
-        VerifyAttention,
-        attention_bytes,
-    )
-    from ddtree_bench.attention_bench import STREAM_BLOCKS_PER_SM, STREAM_NEVER, STREAM_THREADS
-    from ddtree_bench.builders import get_builder
-    from ddtree_bench.tree import packed_visibility
+    import cupy as cp  # noqa: PLC0415
+    import torch  # noqa: PLC0415
 
     cases = argv or ["8x8x32768", "64x8x32768", "1x8x32768:16", "8x8x32768:8", "8x64x32768"]
     util = cp.RawModule(path=str(cuda.cached_fatbin(cuda.BENCH_UTIL_SOURCE)))
     spin, stream_read = util.get_function("ddtree_spin_kernel"), util.get_function("ddtree_stream_read")
     sm_count = cp.cuda.runtime.getDeviceProperties(0)["multiProcessorCount"]
-    start, end = cp.cuda.Event(), cp.cuda.Event()
+    timer = EventTimer(cp.cuda.get_current_stream(), spin)
 
     def median_us(fn, reps=21) -> float:
         for _ in range(3):
             fn()
-        times = []
-        for _ in range(reps):
-            spin((1,), (1,), (np.int64(100_000),))
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            times.append(cp.cuda.get_elapsed_time(start, end) * 1e3)
-        return float(np.median(times))
+        return float(np.median([timer(fn) * 1e6 for _ in range(reps)]))
 
     with tempfile.TemporaryDirectory() as tmp:
         attention = {name: VerifyAttention(fatbin=fb, path="wgmma") for name, fb in build(Path(tmp)).items()}

@@ -7,11 +7,11 @@ budget ``N``. A tree node at depth ``d`` (1..L) took its token from row ``d - 1`
 
 - ``node_log_probs``: each real node's path score, the sum over the nodes of its root path of the
   log-prob of the node's token in the row of its depth (what the best-first heap ranks nodes by).
-- ``expected_acceptance``: the expected number of accepted draft tokens per request when the target's token
-  at each tree position follows the drafter's own distribution of that position (restricted to its top-K:
-  mass outside the top-K never matches): the sum of the tree's path probabilities.
+- ``expected_accepted_tokens``: the expected number of accepted draft tokens per request when the target's
+  token at each tree position follows the drafter's own distribution of that position (restricted to its
+  top-K: mass outside the top-K never matches): the sum of the tree's path probabilities.
 - ``sample_target_tokens``: a target argmax token for every node, drawn independently per node from exactly
-  that distribution, so that the greedy walk's mean accept length is ``1 + expected_acceptance``.
+  that distribution, so that the greedy walk's mean accept length is ``1 + expected_accepted_tokens``.
 
 The token of a node is looked up in its row by id. Rows of a real top-K hold distinct tokens; where a row
 repeats a token, its first (most probable) column is the one used.
@@ -149,7 +149,7 @@ def node_log_probs(lp, ids, trees: TreeBatch) -> np.ndarray:
     return scores[:, 1:]
 
 
-def expected_acceptance(lp, ids, trees: TreeBatch) -> np.ndarray:
+def expected_accepted_tokens(lp, ids, trees: TreeBatch) -> np.ndarray:
     """``float64 [B]``: the expected number of accepted draft tokens per request, when the target's token at
     each tree position is drawn from the drafter's own distribution of that position restricted to its
     top-K (probabilities ``exp(lp)``; the mass outside the top-K never matches a drafted token).
@@ -177,7 +177,7 @@ def sample_target_tokens(lp, ids, trees: TreeBatch, *, seed) -> np.ndarray:
     the absent token. Padding entries (index > node_count) are 0. A function of the inputs and ``seed``
     (``numpy.random.default_rng(seed)``; one uniform per entry of ``[B, N+1]``, padding included).
 
-    With these tokens the walk's accept length has expectation ``1 + expected_acceptance`` exactly (every
+    With these tokens the walk's accept length has expectation ``1 + expected_accepted_tokens`` exactly (every
     node's draw is independent, and a node is reached only through its root path)."""
     if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0:
         raise ValueError(f"acceptance: seed must be an integer >= 0, got {seed!r}")

@@ -3,8 +3,8 @@
 A target is ``tau(N)`` per budget ``N`` (tokens per verify round, the bonus token included, as the DDTree
 paper counts it) and optionally the top-1 chain's ``tau`` (DFlash's). The model's ``tau(N)`` is the trees'
 expected acceptance, ``1 + `` the sum over the tree's nodes of the path probability
-(``acceptance.expected_acceptance``), averaged over requests, for best-first trees built by the native C++
-builder (the reference where it cannot load) at depth ``D`` (15 for the paper's block 16) with ``K = N``.
+(``acceptance.expected_accepted_tokens``), averaged over requests, for best-first trees built by the native
+C++ builder (the reference where it cannot load) at depth ``D`` (15 for the paper's block 16) with ``K = N``.
 The chain's is ``1 + sum_d prod_{j <= d} p1[j]``.
 
 The fit holds the random draws fixed (common random numbers: the ``z`` of a drafter trace of the same
@@ -22,6 +22,8 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from ddtree_bench.builders import get_builder
+from ddtree_bench.builders.base import BuilderUnavailable
 from ddtree_bench.drafter import DrafterParams, check_params, draws, row_probabilities, top1_probabilities
 
 #: The DDTree paper's Fig. 3 (Qwen3-8B, MATH-500, block 16) tau per budget, and DFlash's chain.
@@ -95,9 +97,6 @@ def check_tau(tau, depth: int, what: str) -> float:
 
 
 def _builder():
-    from ddtree_bench.builders import get_builder  # noqa: PLC0415
-    from ddtree_bench.builders.base import BuilderUnavailable  # noqa: PLC0415
-
     native = get_builder("native", validate=False)
     try:
         native._ensure_loaded()

@@ -78,7 +78,7 @@ def _one_line(error: BaseException) -> str:
 
 
 def cmd_trace(args) -> int:
-    from ddtree_bench.traces import check_distribution, generate, import_recorded, save_trace
+    from ddtree_bench.traces import check_distribution, generate, import_recorded, save_trace  # noqa: PLC0415
 
     distribution = args.distribution or ("recorded" if args.recorded else None)
     if distribution is None:
@@ -122,7 +122,7 @@ def _drafter_params(path) -> dict | None:
     """The ``drafter:`` mapping of a config file (e.g. ``calibrate``'s output), or None without one."""
     if path is None:
         return None
-    import yaml
+    import yaml  # noqa: PLC0415
 
     try:
         data = yaml.safe_load(Path(path).read_text())
@@ -136,9 +136,10 @@ def _drafter_params(path) -> dict | None:
 
 
 def cmd_build(args) -> int:
-    from ddtree_bench.builders import get_builder
-    from ddtree_bench.traces import atomic_output, load_trace
-    from ddtree_bench.validation import check_budget
+    from ddtree_bench.builders import get_builder  # noqa: PLC0415
+    from ddtree_bench.io import atomic_output  # noqa: PLC0415
+    from ddtree_bench.traces import load_trace  # noqa: PLC0415
+    from ddtree_bench.validation import check_budget  # noqa: PLC0415
 
     budget = check_budget(args.budget)
     builder = get_builder(args.builder, **_with_sglang_source(args, _builder_options(args.builder_option)))
@@ -157,8 +158,8 @@ def cmd_build(args) -> int:
 
 
 def cmd_check(args) -> int:
-    from ddtree_bench.check import check_builder
-    from ddtree_bench.traces import atomic_output
+    from ddtree_bench.io import atomic_output  # noqa: PLC0415
+    from ddtree_bench.stages.check import check_builder  # noqa: PLC0415
 
     summary = check_builder(
         args.builder,
@@ -192,14 +193,14 @@ def _trace_distribution(path) -> str | None:
 
 
 def cmd_bench(args) -> int:
-    from ddtree_bench.traces import atomic_output
-    from ddtree_bench.validation import check_budget
+    from ddtree_bench.io import atomic_output  # noqa: PLC0415
+    from ddtree_bench.validation import check_budget  # noqa: PLC0415
 
     budget = check_budget(args.budget)
     if args.builder == "gpu":
-        from ddtree_bench.gpu_bench import run_gpu_benchmark as run
+        from ddtree_bench.stages.build_gpu import run_gpu_benchmark as run  # noqa: PLC0415
     else:
-        from ddtree_bench.bench import run_benchmark as run
+        from ddtree_bench.stages.build import run_benchmark as run  # noqa: PLC0415
     distribution = args.distribution or _trace_distribution(args.trace)
     extra = {
         name: getattr(args, name)
@@ -244,9 +245,9 @@ def _deep_update(base: dict, extra: dict) -> dict:
 
 def _budget_config(args) -> dict:
     """config/config.yaml with the --configfile fragments over it and the options over those, checked."""
-    import yaml
+    import yaml  # noqa: PLC0415
 
-    from ddtree_bench.config import REPO_ROOT, check_config
+    from ddtree_bench.config import REPO_ROOT, check_config  # noqa: PLC0415
 
     default = REPO_ROOT / "config" / "config.yaml"
     config = yaml.safe_load(default.read_text()) if default.is_file() else {}
@@ -281,9 +282,9 @@ def _budget_config(args) -> dict:
 
 def cmd_budget(args) -> int:
     """Which budget? The throughput model on one results folder, printed as Markdown tables."""
-    from ddtree_bench.config import throughput_options
-    from ddtree_bench.report import load_machine, markdown_table
-    from ddtree_bench.report import throughput as throughput_report
+    from ddtree_bench.config import throughput_options  # noqa: PLC0415
+    from ddtree_bench.report import load_machine, markdown_table  # noqa: PLC0415
+    from ddtree_bench.report import throughput as throughput_report  # noqa: PLC0415
 
     config = _budget_config(args)
     options = throughput_options(config)
@@ -333,9 +334,9 @@ def _recorded_config(folder: Path) -> dict | None:
 
 
 def cmd_report(args) -> int:
-    from ddtree_bench.config import load_config
-    from ddtree_bench.consistency import configured_grid
-    from ddtree_bench.report import FIGURE_NAMES, render_report
+    from ddtree_bench.config import load_config  # noqa: PLC0415
+    from ddtree_bench.consistency import configured_grid  # noqa: PLC0415
+    from ddtree_bench.report import FIGURE_NAMES, render_report  # noqa: PLC0415
 
     folder = args.results
     summary = _results_folder(folder)
@@ -376,8 +377,9 @@ def cmd_report(args) -> int:
 
 
 def cmd_calibrate(args) -> int:
-    from ddtree_bench.calibrate import check_tau, fit, fragment_yaml, parse_tau_pairs
-    from ddtree_bench.traces import atomic_output, check_positive_int
+    from ddtree_bench.calibrate import check_tau, fit, fragment_yaml, parse_tau_pairs  # noqa: PLC0415
+    from ddtree_bench.io import atomic_output  # noqa: PLC0415
+    from ddtree_bench.traces import check_positive_int  # noqa: PLC0415
 
     depth = check_positive_int(args.depth, "--depth")
     target = parse_tau_pairs(args.tau, depth)
@@ -410,7 +412,7 @@ def cmd_calibrate(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from ddtree_bench import __version__
+    from ddtree_bench import __version__  # noqa: PLC0415
 
     parser = _Parser(
         prog=PROG, description="DDTree tree-build benchmark: traces, builders, checks, timings, the report."
@@ -559,7 +561,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from ddtree_bench.builders import BuilderUnavailable
+    from ddtree_bench.builders import BuilderUnavailable  # noqa: PLC0415
 
     parser = build_parser()
     try:

@@ -14,6 +14,11 @@ from pathlib import Path
 
 import yaml
 
+from ddtree_bench.builders.sglang import check_source
+from ddtree_bench.drafter import check_params
+from ddtree_bench.ops.attention_peers import find_sglang_kernel
+from ddtree_bench.traces import peek_trace
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SCHEMA_PATH = REPO_ROOT / "workflow" / "schemas" / "config.schema.yaml"
 
@@ -118,7 +123,7 @@ def _name_list(
 
 
 def _schema_check(config: dict, schema: dict) -> None:
-    import jsonschema  # noqa: PLC0415 (only needed here)
+    import jsonschema  # noqa: PLC0415
 
     validator = jsonschema.validators.validator_for(schema)(schema)
     error = jsonschema.exceptions.best_match(validator.iter_errors(config))
@@ -174,7 +179,6 @@ def _sglang_source(config: dict) -> None:
     source = (config.get("sglang") or {}).get("source")
     if source is None or "sglang" not in config["builders"]:
         return
-    from ddtree_bench.builders.sglang import check_source  # noqa: PLC0415
 
     try:
         check_source(source)
@@ -215,7 +219,6 @@ def _input_paths(config: dict, columns: int) -> None:
     recorded = config.get("recorded_trace")
     if not recorded:
         return
-    from ddtree_bench.traces import peek_trace  # noqa: PLC0415 (numpy only where a path is given)
 
     try:
         shape = peek_trace(recorded)
@@ -233,8 +236,6 @@ def _input_paths(config: dict, columns: int) -> None:
 
 def _drafter_params(config: dict) -> None:
     """The drafter mapping's values, checked by the generator's own rules (one line naming the key)."""
-    from ddtree_bench.drafter import check_params  # noqa: PLC0415
-
     drafter = config.get("drafter")
     if drafter is None or not isinstance(drafter, dict):
         _fail("drafter", f"must be a mapping of parameters, got {drafter!r}")
@@ -365,7 +366,6 @@ def _sglang_triton_source(attention: dict) -> None:
         return
     if not isinstance(source, str) or not source.strip():
         _fail("step.attention.sglang_triton_source", f"must be a directory path or null, got {source!r}")
-    from ddtree_bench.attention_peers import find_sglang_kernel
 
     path = Path(source).expanduser()
     if not path.is_dir():
@@ -390,8 +390,8 @@ def trace_columns(config: dict) -> int:
 
 
 def builder_input_columns(config: dict) -> str:
-    """Which columns the timing jobs hand each builder (``bench.prepare_run``): the first min(N, K) ("topk"),
-    as a drafter emitting top-N would give them."""
+    """Which columns the timing jobs hand each builder (``stages.build.prepare_run``): the first min(N, K)
+    ("topk"), as a drafter emitting top-N would give them."""
     return "topk"
 
 
@@ -402,7 +402,7 @@ def trace_requests(config: dict) -> int:
 
 def timing_options(config: dict, section: dict | None = None) -> dict:
     """The ``timing`` section (or another section with the same keys) as keyword arguments of
-    ``bench.run_benchmark``."""
+    ``stages.build.run_benchmark``."""
     section = config["timing"] if section is None else section
     return {key: section[key] for key in TIMING_KEYS}
 

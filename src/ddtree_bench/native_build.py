@@ -1,4 +1,4 @@
-"""Building the ``native`` C++ tree builder (``csrc/tree_build_cpu.cpp``) into a shared library.
+"""Building the ``native`` C++ tree builder (``kernels/native/tree_build_cpu.cpp``) into a shared library.
 
 The flags are portable and keep floating point exact: no ``-march=native`` (results must not depend on the
 machine that built them), no ``-ffast-math``, and ``-ffp-contract=off`` so that the sibling score
@@ -13,11 +13,12 @@ import os
 import shlex
 import shutil
 import subprocess
-import tempfile
 from pathlib import Path
 
+from ddtree_bench.io import atomic_output
+
 CXX_FLAGS = ("-O3", "-fPIC", "-shared", "-std=c++17", "-pthread", "-ffp-contract=off", "-fno-fast-math")
-DEFAULT_SOURCE = Path(__file__).resolve().parents[2] / "csrc" / "tree_build_cpu.cpp"
+DEFAULT_SOURCE = Path(__file__).resolve().parents[2] / "kernels" / "native" / "tree_build_cpu.cpp"
 LIBRARY_STEM = "tree_build_cpu"
 
 
@@ -53,12 +54,8 @@ def build_native_library(source: Path, output: Path) -> None:
         raise RuntimeError(compiler_unavailable_reason())
     if not source.is_file():
         raise RuntimeError(f"C++ source not found: {source}")
-    output.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{output.name}.", suffix=".tmp", dir=output.parent)
-    os.close(fd)
-    tmp = Path(tmp_name)
-    command = [*compiler, *CXX_FLAGS, "-o", str(tmp), str(source)]
-    try:
+    with atomic_output(output) as tmp:
+        command = [*compiler, *CXX_FLAGS, "-o", str(tmp), str(source)]
         result = subprocess.run(command, capture_output=True, text=True)
         if result.returncode != 0:
             message = (result.stderr or result.stdout).strip()
@@ -66,9 +63,6 @@ def build_native_library(source: Path, output: Path) -> None:
                 f"compiling {source} failed (exit {result.returncode}): {shlex.join(command)}\n{message}"
             )
         os.chmod(tmp, 0o755)
-        os.replace(tmp, output)
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 def cache_dir() -> Path:
@@ -88,8 +82,8 @@ def cached_library_path(source: Path = DEFAULT_SOURCE) -> Path:
 
 
 def cached_native_library(source: Path = DEFAULT_SOURCE) -> Path:
-    """A built library for ``source`` (default: the package's ``csrc/tree_build_cpu.cpp``), compiled into
-    the cache on first use and reused after."""
+    """A built library for ``source`` (default: the package's ``kernels/native/tree_build_cpu.cpp``),
+    compiled into the cache on first use and reused after."""
     source = Path(source)
     if not source.is_file():
         raise RuntimeError(f"C++ source not found: {source}")

@@ -33,6 +33,8 @@ from dataclasses import dataclass
 
 import pandas as pd
 
+from ddtree_bench.summary.step import preferred
+
 #: The configuration's defaults (docs/throughput.md says where they come from).
 DEFAULT_DRAFT_MS = 0.0
 DEFAULT_REST_FIXED_MS = 1.0
@@ -240,8 +242,6 @@ def verify_costs(
     """Our verify attention (impl ``ours``) and the GPU accept kernel at ``depth``, on ``distribution``'s
     trees where the step stages measured them, else on the step's own trees (``distribution`` says which).
     ``prefix``: the prefix length S (None: the largest measured); heads: 8 where measured, else the fewest."""
-    from ddtree_bench.step import preferred  # noqa: PLC0415
-
     empty = pd.DataFrame(columns=["batch", "budget", "attention_layer_s", "accept_s"])
     measured = preferred(step) if step is not None and not step.empty else pd.DataFrame()
     if measured.empty:

@@ -52,12 +52,10 @@ results can be told apart by their inputs, not only by their labels.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import math
 import numbers
 import os
-import secrets
 import warnings
 import zipfile
 from concurrent.futures import ThreadPoolExecutor
@@ -68,6 +66,7 @@ import numpy as np
 
 from ddtree_bench.drafter import DRAFTER_DISTRIBUTIONS, generate_drafter
 from ddtree_bench.drafter import check_params as check_drafter_params
+from ddtree_bench.io import atomic_output
 from ddtree_bench.validation import check_topk_arrays
 
 DISTRIBUTIONS = ("uniform", "peaked", "bf16", "recorded", "drafter", "drafter-bf16")
@@ -284,7 +283,7 @@ def _chunk_gpu(cp, distribution, first, count, depth, topk, vocab_size, seed):
 def _cuda_module():
     """CuPy when a CUDA device works here, else ``None`` (no CuPy, no driver, no device: all mean CPU)."""
     try:
-        import cupy as cp  # noqa: PLC0415 (optional dependency)
+        import cupy as cp  # noqa: PLC0415
     except Exception:  # ImportError, or a broken CUDA install failing at import
         return None
     try:
@@ -429,28 +428,6 @@ def generate_trace(
 
 
 # ----------------------------------------------------------------------------------------- files
-
-
-@contextlib.contextmanager
-def atomic_output(path):
-    """Yield a temporary path in ``path``'s directory (same suffix); on success it replaces ``path``
-    atomically, on any error it is removed, so a partial ``path`` never exists."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    while True:  # like mkstemp, but with the umask's permissions (mkstemp makes 0600 files)
-        tmp = path.parent / f".{path.name}.{secrets.token_hex(6)}.tmp{path.suffix}"
-        try:
-            os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
-            break
-        except FileExistsError:
-            continue
-    try:
-        yield tmp
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
-        raise
 
 
 def _metadata_array(key: str, value) -> np.ndarray:
@@ -633,7 +610,6 @@ __all__ = [
     "GENERATOR_VERSION",
     "Trace",
     "arrays_sha256",
-    "atomic_output",
     "bf16_round",
     "generate",
     "generate_trace",

@@ -1,45 +1,21 @@
 rule bench:
-    """Time one CPU configuration (builder, budget, batch, depth, distribution); never beside another job."""
+    """Time one configuration (builder, budget, batch, depth, distribution); never beside another job. The gpu
+    builder: kernel (CUDA events), graph replay and host-inclusive, with the floor, on the GPU.
+    """
     input:
         unpack(bench_inputs),
     output:
-        bench=f"{RESULTS}/bench/{{builder}}/{{distribution}}-L{{depth}}-N{{budget}}-B{{batch}}.parquet",
+        bench=BENCH,
     log:
-        f"{LOGS}/bench/{{builder}}/{{distribution}}-L{{depth}}-N{{budget}}-B{{batch}}.log",
+        log_of(BENCH),
     wildcard_constraints:
-        builder=r"sglang|reference|native|native\-mt",
+        builder=r"sglang|reference|native|native\-mt|gpu",
     conda:
         "../envs/ddtree-bench.yaml"
     threads: TIMING_THREADS
     resources:
         timing_slot=1,
-    params:
-        options=lambda wildcards: builder_options(wildcards.builder),
-        timing=TIMING,
-        machine=MACHINE,
-        input_columns=INPUT_COLUMNS,
-        in_situ=IN_SITU,
-        in_situ_reason=IN_SITU_REASON,
-    script:
-        "../scripts/bench.py"
-
-
-rule bench_gpu:
-    """Time one GPU configuration: kernel (CUDA events), graph replay and host-inclusive, with the floor."""
-    input:
-        unpack(bench_inputs),
-    output:
-        bench=f"{RESULTS}/bench/{{builder}}/{{distribution}}-L{{depth}}-N{{budget}}-B{{batch}}.parquet",
-    log:
-        f"{LOGS}/bench/{{builder}}/{{distribution}}-L{{depth}}-N{{budget}}-B{{batch}}.log",
-    wildcard_constraints:
-        builder="gpu",
-    conda:
-        "../envs/ddtree-bench.yaml"
-    threads: TIMING_THREADS
-    resources:
-        timing_slot=1,
-        gpu=1,
+        gpu=builder_gpus,
     params:
         options=lambda wildcards: builder_options(wildcards.builder),
         timing=TIMING,
@@ -54,9 +30,9 @@ rule bench_gpu:
 rule unavailable:
     """One row saying why a builder left out here (SGLang absent, no GPU) has no timings."""
     output:
-        bench=f"{RESULTS}/bench/{{builder}}/unavailable.parquet",
+        bench=BENCH_UNAVAILABLE,
     log:
-        f"{LOGS}/bench/{{builder}}/unavailable.log",
+        log_of(BENCH_UNAVAILABLE),
     conda:
         "../envs/ddtree-bench.yaml"
     params:

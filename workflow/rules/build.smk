@@ -14,13 +14,13 @@ rule build_native:
 
 
 rule build_fatbin:
-    """Compile a CUDA source (kernels/NAME.cu) to a fatbin: machine code per configured architecture, plus PTX."""
+    """Compile a CUDA source (kernels/NAME/NAME.cu) to a fatbin: machine code per configured architecture, plus PTX."""
     input:
-        source="kernels/{kernel}.cu",
-        headers=KERNEL_HEADERS,
+        source="kernels/{kernel}/{kernel}.cu",
+        headers=lambda wildcards: headers(f"kernels/{wildcards.kernel}"),
     output:
-        fatbin=f"{RESULTS}/build/{{kernel}}.fatbin",
-        info=f"{RESULTS}/build/{{kernel}}.fatbin.json",
+        fatbin=FATBIN_PATTERN,
+        info=f"{FATBIN_PATTERN}.json",
     log:
         f"{LOGS}/build/{{kernel}}.fatbin.log",
     wildcard_constraints:

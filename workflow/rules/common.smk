@@ -57,18 +57,18 @@ def headers(folder):
     )
 
 
-NATIVE_SOURCE = "csrc/tree_build_cpu.cpp"
-NATIVE_HEADERS = headers("csrc")
+NATIVE_SOURCE = "kernels/native/tree_build_cpu.cpp"
+NATIVE_HEADERS = headers("kernels/native")
 NATIVE_LIBRARY = f"{RESULTS}/build/libddtree_native.so"
-KERNEL_SOURCE = "kernels/tree_build.cu"
-KERNEL_HEADERS = headers("kernels")
-FATBIN = f"{RESULTS}/build/tree_build.fatbin"
+KERNEL_SOURCE = "kernels/tree_build/tree_build.cu"
+FATBIN_PATTERN = f"{RESULTS}/build/{{kernel}}.fatbin"
+FATBIN = FATBIN_PATTERN.format(kernel="tree_build")
 FATBIN_INFO = f"{FATBIN}.json"
 # the empty, spin and L2-flush kernels the GPU benchmark launches around the build
-UTIL_FATBIN = f"{RESULTS}/build/bench_util.fatbin"
+UTIL_FATBIN = FATBIN_PATTERN.format(kernel="bench_util")
 # the step stages' kernels (built by build_fatbin like the tree builder's)
-ATTENTION_FATBIN = f"{RESULTS}/build/verify_attn.fatbin"
-ACCEPT_FATBIN = f"{RESULTS}/build/tree_accept.fatbin"
+ATTENTION_FATBIN = FATBIN_PATTERN.format(kernel="verify_attn")
+ACCEPT_FATBIN = FATBIN_PATTERN.format(kernel="tree_accept")
 
 SUMMARY = f"{RESULTS}/summary.parquet"
 SHAPES = f"{RESULTS}/tree_shape.parquet"
@@ -104,55 +104,6 @@ wildcard_constraints:
 # ----------------------------------------------------------------------------------------------- builders
 
 
-def nvcc_path():
-    """nvcc's path (as ddtree_bench.cuda finds it), or None where there is none."""
-    try:
-        from ddtree_bench.cuda import find_nvcc
-    except ImportError:
-        return shutil.which("nvcc")
-    return find_nvcc()
-
-
-def gpu_reason():
-    """Why the GPU jobs are left out here (None: they run). `gpu: on` without a GPU stops the run."""
-    if config["gpu"] == "off":
-        return "gpu: off in the configuration"
-    try:
-        from ddtree_bench.cuda import gpu_unavailable_reason
-    except ImportError as error:
-        reason = f"ddtree_bench.cuda cannot be imported ({error})"
-    else:
-        reason = gpu_unavailable_reason()
-    if reason is not None and config["gpu"] == "on":
-        raise WorkflowError(f"config: gpu: on, but no usable GPU here: {reason}")
-    return reason
-
-
-def sglang_reason():
-    """Why SGLang's builder cannot run here (None: it can); probed once, when the workflow is parsed.
-    With sglang.source set, a failure stops the run with one line instead (the user asked for that file).
-    """
-    if config["sglang"].get("source") is not None:
-        from ddtree_bench.builders import get_builder
-
-        try:
-            return get_builder(
-                "sglang", **builder_options("sglang")
-            ).unavailable_reason()
-        except ValueError as error:
-            raise WorkflowError(
-                f"config: sglang.source: {' '.join(str(error).split())}"
-            ) from None
-    try:
-        from ddtree_bench.builders import get_builder
-
-        return get_builder("sglang", **builder_options("sglang")).unavailable_reason()
-    except (
-        Exception
-    ) as error:  # a broken SGLang install is "unavailable", with the error as the reason
-        return f"{type(error).__name__}: {' '.join(str(error).split())}"
-
-
 def builder_options(builder):
     """Keyword options for get_builder(builder): the libraries this workflow built, SGLang's module paths."""
     if builder in ("native", "native-mt"):
@@ -167,25 +118,8 @@ def builder_options(builder):
     return {}
 
 
-# Probed once, and only where a GPU job is configured (the gpu builder, the step stages).
-GPU_REASON = gpu_reason() if "gpu" in BUILDERS or STEP["enabled"] else None
+include: "probes.smk"
 
-
-def in_situ_reason():
-    """Why the in-situ mode cannot run here (None: it can, or it is off); probed once, when parsed."""
-    if not IN_SITU:
-        return None
-    if config["gpu"] == "off":
-        return "gpu: off in the configuration"
-    try:
-        from ddtree_bench.cuda import gpu_unavailable_reason
-    except ImportError as error:
-        return f"ddtree_bench.cuda cannot be imported ({error})"
-    return gpu_unavailable_reason()
-
-
-# Where it is not None, each timing job adds one in-situ row saying why (no torch import, no trace re-read).
-IN_SITU_REASON = in_situ_reason()
 
 # Builders that cannot run here get one "unavailable" row with the reason instead of their timing jobs.
 UNAVAILABLE = {}
@@ -207,26 +141,45 @@ BUILD_FATBIN = (
 # ----------------------------------------------------------------------------------------------- paths
 
 
+# Each result file's pattern, defined once: the rules write these, the functions below fill them in.
+TRACE = f"{RESULTS}/traces/{{distribution}}-L{{depth}}.npz"
+CHECK = f"{RESULTS}/check/{{builder}}/{{distribution}}-L{{depth}}-N{{budget}}.json"
+BENCH = f"{RESULTS}/bench/{{builder}}/{{distribution}}-L{{depth}}-N{{budget}}-B{{batch}}.parquet"
+BENCH_UNAVAILABLE = f"{RESULTS}/bench/{{builder}}/unavailable.parquet"
+SHAPE = f"{RESULTS}/shape/{{distribution}}-L{{depth}}-N{{budget}}.json"
+
+
+def log_of(pattern):
+    """A result file's log: the same path under LOGS, ending in .log."""
+    return LOGS + pattern[len(RESULTS) :].rsplit(".", 1)[0] + ".log"
+
+
 def trace_path(distribution, depth):
-    return f"{RESULTS}/traces/{distribution}-L{depth}.npz"
+    return TRACE.format(distribution=distribution, depth=depth)
 
 
 def check_path(builder, distribution, depth, budget):
-    return f"{RESULTS}/check/{builder}/{distribution}-L{depth}-N{budget}.json"
+    return CHECK.format(
+        builder=builder, distribution=distribution, depth=depth, budget=budget
+    )
 
 
 def bench_path(builder, distribution, depth, budget, batch):
-    return (
-        f"{RESULTS}/bench/{builder}/{distribution}-L{depth}-N{budget}-B{batch}.parquet"
+    return BENCH.format(
+        builder=builder,
+        distribution=distribution,
+        depth=depth,
+        budget=budget,
+        batch=batch,
     )
 
 
 def unavailable_path(builder):
-    return f"{RESULTS}/bench/{builder}/unavailable.parquet"
+    return BENCH_UNAVAILABLE.format(builder=builder)
 
 
 def shape_path(distribution, depth, budget):
-    return f"{RESULTS}/shape/{distribution}-L{depth}-N{budget}.json"
+    return SHAPE.format(distribution=distribution, depth=depth, budget=budget)
 
 
 def bench_outputs():
@@ -261,6 +214,11 @@ def build_outputs(wildcards=None):
         outputs["util_fatbin"] = UTIL_FATBIN
     outputs.update(STEP_BUILDS)
     return outputs
+
+
+def builder_gpus(wildcards):
+    """The GPUs a check or timing job of the builder takes (the gpu builder: one; the others: no gpu resource)."""
+    return 1 if wildcards.builder == "gpu" else None
 
 
 def library_input(builder):
@@ -311,16 +269,32 @@ def published_step_summaries():
 STEP_STAGES = ("attention", "accept", "peaks")
 
 
+STEP_ATTENTION = f"{RESULTS}/step/attention/{{distribution}}-L{{depth}}-N{{budget}}-B{{batch}}-S{{prefix}}-H{{heads}}.parquet"
+STEP_ACCEPT = (
+    f"{RESULTS}/step/accept/{{distribution}}-L{{depth}}-N{{budget}}-B{{batch}}.parquet"
+)
+STEP_UNAVAILABLE = f"{RESULTS}/step/{{stage}}/unavailable.parquet"
+
+
 def attention_path(distribution, depth, budget, batch, prefix, heads):
-    return f"{RESULTS}/step/attention/{distribution}-L{depth}-N{budget}-B{batch}-S{prefix}-H{heads}.parquet"
+    return STEP_ATTENTION.format(
+        distribution=distribution,
+        depth=depth,
+        budget=budget,
+        batch=batch,
+        prefix=prefix,
+        heads=heads,
+    )
 
 
 def accept_path(distribution, depth, budget, batch):
-    return f"{RESULTS}/step/accept/{distribution}-L{depth}-N{budget}-B{batch}.parquet"
+    return STEP_ACCEPT.format(
+        distribution=distribution, depth=depth, budget=budget, batch=batch
+    )
 
 
 def step_unavailable_path(stage):
-    return f"{RESULTS}/step/{stage}/unavailable.parquet"
+    return STEP_UNAVAILABLE.format(stage=stage)
 
 
 def step_outputs():
@@ -354,7 +328,7 @@ if STEP["enabled"] and config["gpu"] != "off":
             ("attention_fatbin", ATTENTION_FATBIN),
             ("accept_fatbin", ACCEPT_FATBIN),
         ):
-            source = f"kernels/{Path(path).stem}.cu"
+            source = f"kernels/{Path(path).stem}/{Path(path).stem}.cu"
             if GPU_REASON is None or Path(source).is_file():
                 STEP_BUILDS[key] = path
         STEP_BUILDS["util_fatbin"] = UTIL_FATBIN

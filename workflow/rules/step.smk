@@ -1,13 +1,13 @@
 rule step_attention:
     """Time the tree-verify attention of one (budget, batch, prefix length, heads): every impl, same inputs."""
     input:
-        trace=f"{RESULTS}/traces/{{distribution}}-L{{depth}}.npz",
+        trace=TRACE,
         attention=ATTENTION_FATBIN,
         util=UTIL_FATBIN,
     output:
-        rows=f"{RESULTS}/step/attention/{{distribution}}-L{{depth}}-N{{budget}}-B{{batch}}-S{{prefix}}-H{{heads}}.parquet",
+        rows=STEP_ATTENTION,
     log:
-        f"{LOGS}/step/attention/{{distribution}}-L{{depth}}-N{{budget}}-B{{batch}}-S{{prefix}}-H{{heads}}.log",
+        log_of(STEP_ATTENTION),
     wildcard_constraints:
         prefix=r"\d+",
         heads=r"\d+",
@@ -30,13 +30,13 @@ rule step_attention:
 rule step_accept:
     """Time the tree accept of one (budget, batch): GPU kernel, host-inclusive, CPU walk, empty-kernel floor."""
     input:
-        trace=f"{RESULTS}/traces/{{distribution}}-L{{depth}}.npz",
+        trace=TRACE,
         accept=ACCEPT_FATBIN,
         util=UTIL_FATBIN,
     output:
-        rows=f"{RESULTS}/step/accept/{{distribution}}-L{{depth}}-N{{budget}}-B{{batch}}.parquet",
+        rows=STEP_ACCEPT,
     log:
-        f"{LOGS}/step/accept/{{distribution}}-L{{depth}}-N{{budget}}-B{{batch}}.log",
+        log_of(STEP_ACCEPT),
     conda:
         "../envs/ddtree-bench.yaml"
     threads: TIMING_THREADS
@@ -74,7 +74,7 @@ rule step_peaks:
 rule step_unavailable:
     """Rows saying why a step stage has no timings here (no usable GPU, gpu: off): one per impl."""
     output:
-        rows=f"{RESULTS}/step/{{stage}}/unavailable.parquet",
+        rows=STEP_UNAVAILABLE,
     log:
         f"{LOGS}/step/{{stage}}-unavailable.log",
     wildcard_constraints:

@@ -1,9 +1,9 @@
 rule trace:
     """One generated trace per (distribution, depth): R = max batch size requests, K = the trace columns."""
     output:
-        trace=f"{RESULTS}/traces/{{distribution}}-L{{depth}}.npz",
+        trace=TRACE,
     log:
-        f"{LOGS}/traces/{{distribution}}-L{{depth}}.log",
+        log_of(TRACE),
     wildcard_constraints:
         distribution="uniform|peaked|bf16|drafter|drafter-bf16",
     conda:
@@ -28,9 +28,9 @@ rule trace_recorded:
     input:
         recorded=config["recorded_trace"] or [],
     output:
-        trace=f"{RESULTS}/traces/recorded-L{{depth}}.npz",
+        trace=TRACE.replace("{distribution}", "recorded"),
     log:
-        f"{LOGS}/traces/recorded-L{{depth}}.log",
+        log_of(TRACE.replace("{distribution}", "recorded")),
     conda:
         "../envs/ddtree-bench.yaml"
     params:
@@ -43,11 +43,11 @@ rule trace_recorded:
 rule tree_shape:
     """Nodes per tree depth of reference's trees on every request of a trace (the report's tree shape)."""
     input:
-        trace=f"{RESULTS}/traces/{{distribution}}-L{{depth}}.npz",
+        trace=TRACE,
     output:
-        shape=f"{RESULTS}/shape/{{distribution}}-L{{depth}}-N{{budget}}.json",
+        shape=SHAPE,
     log:
-        f"{LOGS}/shape/{{distribution}}-L{{depth}}-N{{budget}}.log",
+        log_of(SHAPE),
     conda:
         "../envs/ddtree-bench.yaml"
     script:

@@ -3,7 +3,6 @@ one line on stderr (the full traceback stays in the log)."""
 
 import contextlib
 import importlib.util
-import json
 import sys
 import traceback
 from pathlib import Path
@@ -32,11 +31,3 @@ def logged(snakemake):
             print(f"ddtree-bench: details in {log_path}", file=stderr)
             log.flush()
             sys.exit(1)
-
-
-def write_json(data, path):
-    """Write ``data`` as JSON atomically (no partial file on failure), without importing pandas."""
-    from ddtree_bench.traces import atomic_output
-
-    with atomic_output(path) as tmp:
-        Path(tmp).write_text(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")

@@ -1,6 +1,6 @@
 from _job import logged
 
-from ddtree_bench.step import aggregate_steps
+from ddtree_bench.summary.step import aggregate_steps
 
 snakemake = snakemake  # noqa: F821 (the job object Snakemake's script preamble defines)
 

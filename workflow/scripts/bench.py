@@ -3,14 +3,15 @@ import json
 
 from _job import logged
 
-from ddtree_bench.bench import run_benchmark, write_frame
+from ddtree_bench.io import write_frame
+from ddtree_bench.stages.build import run_benchmark
 
 snakemake = snakemake  # noqa: F821 (the job object Snakemake's script preamble defines)
 
 with logged(snakemake):
     wildcards, params, timing = snakemake.wildcards, snakemake.params, snakemake.params.timing
     if wildcards.builder == "gpu":
-        from ddtree_bench.gpu_bench import run_gpu_benchmark as run
+        from ddtree_bench.stages.build_gpu import run_gpu_benchmark as run
     else:
         run = run_benchmark
     correct = None  # the check job compared this builder's trees with reference's on the whole trace
@@ -44,14 +45,14 @@ with logged(snakemake):
     if params.in_situ and params.in_situ_reason and (rows["status"] == "ok").all():
         import pandas as pd
 
-        from ddtree_bench.insitu_bench import unavailable_like
+        from ddtree_bench.stages.insitu import unavailable_like
 
         reason = f"in-situ timing needs a CUDA GPU: {params.in_situ_reason}"
         rows = pd.concat([rows, unavailable_like(rows, reason)], ignore_index=True)
     elif params.in_situ and wildcards.builder != "gpu" and (rows["status"] == "ok").all():
         import pandas as pd
 
-        from ddtree_bench.insitu_bench import run_insitu_benchmark
+        from ddtree_bench.stages.insitu import run_insitu_benchmark
 
         extra.pop("in_situ", None)
         in_situ = run_insitu_benchmark(

@@ -1,6 +1,6 @@
 from _job import logged
 
-from ddtree_bench.cuda import build_fatbin
+from ddtree_bench.cuda.loader import build_fatbin
 
 snakemake = snakemake  # noqa: F821 (the job object Snakemake's script preamble defines)
 

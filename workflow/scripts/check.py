@@ -1,6 +1,7 @@
-from _job import logged, write_json
+from _job import logged
 
-from ddtree_bench.check import check_builder
+from ddtree_bench.io import write_json
+from ddtree_bench.stages.check import check_builder
 
 snakemake = snakemake  # noqa: F821 (the job object Snakemake's script preamble defines)
 

@@ -1,12 +1,12 @@
 from _job import logged
 
-from ddtree_bench.bench import write_frame
-from ddtree_bench.step import describe_rows
+from ddtree_bench.io import write_frame
+from ddtree_bench.summary.step import describe_rows
 
 snakemake = snakemake  # noqa: F821 (the job object Snakemake's script preamble defines)
 
 with logged(snakemake):
-    from ddtree_bench.attention_bench import run_attention_benchmark
+    from ddtree_bench.stages.attention import run_attention_benchmark
 
     wildcards, params = snakemake.wildcards, snakemake.params
     rows = run_attention_benchmark(

@@ -1,7 +1,7 @@
 from _job import logged
 
-from ddtree_bench.bench import write_frame
-from ddtree_bench.step import unavailable_stage_frame
+from ddtree_bench.io import write_frame
+from ddtree_bench.summary.step import unavailable_stage_frame
 
 snakemake = snakemake  # noqa: F821 (the job object Snakemake's script preamble defines)
 

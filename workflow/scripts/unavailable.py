@@ -1,6 +1,7 @@
 from _job import logged
 
-from ddtree_bench.bench import unavailable_frame, write_frame
+from ddtree_bench.io import write_frame
+from ddtree_bench.stages.build import unavailable_frame
 
 snakemake = snakemake  # noqa: F821 (the job object Snakemake's script preamble defines)
 

@@ -30,21 +30,21 @@ def get_builder(name: str, **options) -> Builder:
     """The builder called ``name``; options go to its constructor (e.g. ``threads`` for native). An option
     the builder does not take is a one-line ValueError."""
     if name == "reference":
-        from ddtree_bench.builders.reference import ReferenceBuilder
+        from ddtree_bench.builders.reference import ReferenceBuilder  # noqa: PLC0415
 
         return _make(name, ReferenceBuilder, options)
     if name == "sglang":
-        from ddtree_bench.builders.sglang import SGLangBuilder
+        from ddtree_bench.builders.sglang import SGLangBuilder  # noqa: PLC0415
 
         return _make(name, SGLangBuilder, options)
     if name in ("native", "native-mt"):
-        from ddtree_bench.builders.native import NativeBuilder
+        from ddtree_bench.builders.native import NativeBuilder  # noqa: PLC0415
 
         if name == "native-mt":
             options.setdefault("threads", 0)
         return _make(name, NativeBuilder, options)
     if name == "gpu":
-        from ddtree_bench.builders.gpu import GpuBuilder
+        from ddtree_bench.builders.gpu import GpuBuilder  # noqa: PLC0415
 
         return _make(name, GpuBuilder, options)
     raise ValueError(f"unknown builder {name!r}; known builders: {', '.join(BUILDER_NAMES)}")

@@ -1,5 +1,6 @@
-"""``gpu``: the CUDA tree builder (kernels/tree_build.cu), one thread block per request, the whole batch in
-one launch, writing the padded TreeBatch (plus packed-bit visibility) into preallocated device buffers.
+"""``gpu``: the CUDA tree builder (kernels/tree_build/tree_build.cu), one thread block per request, the whole
+batch in one launch, writing the padded TreeBatch (plus packed-bit visibility) into preallocated device
+buffers.
 
 ``build()`` is the host-inclusive path (copy inputs in, build, copy the TreeBatch out); the benchmark uses
 ``prepare``/``launch`` on device arrays directly (no allocation, no host sync: CUDA-graph capturable).
@@ -13,6 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from ddtree_bench.builders.base import Builder, BuilderUnavailable
+from ddtree_bench.cuda import loader as cuda
 from ddtree_bench.tree import TreeBatch
 
 MAX_DEPTH = 32
@@ -126,7 +128,7 @@ def plan_launch(
     return LaunchPlan(batch, depth, k, budget, cap, threads, size, staged, "parallel")
 
 
-def _layout(fields) -> tuple[dict[str, tuple[int, tuple, object]], int]:
+def device_layout(fields) -> tuple[dict[str, tuple[int, tuple, object]], int]:
     """Byte offsets of ``(name, shape, dtype)`` fields in one buffer, each 256-byte aligned."""
     offsets, at = {}, 0
     for name, shape, dtype in fields:
@@ -135,7 +137,7 @@ def _layout(fields) -> tuple[dict[str, tuple[int, tuple, object]], int]:
     return offsets, at
 
 
-def _views(buffer, offsets) -> dict:
+def device_views(buffer, offsets) -> dict:
     out = {}
     for name, (at, shape, dtype) in offsets.items():
         nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
@@ -151,7 +153,7 @@ class DeviceTrees:
     def __init__(self, batch: int, budget: int, buffer=None):
         """``buffer``: a device byte array of at least ``required_bytes(batch, budget)`` bytes to lay the
         outputs out in (e.g. a CuPy view of a torch tensor); ``None``: a new zeroed CuPy allocation."""
-        import cupy as cp
+        import cupy as cp  # noqa: PLC0415
 
         n1 = budget + 1
         words = (n1 + 31) // 32
@@ -164,8 +166,8 @@ class DeviceTrees:
             ("retrieve_next_token", (batch, n1), np.int64),
             ("retrieve_next_sibling", (batch, n1), np.int64),
         ]
-        self.tree_offsets, self.tree_bytes = _layout(tree_fields)
-        offsets, total = _layout(
+        self.tree_offsets, self.tree_bytes = device_layout(tree_fields)
+        offsets, total = device_layout(
             tree_fields + [("visibility_bits", (batch, n1, words), np.uint32), ("stats", (batch,), np.int32)]
         )
         self.offsets = offsets
@@ -175,7 +177,7 @@ class DeviceTrees:
             if buffer.dtype != cp.uint8 or buffer.ndim != 1 or buffer.size < total:
                 raise ValueError(f"DeviceTrees: buffer must be a 1-D uint8 device array of >= {total} bytes")
             self.buffer = buffer[:total]
-        for name, view in _views(self.buffer, offsets).items():
+        for name, view in device_views(self.buffer, offsets).items():
             setattr(self, name, view)
 
     @property
@@ -195,7 +197,7 @@ class DeviceTrees:
         """Bytes of the one allocation holding a (batch, budget) output (same layout as ``__init__``)."""
         n1 = budget + 1
         words = (n1 + 31) // 32
-        _, total = _layout(
+        _, total = device_layout(
             [
                 ("node_count", (batch,), np.int32),
                 ("node_token_ids", (batch, budget), np.int64),
@@ -216,7 +218,7 @@ class DeviceTrees:
 
     def host_views(self, host_buffer: np.ndarray) -> TreeBatch:
         """A TreeBatch viewing a host copy of ``tree_region()``."""
-        return TreeBatch(**_views(host_buffer, self.tree_offsets))
+        return TreeBatch(**device_views(host_buffer, self.tree_offsets))
 
     def to_host(self) -> TreeBatch:
         host = self.tree_region().get()
@@ -251,7 +253,7 @@ class GpuBuilder(Builder):
         self._shared_set = set()
 
     def unavailable_reason(self) -> str | None:
-        from ddtree_bench.cuda import gpu_unavailable_reason
+        from ddtree_bench.cuda.loader import gpu_unavailable_reason  # noqa: PLC0415
 
         return gpu_unavailable_reason()
 
@@ -261,7 +263,6 @@ class GpuBuilder(Builder):
             reason = self.unavailable_reason()
             if reason:
                 raise BuilderUnavailable(f"gpu builder unavailable: {reason}")
-            from ddtree_bench import cuda
 
             archs = self._archs or cuda.DEFAULT_ARCHS
             fatbin = self._fatbin or cuda.cached_fatbin(cuda.TREE_BUILD_SOURCE, archs)
@@ -302,7 +303,7 @@ class GpuBuilder(Builder):
         """Enqueue one build of the whole batch on ``stream`` (no allocation, no host sync): the tree kernel,
         which writes the bool mask too where wanted (the warp-heap kernels always; the parallel kernel per
         ``bool_in_build_kernel``), else followed by the kernel expanding the packed bits to it."""
-        import cupy as cp
+        import cupy as cp  # noqa: PLC0415
 
         stream = stream or cp.cuda.get_current_stream()
         k = self.kernels
@@ -350,7 +351,7 @@ class GpuBuilder(Builder):
     def build_device(
         self, top_log_probs, top_token_ids, budget: int, bool_visibility: bool | None = None
     ) -> tuple[DeviceTrees, LaunchPlan]:
-        import cupy as cp
+        import cupy as cp  # noqa: PLC0415
 
         batch, depth, k = top_log_probs.shape
         plan = self.plan(batch, depth, k, budget)

@@ -21,6 +21,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ddtree_bench.builders.gpu import DeviceTrees, GpuBuilder, LaunchPlan
+from ddtree_bench.validation import check_budget
 
 
 def _is_torch(value) -> bool:
@@ -30,7 +31,7 @@ def _is_torch(value) -> bool:
 def as_device_array(value, name: str):
     """``value`` as a CuPy array viewing the same device memory (no copy); ValueError where it is not a
     device array."""
-    import cupy as cp
+    import cupy as cp  # noqa: PLC0415
 
     if isinstance(value, cp.ndarray):
         return value
@@ -60,7 +61,7 @@ _TORCH_TO_NUMPY = {
 def _torch_as_cupy(tensor, name: str):
     """A CuPy view of a contiguous torch CUDA tensor, made without any CUDA call (the device is the tensor's;
     CuPy's own import would ask the driver for the pointer's attributes), so it may run inside a capture."""
-    import cupy as cp
+    import cupy as cp  # noqa: PLC0415
 
     dtype = _TORCH_TO_NUMPY.get(str(tensor.dtype).removeprefix("torch."))
     if dtype is None:
@@ -74,8 +75,6 @@ def _torch_as_cupy(tensor, name: str):
 
 def check_device_inputs(lp, ids, budget) -> int:
     """Shapes and dtypes of device top-K (no values: that would need a synchronisation); the budget."""
-    from ddtree_bench.validation import check_budget
-
     budget = check_budget(budget)
     if lp.ndim != 3 or tuple(ids.shape) != tuple(lp.shape) or 0 in lp.shape:
         raise ValueError(
@@ -130,7 +129,7 @@ class DeviceTreeBuilder:
     def __call__(
         self, top_log_probs, top_token_ids, budget, *, packed_only: bool = False, out=None, stream=None
     ) -> DeviceTrees:
-        import cupy as cp
+        import cupy as cp  # noqa: PLC0415
 
         torch_stream = stream is None and _is_torch(top_log_probs)
         lp = as_device_array(top_log_probs, "top_log_probs")
@@ -142,7 +141,7 @@ class DeviceTreeBuilder:
         elif not isinstance(out, DeviceTrees) or (out.batch, out.budget) != (batch, budget):
             raise ValueError(f"out: must be a DeviceTrees of batch {batch} and budget {budget}")
         if torch_stream:
-            import torch
+            import torch  # noqa: PLC0415
 
             current = torch.cuda.current_stream(top_log_probs.device)
             stream = cp.cuda.ExternalStream(current.cuda_stream, top_log_probs.device.index)
@@ -199,7 +198,7 @@ def build_ddtree_batch_torch(
     outputs are fresh tensors from torch's allocator (one allocation per call), so the call can be captured in
     ``torch.cuda.graph`` after one warm-up call of the shape; ``packed_only`` writes the packed-bit mask only
     (``visibility`` is then ``None``)."""
-    import torch
+    import torch  # noqa: PLC0415
 
     global _default_builder
     if not (isinstance(top_log_probs, torch.Tensor) and isinstance(top_token_ids, torch.Tensor)):
@@ -212,7 +211,7 @@ def build_ddtree_batch_torch(
         if _default_builder is None:
             _default_builder = DeviceTreeBuilder()
         builder = _default_builder
-    import cupy as cp
+    import cupy as cp  # noqa: PLC0415
 
     device = top_log_probs.device
     lp = as_device_array(top_log_probs, "top_log_probs")

@@ -1,4 +1,5 @@
-"""``native`` / ``native-mt``: the C++ CPU builder (``csrc/tree_build_cpu.cpp``), bound thinly through ctypes.
+"""``native`` / ``native-mt``: the C++ CPU builder (``kernels/native/tree_build_cpu.cpp``), bound thinly
+through ctypes.
 
 One call builds the whole batch into preallocated, padded buffers. The library writes every element of
 every output (padding included), so new outputs are allocated uninitialised, all seven in one buffer, and a

@@ -25,6 +25,7 @@ commit where the file is tracked in one) and whether a workspace is passed; the 
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import importlib
 import importlib.metadata
@@ -98,8 +99,6 @@ def resolve_source(source) -> Path:
 
 def _defines_function(path: Path) -> bool:
     """Whether the file's top level defines ``build_ddtree_tree_from_topk`` (read, not executed)."""
-    import ast  # noqa: PLC0415
-
     try:
         tree = ast.parse(path.read_bytes(), filename=str(path))
     except (OSError, SyntaxError, ValueError):

@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 
 from ddtree_bench.config import STREAM_IMPL
-from ddtree_bench.step import BUILD_LABELS, LEFT_OUT, expected_acceptance, preferred, step_breakdown
+from ddtree_bench.summary.step import BUILD_LABELS, LEFT_OUT, expected_acceptance, preferred, step_breakdown
 
 __all__ = [
     "LEFT_OUT",
@@ -225,7 +225,7 @@ def _mask(row) -> str:
         return str(value)
     if row["impl"] == STREAM_IMPL:
         return "-"
-    from ddtree_bench.attention_peers import PEER_MASKS, TREE_MASK  # noqa: PLC0415
+    from ddtree_bench.ops.attention_peers import PEER_MASKS, TREE_MASK  # noqa: PLC0415
 
     return PEER_MASKS.get(row["impl"], TREE_MASK)
 

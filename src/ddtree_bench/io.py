@@ -1,0 +1,46 @@
+"""Writing outputs: every file the package writes appears whole or not at all.
+
+``atomic_output(path)`` is the one atomic writer (a temporary file beside ``path``, renamed over it on
+success, removed on failure); ``write_json`` and ``write_frame`` (parquet) are built on it. Nothing here
+imports pandas, so workflow scripts that only write JSON stay light.
+"""
+
+import contextlib
+import json
+import os
+import secrets
+from pathlib import Path
+
+
+@contextlib.contextmanager
+def atomic_output(path):
+    """Yield a temporary path in ``path``'s directory (same suffix); on success it replaces ``path``
+    atomically, on any error it is removed, so a partial ``path`` never exists."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    while True:  # like mkstemp, but with the umask's permissions (mkstemp makes 0600 files)
+        tmp = path.parent / f".{path.name}.{secrets.token_hex(6)}.tmp{path.suffix}"
+        try:
+            os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+            break
+        except FileExistsError:
+            continue
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+        raise
+
+
+def write_json(data, path) -> None:
+    """Write ``data`` as indented JSON (keys sorted) atomically."""
+    with atomic_output(path) as tmp:
+        Path(tmp).write_text(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
+
+
+def write_frame(df, path) -> None:
+    """Write the DataFrame ``df`` to a parquet file atomically (no partial file on failure)."""
+    with atomic_output(path) as tmp:
+        df.to_parquet(tmp, index=False)

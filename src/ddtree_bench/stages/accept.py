@@ -1,0 +1,324 @@
+"""Timing the tree accept (the greedy verify walk): ``run_accept_benchmark``, rows in ``timing.records``'
+format with ``stage = "accept"``.
+
+Inputs, prepared once and untimed: the trace's first ``batch`` requests (``stages.build.read_batch``), their
+trees at ``budget`` built by the ``native`` builder (``reference`` where no C++ compiler is found: the same
+trees, element for element), and target tokens ``[B, N+1]`` drawn by ``acceptance.sample_target_tokens(seed)``
+(per node, from the drafter's own distribution of the next position, so that accept lengths are realistic).
+After the target's forward pass those tokens are on the device, so that is where every impl starts from.
+
+Per impl, in one run, ``TimingPolicy`` calls each (warm-up calls kept as ``phase = "warmup"`` rows):
+
+- ``cpu-walk`` (``timing = "wall"``, ``time.perf_counter_ns``): copy the target tokens from the device to a
+  pinned host buffer, synchronise, and run ``ops.accept.accept_cpu`` on the host TreeBatch (SGLang's child
+  maps and walk); one interval covers both. Without a GPU the interval covers the walk alone
+  (``status_reason`` says so).
+- ``gpu-kernel`` (``timing = "cuda-events"``, ``cache = "warm"``): ``GpuAccept.launch`` on device arrays,
+  queued behind a short spin kernel so that the events time the GPU's work, not the host's launch overhead.
+- ``gpu-host-inclusive`` (``timing = "wall"``): the launch, the three outputs copied to pinned host memory,
+  and a stream synchronise, as a CPU-side consumer of the accept pays.
+- ``floor`` (``timing = "cuda-events"``): the empty kernel, timed like ``gpu-kernel``, in the same run.
+
+``correct``: the impl's outputs (accepted indices, accept length, bonus token) equal an untimed
+``accept_cpu`` on the same inputs (the last timed call's outputs are compared; device outputs are filled
+with a sentinel before timing, so an element the kernel never writes shows up). ``floor`` rows carry the
+``gpu-kernel`` check of the same run. ``accept_length_mean`` (root included) and ``expected_accept_mean``
+(``acceptance.expected_accepted_tokens``, draft tokens) describe the inputs and are on every row.
+
+Without a GPU the three GPU impls get one ``status = "unavailable"`` row each, with the reason. If a GPU impl
+raises, its rows say ``"failed"`` and why.
+"""
+
+from __future__ import annotations
+
+import gc
+import math
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pandas as pd
+
+from ddtree_bench.acceptance import expected_accepted_tokens, sample_target_tokens
+from ddtree_bench.builders import get_builder
+from ddtree_bench.cuda import loader as cuda
+from ddtree_bench.environment import ENVIRONMENT_COLUMNS, collect_environment
+from ddtree_bench.ops.accept import TREE_LINK_FIELDS, DeviceAccept, GpuAccept, accept_cpu, host_field
+from ddtree_bench.stages.build import read_batch
+from ddtree_bench.timing.gpu import EVENT_CLOCK, EventTimer, pinned
+from ddtree_bench.timing.policy import TimingPolicy
+from ddtree_bench.timing.records import stage_frame
+from ddtree_bench.traces import check_positive_int, row_sha256
+from ddtree_bench.validation import check_budget
+
+STAGE = "accept"
+IMPLS = ("cpu-walk", "gpu-kernel", "gpu-host-inclusive", "floor")
+TIMING_KEYS = ("warmup", "repeats", "min_seconds", "max_seconds", "min_repeats", "max_repeats")
+REQUIRED_TIMING_KEYS = ("warmup", "repeats", "min_seconds")
+NO_DEVICE_REASON = "no device: walk only, no device-to-host copy"
+# (timing, cache) of each impl's rows
+IMPL_TIMING = {
+    "cpu-walk": ("wall", "n/a"),
+    "gpu-kernel": ("cuda-events", "warm"),
+    "gpu-host-inclusive": ("wall", "n/a"),
+    "floor": ("cuda-events", "warm"),
+}
+_SENTINEL = -0x5EED  # in no output: indices are >= -1, lengths >= 1, tokens >= 0
+
+
+def timing_policy(timing) -> TimingPolicy:
+    """``timing.policy.TimingPolicy`` from a dict of its keyword arguments (one-line ValueError on unknown or
+    missing keys, or bad values)."""
+    if not isinstance(timing, dict):
+        raise ValueError(f"timing must be a dict with keys {list(TIMING_KEYS)}, got {type(timing).__name__}")
+    unknown = sorted(set(timing) - set(TIMING_KEYS))
+    if unknown:
+        raise ValueError(f"timing: unknown keys {unknown}; known keys: {list(TIMING_KEYS)}")
+    missing = [key for key in REQUIRED_TIMING_KEYS if key not in timing]
+    if missing:
+        raise ValueError(f"timing: missing keys {missing}")
+    return TimingPolicy(**timing)
+
+
+def _build_trees(lp, ids, budget):
+    builder = get_builder("native")
+    if builder.unavailable_reason() is not None:
+        builder = get_builder("reference")  # identical trees (the project's checks), only slower to build
+    return builder.build(lp, ids, budget)
+
+
+def _timed(policy: TimingPolicy, measure) -> list[tuple[str, int, float]]:
+    """``policy.samples(measure)`` with Python's garbage collector off (as ``stages.build.run_benchmark``)."""
+    gc.collect()
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return policy.samples(measure)
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def _same(result, expected) -> bool:
+    return all(np.array_equal(np.asarray(a), np.asarray(b)) for a, b in zip(result, expected, strict=True))
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
+
+
+def run_accept_benchmark(
+    trace_path,
+    budget,
+    batch,
+    *,
+    timing: dict,
+    machine: str | None,
+    distribution: str | None,
+    accept_fatbin=None,
+    util_fatbin=None,
+    seed: int = 0,
+) -> pd.DataFrame:
+    """Time the tree accept of the first ``batch`` requests of ``trace_path`` at ``budget`` (module
+    docstring); one row per call, ``timing.records.stage_frame`` columns. ``timing``: ``TimingPolicy``'s
+    keyword arguments. ``accept_fatbin`` / ``util_fatbin``: prebuilt ``tree_accept.cu`` /
+    ``bench_util.cu`` fatbins (default: the cached builds). Bad arguments are a one-line ValueError before
+    anything runs."""
+    policy = timing_policy(timing)
+    budget = check_budget(budget)
+    batch = check_positive_int(batch, "batch")
+    if isinstance(seed, bool) or not isinstance(seed, int | np.integer) or seed < 0:
+        raise ValueError(f"seed must be an integer >= 0, got {seed!r}")
+    path = Path(trace_path)
+    if not path.is_file():
+        raise ValueError(f"trace {path} does not exist")
+    lp, ids, _, metadata = read_batch(path, batch)
+    if distribution is None:
+        distribution = metadata.get("distribution")
+
+    trees = _build_trees(lp, ids, budget)
+    target = sample_target_tokens(lp, ids, trees, seed=int(seed))
+    expected = accept_cpu(trees, target)
+    env = collect_environment(machine)
+    base = {
+        "stage": STAGE,
+        "batch": batch,
+        "budget": budget,
+        "depth": int(lp.shape[1]),
+        "distribution": distribution,
+        "flops": None,
+        "bytes": None,
+        "accept_length_mean": float(np.mean(expected[1])),
+        "expected_accept_mean": float(np.mean(expected_accepted_tokens(lp, ids, trees))),
+        "trace_sha256": row_sha256(path, metadata),
+        **{k: env.get(k) for k in ENVIRONMENT_COLUMNS},
+    }
+
+    accept = GpuAccept(accept_fatbin)
+    reason = accept.unavailable_reason()
+    if reason is not None:
+        rows = _cpu_walk_rows(policy, base, trees, target, expected, device=None)
+        for impl in IMPLS[1:]:
+            rows.append(_status_row(base, impl, "unavailable", reason))
+        return stage_frame(rows)
+    return stage_frame(_device_rows(policy, base, trees, target, expected, accept, util_fatbin))
+
+
+def _row(base: dict, impl: str, phase: str, rep: int, seconds: float, **fields) -> dict:
+    timing, cache = IMPL_TIMING[impl]
+    row = {
+        **base,
+        "impl": impl,
+        "timing": timing,
+        "cache": cache,
+        "phase": phase,
+        "repetition": rep,
+        "seconds": seconds,
+        "status": "ok",
+        "status_reason": None,
+        **fields,
+    }
+    if timing == "cuda-events":
+        row["clock"] = EVENT_CLOCK
+    return row
+
+
+def _status_row(base: dict, impl: str, status: str, reason: str) -> dict:
+    """One row saying ``impl`` did not run here (``unavailable``) or raised (``failed``), and why."""
+    return _row(
+        base,
+        impl,
+        "timed",
+        -1,
+        math.nan,
+        status=status,
+        status_reason=" ".join(str(reason).split()),
+        correct=None,
+    )
+
+
+def _cpu_walk_rows(policy, base, trees, target, expected, device) -> list[dict]:
+    """The ``cpu-walk`` rows: device-to-host copy of the target tokens plus the walk (``device`` is
+    ``(stream, d_target, pinned_target)``), or the walk alone on the host tokens when ``device`` is None."""
+    clock = time.perf_counter_ns
+    last = []
+    if device is None:
+        host_target = np.ascontiguousarray(target)
+
+        def measure() -> float:
+            t0 = clock()
+            result = accept_cpu(trees, host_target)
+            t1 = clock()
+            last[:] = [result]
+            return (t1 - t0) / 1e9
+
+        reason = NO_DEVICE_REASON
+    else:
+        import cupy as cp  # noqa: PLC0415
+
+        stream, d_target, pinned = device
+
+        def measure() -> float:
+            t0 = clock()
+            cp.asnumpy(d_target, stream=stream, out=pinned, blocking=False)
+            stream.synchronize()
+            result = accept_cpu(trees, pinned)
+            t1 = clock()
+            last[:] = [result]
+            return (t1 - t0) / 1e9
+
+        reason = None
+    samples = _timed(policy, measure)
+    correct = _same(last[0], expected)
+    return [
+        _row(base, "cpu-walk", phase, rep, seconds, status_reason=reason, correct=correct)
+        for phase, rep, seconds in samples
+    ]
+
+
+def _device_rows(policy, base, trees, target, expected, accept: GpuAccept, util_fatbin) -> list[dict]:
+    import cupy as cp  # noqa: PLC0415
+
+    batch, budget = base["batch"], base["budget"]
+    stream = cp.cuda.Stream(non_blocking=True)
+    with stream:
+        d_target = cp.asarray(np.ascontiguousarray(target, np.int64))
+        d_trees = SimpleNamespace(**{name: cp.asarray(host_field(trees, name)) for name in TREE_LINK_FIELDS})
+    stream.synchronize()
+    pinned_target = pinned(d_target.nbytes).view(np.int64).reshape(d_target.shape)
+    rows = _cpu_walk_rows(policy, base, trees, target, expected, device=(stream, d_target, pinned_target))
+
+    try:
+        util = cp.RawModule(path=str(util_fatbin or cuda.cached_fatbin(cuda.BENCH_UTIL_SOURCE)))
+        empty_kernel = util.get_function("ddtree_empty_kernel")
+        spin_kernel = util.get_function("ddtree_spin_kernel")
+        with stream:
+            out = DeviceAccept(batch, budget)
+        outputs = (out.accepted_indices, out.accept_length, out.bonus_token)
+        pinned_out = [pinned(a.nbytes).view(a.dtype).reshape(a.shape) for a in outputs]
+        accept.launch(d_target, d_trees, out, stream=stream)  # loads the module outside any timing
+        stream.synchronize()
+    except Exception as exc:  # the kernels cannot be built or loaded here: every GPU impl failed
+        reason = _first_line(exc)
+        return rows + [_status_row(base, impl, "failed", reason) for impl in IMPLS[1:]]
+
+    event_time = EventTimer(stream, spin_kernel)
+
+    def fill_sentinel():
+        for array in outputs:
+            array.fill(_SENTINEL)
+        for array in pinned_out:
+            array.fill(_SENTINEL)
+        stream.synchronize()
+
+    def empty():
+        empty_kernel((1,), (1,), (), stream=stream)
+
+    def launch():
+        accept.launch(d_target, d_trees, out, stream=stream)
+
+    def host_inclusive() -> float:
+        t0 = time.perf_counter_ns()
+        launch()
+        for device_array, host_array in zip(outputs, pinned_out, strict=True):
+            cp.asnumpy(device_array, stream=stream, out=host_array, blocking=False)
+        stream.synchronize()
+        return (time.perf_counter_ns() - t0) / 1e9
+
+    def kernel_rows():
+        with stream:
+            fill_sentinel()
+        samples = _timed(policy, lambda: event_time(launch))
+        stream.synchronize()
+        correct = _same(out.to_host(), expected)
+        return samples, correct
+
+    def host_rows():
+        with stream:
+            fill_sentinel()
+        samples = _timed(policy, host_inclusive)
+        return samples, _same(pinned_out, expected)
+
+    results = {}
+    for impl, run in (
+        ("floor", lambda: (_timed(policy, lambda: event_time(empty)), None)),
+        ("gpu-kernel", kernel_rows),
+        ("gpu-host-inclusive", host_rows),
+    ):
+        try:
+            results[impl] = run()
+        except Exception as exc:
+            results[impl] = _first_line(exc)
+    kernel_correct = results["gpu-kernel"][1] if isinstance(results["gpu-kernel"], tuple) else None
+    for impl in IMPLS[1:]:
+        result = results[impl]
+        if isinstance(result, str):
+            rows.append(_status_row(base, impl, "failed", result))
+            continue
+        samples, correct = result
+        if impl == "floor":
+            correct = kernel_correct
+        rows.extend(_row(base, impl, phase, rep, seconds, correct=correct) for phase, rep, seconds in samples)
+    return rows

@@ -1,0 +1,1 @@
+"""Rows to summaries (parquet): the tree build and tree shapes (``build``), the step stages (``step``)."""

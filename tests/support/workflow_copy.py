@@ -1,0 +1,48 @@
+"""Running the workflow in a throwaway copy: shared by the config and workflow tests."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+SNAKEMAKE = shutil.which("snakemake", path=str(BIN)) or "snakemake"
+
+
+def workdir_copy(base: Path) -> Path:
+    """A copy of the workflow (Snakefile, rules, schema, config, sources) to run Snakemake in."""
+    work = base / "work"
+    work.mkdir()
+    for name in ("Snakefile", "workflow", "config", "kernels"):
+        source = ROOT / name
+        if source.is_dir():
+            shutil.copytree(source, work / name, ignore=shutil.ignore_patterns("__pycache__"))
+        elif source.exists():
+            shutil.copy2(source, work / name)
+    return work
+
+
+def snakemake(
+    work: Path, *args: str, timeout: float = 300, env: dict | None = None
+) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [SNAKEMAKE, *args], cwd=work, capture_output=True, text=True, timeout=timeout, env=env
+    )
+
+
+def pretend_gpu(base: Path) -> dict:
+    """An environment in which ``ddtree_bench.cuda.loader.gpu_unavailable_reason()`` says a GPU is here (a
+    ``sitecustomize`` on PYTHONPATH replaces it, in Snakemake and in every job it starts): the workflow then
+    plans its GPU jobs as on a GPU machine. For dry runs, and for runs whose GPU jobs' scripts are stubs."""
+    folder = base / "pretend-gpu"
+    folder.mkdir()
+    (folder / "sitecustomize.py").write_text(
+        "import ddtree_bench.cuda.loader\n\nddtree_bench.cuda.loader.gpu_unavailable_reason = lambda: None\n"
+    )
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(folder), env.get("PYTHONPATH")) if p)
+    return env
