@@ -172,12 +172,15 @@ def test_sglang_source_forms(tmp_path, given):
 def test_sglang_file_with_a_missing_dependency_is_a_stated_reason(tmp_path):
     pytest.importorskip("torch")
     root = fake_sglang(tmp_path / "site", helper=False)
+    before = {n: m for n, m in sys.modules.items() if n == "sglang" or n.startswith("sglang.")}
     with pytest.raises(PeerUnavailable) as info:
         load_sglang_extend_attention(root)
     text = str(info.value)
     assert text.startswith(f"sglang-triton: {SGLANG_KERNEL_FILES[0]} under ")
     assert "does not load (ModuleNotFoundError: sglang.kernels_helper_marker is not under" in text
-    assert not [n for n in sys.modules if n == "sglang" or n.startswith("sglang.")]
+    # sys.modules as before the load (a real sglang imported by another test stays; nothing of ours stays)
+    after = {n: m for n, m in sys.modules.items() if n == "sglang" or n.startswith("sglang.")}
+    assert after.keys() == before.keys() and all(after[n] is before[n] for n in before)
 
 
 def test_sglang_bad_path_is_a_value_error(tmp_path):
