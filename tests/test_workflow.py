@@ -22,6 +22,7 @@ from workflow_copy import BIN, ROOT, pretend_gpu, snakemake, workdir_copy
 
 from ddtree_bench.config import check_config, step_options
 from ddtree_bench.cuda.loader import gpu_unavailable_reason
+from ddtree_bench.report import FIGURE_NAMES
 from ddtree_bench.traces import trace_sha256
 
 SNAKEFMT = shutil.which("snakefmt", path=str(BIN)) or "snakefmt"
@@ -189,7 +190,7 @@ def test_smoke_pipeline_end_to_end(smoke_run):
     assert set(shapes["budget"]) == set(config["budgets"])
     report = Path(work / config["report_dir"])
     page = (report / "index.html").read_text()
-    assert page.count('src="data:image/png;base64,') == 7  # five figures and the acceptance section's two
+    assert page.count('src="data:image/png;base64,') == len(FIGURE_NAMES)  # every figure, embedded
     markdown = (report / "summary.md").read_text()
     assert "## Acceptance per budget" in markdown and "paper tau (Fig. 3)" in markdown
     assert shapes["simulated_tau_mean"].notna().all() and shapes["simulated_tau_se"].notna().all()
