@@ -1,6 +1,6 @@
 """The step stages' summary (median, p10, p90, n, TFLOP/s, TB/s, % of the measured peaks), the step-time
-breakdown, the issue-4 targets (met / not met / no data), and the report's step part with and without step
-data, all on synthetic stage records (``timing.records.stage_frame``)."""
+breakdown, the tree accept and verify attention goals (met / not met / no data), and the report's step part
+with and without step data, all on synthetic stage records (``timing.records.stage_frame``)."""
 
 from __future__ import annotations
 

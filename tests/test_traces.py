@@ -1,4 +1,4 @@
-"""Trace generation, the trace file format and its validation (issue 2 §2 and §8)."""
+"""Trace generation, the trace file format and its validation."""
 
 from __future__ import annotations
 

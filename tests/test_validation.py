@@ -1,4 +1,4 @@
-"""Input checks shared by the library, the CLI and the workflow (issue 2 §8)."""
+"""Input checks shared by the library, the CLI and the workflow."""
 
 from __future__ import annotations
 
