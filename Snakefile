@@ -9,7 +9,6 @@ accept, the GPU's peaks), aggregate, report.
 
 from pathlib import Path
 
-from snakemake.exceptions import WorkflowError
 from snakemake.utils import min_version, validate
 
 from ddtree_bench.config import check_config
@@ -24,13 +23,16 @@ configfile: "config/config.yaml"
 report: "workflow/report/workflow.rst"
 
 
+include: "workflow/rules/bad_input.smk"
+
+
 # One clear line for a bad configuration, before any job: the package's checks first (they name the problem),
 # then Snakemake's own validation against the same schema.
 SCHEMA = "workflow/schemas/config.schema.yaml"
 try:
     check_config(config, Path(workflow.basedir) / SCHEMA)
 except ValueError as error:
-    raise WorkflowError(str(error)) from None
+    bad_input(error)
 validate(config, SCHEMA)
 
 

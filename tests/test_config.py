@@ -340,12 +340,12 @@ def test_snakemake_stops_before_any_job_on_bad_config(tmp_path, key, value, mess
     config[key] = value
     (work / "bad.yaml").write_text(yaml.safe_dump(config))
     result = snakemake(work, "--cores", "1", "--configfile", "bad.yaml", "--", "report")
-    assert result.returncode != 0
+    assert result.returncode == 2
     assert message in result.stderr + result.stdout
     assert not (work / "results").exists()
     assert not (work / "report").exists()
     result = snakemake(work, "-n", "--cores", "1", "--configfile", "bad.yaml", "--", "report")
-    assert result.returncode != 0
+    assert result.returncode == 2
     assert message in result.stderr + result.stdout
 
 
@@ -357,7 +357,7 @@ def test_gpu_on_without_a_gpu_fails_before_any_job(tmp_path):
     config["gpu"] = "on"
     (work / "gpu.yaml").write_text(yaml.safe_dump(config))
     result = snakemake(work, "-n", "--cores", "1", "--configfile", "gpu.yaml", "--", "report")
-    assert result.returncode != 0
+    assert result.returncode == 2
     assert "config: gpu: on, but no usable GPU here" in result.stderr + result.stdout
     assert not (work / "results").exists()
 

@@ -488,7 +488,7 @@ def test_a_budget_above_topk_is_one_line_in_the_dry_run(smoke_run):
     config = smoke_config()
     above = 2 * config["topk"]
     result = _planned(work, _variant(work, "above", budgets=[*config["budgets"], above]))
-    assert result.returncode != 0
+    assert result.returncode == 2
     output = result.stdout + result.stderr
     message = (
         f"config: budgets: {above} is above topk ({config['topk']}), the traces' K: it needs a larger topk"
@@ -504,12 +504,12 @@ def test_a_wrong_recorded_trace_on_existing_results_stops_the_run(smoke_run, tmp
     distributions = [*smoke_config()["distributions"], "recorded"]
     missing = _variant(work, "missing", distributions=distributions, recorded_trace="no/such.npz")
     result = snakemake(work, "--cores", "1", "--configfile", missing, "--", "report")
-    assert result.returncode != 0
+    assert result.returncode == 2
     assert "config: recorded_trace: no/such.npz: file not found" in result.stdout + result.stderr
     (work / "text.npz").write_text("not a trace")
     invalid = _variant(work, "invalid", distributions=distributions, recorded_trace="text.npz")
     result = _planned(work, invalid)
-    assert result.returncode != 0
+    assert result.returncode == 2
     assert (
         "config: recorded_trace: text.npz: cannot read it as an .npz trace" in result.stdout + result.stderr
     )

@@ -227,7 +227,7 @@ def test_snakemake_stops_on_a_bad_sglang_path(tmp_path):
     config["step"]["attention"]["sglang_triton_source"] = str(tmp_path / "no-such-dir")
     (work / "bad.yaml").write_text(yaml.safe_dump(config))
     result = snakemake(work, "-n", "--cores", "1", "--configfile", "bad.yaml", "--", "report")
-    assert result.returncode != 0
+    assert result.returncode == 2
     assert "config: step.attention.sglang_triton_source: " in result.stderr + result.stdout
     assert not (work / "results").exists()
 

@@ -23,7 +23,7 @@ def gpu_reason():
     else:
         reason = gpu_unavailable_reason()
     if reason is not None and config["gpu"] == "on":
-        raise WorkflowError(f"config: gpu: on, but no usable GPU here: {reason}")
+        bad_input(f"config: gpu: on, but no usable GPU here: {reason}")
     return reason
 
 
@@ -39,9 +39,7 @@ def sglang_reason():
                 "sglang", **builder_options("sglang")
             ).unavailable_reason()
         except ValueError as error:
-            raise WorkflowError(
-                f"config: sglang.source: {' '.join(str(error).split())}"
-            ) from None
+            bad_input(f"config: sglang.source: {error}")
     try:
         from ddtree_bench.builders import get_builder
 
