@@ -162,8 +162,8 @@ def sections(
             # a machine without step stages (no GPU) borrows the verify attention and accept of the first
             # machine that measured them, named in the section: its own builds and trees, their round
             step, donor = machine.step, None
-            if step.empty:
-                donor = next((m for m in machines if m is not machine and not m.step.empty), None)
+            if not _measured_verify(step):
+                donor = next((m for m in machines if m is not machine and _measured_verify(m.step)), None)
                 if donor is not None:
                     step = donor.step
                     note = (
@@ -189,6 +189,13 @@ def sections(
                 )
             )
     return out
+
+
+def _measured_verify(step: pd.DataFrame) -> bool:
+    """Whether a step summary holds measured verify attention (rows saying why it did not run: no)."""
+    if step is None or step.empty or not {"stage", "status"} <= set(step.columns):
+        return False
+    return bool(((step["stage"] == "verify-attention") & (step["status"] == "ok")).any())
 
 
 def _first_depth(machine) -> int | None:
