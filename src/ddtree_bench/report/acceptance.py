@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 
 from ddtree_bench.calibrate import PAPER_CHAIN, PAPER_DEPTH, PAPER_TAU
+from ddtree_bench.report.figures import budget_axis
 
 #: The paper's Fig. 4 (Qwen3-8B, MATH-500, block 16): P(tau >= k) for k = 1 .. 16.
 PAPER_CHAIN_SURVIVAL = (1.0, 0.897, 0.779, 0.679, 0.597, 0.527, 0.472, 0.427, 0.386, 0.350, 0.317, 0.287)
@@ -121,10 +122,8 @@ def figure_tau(machines, path) -> str:
                 color=line[0].get_color(),
                 capsize=2,
             )
-    ax.set_xscale("log", base=2)
     ticks = sorted({int(x) for line in ax.get_lines() for x in line.get_xdata() if x >= 2})  # not axhline
-    ax.set_xticks(ticks, [str(b) for b in ticks], fontsize=7)
-    ax.minorticks_off()
+    budget_axis(ax, ticks)
     ax.set_xlabel("budget N (nodes per tree)")
     ax.set_ylabel("tau: tokens per verify round (bonus included)")
     ax.grid(alpha=0.3)

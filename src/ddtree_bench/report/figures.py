@@ -27,6 +27,13 @@ SERIES_STYLES = {
 }
 
 
+def budget_axis(ax, ticks, fontsize: int = 7) -> None:
+    """A log-2 x axis ticked at the real budgets (8, 16, ..., 1024), not at powers written as 2^k."""
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(ticks, [str(v) for v in ticks], fontsize=fontsize)
+    ax.minorticks_off()
+
+
 def _plot_band(data, x, y, lo, hi, color=None, label=None, **_):
     import matplotlib.pyplot as plt  # noqa: PLC0415
 
@@ -97,9 +104,7 @@ def _grid(
     ticks = sorted({int(v) for v in data[x]})
     for ax in grid.axes.flat:
         if logx:
-            ax.set_xscale("log", base=2)
-            ax.set_xticks(ticks, [str(v) for v in ticks], fontsize=7)
-            ax.minorticks_off()
+            budget_axis(ax, ticks)
         if logy:
             with warnings.catch_warnings():  # a flat series (one value) is drawn fine; no need to say so
                 warnings.simplefilter("ignore", UserWarning)

@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 
 from ddtree_bench.config import STREAM_IMPL
+from ddtree_bench.report.figures import budget_axis
 from ddtree_bench.summary.step import BUILD_LABELS, LEFT_OUT, expected_acceptance, preferred, step_breakdown
 
 __all__ = [
@@ -457,9 +458,7 @@ def figure_step_share(breakdowns: dict[str, pd.DataFrame], path) -> str:
                         color=colors[label],
                         label=label,
                     )
-            ax.set_xscale("log", base=2)
-            ax.set_xticks(ticks, [str(b) for b in ticks], fontsize=7)
-            ax.minorticks_off()
+            budget_axis(ax, ticks)
             ax.set_yscale("log")
             ax.grid(True, which="major", alpha=0.3)
             ax.set_title(f"{machine}: S = {prefix}, B = {batch}", fontsize=9)

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from ddtree_bench.report.figures import budget_axis
 from ddtree_bench.throughput import (
     ASSUMPTIONS,
     BUILDERS,
@@ -385,10 +386,7 @@ def figure(found: list[BudgetSection], path, options: dict | None = None) -> str
                     linestyle="none",
                 )
             budgets = sorted(int(b) for b in sel["budget"].unique())
-            ax.set_xscale("log", base=2)
-            ax.set_xticks(budgets)
-            ax.set_xticklabels([str(b) for b in budgets], fontsize=8)
-            ax.minorticks_off()
+            budget_axis(ax, budgets, fontsize=8)
             ax.set_ylim(bottom=0)
             ax.grid(True, alpha=0.3)
             ax.set_title(f"{section.machine}, {section.distribution} trees: B = {batch}", fontsize=9)
