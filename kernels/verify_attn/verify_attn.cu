@@ -56,11 +56,11 @@
         const int* __restrict__ prefix_lengths, const unsigned* __restrict__ mask_bits,                  \
         __nv_bfloat16* __restrict__ out, float* __restrict__ partial_out, float* __restrict__ partial_lse, \
         unsigned* __restrict__ split_counters, int batch, int tokens, int heads, long long kv_rows,        \
-        int mask_words, int splits, int tiles_per_split, float scale_log2
+        int mask_words, int splits, int tiles_per_split, float scale_log2, const void* __restrict__ kv_map
 // The same arguments passed on (the 72-row kernels' bodies are a device function of them)
 #define VA_KERNEL_ARGS                                                                                      \
     q, kv, prefix_lengths, mask_bits, out, partial_out, partial_lse, split_counters, batch, tokens, heads,   \
-        kv_rows, mask_words, splits, tiles_per_split, scale_log2
+        kv_rows, mask_words, splits, tiles_per_split, scale_log2, kv_map
 
 // BM query rows, key tiles of BN keys. P and the S partials have rows of BN + 8 (conflict-free float2 stores)
 template <int BM, int BN>
@@ -601,3 +601,4 @@ __device__ __noinline__ void va_merge_splits(const float* __restrict__ partial_o
 // with row tiles of 72 (grid (ceil(M / 72), splits, B)), which the plan takes where that is estimated faster.
 #include "verify_attn_wgmma.cuh"
 #include "verify_attn_wgmma72.cuh"
+#include "verify_attn_seesaw.cuh"

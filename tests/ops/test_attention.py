@@ -370,7 +370,7 @@ def assert_close(out, ref, tol=2e-2):
         (2, 128, 8, [4097, 31]),  # many key tiles per split, a partial last tile
     ],
 )
-@pytest.mark.parametrize("path", ["wgmma", "mma", "mma-small"])
+@pytest.mark.parametrize("path", ["wgmma", "wgmma-split-jobs", "mma", "mma-small"])
 def test_equals_float32_reference(batch, budget, heads, prefix, path):
     trees = tree_mask(batch, budget, seed=budget)
     bits = torch.as_tensor(packed_visibility(trees.visibility).view(np.int32), device="cuda")
@@ -386,15 +386,59 @@ def test_equals_float32_reference(batch, budget, heads, prefix, path):
 def attention_on_path(path):
     """Our kernel on ``path`` ("mma-small": the mma.sync kernel with 32-row tiles); the wgmma path is skipped
     (with the reason) where it is not compiled in."""
-    attn = VerifyAttention(path=path)
+    attn = (
+        VerifyAttention(path="wgmma", seesaw=False)
+        if path == "wgmma-split-jobs"
+        else VerifyAttention(path=path)
+    )
     try:
         kernels = attn.kernels
     except AttentionUnavailable as exc:
         pytest.skip(str(exc))
-    assert kernels.path == ("mma" if path == "mma-small" else path)
+    assert kernels.path == {"mma-small": "mma", "wgmma-split-jobs": "wgmma"}.get(path, path)
+    assert kernels.tma_kv == (path == "wgmma")
     assert kernels.rows_per_block == (32 if path == "mma-small" else 64)
-    assert kernels.keys_per_tile == {"wgmma": 64, "mma": 32, "mma-small": 16}[path]
+    assert kernels.keys_per_tile == {"wgmma": 64, "wgmma-split-jobs": 64, "mma": 32, "mma-small": 16}[path]
     return attn
+
+
+@needs_gpu
+@pytest.mark.parametrize("tiles_per_split", [1, 2, 3, 4, 5, 1000])
+@pytest.mark.parametrize("climbing", [False, True])
+def test_the_seesaw_kernel_at_every_count_of_tiles_a_split(tiles_per_split, climbing):
+    # The seesaw kernel takes key tiles in pairs; 1 to 5 tiles a split run each of its loop's ends (a last
+    # pair of one tile, of two, and two pairs after the loop). Prefix lengths 0, 61, 64, 200, 1000 put the
+    # tree keys at the start of a tile, across two tiles and in the last, partial tile (its rows past the
+    # request's keys hold NaN). Climbing scores move the running maximum on many tiles.
+    attn = attention_on_path("wgmma")
+    kernels = attn.kernels
+    batch, budget, heads, prefix = 5, 40, 8, [0, 61, 64, 200, 1000]
+    trees = tree_mask(batch, budget, seed=7)
+    bits = torch.as_tensor(packed_visibility(trees.visibility).view(np.int32), device="cuda")
+    q, kv, out = random_case(trees, heads, prefix, seed=11)
+    if climbing:
+        ramp = torch.linspace(0.25, 3.0, kv.shape[1], device="cuda").view(1, -1, 1)
+        kv = (kv.float() * ramp).to(torch.bfloat16)
+    base = attn.prepare(q, kv, np.array(prefix), bits, out)
+    tiles = math.ceil((max(prefix) + budget + 1) / kernels.keys_per_tile)
+    per = min(tiles_per_split, tiles)
+    plan = AttentionPlan(
+        row_tiles=math.ceil((budget + 1) * heads / 64), splits=math.ceil(tiles / per), tiles_per_split=per
+    )
+    forced = PreparedAttention(kernels, base.shape, plan, base.views, base.prefix_lengths)
+    forced.launch()
+    torch.cuda.synchronize()
+    ref = reference_attention(q, kv, prefix, trees.visibility)
+    assert not torch.isnan(out.float()).any(), "NaN in the output"
+    err = ((out.float() - ref).abs() / ref.abs().clamp(min=1.0)).max().item()
+    assert err < 2e-2, f"max relative error {err}"
+    # the previous 64-row kernel on the same plan: within rounding
+    previous = VerifyAttention(path="wgmma", seesaw=False, wide_rows=False)
+    out_previous = torch.full_like(out, float("nan"))
+    again = previous.prepare(q, kv, np.array(prefix), bits, out_previous)
+    PreparedAttention(previous.kernels, again.shape, plan, again.views, again.prefix_lengths).launch()
+    torch.cuda.synchronize()
+    assert ((out.float() - out_previous.float()).abs() / ref.abs().clamp(min=1.0)).max().item() < 2e-2
 
 
 @needs_gpu
@@ -715,7 +759,8 @@ def test_benchmark_times_both_of_our_paths(attention_trace):
     assert set(df["status"]) == {"ok"} and df["correct"].all()
     assert (df["seconds"] > 0).all()
     assert set(df.loc[df["impl"] == "ours-mma", "status_reason"]) == {"backend: mma path"}
-    expected = f"backend: {VerifyAttention().kernels.path} path"
+    kernels = VerifyAttention().kernels
+    expected = f"backend: {kernels.path} path" + (", seesaw" if kernels.tma_kv else "")
     assert set(df.loc[df["impl"] == "ours", "status_reason"]) == {expected}  # 2 splits: the combine launch
 
 
@@ -752,16 +797,22 @@ def test_stream_read_kernel_reads_every_word():
 
 
 def test_benchmark_backend_names_the_72_row_tiles():
-    def prepared(path, rows_per_block, cluster=1, merged=0):
+    def prepared(path, rows_per_block, cluster=1, merged=0, seesaw=False):
         plan = SimpleNamespace(
             rows_per_block=rows_per_block, cluster=cluster, merged_in_kernel=merged > 0, splits=merged
         )
-        return SimpleNamespace(kernels=SimpleNamespace(path=path), plan=plan)
+        return SimpleNamespace(kernels=SimpleNamespace(path=path, tma_kv=seesaw), plan=plan)
 
     assert backend_name(prepared("wgmma", 72)) == "wgmma path, 72-row tiles"
     assert backend_name(prepared("wgmma", 72, 2)) == "wgmma path, 72-row tiles, clusters of 2 splits"
     assert backend_name(prepared("wgmma", 64, merged=65)) == "wgmma path, 65 splits merged in the kernel"
     assert backend_name(prepared("wgmma", 64)) == "wgmma path"
+    assert backend_name(prepared("wgmma", 64, seesaw=True)) == "wgmma path, seesaw"
+    assert backend_name(prepared("wgmma", 72, seesaw=True)) == "wgmma path, 72-row tiles"
+    assert (
+        backend_name(prepared("wgmma", 64, merged=65, seesaw=True))
+        == "wgmma path, seesaw, 65 splits merged in the kernel"
+    )
     assert backend_name(prepared("mma", 64)) == "mma path"
     assert backend_name(prepared("mma", 32)) == "mma path, 32-row tiles of 16 keys"
 

@@ -35,6 +35,7 @@ import numpy as np
 
 from ddtree_bench.cuda import loader as cuda
 from ddtree_bench.cuda.loader import kernel_source
+from ddtree_bench.cuda.tensor_map import encode_tiled_2d
 
 KERNEL_SOURCE = kernel_source("verify_attn")
 HEAD_DIM = 576  # q/k: kv_lora_rank 512 + qk_rope_head_dim 64
@@ -321,6 +322,13 @@ class PreparedAttention:
         self.workspace_bytes = sum(
             a.nbytes for a in (self.partial_out, self.partial_lse, self.split_counters) if a is not None
         )
+        # the seesaw kernel loads key tiles with TMA: kv as [B * T, 576] rows, boxes of 64 keys x 64 dims
+        self.kv_map = None
+        if kernels.tma_kv and plan.rows_per_block == ROWS_PER_BLOCK:
+            raw = encode_tiled_2d(
+                int(views["kv"].data.ptr), shape.batch * shape.kv_rows, HEAD_DIM, kernels.keys_per_tile, 64
+            )
+            self.kv_map = cp.asarray(np.frombuffer(raw, np.uint8))
 
     def launch(self, stream=None) -> None:
         import cupy as cp  # noqa: PLC0415
@@ -345,6 +353,7 @@ class PreparedAttention:
             np.int32(p.splits),
             np.int32(p.tiles_per_split),
             np.float32(SOFTMAX_SCALE * math.log2(math.e)),
+            self.kv_map if self.kv_map is not None else null,
         )
         if p.rows_per_block == WIDE_ROWS_PER_BLOCK:
             kernel = k.attn_wide if p.cluster == 1 else k.attn_wide_clusters[p.cluster]
@@ -388,6 +397,8 @@ class AttentionKernels:
     attn_wide_clusters: dict = field(default_factory=dict)
     #: plans whose whole grid is resident at once merge their splits in the kernel (wgmma path only)
     merge_in_kernel: bool = True
+    #: ``attn`` is the seesaw kernel, which takes a TMA tensor map of kv (``PreparedAttention.kv_map``)
+    tma_kv: bool = False
 
     def plan(self, shape: AttentionShape, max_kv_len: int) -> AttentionPlan:
         """The call's grid: 64-row tiles, or, where the 72-row kernel is loaded and its tiles need fewer
@@ -428,7 +439,10 @@ class VerifyAttention:
     small tiles on any GPU (tests, measurements). On the wgmma path a call may take
     ``ddtree_verify_attn_wgmma72``, 72-row tiles (``AttentionKernels.plan``; with 2 splits its clustered
     form ``ddtree_verify_attn_wgmma72_cluster2``), unless ``wide_rows`` is False (measurements);
-    ``merge_in_kernel`` False leaves every split merge to the combine launch (measurements)."""
+    ``merge_in_kernel`` False leaves every split merge to the combine launch (measurements). On the wgmma
+    path the 64-row tiles are ``ddtree_verify_attn_seesaw`` (both warpgroups compute S of alternate key
+    tiles and half of P V, key tiles loaded by TMA), unless ``seesaw`` is False: then
+    ``ddtree_verify_attn_wgmma`` (one warpgroup's S, the other's loads; measurements)."""
 
     def __init__(
         self,
@@ -437,6 +451,7 @@ class VerifyAttention:
         path: str = "auto",
         wide_rows: bool = True,
         merge_in_kernel: bool = True,
+        seesaw: bool = True,
     ):
         if path not in ATTENTION_PATHS:
             raise ValueError(f"verify attention: path must be one of {ATTENTION_PATHS}, got {path!r}")
@@ -445,6 +460,7 @@ class VerifyAttention:
         self._path = path
         self._wide_rows = wide_rows
         self._merge_in_kernel = merge_in_kernel
+        self._seesaw = seesaw
         self._kernels: AttentionKernels | None = None
 
     def unavailable_reason(self) -> str | None:
@@ -483,9 +499,20 @@ class VerifyAttention:
             )
             attn_wide, wide_smem, attn_wide_clusters = None, 0, {}
             rows_per_block, overhead_tiles = ROWS_PER_BLOCK, BLOCK_OVERHEAD_TILES[path]
+            tma_kv = False
             if path == "wgmma":
                 smem, keys_per_tile = wgmma_smem, wgmma_keys_per_tile
                 attn = module.get_function("ddtree_verify_attn_wgmma")
+                if self._seesaw:
+                    module.get_function("ddtree_verify_attn_seesaw_info")((1,), (1,), (probe,))
+                    seesaw_smem, seesaw_compiled, seesaw_keys = (int(x) for x in probe.get())
+                    if not seesaw_compiled or seesaw_keys != keys_per_tile:
+                        raise AttentionUnavailable(
+                            f"gpu verify attention: the seesaw kernel reports compiled={seesaw_compiled}, "
+                            f"{seesaw_keys}-key tiles beside the wgmma kernel's {keys_per_tile}"
+                        )
+                    smem, tma_kv = seesaw_smem, True
+                    attn = module.get_function("ddtree_verify_attn_seesaw")
                 if self._wide_rows:
                     module.get_function("ddtree_verify_attn_wgmma72_info")((1,), (1,), (probe,))
                     wide_smem, wide_compiled, wide_rows = (int(x) for x in probe.get())
@@ -555,6 +582,7 @@ class VerifyAttention:
                 wide_smem_bytes=wide_smem,
                 attn_wide_clusters=attn_wide_clusters,
                 merge_in_kernel=self._merge_in_kernel,
+                tma_kv=tma_kv,
             )
         return self._kernels
 

@@ -89,7 +89,8 @@ def _check_args(budget, batch, heads, prefix, impls):
 
 
 def backend_name(prepared) -> str:
-    """How our kernel ran a call: its path, the 72-row tiles where the plan took that kernel, the clusters
+    """How our kernel ran a call: its path, the 72-row tiles where the plan took that kernel (else, on the
+    wgmma path, "seesaw" for the 64-row seesaw kernel), the clusters
     whose splits were merged on chip, and the splits merged in the kernel (no combine launch)."""
     plan = prepared.plan
     name = f"{prepared.kernels.path} path"
@@ -97,6 +98,8 @@ def backend_name(prepared) -> str:
         name += f", {WIDE_ROWS_PER_BLOCK}-row tiles"
     elif plan.rows_per_block == SMALL_ROWS_PER_BLOCK:
         name += f", {SMALL_ROWS_PER_BLOCK}-row tiles of {SMALL_KEYS_PER_TILE} keys"
+    elif getattr(prepared.kernels, "tma_kv", False):
+        name += ", seesaw"
     if plan.cluster > 1:
         name += f", clusters of {plan.cluster} splits"
     if plan.merged_in_kernel:
