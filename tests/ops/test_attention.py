@@ -5,6 +5,7 @@ shows)."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -220,6 +221,43 @@ def test_2_split_plans_of_72_row_tiles_run_as_clusters_merged_on_chip():
     assert (p.splits, p.cluster, p.partials) == (2, 1, 2)
 
 
+def test_the_seesaw_kernel_is_planned_for_enough_row_tiles_and_key_tiles_a_split():
+    fields = dict(
+        attn=object(),
+        combine=None,
+        combine_threads=256,
+        smem_bytes=1,
+        sm_count=132,
+        keys_per_tile=64,
+        overhead_tiles=8,
+        runs="",
+        fatbin=Path("x"),
+        path="wgmma",
+        attn_seesaw=object(),
+        seesaw_smem_bytes=1,
+    )
+    kernels = AttentionKernels(**fields)
+
+    def plan(batch, budget, prefix):
+        shape = AttentionShape(
+            batch=batch, tokens=budget + 1, heads=8, kv_rows=prefix + budget + 1, mask_words=33
+        )
+        return kernels.plan(shape, prefix + budget + 1)
+
+    big = plan(8, 256, 32768)
+    assert big.seesaw and big.row_tiles >= attention_module.SEESAW_MIN_ROW_TILES
+    assert not plan(1, 16, 32768).seesaw  # 3 row tiles
+    few = plan(1, 64, 4096)  # 9 row tiles, but 14 splits of 5 key tiles
+    assert few.row_tiles == 9 and few.tiles_per_split < attention_module.SEESAW_MIN_TILES and not few.seesaw
+    assert (
+        not AttentionKernels(**{**fields, "attn_seesaw": None})
+        .plan(AttentionShape(batch=8, tokens=257, heads=8, kv_rows=33025, mask_words=9), 33025)
+        .seesaw
+    )
+    with pytest.raises(ValueError, match="seesaw kernel has 64-row tiles"):
+        AttentionPlan(row_tiles=1, splits=1, tiles_per_split=1, rows_per_block=72, seesaw=True)
+
+
 def test_the_small_mma_tiles_plan_32_row_blocks_of_16_key_tiles():
     small = AttentionKernels(
         attn=None, combine=None, combine_threads=256, smem_bytes=1, sm_count=188, keys_per_tile=16,
@@ -396,7 +434,7 @@ def attention_on_path(path):
     except AttentionUnavailable as exc:
         pytest.skip(str(exc))
     assert kernels.path == {"mma-small": "mma", "wgmma-split-jobs": "wgmma"}.get(path, path)
-    assert kernels.tma_kv == (path == "wgmma")
+    assert (kernels.attn_seesaw is not None) == (path == "wgmma")
     assert kernels.rows_per_block == (32 if path == "mma-small" else 64)
     assert kernels.keys_per_tile == {"wgmma": 64, "wgmma-split-jobs": 64, "mma": 32, "mma-small": 16}[path]
     return attn
@@ -423,7 +461,10 @@ def test_the_seesaw_kernel_at_every_count_of_tiles_a_split(tiles_per_split, clim
     tiles = math.ceil((max(prefix) + budget + 1) / kernels.keys_per_tile)
     per = min(tiles_per_split, tiles)
     plan = AttentionPlan(
-        row_tiles=math.ceil((budget + 1) * heads / 64), splits=math.ceil(tiles / per), tiles_per_split=per
+        row_tiles=math.ceil((budget + 1) * heads / 64),
+        splits=math.ceil(tiles / per),
+        tiles_per_split=per,
+        seesaw=True,
     )
     forced = PreparedAttention(kernels, base.shape, plan, base.views, base.prefix_lengths)
     forced.launch()
@@ -432,11 +473,12 @@ def test_the_seesaw_kernel_at_every_count_of_tiles_a_split(tiles_per_split, clim
     assert not torch.isnan(out.float()).any(), "NaN in the output"
     err = ((out.float() - ref).abs() / ref.abs().clamp(min=1.0)).max().item()
     assert err < 2e-2, f"max relative error {err}"
-    # the previous 64-row kernel on the same plan: within rounding
-    previous = VerifyAttention(path="wgmma", seesaw=False, wide_rows=False)
+    # the other 64-row kernel on the same plan: within rounding
     out_previous = torch.full_like(out, float("nan"))
-    again = previous.prepare(q, kv, np.array(prefix), bits, out_previous)
-    PreparedAttention(previous.kernels, again.shape, plan, again.views, again.prefix_lengths).launch()
+    again = attn.prepare(q, kv, np.array(prefix), bits, out_previous)
+    PreparedAttention(
+        kernels, again.shape, replace(plan, seesaw=False), again.views, again.prefix_lengths
+    ).launch()
     torch.cuda.synchronize()
     assert ((out.float() - out_previous.float()).abs() / ref.abs().clamp(min=1.0)).max().item() < 2e-2
 
@@ -760,7 +802,7 @@ def test_benchmark_times_both_of_our_paths(attention_trace):
     assert (df["seconds"] > 0).all()
     assert set(df.loc[df["impl"] == "ours-mma", "status_reason"]) == {"backend: mma path"}
     kernels = VerifyAttention().kernels
-    expected = f"backend: {kernels.path} path" + (", seesaw" if kernels.tma_kv else "")
+    expected = f"backend: {kernels.path} path"  # budget 16: a 64-row plan too small for the seesaw kernel
     assert set(df.loc[df["impl"] == "ours", "status_reason"]) == {expected}  # 2 splits: the combine launch
 
 
@@ -799,16 +841,19 @@ def test_stream_read_kernel_reads_every_word():
 def test_benchmark_backend_names_the_72_row_tiles():
     def prepared(path, rows_per_block, cluster=1, merged=0, seesaw=False):
         plan = SimpleNamespace(
-            rows_per_block=rows_per_block, cluster=cluster, merged_in_kernel=merged > 0, splits=merged
+            rows_per_block=rows_per_block,
+            cluster=cluster,
+            merged_in_kernel=merged > 0,
+            splits=merged,
+            seesaw=seesaw,
         )
-        return SimpleNamespace(kernels=SimpleNamespace(path=path, tma_kv=seesaw), plan=plan)
+        return SimpleNamespace(kernels=SimpleNamespace(path=path), plan=plan)
 
     assert backend_name(prepared("wgmma", 72)) == "wgmma path, 72-row tiles"
     assert backend_name(prepared("wgmma", 72, 2)) == "wgmma path, 72-row tiles, clusters of 2 splits"
     assert backend_name(prepared("wgmma", 64, merged=65)) == "wgmma path, 65 splits merged in the kernel"
     assert backend_name(prepared("wgmma", 64)) == "wgmma path"
     assert backend_name(prepared("wgmma", 64, seesaw=True)) == "wgmma path, seesaw"
-    assert backend_name(prepared("wgmma", 72, seesaw=True)) == "wgmma path, 72-row tiles"
     assert (
         backend_name(prepared("wgmma", 64, merged=65, seesaw=True))
         == "wgmma path, seesaw, 65 splits merged in the kernel"

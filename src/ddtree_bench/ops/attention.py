@@ -77,6 +77,14 @@ SPLIT_CLUSTER_SIZES = (2,)
 #: 8, S = 32768) 120.4 -> 121.5; 4 and 8 splits 0.7-2.7 µs faster. The merge's work per block does not grow
 #: with the splits, the combine's does.
 MERGE_MIN_SPLITS = 32
+#: Where a 64-row plan on the wgmma path runs the seesaw kernel rather than ``ddtree_verify_attn_wgmma``: a
+#: request of at least this many row tiles (8 heads: budget 64 and up) and splits of at least this many key
+#: tiles. Measured on the H200 (step grid, drafter trees, 8 heads): the seesaw kernel was faster at every
+#: such shape (e.g. 1.35x at batch 64, budget 1024, S = 4096), the other kernel at every 64-row plan below
+#: either (e.g. 36.6 against 50.3 µs at batch 8, budget 8, S = 4096: 9 tiles a split; 50.0 against 60.9 at
+#: batch 1, budget 16, S = 32768: 3 row tiles). The seesaw kernel's fixed cost a block (mbarriers, both
+#: first tiles, a tail of pairs) is larger.
+SEESAW_MIN_ROW_TILES, SEESAW_MIN_TILES = 9, 10
 
 
 class AttentionUnavailable(RuntimeError):
@@ -212,8 +220,15 @@ class AttentionPlan:
     #: the splits' partial rows are merged by the attention kernel itself (Hopper kernels; every block of the
     #: grid resident at once), not by a combine launch
     merged_in_kernel: bool = False
+    #: 64-row tiles on the wgmma path: run by the seesaw kernel (``ddtree_verify_attn_seesaw``)
+    seesaw: bool = False
 
     def __post_init__(self):
+        if self.seesaw and self.rows_per_block != ROWS_PER_BLOCK:
+            raise ValueError(
+                f"verify attention plan: the seesaw kernel has {ROWS_PER_BLOCK}-row tiles, "
+                f"not {self.rows_per_block}"
+            )
         if self.merged_in_kernel and (self.partials < 2 or self.cluster != 1):
             raise ValueError(
                 "verify attention plan: the merge in the kernel needs splits > 1 and no clusters "
@@ -324,7 +339,7 @@ class PreparedAttention:
         )
         # the seesaw kernel loads key tiles with TMA: kv as [B * T, 576] rows, boxes of 64 keys x 64 dims
         self.kv_map = None
-        if kernels.tma_kv and plan.rows_per_block == ROWS_PER_BLOCK:
+        if plan.seesaw:
             raw = encode_tiled_2d(
                 int(views["kv"].data.ptr), shape.batch * shape.kv_rows, HEAD_DIM, kernels.keys_per_tile, 64
             )
@@ -358,6 +373,8 @@ class PreparedAttention:
         if p.rows_per_block == WIDE_ROWS_PER_BLOCK:
             kernel = k.attn_wide if p.cluster == 1 else k.attn_wide_clusters[p.cluster]
             smem = k.wide_smem_bytes
+        elif p.seesaw:
+            kernel, smem = k.attn_seesaw, k.seesaw_smem_bytes
         else:
             kernel, smem = k.attn, k.smem_bytes
         kernel((p.row_tiles, p.splits, s.batch), (THREADS,), args, stream=stream, shared_mem=smem)
@@ -397,8 +414,10 @@ class AttentionKernels:
     attn_wide_clusters: dict = field(default_factory=dict)
     #: plans whose whole grid is resident at once merge their splits in the kernel (wgmma path only)
     merge_in_kernel: bool = True
-    #: ``attn`` is the seesaw kernel, which takes a TMA tensor map of kv (``PreparedAttention.kv_map``)
-    tma_kv: bool = False
+    #: the seesaw kernel (64-row tiles, key tiles by TMA from ``PreparedAttention.kv_map``), where a plan
+    #: takes it
+    attn_seesaw: object = None
+    seesaw_smem_bytes: int = 0
 
     def plan(self, shape: AttentionShape, max_kv_len: int) -> AttentionPlan:
         """The call's grid: 64-row tiles, or, where the 72-row kernel is loaded and its tiles need fewer
@@ -418,6 +437,13 @@ class AttentionKernels:
                 if wide.splits in self.attn_wide_clusters:  # merged on chip: no partial rows, no combine
                     wide = replace(wide, cluster=wide.splits)
                 plan = wide
+        if (
+            self.attn_seesaw is not None
+            and plan.rows_per_block == ROWS_PER_BLOCK
+            and plan.row_tiles >= SEESAW_MIN_ROW_TILES
+            and plan.tiles_per_split >= SEESAW_MIN_TILES
+        ):
+            plan = replace(plan, seesaw=True)
         # at most one block a SM (192-227 KB of shared memory each): every block is resident at once, so the
         # splits can wait for each other
         resident = plan.row_tiles * plan.splits * shape.batch <= self.sm_count
@@ -440,9 +466,9 @@ class VerifyAttention:
     ``ddtree_verify_attn_wgmma72``, 72-row tiles (``AttentionKernels.plan``; with 2 splits its clustered
     form ``ddtree_verify_attn_wgmma72_cluster2``), unless ``wide_rows`` is False (measurements);
     ``merge_in_kernel`` False leaves every split merge to the combine launch (measurements). On the wgmma
-    path the 64-row tiles are ``ddtree_verify_attn_seesaw`` (both warpgroups compute S of alternate key
-    tiles and half of P V, key tiles loaded by TMA), unless ``seesaw`` is False: then
-    ``ddtree_verify_attn_wgmma`` (one warpgroup's S, the other's loads; measurements)."""
+    path a 64-row plan of enough row tiles and key tiles a split (``SEESAW_MIN_ROW_TILES``,
+    ``SEESAW_MIN_TILES``) runs ``ddtree_verify_attn_seesaw`` (both warpgroups compute S of alternate key
+    tiles and half of P V, key tiles loaded by TMA), unless ``seesaw`` is False (measurements)."""
 
     def __init__(
         self,
@@ -499,7 +525,7 @@ class VerifyAttention:
             )
             attn_wide, wide_smem, attn_wide_clusters = None, 0, {}
             rows_per_block, overhead_tiles = ROWS_PER_BLOCK, BLOCK_OVERHEAD_TILES[path]
-            tma_kv = False
+            attn_seesaw, seesaw_smem = None, 0
             if path == "wgmma":
                 smem, keys_per_tile = wgmma_smem, wgmma_keys_per_tile
                 attn = module.get_function("ddtree_verify_attn_wgmma")
@@ -511,8 +537,7 @@ class VerifyAttention:
                             f"gpu verify attention: the seesaw kernel reports compiled={seesaw_compiled}, "
                             f"{seesaw_keys}-key tiles beside the wgmma kernel's {keys_per_tile}"
                         )
-                    smem, tma_kv = seesaw_smem, True
-                    attn = module.get_function("ddtree_verify_attn_seesaw")
+                    attn_seesaw = module.get_function("ddtree_verify_attn_seesaw")
                 if self._wide_rows:
                     module.get_function("ddtree_verify_attn_wgmma72_info")((1,), (1,), (probe,))
                     wide_smem, wide_compiled, wide_rows = (int(x) for x in probe.get())
@@ -552,13 +577,15 @@ class VerifyAttention:
                     attn = module.get_function("ddtree_verify_attn_small")
                 else:
                     attn = module.get_function("ddtree_verify_attn")
-            needed = max(smem, wide_smem)
+            needed = max(smem, wide_smem, seesaw_smem)
             if needed > optin:
                 raise AttentionUnavailable(
                     f"gpu verify attention needs {needed} bytes of shared memory per block; this GPU allows "
                     f"{optin}"
                 )
             attn.max_dynamic_shared_size_bytes = smem
+            if attn_seesaw is not None:
+                attn_seesaw.max_dynamic_shared_size_bytes = seesaw_smem
             for kernel in ([attn_wide] if attn_wide is not None else []) + list(attn_wide_clusters.values()):
                 kernel.max_dynamic_shared_size_bytes = wide_smem
             module.get_function("ddtree_verify_attn_combine_threads")((1,), (1,), (probe,))
@@ -582,7 +609,8 @@ class VerifyAttention:
                 wide_smem_bytes=wide_smem,
                 attn_wide_clusters=attn_wide_clusters,
                 merge_in_kernel=self._merge_in_kernel,
-                tma_kv=tma_kv,
+                attn_seesaw=attn_seesaw,
+                seesaw_smem_bytes=seesaw_smem,
             )
         return self._kernels
 

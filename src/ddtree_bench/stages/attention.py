@@ -98,7 +98,7 @@ def backend_name(prepared) -> str:
         name += f", {WIDE_ROWS_PER_BLOCK}-row tiles"
     elif plan.rows_per_block == SMALL_ROWS_PER_BLOCK:
         name += f", {SMALL_ROWS_PER_BLOCK}-row tiles of {SMALL_KEYS_PER_TILE} keys"
-    elif getattr(prepared.kernels, "tma_kv", False):
+    elif plan.seesaw:
         name += ", seesaw"
     if plan.cluster > 1:
         name += f", clusters of {plan.cluster} splits"
