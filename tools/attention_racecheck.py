@@ -88,7 +88,10 @@ def main(variant: str) -> None:
             PreparedAttention(kernels, base.shape, plan, base.views, base.prefix_lengths).launch()
             torch.cuda.synchronize()
             err = float((out.float() - ref).abs().max())
-            print(f"{variant}: {per} key tiles a split, {plan.splits} splits: max abs error {err:.4f}", flush=True)
+            print(
+                f"{variant}: {per} key tiles a split, {plan.splits} splits: max abs error {err:.4f}",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

@@ -425,7 +425,9 @@ class AttentionKernels:
         computed for 8 rows, but fewer blocks to spread over the SMs: at batch 1, budget 8 the 64-row tiles
         win). A 72-row plan of 2 splits runs as clusters of 2 merged on chip (``SPLIT_CLUSTER_SIZES``); plans
         of at least ``MERGE_MIN_SPLITS`` splits on the wgmma path whose grid has at most one block per SM
-        merge their splits in the kernel (``va_merge_splits``), with no combine launch."""
+        merge their splits in the kernel (``va_merge_splits``), with no combine launch. A 64-row plan of at
+        least ``SEESAW_MIN_ROW_TILES`` row tiles and ``SEESAW_MIN_TILES`` key tiles a split runs the seesaw
+        kernel where it is loaded."""
         plan = plan_attention(
             shape, max_kv_len, self.sm_count, self.keys_per_tile, self.overhead_tiles, self.rows_per_block
         )
@@ -451,6 +453,17 @@ class AttentionKernels:
             if plan.partials >= MERGE_MIN_SPLITS and resident:
                 plan = replace(plan, merged_in_kernel=True)
         return plan
+
+
+def _kernel_info(module, name: str) -> tuple[int, int, int]:
+    """What a Hopper kernel's info kernel ``name`` reports: its shared memory a block, whether it is compiled
+    in for the device, and its tile size (rows or keys)."""
+    import cupy as cp  # noqa: PLC0415
+
+    info = cp.zeros(3, cp.int32)
+    module.get_function(name)((1,), (1,), (info,))
+    smem, compiled, tile = (int(x) for x in info.get())
+    return smem, compiled, tile
 
 
 class VerifyAttention:
@@ -511,8 +524,9 @@ class VerifyAttention:
             fatbin = self._fatbin or cuda.cached_fatbin(KERNEL_SOURCE, self._archs or cuda.DEFAULT_ARCHS)
             module = cp.RawModule(path=str(fatbin))
             probe = cp.zeros(3, cp.int32)
-            module.get_function("ddtree_verify_attn_wgmma_info")((1,), (1,), (probe,))
-            wgmma_smem, wgmma_compiled, wgmma_keys_per_tile = (int(x) for x in probe.get())
+            wgmma_smem, wgmma_compiled, wgmma_keys_per_tile = _kernel_info(
+                module, "ddtree_verify_attn_wgmma_info"
+            )
             if self._path == "wgmma" and not wgmma_compiled:
                 raise AttentionUnavailable(
                     "gpu verify attention: the wgmma path needs sm_90a code for this GPU (compute capability "
@@ -530,8 +544,9 @@ class VerifyAttention:
                 smem, keys_per_tile = wgmma_smem, wgmma_keys_per_tile
                 attn = module.get_function("ddtree_verify_attn_wgmma")
                 if self._seesaw:
-                    module.get_function("ddtree_verify_attn_seesaw_info")((1,), (1,), (probe,))
-                    seesaw_smem, seesaw_compiled, seesaw_keys = (int(x) for x in probe.get())
+                    seesaw_smem, seesaw_compiled, seesaw_keys = _kernel_info(
+                        module, "ddtree_verify_attn_seesaw_info"
+                    )
                     if not seesaw_compiled or seesaw_keys != keys_per_tile:
                         raise AttentionUnavailable(
                             f"gpu verify attention: the seesaw kernel reports compiled={seesaw_compiled}, "
@@ -539,8 +554,9 @@ class VerifyAttention:
                         )
                     attn_seesaw = module.get_function("ddtree_verify_attn_seesaw")
                 if self._wide_rows:
-                    module.get_function("ddtree_verify_attn_wgmma72_info")((1,), (1,), (probe,))
-                    wide_smem, wide_compiled, wide_rows = (int(x) for x in probe.get())
+                    wide_smem, wide_compiled, wide_rows = _kernel_info(
+                        module, "ddtree_verify_attn_wgmma72_info"
+                    )
                     if not wide_compiled or wide_rows != WIDE_ROWS_PER_BLOCK:
                         raise AttentionUnavailable(
                             f"gpu verify attention: the 72-row kernel reports compiled={wide_compiled}, "
