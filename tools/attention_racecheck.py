@@ -1,16 +1,21 @@
 """The seesaw verify attention as committed and with every named-barrier arrive made a full sync, for
 compute-sanitizer racecheck: do its hazard reports come from the producer/consumer hand-overs
-(``bar.arrive`` by one warpgroup, ``bar.sync`` by the other)?
+(``bar.arrive`` by one warpgroup, ``bar.sync`` by the other), or from the warpgroup-only barrier of the tail
+zeroing, or from the in-kernel split merge?
 
 The variant changes no memory access and no order in which the data is handed over: the producer also
 waits at the barrier it arrives at (the protocol stays deadlock-free: every pair of warpgroups meets at the
-same barrier in the same order). Each variant runs the same forced seesaw calls (1 to 5 and 65 key tiles a
-split, prefix lengths that put the tree keys across tiles and a partial last tile).
+same barrier in the same order). Inputs:
+- ``ragged``: 5 requests whose key counts are not multiples of 64 (each last tile is zeroed past the keys,
+  behind a barrier of the warpgroup's own threads); 1-5 and all key tiles a split;
+- ``aligned``: the same with key counts that are multiples of 64 (no tail zeroing, no such barrier);
+- ``merged``: 1 request, 1 and 2 key tiles a split, the splits merged in the kernel (``va_merge_splits``).
 
     compute-sanitizer --tool racecheck --kernel-name kns=ddtree_verify_attn_seesaw \\
-        python tools/attention_racecheck.py {committed,all-sync}
+        python tools/attention_racecheck.py {committed,all-sync} {ragged,aligned,merged}
 
 Needs an sm_90 GPU, nvcc, CuPy and PyTorch; run from the repository root with PYTHONPATH=src:tests/support.
+The fatbins are built once into the system's temporary folder and reused.
 """
 
 from __future__ import annotations
@@ -41,8 +46,14 @@ ARRIVE = '    asm volatile("bar.arrive %0, %1;\\n" ::"r"(id), "n"(VW_THREADS) : 
 SYNC = '    asm volatile("bar.sync %0, %1;\\n" ::"r"(id), "n"(VW_THREADS) : "memory");'
 
 
-def fatbin(variant: str, workdir: Path) -> Path:
+def fatbin(variant: str) -> Path:
+    """The attention fatbin of a variant, built once into the temporary folder."""
+    workdir = Path(tempfile.gettempdir()) / f"ddtree-racecheck-{variant}"
+    out = workdir / "verify_attn.fatbin"
+    if out.exists():
+        return out
     kernels = workdir / "verify_attn"
+    shutil.rmtree(workdir, ignore_errors=True)
     shutil.copytree(KERNELS, kernels)
     if variant == "all-sync":
         header = kernels / "verify_attn_wgmma.cuh"
@@ -50,49 +61,60 @@ def fatbin(variant: str, workdir: Path) -> Path:
         if text.count(ARRIVE) != 1:
             raise SystemExit("attention_racecheck: vw_bar_arrive is not the one-line bar.arrive this patches")
         header.write_text(text.replace(ARRIVE, SYNC))
-    out = workdir / "verify_attn.fatbin"
     cuda.build_fatbin(kernels / "verify_attn.cu", out, ("sm_90",))
     return out
 
 
-def main(variant: str) -> None:
+#: inputs: prefix lengths of the requests (41 tree keys each), key tiles a split, merged in the kernel
+INPUTS = {
+    "ragged": ([0, 61, 64, 200, 1000], (1, 2, 3, 4, 5, None), False),
+    "aligned": ([23, 87, 151, 215, 1047], (1, 2, 3, 4, 5, None), False),
+    "merged": ([1047], (1, 2), True),
+}
+
+
+def main(variant: str, inputs: str) -> None:
     import torch  # noqa: PLC0415
 
     if variant not in ("committed", "all-sync"):
         raise SystemExit(f"attention_racecheck: variant must be committed or all-sync, got {variant!r}")
-    with tempfile.TemporaryDirectory() as tmp:
-        attn = VerifyAttention(fatbin=fatbin(variant, Path(tmp)), path="wgmma")
-        kernels = attn.kernels
-        batch, budget, heads, prefix = 5, 40, 8, [0, 61, 64, 200, 1000]
-        lp, ids = topk_inputs("peaked", batch, 16, budget, seed=7)
-        trees = get_builder("native").build(lp, ids, budget)
-        bits = torch.as_tensor(packed_visibility(trees.visibility).view(np.int32), device="cuda")
-        gen = torch.Generator(device="cuda").manual_seed(11)
-        tokens = budget + 1
-        q = torch.randn((batch, tokens, heads, HEAD_DIM), generator=gen, device="cuda").to(torch.bfloat16)
-        kv = torch.randn((batch, max(prefix) + tokens + 7, HEAD_DIM), generator=gen, device="cuda")
-        kv = kv.to(torch.bfloat16)
-        for b in range(batch):
-            kv[b, prefix[b] + tokens :] = float("nan")
-        out = torch.empty((batch, tokens, heads, VALUE_DIM), device="cuda", dtype=torch.bfloat16)
-        base = attn.prepare(q, kv, np.array(prefix), bits, out)
-        ref = reference_attention(q, kv, prefix, trees.visibility)
-        tiles = math.ceil((max(prefix) + tokens) / kernels.keys_per_tile)
-        for per in (1, 2, 3, 4, 5, tiles):
-            plan = AttentionPlan(
-                row_tiles=math.ceil(tokens * heads / 64),
-                splits=math.ceil(tiles / per),
-                tiles_per_split=per,
-                seesaw=True,
-            )
-            PreparedAttention(kernels, base.shape, plan, base.views, base.prefix_lengths).launch()
-            torch.cuda.synchronize()
-            err = float((out.float() - ref).abs().max())
-            print(
-                f"{variant}: {per} key tiles a split, {plan.splits} splits: max abs error {err:.4f}",
-                flush=True,
-            )
+    if inputs not in INPUTS:
+        raise SystemExit(f"attention_racecheck: inputs must be one of {sorted(INPUTS)}, got {inputs!r}")
+    prefix, per_split, merged = INPUTS[inputs]
+    attn = VerifyAttention(fatbin=fatbin(variant), path="wgmma")
+    kernels = attn.kernels
+    batch, budget, heads = len(prefix), 40, 8
+    lp, ids = topk_inputs("peaked", batch, 16, budget, seed=7)
+    trees = get_builder("native").build(lp, ids, budget)
+    bits = torch.as_tensor(packed_visibility(trees.visibility).view(np.int32), device="cuda")
+    gen = torch.Generator(device="cuda").manual_seed(11)
+    tokens = budget + 1
+    q = torch.randn((batch, tokens, heads, HEAD_DIM), generator=gen, device="cuda").to(torch.bfloat16)
+    kv = torch.randn((batch, max(prefix) + tokens + 7, HEAD_DIM), generator=gen, device="cuda")
+    kv = kv.to(torch.bfloat16)
+    for b in range(batch):
+        kv[b, prefix[b] + tokens :] = float("nan")
+    out = torch.empty((batch, tokens, heads, VALUE_DIM), device="cuda", dtype=torch.bfloat16)
+    base = attn.prepare(q, kv, np.array(prefix), bits, out)
+    ref = reference_attention(q, kv, prefix, trees.visibility)
+    tiles = math.ceil((max(prefix) + tokens) / kernels.keys_per_tile)
+    for per in per_split:
+        per = per or tiles
+        plan = AttentionPlan(
+            row_tiles=math.ceil(tokens * heads / 64),
+            splits=math.ceil(tiles / per),
+            tiles_per_split=per,
+            seesaw=True,
+            merged_in_kernel=merged,
+        )
+        PreparedAttention(kernels, base.shape, plan, base.views, base.prefix_lengths).launch()
+        torch.cuda.synchronize()
+        err = float((out.float() - ref).abs().max())
+        print(
+            f"{variant} {inputs}: {per} key tiles a split, {plan.splits} splits: max abs error {err:.4f}",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else "committed")
+    main(*(sys.argv[1:3] + ["committed", "ragged"][len(sys.argv[1:3]) :]))

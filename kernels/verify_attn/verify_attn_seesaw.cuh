@@ -8,7 +8,7 @@
 // (the division of labour of FlashMLA's Hopper decode kernel, DeepSeek's "seesaw"):
 //   - O = [64 x 512] is split by output dims: warpgroup 0 holds O[:, 0:256], warpgroup 1 O[:, 256:512].
 //   - Tiles come in pairs (t0, t1) in two key buffers. Warpgroup 0 computes S of t0, warpgroup 1 S of t1
-//     (36 k-steps each; Q's rope dims are kept in registers, so their shared memory holds P1).
+//     (36 k-steps each; P1 then goes to buffer 1's rope block, which S of t1 no longer needs).
 //   - Warpgroup 0: softmax of t0 against the running row max m (shared memory), O_L += P0 V0_L (P0 from
 //     registers). Warpgroup 1 then does the softmax of t1 against the m that t0 left, O_R += P1 V1_R.
 //     Warpgroup 0 rescales P0 to t1's max and hands it over (shared memory): O_R += P0 V0_R by warpgroup 1;
@@ -22,7 +22,7 @@
 // max starts at -1e30 (finite), so a row with no visible key in a tile never forms inf - inf. The last
 // tile of a request may reach past its keys into padding (NaN in the tests): those rows of V are zeroed in
 // shared memory before the P V that reads them (P is 0 there, but 0 * NaN is NaN).
-// Shared memory: Q 72 KB (its rope block reused for P1), two key tiles 2 x 72 KB, P0 8 KB, row state 1 KB,
+// Shared memory: Q 72 KB, two key tiles 2 x 72 KB (buffer 1's rope block holds P1), P0 8 KB, row state 1 KB,
 // 18 mbarriers: 226 KB, one block per SM.
 
 #define VS_BM 64
