@@ -4,9 +4,13 @@ beside the 72-row tiles), on the same inputs.
 
 Each is checked against the float32 reference first (max abs error; requests of different prefix lengths,
 padding past every request's keys filled with NaN), then timed (CUDA events queued behind a spin kernel,
-warm, medians of 21). TFLOP/s count the visible keys, as the pipeline does.
+warm, medians of 21, the variants taking turns call by call). TFLOP/s count the visible keys, as the
+pipeline does.
 
-    PYTHONPATH=src:tests/support python tools/attention_compare.py [BxNxS ...]
+    PYTHONPATH=src:tests/support python tools/attention_compare.py [--baseline DIR ...] [BxNxS ...]
+
+Each --baseline DIR adds the seesaw kernel built from another copy of kernels/verify_attn (e.g. an earlier
+revision's, from `git archive REV kernels/verify_attn`), on the same inputs: an A/B of a kernel change.
 
 Needs an sm_90 GPU, nvcc, CuPy, PyTorch and the tests' input helpers (tests/support/gpu_inputs.py).
 """
@@ -14,6 +18,8 @@ Needs an sm_90 GPU, nvcc, CuPy, PyTorch and the tests' input helpers (tests/supp
 from __future__ import annotations
 
 import sys
+import tempfile
+from pathlib import Path
 
 import numpy as np
 from gpu_inputs import topk_inputs
@@ -58,15 +64,29 @@ def main(argv: list[str]) -> None:
     import cupy as cp  # noqa: PLC0415
     import torch  # noqa: PLC0415
 
+    attention = {name: VerifyAttention(path="wgmma", **kw) for name, kw in VARIANTS.items()}
+    while argv[:1] == ["--baseline"]:
+        if len(argv) < 2 or not (Path(argv[1]) / "verify_attn.cu").is_file():
+            raise SystemExit("attention_compare: --baseline needs a folder with verify_attn.cu")
+        fatbin = Path(tempfile.mkdtemp()) / "verify_attn.fatbin"
+        cuda.build_fatbin(Path(argv[1]) / "verify_attn.cu", fatbin, ("sm_90",))
+        attention[f"seesaw-64 @ {argv[1]}"] = VerifyAttention(fatbin=fatbin, path="wgmma", wide_rows=False)
+        argv = argv[2:]
+
     util = cp.RawModule(path=str(cuda.cached_fatbin(cuda.BENCH_UTIL_SOURCE)))
     timer = EventTimer(cp.cuda.get_current_stream(), util.get_function("ddtree_spin_kernel"))
 
-    def median_us(fn, reps=21) -> float:
-        for _ in range(3):
-            fn()
-        return float(np.median([timer(fn) * 1e6 for _ in range(reps)]))
+    def medians_us(fns: dict, reps=21) -> dict:
+        # the variants take turns, one call each a round: drift of the clocks is shared alike
+        for fn in fns.values():
+            for _ in range(3):
+                fn()
+        samples = {name: [] for name in fns}
+        for _ in range(reps):
+            for name, fn in fns.items():
+                samples[name].append(timer(fn) * 1e6)
+        return {name: float(np.median(s)) for name, s in samples.items()}
 
-    attention = {name: VerifyAttention(path="wgmma", **kw) for name, kw in VARIANTS.items()}
     for case in argv or DEFAULT:
         batch, budget, prefix = (int(x) for x in case.split("x"))
         logits, ids = topk_inputs("peaked", batch, 16, budget, seed=1)
@@ -88,16 +108,18 @@ def main(argv: list[str]) -> None:
         ref = reference_attention(q, kv, lengths, trees.visibility, requests=check)
         flops = attention_flops(visible_keys(lengths, bits_host), HEADS)
         line = f"B={batch} N={budget} S={prefix}"
+        prepared, errors = {}, {}
         for name, att in attention.items():
-            prepared = att.prepare(q, kv, lengths, bits, out)
+            prepared[name] = att.prepare(q, kv, lengths, bits, out)
             out.fill_(float("nan"))
-            prepared.launch()
-            err = float((out[list(check)].float() - ref).abs().max())
-            t = median_us(prepared.launch)
-            p = prepared.plan
+            prepared[name].launch()
+            errors[name] = float((out[list(check)].float() - ref).abs().max())
+        times = medians_us({name: p.launch for name, p in prepared.items()})
+        for name, p in prepared.items():
+            plan, t = p.plan, times[name]
             line += (
-                f" | {name} [{backend_name(prepared)}; {p.rows_per_block}x{p.row_tiles}, {p.splits} splits]"
-                f" {t:.1f} us {flops / t / 1e6:.0f} TFLOP/s err {err:.4f}"
+                f" | {name} [{backend_name(p)}; {plan.rows_per_block}x{plan.row_tiles}, {plan.splits} splits]"
+                f" {t:.1f} us {flops / t / 1e6:.0f} TFLOP/s err {errors[name]:.4f}"
             )
         print(line, flush=True)
         del q, kv, out

@@ -97,6 +97,15 @@ __device__ __forceinline__ unsigned vs_base() {
     asm volatile("mov.u32 %0, %1;\n" : "=r"(a) : "r"(smem_addr(vs_smem)));
     return a;
 }
+// wgmma descriptors (128-byte swizzle, 1024-byte stride) as a base word plus a byte offset: the address
+// field of the base (addr >> 4, 14 bits, addresses < 256 KB) takes the offset without a carry, so a step of
+// a GEMM costs one add, not the descriptor's whole packing
+__device__ __forceinline__ unsigned vs_desc_lo(unsigned addr, unsigned lead_bytes) {
+    return ((addr & 0x3FFFF) >> 4) | ((lead_bytes >> 4) << 16);
+}
+__device__ __forceinline__ uint64_t vs_desc(unsigned lo, unsigned offset_bytes) {
+    return (static_cast<uint64_t>((1024 >> 4) | (1u << 30)) << 32) | (lo + (offset_bytes >> 4));
+}
 // this thread's rows h = 0, 1 of the tile (wgmma's accumulator layout), and its first column of each 8
 __device__ __forceinline__ int vs_row(int h) { return ((threadIdx.x & 127) >> 5) * 16 + ((threadIdx.x & 31) >> 2) + 8 * h; }
 __device__ __forceinline__ int vs_col0() { return 2 * (threadIdx.x & 3); }
@@ -115,14 +124,15 @@ __device__ __forceinline__ int vs_col0() { return 2 * (threadIdx.x & 3); }
 // starts the sum.
 template <int FIRST, int LAST, bool ZERO>
 __device__ __forceinline__ void vs_issue_qk(float (&s)[32], unsigned sk, unsigned bars, unsigned parity) {
+    const unsigned q = vs_desc_lo(vs_base(), 16), kd = vs_desc_lo(sk, 16);
 #pragma unroll
     for (int blk = FIRST; blk < LAST; ++blk) {
         vs_mbar_wait(bars + 8 * blk, parity);
         wgmma_fence();
 #pragma unroll
         for (int k = 0; k < 4; ++k)
-            wgmma_m64n64k16_ss(s, wgmma_desc(vs_base() + blk * VS_BLOCK_BYTES + k * 32, 16, 1024),
-                               wgmma_desc(sk + blk * VS_BLOCK_BYTES + k * 32, 16, 1024), !(ZERO && blk == FIRST && k == 0));
+            wgmma_m64n64k16_ss(s, vs_desc(q, blk * VS_BLOCK_BYTES + k * 32), vs_desc(kd, blk * VS_BLOCK_BYTES + k * 32),
+                               !(ZERO && blk == FIRST && k == 0));
         wgmma_commit();
     }
 }
@@ -130,10 +140,20 @@ __device__ __forceinline__ void vs_issue_qk(float (&s)[32], unsigned sk, unsigne
 // O += P V with P [64 x 64] bf16 in shared memory (K-major, 128-byte swizzle), V = dims [256 half, +256)
 // of the key tile read transposed. Issued and committed.
 __device__ __forceinline__ void vs_issue_pv_shared(float (&acc)[128], unsigned sp, unsigned sk, int half) {
+    const unsigned pd = vs_desc_lo(sp, 16), v = vs_desc_lo(sk + (4 * half) * VS_BLOCK_BYTES, VS_BLOCK_BYTES);
+#pragma unroll
+    for (int kk = 0; kk < VS_BN / 16; ++kk)  // keys 16 kk ..: two 8-key groups of 1024 bytes
+        wgmma_m64n256k16_ss_tb(acc, vs_desc(pd, kk * 32), vs_desc(v, kk * 16 * 128));
+    wgmma_commit();
+}
+
+// The same with P (this thread's A fragments of the four k-steps) from registers
+__device__ __forceinline__ void vs_issue_pv_regs(float (&acc)[128], const unsigned (&p)[16], unsigned sk, int half) {
+    const unsigned v = vs_desc_lo(sk + (4 * half) * VS_BLOCK_BYTES, VS_BLOCK_BYTES);
 #pragma unroll
     for (int kk = 0; kk < VS_BN / 16; ++kk) {
-        const unsigned v = sk + (4 * half) * VS_BLOCK_BYTES + kk * 16 * 128;
-        wgmma_m64n256k16_ss_tb(acc, wgmma_desc(sp + kk * 32, 16, 1024), wgmma_desc(v, VS_BLOCK_BYTES, 1024));
+        const unsigned a[4] = {p[4 * kk + 0], p[4 * kk + 1], p[4 * kk + 2], p[4 * kk + 3]};
+        wgmma_m64n256k16_rs_tb(acc, a, vs_desc(v, kk * 16 * 128));
     }
     wgmma_commit();
 }
@@ -219,7 +239,13 @@ __device__ __forceinline__ void vs_store_p(int off, const unsigned (&p)[16]) {
         }
 }
 
+// O's rows times their factors; skipped where no row of the warp changes (a factor of exactly 1 is the
+// identity: the result is the same bits), as in most tiles once the running max has settled
+__device__ __forceinline__ bool vs_any_rescale(const float (&f)[2]) {
+    return __any_sync(0xffffffffu, f[0] != 1.f || f[1] != 1.f);
+}
 __device__ __forceinline__ void vs_scale_acc(float (&acc)[128], const float (&f)[2]) {
+    if (!vs_any_rescale(f)) return;
 #pragma unroll
     for (int n = 0; n < 32; ++n) {
         acc[4 * n + 0] *= f[0];
@@ -285,7 +311,7 @@ __device__ __forceinline__ void vs_pair_wg0(int t0, float (&s)[32], float (&acc)
     vw_bar_arrive(VS_BAR_SCALE0);
     vs_zero_tail(t0, 0, 0);
     wgmma_fence();
-    vw_issue_pv(acc, p, k0, 0);  // O_L += P0 V0_L
+    vs_issue_pv_regs(acc, p, k0, 0);  // O_L += P0 V0_L
     wgmma_wait<0>();
     wgmma_fence_regs(acc);
     wgmma_keep_regs(p);
@@ -295,14 +321,15 @@ __device__ __forceinline__ void vs_pair_wg0(int t0, float (&s)[32], float (&acc)
     float f1[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) f1[h] = vs_rowf(VS_SCALE1)[vs_row(h)];
-    // P0 at t1's max, for warpgroup 1
+    // P0 at t1's max, for warpgroup 1 (where t1 moved no max of the warp's rows, P0 as it is)
+    if (vs_any_rescale(f1))
 #pragma unroll
-    for (int h = 0; h < 2; ++h)
+        for (int h = 0; h < 2; ++h)
 #pragma unroll
-        for (int j = 0; j < 8; ++j) {
-            __nv_bfloat162 pair = __floats2bfloat162_rn(s[4 * j + 2 * h] * f1[h], s[4 * j + 2 * h + 1] * f1[h]);
-            p[(j >> 1) * 4 + (j & 1) * 2 + h] = *reinterpret_cast<unsigned*>(&pair);
-        }
+            for (int j = 0; j < 8; ++j) {
+                __nv_bfloat162 pair = __floats2bfloat162_rn(s[4 * j + 2 * h] * f1[h], s[4 * j + 2 * h + 1] * f1[h]);
+                p[(j >> 1) * 4 + (j & 1) * 2 + h] = *reinterpret_cast<unsigned*>(&pair);
+            }
     vs_store_p(VS_OFF_P0, p);
     fence_proxy_async();
     vw_bar_arrive(VS_BAR_P0);
@@ -367,7 +394,7 @@ __device__ __forceinline__ void vs_pair_wg1(int t0, float (&s)[32], float (&acc)
         vs_store_p(VS_P1, p);  // for warpgroup 0
         fence_proxy_async();
         wgmma_fence();
-        vw_issue_pv(acc, p, k1, 1);  // O_R += P1 V1_R
+        vs_issue_pv_regs(acc, p, k1, 1);  // O_R += P1 V1_R
     }
     vw_bar_sync(VS_BAR_P0);
     wgmma_fence();
