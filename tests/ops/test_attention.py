@@ -258,6 +258,29 @@ def test_the_seesaw_kernel_is_planned_for_enough_row_tiles_and_key_tiles_a_split
         AttentionPlan(row_tiles=1, splits=1, tiles_per_split=1, rows_per_block=72, seesaw=True)
 
 
+def test_the_seesaw_kernel_against_the_72_row_tiles_counts_its_faster_key_tiles():
+    fields = dict(
+        attn=object(), combine=None, combine_threads=256, smem_bytes=1, sm_count=132, keys_per_tile=64,
+        overhead_tiles=8, runs="", fatbin=Path("x"), path="wgmma", attn_wide=object(), wide_smem_bytes=1,
+    )  # fmt: skip
+    both = AttentionKernels(**fields, attn_seesaw=object(), seesaw_smem_bytes=1)
+    wide_only = AttentionKernels(**fields)
+
+    def plan(kernels, batch, budget, prefix):
+        tokens = budget + 1
+        shape = AttentionShape(batch=batch, tokens=tokens, heads=8, kv_rows=prefix + tokens, mask_words=33)
+        return kernels.plan(shape, prefix + tokens)
+
+    # 65 row tiles of 64 against 57 of 72 (estimates within 1 %): the seesaw kernel, as measured
+    for kernels, seesaw in ((both, True), (wide_only, False)):
+        p = plan(kernels, 64, 512, 32768)
+        assert (p.rows_per_block, p.seesaw) == ((64, True) if seesaw else (72, False))
+    # 17 row tiles of 64 a request at batch 8 fill a second wave, 15 of 72 do not: the 72-row tiles
+    p = plan(both, 8, 128, 32768)
+    assert (p.rows_per_block, p.seesaw) == (72, False)
+    assert 0.853 < attention_module.SEESAW_COST < 0.908
+
+
 def test_the_small_mma_tiles_plan_32_row_blocks_of_16_key_tiles():
     small = AttentionKernels(
         attn=None, combine=None, combine_threads=256, smem_bytes=1, sm_count=188, keys_per_tile=16,

@@ -85,6 +85,14 @@ MERGE_MIN_SPLITS = 32
 #: batch 1, budget 16, S = 32768: 3 row tiles). The seesaw kernel's fixed cost a block (mbarriers, both
 #: first tiles, a tail of pairs) is larger.
 SEESAW_MIN_ROW_TILES, SEESAW_MIN_TILES = 9, 10
+#: The seesaw kernel's estimate against the 72-row tiles': a 64-row plan it runs counts this fraction of
+#: the estimate ``plan_attention`` gives it (its key tiles go faster than the other kernels'). Measured on
+#: the H200 (probe, same inputs, seesaw against 72-row tiles): 585 against 606 µs at batch 8, budget 64,
+#: S = 32768; 4.77 against 4.98 ms at batch 64, budget 64; 31.3 against 36.6 ms at batch 64, budget 512;
+#: 7.77 against 9.37 ms at batch 8, budget 1024 (S = 32768) but 122 against 112 µs at batch 8, budget 64,
+#: S = 4096 and 270 against 189 µs at batch 8, budget 128 (a second wave): the fractions that pick the
+#: faster at each of these lie between 0.853 and 0.908.
+SEESAW_COST = 0.88
 
 
 class AttentionUnavailable(RuntimeError):
@@ -427,24 +435,24 @@ class AttentionKernels:
         of at least ``MERGE_MIN_SPLITS`` splits on the wgmma path whose grid has at most one block per SM
         merge their splits in the kernel (``va_merge_splits``), with no combine launch. A 64-row plan of at
         least ``SEESAW_MIN_ROW_TILES`` row tiles and ``SEESAW_MIN_TILES`` key tiles a split runs the seesaw
-        kernel where it is loaded."""
+        kernel where it is loaded; against the 72-row tiles its estimate counts ``SEESAW_COST`` of itself."""
         plan = plan_attention(
             shape, max_kv_len, self.sm_count, self.keys_per_tile, self.overhead_tiles, self.rows_per_block
+        )
+        seesaw = (
+            self.attn_seesaw is not None
+            and plan.row_tiles >= SEESAW_MIN_ROW_TILES
+            and plan.tiles_per_split >= SEESAW_MIN_TILES
         )
         if self.attn_wide is not None and -(-shape.rows // WIDE_ROWS_PER_BLOCK) < plan.row_tiles:
             wide = plan_attention(
                 shape, max_kv_len, self.sm_count, self.keys_per_tile, WIDE_OVERHEAD_TILES, WIDE_ROWS_PER_BLOCK
             )
-            if wide.cost < plan.cost:
+            if wide.cost < plan.cost * (SEESAW_COST if seesaw else 1.0):
                 if wide.splits in self.attn_wide_clusters:  # merged on chip: no partial rows, no combine
                     wide = replace(wide, cluster=wide.splits)
                 plan = wide
-        if (
-            self.attn_seesaw is not None
-            and plan.rows_per_block == ROWS_PER_BLOCK
-            and plan.row_tiles >= SEESAW_MIN_ROW_TILES
-            and plan.tiles_per_split >= SEESAW_MIN_TILES
-        ):
+        if seesaw and plan.rows_per_block == ROWS_PER_BLOCK:
             plan = replace(plan, seesaw=True)
         # at most one block a SM (192-227 KB of shared memory each): every block is resident at once, so the
         # splits can wait for each other
