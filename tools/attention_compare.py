@@ -18,17 +18,14 @@ Needs an sm_90 GPU, nvcc, CuPy, PyTorch and the tests' input helpers (tests/supp
 from __future__ import annotations
 
 import sys
-import tempfile
 from pathlib import Path
 
 import numpy as np
-from gpu_inputs import topk_inputs
+from gpu_inputs import random_case, topk_inputs
 
 from ddtree_bench.builders import get_builder
 from ddtree_bench.cuda import loader as cuda
 from ddtree_bench.ops.attention import (
-    HEAD_DIM,
-    VALUE_DIM,
     VerifyAttention,
     attention_flops,
     reference_attention,
@@ -68,8 +65,7 @@ def main(argv: list[str]) -> None:
     while argv[:1] == ["--baseline"]:
         if len(argv) < 2 or not (Path(argv[1]) / "verify_attn.cu").is_file():
             raise SystemExit("attention_compare: --baseline needs a folder with verify_attn.cu")
-        fatbin = Path(tempfile.mkdtemp()) / "verify_attn.fatbin"
-        cuda.build_fatbin(Path(argv[1]) / "verify_attn.cu", fatbin, ("sm_90",))
+        fatbin = cuda.cached_fatbin(Path(argv[1]) / "verify_attn.cu", ("sm_90",))
         attention[f"seesaw-64 @ {argv[1]}"] = VerifyAttention(fatbin=fatbin, path="wgmma", wide_rows=False)
         argv = argv[2:]
 
@@ -93,17 +89,9 @@ def main(argv: list[str]) -> None:
         trees = get_builder("native").build(logits, ids, budget)
         bits_host = packed_visibility(trees.visibility)
         bits = torch.as_tensor(bits_host.view(np.int32), device="cuda")
-        tokens = budget + 1
         # prefix lengths S, S - 13, S - 26, ... (tails of every length mod 64), NaN past each request's keys
         lengths = np.array([max(1, prefix - 13 * (b % 5)) for b in range(batch)])
-        gen = torch.Generator(device="cuda").manual_seed(0)
-        q = torch.randn((batch, tokens, HEADS, HEAD_DIM), generator=gen, device="cuda").to(torch.bfloat16)
-        kv = torch.randn((batch, prefix + tokens + 40, HEAD_DIM), generator=gen, device="cuda").to(
-            torch.bfloat16
-        )
-        for b in range(batch):
-            kv[b, int(lengths[b]) + tokens :] = float("nan")
-        out = torch.empty((batch, tokens, HEADS, VALUE_DIM), device="cuda", dtype=torch.bfloat16)
+        q, kv, out = random_case(trees, HEADS, lengths, pad=40)
         check = range(min(batch, 3))
         ref = reference_attention(q, kv, lengths, trees.visibility, requests=check)
         flops = attention_flops(visible_keys(lengths, bits_host), HEADS)

@@ -15,7 +15,7 @@ same barrier in the same order). Inputs:
         python tools/attention_racecheck.py {committed,all-sync} {ragged,aligned,merged}
 
 Needs an sm_90 GPU, nvcc, CuPy and PyTorch; run from the repository root with PYTHONPATH=src:tests/support.
-The fatbins are built once into the system's temporary folder and reused.
+The fatbins are built once into the project's build cache and reused while the sources are unchanged.
 """
 
 from __future__ import annotations
@@ -27,13 +27,11 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
-from gpu_inputs import topk_inputs
+from gpu_inputs import random_case, topk_inputs
 
 from ddtree_bench.builders import get_builder
 from ddtree_bench.cuda import loader as cuda
 from ddtree_bench.ops.attention import (
-    HEAD_DIM,
-    VALUE_DIM,
     AttentionPlan,
     PreparedAttention,
     VerifyAttention,
@@ -47,22 +45,17 @@ SYNC = '    asm volatile("bar.sync %0, %1;\\n" ::"r"(id), "n"(VW_THREADS) : "mem
 
 
 def fatbin(variant: str) -> Path:
-    """The attention fatbin of a variant, built once into the temporary folder."""
-    workdir = Path(tempfile.gettempdir()) / f"ddtree-racecheck-{variant}"
-    out = workdir / "verify_attn.fatbin"
-    if out.exists():
-        return out
-    kernels = workdir / "verify_attn"
-    shutil.rmtree(workdir, ignore_errors=True)
-    shutil.copytree(KERNELS, kernels)
-    if variant == "all-sync":
-        header = kernels / "verify_attn_wgmma.cuh"
-        text = header.read_text()
-        if text.count(ARRIVE) != 1:
-            raise SystemExit("attention_racecheck: vw_bar_arrive is not the one-line bar.arrive this patches")
-        header.write_text(text.replace(ARRIVE, SYNC))
-    cuda.build_fatbin(kernels / "verify_attn.cu", out, ("sm_90",))
-    return out
+    """The attention fatbin of a variant, in the project's build cache (keyed by the sources' content)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        kernels = Path(tmp) / "verify_attn"
+        shutil.copytree(KERNELS, kernels)
+        if variant == "all-sync":
+            header = kernels / "verify_attn_wgmma.cuh"
+            text = header.read_text()
+            if text.count(ARRIVE) != 1:
+                raise SystemExit("attention_racecheck: vw_bar_arrive is not the one-line bar.arrive patched")
+            header.write_text(text.replace(ARRIVE, SYNC))
+        return cuda.cached_fatbin(kernels / "verify_attn.cu", ("sm_90",))
 
 
 #: inputs: prefix lengths of the requests (41 tree keys each), key tiles a split, merged in the kernel
@@ -87,14 +80,8 @@ def main(variant: str, inputs: str) -> None:
     lp, ids = topk_inputs("peaked", batch, 16, budget, seed=7)
     trees = get_builder("native").build(lp, ids, budget)
     bits = torch.as_tensor(packed_visibility(trees.visibility).view(np.int32), device="cuda")
-    gen = torch.Generator(device="cuda").manual_seed(11)
     tokens = budget + 1
-    q = torch.randn((batch, tokens, heads, HEAD_DIM), generator=gen, device="cuda").to(torch.bfloat16)
-    kv = torch.randn((batch, max(prefix) + tokens + 7, HEAD_DIM), generator=gen, device="cuda")
-    kv = kv.to(torch.bfloat16)
-    for b in range(batch):
-        kv[b, prefix[b] + tokens :] = float("nan")
-    out = torch.empty((batch, tokens, heads, VALUE_DIM), device="cuda", dtype=torch.bfloat16)
+    q, kv, out = random_case(trees, heads, prefix, seed=11)
     base = attn.prepare(q, kv, np.array(prefix), bits, out)
     ref = reference_attention(q, kv, prefix, trees.visibility)
     tiles = math.ceil((max(prefix) + tokens) / kernels.keys_per_tile)

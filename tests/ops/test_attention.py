@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from gpu_inputs import topk_inputs
+from gpu_inputs import random_case, topk_inputs
 
 import ddtree_bench.ops.attention as attention_module
 from ddtree_bench.builders import get_builder
@@ -394,20 +394,6 @@ def tree_mask(batch, budget, kind="peaked", depth=16, seed=0):
     lp, ids = topk_inputs(kind, batch, depth, budget, seed=seed)
     trees = get_builder("native").build(lp, ids, budget)
     return trees
-
-
-def random_case(trees, heads, prefix, seed=0, pad=7):
-    """q, kv (NaN past every request's S + N + 1), out (NaN) on the GPU, as bf16 torch tensors."""
-    gen = torch.Generator(device="cuda").manual_seed(seed)
-    batch, q1 = trees.batch_size, trees.budget + 1
-    prefix = np.asarray(prefix, np.int64)
-    rows = int(prefix.max()) + q1 + pad
-    q = torch.randn((batch, q1, heads, HEAD_DIM), generator=gen, device="cuda").to(torch.bfloat16)
-    kv = torch.randn((batch, rows, HEAD_DIM), generator=gen, device="cuda").to(torch.bfloat16)
-    for b in range(batch):
-        kv[b, int(prefix[b]) + q1 :] = float("nan")
-    out = torch.full((batch, q1, heads, VALUE_DIM), float("nan"), device="cuda", dtype=torch.bfloat16)
-    return q, kv, out
 
 
 def relative_error(got, ref) -> float:

@@ -1,4 +1,5 @@
-"""Small top-k inputs for the GPU tests (self-contained: numpy only)."""
+"""Small inputs for the GPU tests and tools: top-k arrays (numpy only) and verify-attention tensors (PyTorch,
+imported where used)."""
 
 from __future__ import annotations
 
@@ -81,3 +82,22 @@ def topk_inputs(kind: str, batch: int, depth: int, k: int, vocab: int = 4096, se
     if kind == "certain":
         lp[1::2] = np.where(lp[1::2] == 0.0, np.float32(-0.0), lp[1::2])
     return np.ascontiguousarray(lp), np.ascontiguousarray(order.astype(np.int64))
+
+
+def random_case(trees, heads, prefix, seed=0, pad=7):
+    """Verify-attention inputs for ``trees``: q, kv (``pad`` rows past the longest request, NaN past every
+    request's S + N + 1) and out (NaN) on the GPU, as bf16 torch tensors."""
+    import torch  # noqa: PLC0415
+
+    from ddtree_bench.ops.attention import HEAD_DIM, VALUE_DIM  # noqa: PLC0415
+
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    batch, q1 = trees.batch_size, trees.budget + 1
+    prefix = np.asarray(prefix, np.int64)
+    rows = int(prefix.max()) + q1 + pad
+    q = torch.randn((batch, q1, heads, HEAD_DIM), generator=gen, device="cuda").to(torch.bfloat16)
+    kv = torch.randn((batch, rows, HEAD_DIM), generator=gen, device="cuda").to(torch.bfloat16)
+    for b in range(batch):
+        kv[b, int(prefix[b]) + q1 :] = float("nan")
+    out = torch.full((batch, q1, heads, VALUE_DIM), float("nan"), device="cuda", dtype=torch.bfloat16)
+    return q, kv, out
