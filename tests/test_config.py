@@ -280,6 +280,42 @@ def test_bad_step_config_is_one_clear_line(override, message):
     assert text.startswith(message), text
 
 
+ROUND_BAD = [
+    ({"model": {"moe_impls": ["triton-w4a16"] * 2}}, "config: step.model.moe_impls: has duplicate"),
+    ({"model": {"forward_impl": "cutlass"}}, "config: step.model.forward_impl: unknown MoE impl 'cutlass'"),
+    ({"model": {"routing": "zipf"}}, "config: step.model.routing: 'zipf' is not one of"),
+    ({"model": {"skew": -1}}, "config: step.model.skew: -1 is less than the minimum of 0"),
+    ({"model": {"shape": {"heads": 60}}}, "config: step.model.shape: heads (60) must divide by tp (8)"),
+    ({"model": {"shape": {"dense_layers": 99}}}, "config: step.model.shape: dense_layers (99) must be <="),
+    ({"model": {"shape": {"layers": 3}}}, "config: step.model.shape: Additional properties are not allowed"),
+    ({"model": {"sglang_files": "no/such"}}, "config: step.model.sglang_files: 'no/such' is not a folder"),
+    ({"draft": {"block_size": 1}}, "config: step.draft.block_size: 1 is less than the minimum of 2"),
+    ({"draft": {"shape": {"kv_heads": 6}}}, "config: step.draft.shape: kv_heads (6) must divide by tp (8)"),
+    ({"allreduce": {"world_size": 1}}, "config: step.allreduce.world_size: 1 is less than the minimum of 2"),
+]
+
+
+@pytest.mark.parametrize(("override", "message"), ROUND_BAD, ids=[str(o) for o, _ in ROUND_BAD])
+def test_bad_round_stage_config_is_one_clear_line(override, message):
+    config = default_config()
+    config["step"] = {**copy.deepcopy(config["step"]), **override}
+    with pytest.raises(ValueError) as error:
+        check_config(config)
+    text = str(error.value)
+    assert "\n" not in text
+    assert text.startswith(message), text
+
+
+def test_round_stage_options_resolve_the_shapes():
+    config = default_config()
+    config["step"] = {**copy.deepcopy(config["step"]), "layers": 5, "draft": {"follow_budget": True}}
+    options = step_options(check_config(config))
+    assert options["model"]["shape"].layers == 5  # the target's layers are step.layers
+    assert options["model"]["forward_impl"] == "marlin-w4a16" and options["model"]["routing"] == "uniform"
+    assert options["draft"]["follow_budget"] is True and options["draft"]["block_size"] == 16
+    assert options["allreduce"] == {"enabled": True, "world_size": 8}
+
+
 def _recorded(path, requests=256, depth=16, topk=1024):
     lp = np.zeros((requests, depth, topk), np.float32)
     ids = np.broadcast_to(np.arange(topk, dtype=np.int64), lp.shape).copy()
@@ -330,6 +366,9 @@ SNAKEMAKE_BAD = [
     ),
     ("recorded_trace", "missing.npz", "config: recorded_trace: missing.npz: file not found"),
     ("budgets", [8, 4096], "config: budgets: 4096 is above topk (1024), the traces' K"),
+    ("step", {"layers": 0}, "config: step.layers: must be an integer >= 1, got 0"),
+    ("step", {"draft": {"block_size": 0}}, "config: step.draft.block_size: 0 is less than the minimum of 2"),
+    ("step", {"model": {"moe_impls": ["cutlass"]}}, "config: step.model.moe_impls: unknown MoE impl"),
 ]
 
 

@@ -16,6 +16,7 @@ import yaml
 
 from ddtree_bench.builders.sglang import check_source
 from ddtree_bench.drafter import check_params
+from ddtree_bench.model.moe import MOE_IMPLS
 from ddtree_bench.ops.attention_peers import find_sglang_kernel
 from ddtree_bench.traces import peek_trace
 
@@ -160,6 +161,7 @@ def check_config(config: dict, schema: dict | str | Path | None = None) -> dict:
     _step_fields(config, budgets, batch_sizes, depths, distributions)
     _throughput_fields(config)
     _sglang_triton_source(config["step"]["attention"])
+    _round_shapes(config["step"])
     columns = trace_columns(config)
     if config["vocab_size"] < columns:
         _fail("vocab_size", f"{config['vocab_size']} is smaller than the {columns} top-K columns needed")
@@ -288,6 +290,12 @@ def _step_lists(step) -> None:
     _int_list(attention, "prefix_lengths", field="step.attention.prefix_lengths")
     _name_list(attention, "impls", ATTENTION_IMPLS, "attention impl", field="step.attention.impls")
     _timing_counts(attention.get("timing"), "step.attention.timing")
+    model = step.get("model")
+    if isinstance(model, dict) and "moe_impls" in model:
+        _name_list(model, "moe_impls", MOE_IMPLS, "MoE impl", field="step.model.moe_impls")
+    if isinstance(model, dict) and "forward_impl" in model and model["forward_impl"] not in MOE_IMPLS:
+        known = ", ".join(MOE_IMPLS)
+        _fail("step.model.forward_impl", f"unknown MoE impl {model['forward_impl']!r}; known: {known}")
 
 
 def _step_fields(config: dict, budgets, batch_sizes, depths, distributions) -> None:
@@ -315,6 +323,24 @@ def _step_fields(config: dict, budgets, batch_sizes, depths, distributions) -> N
         )
     if step["depth"] is not None and step["depth"] not in depths:
         _fail("step.depth", f"{step['depth']} is not one of the configured depths {depths}")
+
+
+def _round_shapes(step: dict) -> None:
+    """The model and drafter shapes the schema cannot check (divisibility by tp, dense layers <= layers),
+    and the MoE kernels' files where a path is given."""
+    from ddtree_bench.model.shapes import DrafterShape, ModelShape  # noqa: PLC0415
+
+    try:
+        ModelShape.from_config({**step["model"]["shape"], "layers": step["layers"]})
+    except ValueError as error:
+        _fail("step.model.shape", str(error).removeprefix("model: "))
+    try:
+        DrafterShape.from_config(step["draft"]["shape"])
+    except ValueError as error:
+        _fail("step.draft.shape", str(error).removeprefix("draft: "))
+    files = step["model"]["sglang_files"]
+    if files is not None and not Path(files).is_dir():
+        _fail("step.model.sglang_files", f"{files!r} is not a folder (one holding sglang/ from its wheel)")
 
 
 def _throughput_numbers(section) -> None:
@@ -433,6 +459,38 @@ def step_options(config: dict) -> dict:
         "sglang_triton_source": attention.get("sglang_triton_source"),
         "timing": timing_options(config),
         "attention_timing": timing_options(config, attention["timing"]),
+        **round_options(config),
+    }
+
+
+def round_options(config: dict) -> dict:
+    """The rest of the round's stages (step.model, step.draft, step.allreduce), resolved: ``model``,
+    ``draft`` and ``allreduce`` dicts with ``enabled`` and their settings; ``model["shape"]`` and
+    ``draft["shape"]`` as ``model.shapes`` objects (the target's layers are step.layers)."""
+    from ddtree_bench.model.shapes import DrafterShape, ModelShape  # noqa: PLC0415
+
+    step = config["step"]
+    model, draft, allreduce = step["model"], step["draft"], step["allreduce"]
+    return {
+        "model": {
+            "enabled": bool(step["enabled"] and model["enabled"]),
+            "moe_impls": list(model["moe_impls"]),
+            "forward_impl": model["forward_impl"],
+            "routing": model["routing"],
+            "skew": float(model["skew"]),
+            "sglang_files": model["sglang_files"],
+            "shape": ModelShape.from_config({**model["shape"], "layers": int(step["layers"])}),
+        },
+        "draft": {
+            "enabled": bool(step["enabled"] and draft["enabled"]),
+            "block_size": int(draft["block_size"]),
+            "follow_budget": bool(draft["follow_budget"]),
+            "shape": DrafterShape.from_config(draft["shape"]),
+        },
+        "allreduce": {
+            "enabled": bool(step["enabled"] and allreduce["enabled"]),
+            "world_size": int(allreduce["world_size"]),
+        },
     }
 
 

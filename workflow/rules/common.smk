@@ -266,7 +266,9 @@ def published_step_summaries():
 
 # Every step job runs on the GPU; where none is usable (or gpu: off), each stage gives one file of rows
 # saying why (rule step_unavailable) instead of its jobs.
-STEP_STAGES = ("attention", "accept", "peaks")
+STEP_STAGES = ("attention", "accept", "peaks", "model", "draft", "allreduce")
+# the rest of the round's stages, each with its switch (step.model, step.draft, step.allreduce)
+ROUND = {stage: STEP[stage] for stage in ("model", "draft", "allreduce")}
 
 
 STEP_ATTENTION = f"{RESULTS}/step/attention/{{distribution}}-L{{depth}}-N{{budget}}-B{{batch}}-S{{prefix}}-H{{heads}}.parquet"
@@ -274,6 +276,41 @@ STEP_ACCEPT = (
     f"{RESULTS}/step/accept/{{distribution}}-L{{depth}}-N{{budget}}-B{{batch}}.parquet"
 )
 STEP_UNAVAILABLE = f"{RESULTS}/step/{{stage}}/unavailable.parquet"
+# the rest of the round: one model / draft job per (batch, prefix), one allreduce job per batch, every budget
+STEP_MODEL = f"{RESULTS}/step/model/{{distribution}}-L{{depth}}-N{{budget}}-B{{batch}}-S{{prefix}}.parquet"
+STEP_DRAFT = f"{RESULTS}/step/draft/N{{budget}}-B{{batch}}-S{{prefix}}.parquet"
+STEP_ALLREDUCE = f"{RESULTS}/step/allreduce/N{{budget}}-B{{batch}}.parquet"
+
+
+def round_outputs(pattern, **fixed):
+    """A round stage job's files: one per step budget, the job's other wildcards kept (``allow_missing``)."""
+    return expand(pattern, budget=STEP["budgets"], allow_missing=True, **fixed)
+
+
+def round_paths():
+    """Every file of the rest of the round's jobs (the enabled stages), for the step grid."""
+    distribution, depth = STEP["distribution"], STEP["depth"]
+    paths = []
+    for batch in STEP["batch_sizes"]:
+        for budget in STEP["budgets"]:
+            for prefix in STEP["prefix_lengths"]:
+                if ROUND["model"]["enabled"]:
+                    paths.append(
+                        STEP_MODEL.format(
+                            distribution=distribution,
+                            depth=depth,
+                            budget=budget,
+                            batch=batch,
+                            prefix=prefix,
+                        )
+                    )
+                if ROUND["draft"]["enabled"]:
+                    paths.append(
+                        STEP_DRAFT.format(budget=budget, batch=batch, prefix=prefix)
+                    )
+            if ROUND["allreduce"]["enabled"]:
+                paths.append(STEP_ALLREDUCE.format(budget=budget, batch=batch))
+    return paths
 
 
 def attention_path(distribution, depth, budget, batch, prefix, heads):
@@ -302,7 +339,11 @@ def step_outputs():
     if not STEP["enabled"]:
         return []
     if GPU_REASON is not None:
-        return [step_unavailable_path(stage) for stage in STEP_STAGES]
+        return [
+            step_unavailable_path(stage)
+            for stage in STEP_STAGES
+            if stage not in ROUND or ROUND[stage]["enabled"]
+        ]
     distribution, depth = STEP["distribution"], STEP["depth"]
     attention = [
         attention_path(distribution, depth, budget, batch, prefix, heads)
@@ -316,7 +357,7 @@ def step_outputs():
         for budget in STEP["budgets"]
         for batch in STEP["batch_sizes"]
     ]
-    return attention + accept + [PEAKS]
+    return attention + accept + [PEAKS] + round_paths()
 
 
 # The step stages' kernels, compiled wherever nvcc is (like the tree builder's), even where no GPU runs

@@ -71,6 +71,85 @@ rule step_peaks:
         "../scripts/step_peaks.py"
 
 
+rule step_model:
+    """The target's verify forward on one GPU's share of Kimi K2.6 and (smallest prefix) its parts: every budget."""
+    input:
+        trace=TRACE,
+        attention=ATTENTION_FATBIN,
+        util=UTIL_FATBIN,
+    output:
+        rows=round_outputs(STEP_MODEL),
+    log:
+        f"{LOGS}/step/model/{{distribution}}-L{{depth}}-B{{batch}}-S{{prefix}}.log",
+    wildcard_constraints:
+        prefix=r"\d+",
+    conda:
+        "../envs/ddtree-bench.yaml"
+    threads: TIMING_THREADS
+    resources:
+        timing_slot=1,
+        gpu=1,
+    params:
+        budgets=STEP["budgets"],
+        model=ROUND["model"] | {"shape": ROUND["model"]["shape"].as_dict()},
+        parts=lambda wildcards: int(wildcards.prefix) == min(STEP["prefix_lengths"]),
+        timing=STEP["attention_timing"],
+        machine=MACHINE,
+    script:
+        "../scripts/step_model.py"
+
+
+rule step_draft:
+    """The drafter's forward, LM-head shard, normaliser and top-K at one (batch, prefix): every budget."""
+    input:
+        util=UTIL_FATBIN,
+    output:
+        rows=round_outputs(STEP_DRAFT),
+    log:
+        f"{LOGS}/step/draft/B{{batch}}-S{{prefix}}.log",
+    wildcard_constraints:
+        prefix=r"\d+",
+    conda:
+        "../envs/ddtree-bench.yaml"
+    threads: TIMING_THREADS
+    resources:
+        timing_slot=1,
+        gpu=1,
+    params:
+        budgets=STEP["budgets"],
+        draft=ROUND["draft"] | {"shape": ROUND["draft"]["shape"].as_dict()},
+        vocab_shard=ROUND["model"]["shape"].vocab_shard,
+        topk=TRACE_COLUMNS,
+        timing=STEP["attention_timing"],
+        machine=MACHINE,
+    script:
+        "../scripts/step_draft.py"
+
+
+rule step_allreduce:
+    """The round's tensor-parallel collectives with NCCL on this host's GPUs at one batch: every budget."""
+    output:
+        rows=round_outputs(STEP_ALLREDUCE),
+    log:
+        f"{LOGS}/step/allreduce/B{{batch}}.log",
+    conda:
+        "../envs/ddtree-bench.yaml"
+    threads: TIMING_THREADS
+    resources:
+        timing_slot=1,
+        gpu=1,
+    params:
+        budgets=STEP["budgets"],
+        allreduce=ROUND["allreduce"],
+        draft=ROUND["draft"] | {"shape": ROUND["draft"]["shape"].as_dict()},
+        model_shape=ROUND["model"]["shape"].as_dict(),
+        topk=TRACE_COLUMNS,
+        timing=STEP["attention_timing"],
+        machine=MACHINE,
+    script:
+        "../scripts/step_allreduce.py"
+
+
 rule step_unavailable:
     """Rows saying why a step stage has no timings here (no usable GPU, gpu: off): one per impl."""
     output:
@@ -84,6 +163,8 @@ rule step_unavailable:
     params:
         reason=GPU_REASON,
         impls=STEP["impls"],
+        moe_impls=ROUND["model"]["moe_impls"],
+        forward_impl=ROUND["model"]["forward_impl"],
         machine=MACHINE,
     script:
         "../scripts/step_unavailable.py"

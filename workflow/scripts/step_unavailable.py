@@ -9,6 +9,11 @@ with logged(snakemake):
     stage, params = snakemake.wildcards.stage, snakemake.params
     print(f"step stage {stage}: unavailable: {params.reason}")
     rows = unavailable_stage_frame(
-        stage, params.reason, attention_impls=list(params.impls), machine=params.machine
+        stage,
+        params.reason,
+        attention_impls=list(params.impls),
+        moe_impls=list(params.moe_impls),
+        forward_impl=params.forward_impl,
+        machine=params.machine,
     )
     write_frame(rows, snakemake.output.rows)

@@ -27,15 +27,28 @@ import pandas as pd
 from ddtree_bench.config import ATTENTION_IMPLS
 from ddtree_bench.environment import ENVIRONMENT_COLUMNS, collect_environment
 from ddtree_bench.io import write_frame
+from ddtree_bench.model.moe import MOE_IMPLS
 from ddtree_bench.stages.peaks import peak_rates as rates
 from ddtree_bench.timing.records import stage_frame
 
 #: The record stage of each workflow stage (file names use the short ones), and its impls.
-RECORD_STAGE = {"attention": "verify-attention", "accept": "accept", "peaks": "peak"}
+RECORD_STAGE = {
+    "attention": "verify-attention",
+    "accept": "accept",
+    "peaks": "peak",
+    # one model job measures the forward and its parts
+    "model": "forward",
+}
 STAGE_IMPLS = {
     "verify-attention": ATTENTION_IMPLS,
     "accept": ("gpu-kernel", "gpu-host-inclusive", "cpu-walk", "floor"),
     "peak": ("bf16-gemm", "device-copy", "floor"),
+    "forward": MOE_IMPLS,
+    "moe": MOE_IMPLS,
+    "dense": ("torch",),
+    "lm-head": ("torch",),
+    "draft": ("torch",),
+    "allreduce": ("nccl",),
 }
 
 STEP_KEYS = (
@@ -68,6 +81,10 @@ STEP_SUMMARY_COLUMNS = (
     "pct_copy_peak",
     "accept_length_mean",
     "expected_accept_mean",
+    "tokens",
+    "experts_touched",
+    "world_size",
+    "note",
     "peak_gemm_tflops",
     "peak_copy_tbps",
     "peak_floor_s",
@@ -120,42 +137,56 @@ TIMING_PREFERENCE = (
 # ----------------------------------------------------------------------------------------------- records
 
 
+#: The record stages each workflow stage's job writes (the others write the record stage of their name).
+WORKFLOW_STAGES = {"model": ("forward", "moe", "dense", "lm-head")}
+
+
 def unavailable_stage_frame(
     stage: str,
     reason: str,
     *,
     attention_impls=None,
+    moe_impls=None,
+    forward_impl: str | None = None,
     machine: str | None = None,
     environment: dict | None = None,
 ) -> pd.DataFrame:
-    """One row per impl of ``stage`` ("attention", "accept" or "peaks", or the record stage's name) saying it
-    could not run here and why (``budget``/``batch`` 0: every configuration). ``attention_impls``: the
-    configured attention impls (default: all)."""
-    stage = RECORD_STAGE.get(stage, stage)
-    if stage not in STAGE_IMPLS:
-        raise ValueError(f"unknown step stage {stage!r}; expected one of {list(STAGE_IMPLS)}")
-    impls = STAGE_IMPLS[stage]
-    if stage == "verify-attention" and attention_impls:
-        impls = tuple(attention_impls)
+    """One row per impl of ``stage`` (a workflow stage: "attention", "accept", "peaks", "model", "draft",
+    "allreduce", or a record stage's name) saying it could not run here and why (``budget``/``batch`` 0: every
+    configuration). ``attention_impls``, ``moe_impls``, ``forward_impl``: the configured impls (default:
+    all)."""
+    stages = WORKFLOW_STAGES.get(stage, (RECORD_STAGE.get(stage, stage),))
+    for record_stage in stages:
+        if record_stage not in STAGE_IMPLS:
+            raise ValueError(f"unknown step stage {stage!r}; expected one of {list(STAGE_IMPLS)}")
     env = environment or collect_environment(machine)
     common = {key: env.get(key) for key in ENVIRONMENT_COLUMNS if key in env}
-    rows = [
-        {
-            **common,
-            "stage": stage,
-            "impl": impl,
-            "batch": 0,
-            "budget": 0,
-            "repetition": -1,
-            "phase": "timed",
-            "timing": None,
-            "cache": "n/a",
-            "seconds": math.nan,
-            "status": "unavailable",
-            "status_reason": " ".join(str(reason).split()),
-        }
-        for impl in impls
-    ]
+    rows = []
+    for record_stage in stages:
+        impls = STAGE_IMPLS[record_stage]
+        if record_stage == "verify-attention" and attention_impls:
+            impls = tuple(attention_impls)
+        if record_stage == "moe" and moe_impls:
+            impls = tuple(moe_impls)
+        if record_stage == "forward" and forward_impl:
+            impls = (forward_impl,)
+        rows += [
+            {
+                **common,
+                "stage": record_stage,
+                "impl": impl,
+                "batch": 0,
+                "budget": 0,
+                "repetition": -1,
+                "phase": "timed",
+                "timing": None,
+                "cache": "n/a",
+                "seconds": math.nan,
+                "status": "unavailable",
+                "status_reason": " ".join(str(reason).split()),
+            }
+            for impl in impls
+        ]
     return stage_frame(rows)
 
 
@@ -248,14 +279,18 @@ def summarize_steps(rows: pd.DataFrame) -> pd.DataFrame:
         record["bytes"] = _last(ok, "bytes")
         record["median_tflops"] = _rate(ok["flops"], ok["seconds"])
         record["median_tbps"] = _rate(ok["bytes"], ok["seconds"])
-        for column in ("accept_length_mean", "expected_accept_mean"):
-            values = group[column].dropna()
+        for column in ("accept_length_mean", "expected_accept_mean", "experts_touched"):
+            values = group[column].dropna() if column in group else group.iloc[:0]
             record[column] = float(values.mean()) if len(values) else math.nan
+        for column in ("tokens", "world_size"):
+            record[column] = _last(group, column)
+        record["note"] = _last(group, "note", str)
         machine_peaks = peaks.get(record["machine"]) or dict.fromkeys(PEAK_KEYS)
         record["peak_gemm_tflops"] = _nan(machine_peaks["gemm_tflops"])
         record["peak_copy_tbps"] = _nan(machine_peaks["copy_tbps"])
         record["peak_floor_s"] = _nan(machine_peaks["floor_seconds"])
-        attention = record["stage"] == "verify-attention"
+        # the share of the peaks: the verify attention, and the rest of the round's parts (weights read)
+        attention = record["stage"] in ("verify-attention", "forward", "moe", "dense", "lm-head", "draft")
         record["pct_gemm_peak"] = (
             _pct(record["median_tflops"], record["peak_gemm_tflops"]) if attention else math.nan
         )
@@ -293,6 +328,7 @@ def _typed(summary: pd.DataFrame) -> pd.DataFrame:
             "git_commit",
             "timestamp",
             "trace_sha256",
+            "note",
             "n",
         ):
             summary[column] = pd.to_numeric(summary[column], errors="coerce").astype("float64")
@@ -309,6 +345,7 @@ def _typed(summary: pd.DataFrame) -> pd.DataFrame:
         "git_commit",
         "timestamp",
         "trace_sha256",
+        "note",
     ):
         summary[column] = summary[column].astype("object")
     summary["correct"] = summary["correct"].astype("boolean")

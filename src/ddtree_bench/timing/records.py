@@ -6,11 +6,15 @@ Every timed call is one row (``phase`` "warmup" or "timed"), like the tree-build
 ==================  ==========================================================================================
 column              meaning
 ==================  ==========================================================================================
-stage               "verify-attention", "accept" or "peak"
+stage               "verify-attention", "accept", "peak", or the rest of the round (``stages.model``,
+                    ``stages.draft``, ``stages.allreduce``): "forward", "moe", "dense", "lm-head",
+                    "draft", "allreduce"
 impl                verify-attention: "ours", "ours-mma", "flexattention", "sdpa", "flashmla",
                     "sglang-triton", "read-stream" (no attention: a read of the call's bytes, the measured
                     bound); accept: "gpu-kernel",
-                    "gpu-host-inclusive", "cpu-walk", "floor"; peak: "bf16-gemm", "device-copy", "floor"
+                    "gpu-host-inclusive", "cpu-walk", "floor"; peak: "bf16-gemm", "device-copy", "floor";
+                    forward and moe: the MoE impl ("marlin-w4a16", "triton-w4a16", "bf16-grouped-mm");
+                    dense, lm-head, draft: "torch"; allreduce: "nccl" (or "gloo")
 batch, budget       the grid point (0 for peaks)
 heads, prefix       attention only: query heads per GPU, prefix length S of every request (null elsewhere)
 depth, distribution the trace the trees were built from (null for peaks)
@@ -31,6 +35,11 @@ expected_accept_mean accept: mean over requests of the expected accepted draft t
                     probabilities of the tree's nodes under the drafter's own distributions)
 trace_sha256        the sha256 of the trace the trees were built from (``traces.arrays_sha256``; null for
                     peaks)
+tokens              the rest of the round: tokens of the call (the forward's T = B x (N + 1); the draft's
+                    B x block); null elsewhere
+experts_touched     forward and moe: mean distinct routed experts per MoE layer of the call's routing
+world_size          allreduce: the processes (GPUs) of the tensor-parallel group measured
+note                what else a row of the rest of the round needs said (the weights' layout, the graph)
 ==================  ==========================================================================================
 
 plus the environment columns (``environment.ENVIRONMENT_COLUMNS``).
@@ -42,7 +51,9 @@ import pandas as pd
 
 from ddtree_bench.environment import ENVIRONMENT_COLUMNS
 
-STAGES = ("verify-attention", "accept", "peak")
+#: The rest of the round's stages (``stages.model``, ``stages.draft``, ``stages.allreduce``).
+ROUND_STAGES = ("forward", "moe", "dense", "lm-head", "draft", "allreduce")
+STAGES = ("verify-attention", "accept", "peak", *ROUND_STAGES)
 STAGE_COLUMNS = (
     "stage",
     "impl",
@@ -67,11 +78,23 @@ STAGE_COLUMNS = (
     "accept_length_mean",
     "expected_accept_mean",
     "trace_sha256",
+    "tokens",
+    "experts_touched",
+    "world_size",
+    "note",
     *ENVIRONMENT_COLUMNS,
 )
-_FLOAT = ("seconds", "flops", "bytes", "error", "accept_length_mean", "expected_accept_mean")
+_FLOAT = (
+    "seconds",
+    "flops",
+    "bytes",
+    "error",
+    "accept_length_mean",
+    "expected_accept_mean",
+    "experts_touched",
+)
 _INT = ("batch", "budget", "repetition")
-_NULLABLE_INT = ("heads", "prefix", "depth", "cpu_count")
+_NULLABLE_INT = ("heads", "prefix", "depth", "cpu_count", "tokens", "world_size")
 
 
 def stage_frame(rows: list[dict]) -> pd.DataFrame:

@@ -1,0 +1,145 @@
+"""One GPU's share of the DFlash drafter (``shapes.DrafterShape``) and its top-K, random weights.
+
+What SGLang's DDTree worker runs before the tree build, per round, on each rank:
+
+1. the drafter's forward over the draft block of ``block`` tokens per request (the bonus token and mask
+   tokens: the target's embedding shard looks them up): ``layers`` Qwen3-style layers, each RMSNorm, q/k/v
+   projections (``heads / tp`` query heads, ``kv_heads / tp`` KV heads), RoPE, attention of the block's
+   tokens over the request's ``context`` cached draft keys and the whole block (not causal: a block-diffusion
+   drafter sees every block position), ``o_proj``, RMSNorm and a SiLU MLP (``intermediate / tp``);
+2. the final norm and the target's LM-head shard over the block's non-bonus positions (``block - 1`` rows
+   a request), in float32;
+3. the log-softmax normaliser (logsumexp over the shard) and ``torch.topk`` with ``K = min(budget, topk)``:
+   the builders' inputs ``top_log_probs`` [B, block - 1, K] and ``top_token_ids``.
+
+Under tensor parallel the per-rank top-Ks and normalisers are all-gathered and merged (the ``allreduce``
+stage's all-gathers); here each rank's own. ``DraftShard.run()`` only enqueues work (CUDA-graph capturable).
+"""
+
+from __future__ import annotations
+
+import math
+
+from ddtree_bench.model.shapes import DrafterShape
+
+#: Kimi's DFlash mask token (the block's positions after the bonus token).
+MASK_TOKEN = 163838
+
+
+def draft_bytes(shape: DrafterShape, batch: int, block: int, context: int, vocab_shard: int) -> float:
+    """What ``DraftShard`` allocates: weights, the LM-head shard, the draft KV cache and the logits."""
+    kv = 2.0 * shape.layers * batch * (context + block) * 2 * shape.local_kv_heads * shape.head_dim
+    logits = 4.0 * batch * block * vocab_shard
+    return shape.bytes(vocab_shard) + kv + 3 * logits + 64 * 2**20
+
+
+class DraftShard:
+    """The drafter's share for ``batch`` requests, a block of ``block`` tokens, ``context`` cached draft
+    positions a request and a top-``k`` over a vocab shard of ``vocab_shard`` rows (module docstring)."""
+
+    def __init__(
+        self,
+        shape: DrafterShape,
+        *,
+        batch: int,
+        block: int,
+        context: int,
+        k: int,
+        vocab_shard: int,
+        seed: int = 0,
+    ):
+        import torch  # noqa: PLC0415
+
+        if block < 2:
+            raise ValueError(
+                f"draft: block must be >= 2 (the bonus token and a drafted position), got {block}"
+            )
+        if not 1 <= k <= vocab_shard:
+            raise ValueError(f"draft: top-K must be in 1..{vocab_shard}, got {k}")
+        self.torch = torch
+        self.shape, self.batch, self.block, self.context, self.k = shape, batch, block, context, k
+        self.device = torch.device("cuda", torch.cuda.current_device())
+        gen = torch.Generator(device=self.device).manual_seed(seed)
+        bf16 = torch.bfloat16
+        s = shape
+        hq, hk, d = s.local_heads, s.local_kv_heads, s.head_dim
+        inter = s.intermediate // s.tp
+
+        def weight(*dims):
+            w = torch.empty(dims, device=self.device, dtype=bf16)
+            return w.normal_(0.0, 1.0 / math.sqrt(dims[0]), generator=gen)
+
+        def ones(n):
+            return torch.ones(n, device=self.device, dtype=bf16)
+
+        self.layers = [
+            {
+                "in_norm": ones(s.hidden),
+                "post_norm": ones(s.hidden),
+                "qkv": weight(s.hidden, (hq + 2 * hk) * d),
+                "o_proj": weight(hq * d, s.hidden),
+                "gate_up": weight(s.hidden, 2 * inter),
+                "down": weight(inter, s.hidden),
+            }
+            for _ in range(s.layers)
+        ]
+        self.final_norm = ones(s.hidden)
+        self.embedding = weight(vocab_shard, s.hidden)  # the target's embedding shard (rank 0's vocab slice)
+        self.lm_head = weight(s.hidden, vocab_shard)
+        kv_rows = context + block
+        # the draft KV cache: [B, kv heads, context + block, d] per layer; the block's rows written by run()
+        self.k_cache = [
+            torch.empty((batch, hk, kv_rows, d), device=self.device, dtype=bf16).normal_(generator=gen)
+            for _ in range(s.layers)
+        ]
+        self.v_cache = [
+            torch.empty((batch, hk, kv_rows, d), device=self.device, dtype=bf16).normal_(generator=gen)
+            for _ in range(s.layers)
+        ]
+        tokens = torch.full((batch, block), MASK_TOKEN % vocab_shard, device=self.device, dtype=torch.long)
+        tokens[:, 0] = torch.randint(0, vocab_shard, (batch,), device=self.device, generator=gen)
+        self.tokens = tokens.reshape(-1)
+        positions = torch.arange(context, context + block, device=self.device, dtype=torch.float32)
+        inv_freq = 1.0 / (1e6 ** (torch.arange(0, d, 2, device=self.device, dtype=torch.float32) / d))
+        angles = positions[:, None] * inv_freq[None, :]
+        self.cos = angles.cos().to(bf16)[None, None]  # [1, 1, block, d/2]
+        self.sin = angles.sin().to(bf16)[None, None]
+        rows = batch * (block - 1)
+        self.top_log_probs = torch.empty((batch, block - 1, k), device=self.device, dtype=torch.float32)
+        self.top_token_ids = torch.empty((batch, block - 1, k), device=self.device, dtype=torch.long)
+        self._rows = rows
+
+    def _rope(self, x):
+        half = x.shape[-1] // 2
+        x1, x2 = x[..., :half], x[..., half:]
+        return self.torch.cat((x1 * self.cos - x2 * self.sin, x2 * self.cos + x1 * self.sin), dim=-1)
+
+    def run(self):
+        """Drafter forward, LM head, normaliser and top-K; fills ``top_log_probs`` and ``top_token_ids``."""
+        torch, s = self.torch, self.shape
+        from ddtree_bench.model.target import _rms  # noqa: PLC0415
+
+        b, blk = self.batch, self.block
+        hq, hk, d = s.local_heads, s.local_kv_heads, s.head_dim
+        x = self.embedding[self.tokens]
+        for layer, w in enumerate(self.layers):
+            h = _rms(torch, x, w["in_norm"])
+            qkv = (h @ w["qkv"]).view(b, blk, hq + 2 * hk, d).transpose(1, 2)
+            q = self._rope(qkv[:, :hq])
+            k = self._rope(qkv[:, hq : hq + hk])
+            self.k_cache[layer][:, :, self.context :, :].copy_(k)
+            self.v_cache[layer][:, :, self.context :, :].copy_(qkv[:, hq + hk :])
+            o = torch.nn.functional.scaled_dot_product_attention(
+                q, self.k_cache[layer], self.v_cache[layer], enable_gqa=True
+            )
+            x = x + o.transpose(1, 2).reshape(b * blk, hq * d) @ w["o_proj"]
+            h = _rms(torch, x, w["post_norm"])
+            gate, up = (h @ w["gate_up"]).chunk(2, dim=-1)
+            x = x + (torch.nn.functional.silu(gate) * up) @ w["down"]
+        drafted = _rms(torch, x, self.final_norm).view(b, blk, -1)[:, 1:, :]
+        logits = (drafted.reshape(self._rows, -1) @ self.lm_head).float()
+        normaliser = torch.logsumexp(logits, dim=-1, keepdim=True)
+        values, ids = torch.topk(logits, self.k, dim=-1)
+        self.top_log_probs.copy_((values - normaliser).view(b, blk - 1, self.k))
+        self.top_token_ids.copy_(ids.view(b, blk - 1, self.k))
+        return self.top_log_probs, self.top_token_ids

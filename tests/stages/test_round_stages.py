@@ -1,0 +1,215 @@
+"""The rest of the round's stages (forward, moe, dense, lm-head, draft): their rows where no GPU runs them,
+bad arguments, the unavailable rows of the workflow, and the step summary of their rows."""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+import pytest
+
+from ddtree_bench.cuda.loader import gpu_unavailable_reason
+from ddtree_bench.model.shapes import DrafterShape, ModelShape
+from ddtree_bench.stages.draft import draft_block, run_draft_stage
+from ddtree_bench.stages.model import MODEL_STAGES, gpu_reason, run_model_stage
+from ddtree_bench.summary.step import summarize_steps, unavailable_stage_frame
+from ddtree_bench.timing.records import ROUND_STAGES, STAGE_COLUMNS, stage_frame
+
+GPU_REASON = gpu_unavailable_reason()
+TIMING = {
+    "warmup": 0,
+    "repeats": 1,
+    "min_repeats": 1,
+    "max_repeats": 2,
+    "min_seconds": 0.0,
+    "max_seconds": 1.0,
+}
+MOE = ["marlin-w4a16", "triton-w4a16", "bf16-grouped-mm"]
+
+
+@pytest.mark.skipif(GPU_REASON is None, reason="a GPU is present: the stage measures")
+def test_model_stage_without_a_gpu_writes_rows_saying_why(tmp_path):
+    rows = run_model_stage(
+        tmp_path / "unused.npz",
+        batch=1,
+        prefix=4096,
+        budgets=[8, 16],
+        shape=ModelShape(),
+        moe_impls=MOE,
+        forward_impl="marlin-w4a16",
+        parts=True,
+        routing="uniform",
+        skew=1.0,
+        sglang_files=None,
+        timing=TIMING,
+        machine="m",
+        distribution="drafter",
+    )
+    assert set(rows) == {8, 16}
+    for budget, frame in rows.items():
+        assert list(frame.columns) == list(STAGE_COLUMNS)
+        assert set(frame["status"]) == {"unavailable"}
+        assert set(frame["stage"]) == set(MODEL_STAGES)
+        assert set(frame[frame["stage"] == "moe"]["impl"]) == set(MOE)
+        assert list(frame[frame["stage"] == "forward"]["impl"]) == ["marlin-w4a16"]
+        assert frame["seconds"].isna().all() and (frame["budget"] == budget).all()
+        assert frame["status_reason"].str.contains(gpu_reason(), regex=False).all()
+        assert set(frame["tokens"]) == {budget + 1}
+    forward_only = run_model_stage(
+        tmp_path / "unused.npz",
+        batch=2,
+        prefix=0,
+        budgets=[8],
+        shape=ModelShape(),
+        moe_impls=MOE,
+        forward_impl="marlin-w4a16",
+        parts=False,
+        routing="uniform",
+        skew=1.0,
+        sglang_files=None,
+        timing=TIMING,
+        machine="m",
+        distribution="drafter",
+    )
+    assert set(forward_only[8]["stage"]) == {"forward"}
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"moe_impls": ["cutlass"]}, "unknown MoE impl 'cutlass'"),
+        ({"forward_impl": "cutlass"}, "unknown MoE impl 'cutlass'"),
+        ({"budgets": []}, "budgets >= 1 needed"),
+        ({"batch": 0}, "batch >= 1"),
+    ],
+)
+def test_model_stage_rejects_bad_arguments(tmp_path, kwargs, message):
+    args = {
+        "batch": 1,
+        "prefix": 0,
+        "budgets": [8],
+        "shape": ModelShape(),
+        "moe_impls": MOE,
+        "forward_impl": "marlin-w4a16",
+        "parts": True,
+        "routing": "uniform",
+        "skew": 1.0,
+        "sglang_files": None,
+        "timing": TIMING,
+        "machine": "m",
+        "distribution": None,
+    }
+    with pytest.raises(ValueError, match=message):
+        run_model_stage(tmp_path / "t.npz", **{**args, **kwargs})
+
+
+def test_draft_block_follows_the_budget_as_sglangs_worker_does():
+    assert draft_block(64, 16, 1024, follow_budget=False) == (16, 64)
+    assert draft_block(2048, 16, 1024, follow_budget=False) == (16, 1024)
+    assert draft_block(64, 16, 1024, follow_budget=True) == (65, 64)
+
+
+@pytest.mark.skipif(GPU_REASON is None, reason="a GPU is present: the stage measures")
+def test_draft_stage_without_a_gpu_writes_rows_saying_why():
+    rows = run_draft_stage(
+        batch=1,
+        prefix=4096,
+        budgets=[8, 1024],
+        shape=DrafterShape(),
+        vocab_shard=20480,
+        block_size=16,
+        follow_budget=True,
+        topk=1024,
+        timing=TIMING,
+        machine="m",
+    )
+    for budget, frame in rows.items():
+        assert set(frame["status"]) == {"unavailable"} and set(frame["stage"]) == {"draft"}
+        assert frame["depth"].iloc[0] == budget  # the block is N + 1: N drafted positions
+        assert "block follows the budget" in frame["note"].iloc[0]
+    with pytest.raises(ValueError, match="block_size must be >= 2"):
+        run_draft_stage(
+            batch=1,
+            prefix=0,
+            budgets=[8],
+            shape=DrafterShape(),
+            vocab_shard=20480,
+            block_size=1,
+            follow_budget=False,
+            topk=8,
+            timing=TIMING,
+            machine="m",
+        )
+
+
+@pytest.mark.parametrize("stage", ["model", "draft", "allreduce"])
+def test_unavailable_rows_of_the_round_stages(stage):
+    frame = unavailable_stage_frame(
+        stage, "no GPU here", moe_impls=["triton-w4a16"], forward_impl="triton-w4a16", machine="m"
+    )
+    assert set(frame["status"]) == {"unavailable"} and set(frame["status_reason"]) == {"no GPU here"}
+    if stage == "model":
+        assert list(frame["stage"]) == ["forward", "moe", "dense", "lm-head"]
+        assert list(frame["impl"]) == ["triton-w4a16", "triton-w4a16", "torch", "torch"]
+    else:
+        assert set(frame["stage"]) == {stage}
+
+
+def test_step_summary_of_round_rows():
+    rows = []
+    for stage, impl, seconds in [
+        ("forward", "marlin-w4a16", 0.02),
+        ("moe", "marlin-w4a16", 0.012),
+        ("moe", "bf16-grouped-mm", 0.03),
+        ("dense", "torch", 0.004),
+        ("lm-head", "torch", 0.0003),
+        ("draft", "torch", 0.002),
+    ]:
+        for rep, s in enumerate([seconds, seconds * 1.1, seconds * 0.9]):
+            rows.append(
+                {
+                    "stage": stage,
+                    "impl": impl,
+                    "batch": 1,
+                    "budget": 8,
+                    "phase": "timed",
+                    "repetition": rep,
+                    "timing": "cuda-events",
+                    "cache": "warm",
+                    "seconds": s,
+                    "status": "ok",
+                    "machine": "m",
+                    "tokens": 9,
+                    "experts_touched": 66.0 if stage in ("forward", "moe") else None,
+                    "bytes": 1e9,
+                    "flops": 1e12,
+                    "note": "one CUDA graph",
+                }
+            )
+    rows.append(
+        {
+            "stage": "allreduce",
+            "impl": "nccl",
+            "batch": 1,
+            "budget": 8,
+            "phase": "timed",
+            "repetition": 0,
+            "seconds": math.nan,
+            "status": "unavailable",
+            "status_reason": "needs >= 2 GPUs",
+            "machine": "m",
+            "world_size": 1,
+            "cache": "n/a",
+        }
+    )
+    summary = summarize_steps(stage_frame(rows))
+    assert set(summary["stage"]) == set(ROUND_STAGES)
+    forward = summary[summary["stage"] == "forward"].iloc[0]
+    assert forward["median_s"] == pytest.approx(0.02) and forward["n"] == 3
+    assert (
+        forward["experts_touched"] == 66.0 and forward["tokens"] == 9 and forward["note"] == "one CUDA graph"
+    )
+    assert forward["median_tbps"] == pytest.approx(1e9 / 0.02 / 1e12)
+    comm = summary[summary["stage"] == "allreduce"].iloc[0]
+    assert comm["n"] == 0 and comm["status"] == "unavailable" and comm["world_size"] == 1
+    assert isinstance(summary, pd.DataFrame)
