@@ -161,7 +161,7 @@ def check_config(config: dict, schema: dict | str | Path | None = None) -> dict:
     _step_fields(config, budgets, batch_sizes, depths, distributions)
     _throughput_fields(config)
     _sglang_triton_source(config["step"]["attention"])
-    _round_shapes(config["step"])
+    _round_shapes(config["step"], config["builders"], batch_sizes)
     columns = trace_columns(config)
     if config["vocab_size"] < columns:
         _fail("vocab_size", f"{config['vocab_size']} is smaller than the {columns} top-K columns needed")
@@ -325,7 +325,7 @@ def _step_fields(config: dict, budgets, batch_sizes, depths, distributions) -> N
         _fail("step.depth", f"{step['depth']} is not one of the configured depths {depths}")
 
 
-def _round_shapes(step: dict) -> None:
+def _round_shapes(step: dict, config_builders: list, batch_sizes: list) -> None:
     """The model and drafter shapes the schema cannot check (divisibility by tp, dense layers <= layers),
     and the MoE kernels' files where a path is given."""
     from ddtree_bench.model.shapes import DrafterShape, ModelShape  # noqa: PLC0415
@@ -338,6 +338,14 @@ def _round_shapes(step: dict) -> None:
         DrafterShape.from_config(step["draft"]["shape"])
     except ValueError as error:
         _fail("step.draft.shape", str(error).removeprefix("draft: "))
+    round_ = step["round"]
+    for builder in round_["builders"]:
+        if builder not in config_builders:
+            _fail("step.round.builders", f"{builder!r} is not one of the configured builders {config_builders}")
+    allowed = step["batch_sizes"] if step["batch_sizes"] is not None else batch_sizes
+    for batch in round_["batch_sizes"] or ():
+        if batch not in allowed:
+            _fail("step.round.batch_sizes", f"{batch} is not one of the step's batch sizes {allowed}")
     files = step["model"]["sglang_files"]
     if files is not None and not Path(files).is_dir():
         _fail("step.model.sglang_files", f"{files!r} is not a folder (one holding sglang/ from its wheel)")
@@ -470,7 +478,7 @@ def round_options(config: dict) -> dict:
     from ddtree_bench.model.shapes import DrafterShape, ModelShape  # noqa: PLC0415
 
     step = config["step"]
-    model, draft, allreduce = step["model"], step["draft"], step["allreduce"]
+    model, draft, allreduce, round_ = step["model"], step["draft"], step["allreduce"], step["round"]
     return {
         "model": {
             "enabled": bool(step["enabled"] and model["enabled"]),
@@ -491,7 +499,19 @@ def round_options(config: dict) -> dict:
             "enabled": bool(step["enabled"] and allreduce["enabled"]),
             "world_size": int(allreduce["world_size"]),
         },
+        "round": {
+            "enabled": bool(step["enabled"] and round_["enabled"]),
+            "builders": [b for b in round_["builders"] if b in config["builders"]],
+            "batch_sizes": list(
+                round_["batch_sizes"] if round_["batch_sizes"] is not None else _step_batch_sizes(config)
+            ),
+        },
     }
+
+
+def _step_batch_sizes(config: dict) -> list[int]:
+    step = config["step"]
+    return list(step["batch_sizes"] if step["batch_sizes"] is not None else config["batch_sizes"])
 
 
 def throughput_options(config: dict) -> dict:

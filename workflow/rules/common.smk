@@ -266,9 +266,9 @@ def published_step_summaries():
 
 # Every step job runs on the GPU; where none is usable (or gpu: off), each stage gives one file of rows
 # saying why (rule step_unavailable) instead of its jobs.
-STEP_STAGES = ("attention", "accept", "peaks", "model", "draft", "allreduce")
+STEP_STAGES = ("attention", "accept", "peaks", "model", "draft", "allreduce", "round")
 # the rest of the round's stages, each with its switch (step.model, step.draft, step.allreduce)
-ROUND = {stage: STEP[stage] for stage in ("model", "draft", "allreduce")}
+ROUND = {stage: STEP[stage] for stage in ("model", "draft", "allreduce", "round")}
 
 
 STEP_ATTENTION = f"{RESULTS}/step/attention/{{distribution}}-L{{depth}}-N{{budget}}-B{{batch}}-S{{prefix}}-H{{heads}}.parquet"
@@ -280,6 +280,7 @@ STEP_UNAVAILABLE = f"{RESULTS}/step/{{stage}}/unavailable.parquet"
 STEP_MODEL = f"{RESULTS}/step/model/{{distribution}}-L{{depth}}-N{{budget}}-B{{batch}}-S{{prefix}}.parquet"
 STEP_DRAFT = f"{RESULTS}/step/draft/N{{budget}}-B{{batch}}-S{{prefix}}.parquet"
 STEP_ALLREDUCE = f"{RESULTS}/step/allreduce/N{{budget}}-B{{batch}}.parquet"
+STEP_ROUND = f"{RESULTS}/step/round/N{{budget}}-B{{batch}}-S{{prefix}}.parquet"
 
 
 def round_outputs(pattern, **fixed):
@@ -310,6 +311,13 @@ def round_paths():
                     )
             if ROUND["allreduce"]["enabled"]:
                 paths.append(STEP_ALLREDUCE.format(budget=budget, batch=batch))
+    if ROUND["round"]["enabled"] and ROUND["round"]["builders"]:
+        paths += [
+            STEP_ROUND.format(budget=budget, batch=batch, prefix=prefix)
+            for batch in ROUND["round"]["batch_sizes"]
+            for budget in STEP["budgets"]
+            for prefix in STEP["prefix_lengths"]
+        ]
     return paths
 
 
@@ -358,6 +366,15 @@ def step_outputs():
         for batch in STEP["batch_sizes"]
     ]
     return attention + accept + [PEAKS] + round_paths()
+
+
+def round_inputs():
+    """What a round job loads: the attention and accept kernels, and every round builder's library."""
+    inputs = {"attention": ATTENTION_FATBIN, "accept": ACCEPT_FATBIN}
+    for builder in ROUND["round"]["builders"]:
+        for key, path in library_input(builder).items():
+            inputs[f"{builder}_{key}"] = path
+    return inputs
 
 
 # The step stages' kernels, compiled wherever nvcc is (like the tree builder's), even where no GPU runs

@@ -150,6 +150,35 @@ rule step_allreduce:
         "../scripts/step_allreduce.py"
 
 
+rule step_round:
+    """Whole rounds per builder at one (batch, prefix): gpu as one graph, CPU builders split; every budget."""
+    input:
+        unpack(lambda wildcards: round_inputs()),
+    output:
+        rows=round_outputs(STEP_ROUND),
+    log:
+        f"{LOGS}/step/round/B{{batch}}-S{{prefix}}.log",
+    wildcard_constraints:
+        prefix=r"\d+",
+    conda:
+        "../envs/ddtree-bench.yaml"
+    threads: TIMING_THREADS
+    resources:
+        timing_slot=1,
+        gpu=1,
+    params:
+        budgets=STEP["budgets"],
+        builders=ROUND["round"]["builders"],
+        builder_options={b: builder_options(b) for b in ROUND["round"]["builders"]},
+        model=ROUND["model"] | {"shape": ROUND["model"]["shape"].as_dict()},
+        draft=ROUND["draft"] | {"shape": ROUND["draft"]["shape"].as_dict()},
+        topk=TRACE_COLUMNS,
+        timing=STEP["attention_timing"],
+        machine=MACHINE,
+    script:
+        "../scripts/step_round.py"
+
+
 rule step_unavailable:
     """Rows saying why a step stage has no timings here (no usable GPU, gpu: off): one per impl."""
     output:

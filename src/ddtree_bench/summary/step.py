@@ -28,6 +28,7 @@ from ddtree_bench.config import ATTENTION_IMPLS
 from ddtree_bench.environment import ENVIRONMENT_COLUMNS, collect_environment
 from ddtree_bench.io import write_frame
 from ddtree_bench.model.moe import MOE_IMPLS
+from ddtree_bench.model.round import ROUND_BUILDERS
 from ddtree_bench.stages.peaks import peak_rates as rates
 from ddtree_bench.timing.records import stage_frame
 
@@ -49,6 +50,7 @@ STAGE_IMPLS = {
     "lm-head": ("torch",),
     "draft": ("torch",),
     "allreduce": ("nccl",),
+    "round": ROUND_BUILDERS,
 }
 
 STEP_KEYS = (

@@ -8,18 +8,19 @@ column              meaning
 ==================  ==========================================================================================
 stage               "verify-attention", "accept", "peak", or the rest of the round (``stages.model``,
                     ``stages.draft``, ``stages.allreduce``): "forward", "moe", "dense", "lm-head",
-                    "draft", "allreduce"
+                    "draft", "allreduce"; and the whole round run (``stages.round``): "round"
 impl                verify-attention: "ours", "ours-mma", "flexattention", "sdpa", "flashmla",
                     "sglang-triton", "read-stream" (no attention: a read of the call's bytes, the measured
                     bound); accept: "gpu-kernel",
                     "gpu-host-inclusive", "cpu-walk", "floor"; peak: "bf16-gemm", "device-copy", "floor";
                     forward and moe: the MoE impl ("marlin-w4a16", "triton-w4a16", "bf16-grouped-mm");
-                    dense, lm-head, draft: "torch"; allreduce: "nccl" (or "gloo")
+                    dense, lm-head, draft: "torch"; allreduce: "nccl" (or "gloo"); round: the builder
 batch, budget       the grid point (0 for peaks)
 heads, prefix       attention only: query heads per GPU, prefix length S of every request (null elsewhere)
 depth, distribution the trace the trees were built from (null for peaks)
 repetition, phase   call index within its phase; "warmup" or "timed"
-timing              "cuda-events" (device time) or "wall" (``time.perf_counter_ns``, host-inclusive)
+timing              "cuda-events" (device time) or "wall" (``time.perf_counter_ns``, host-inclusive);
+                    round: "wall" (the run round) or "sum-of-parts" (its parts timed one by one, summed)
 cache               "warm", "cold" (L2 flushed before the call) or "n/a"
 seconds             the call's time
 flops, bytes        work of one call (attention: 2·H·1088·visible keys; bytes moved at least once), or null
@@ -52,7 +53,7 @@ import pandas as pd
 from ddtree_bench.environment import ENVIRONMENT_COLUMNS
 
 #: The rest of the round's stages (``stages.model``, ``stages.draft``, ``stages.allreduce``).
-ROUND_STAGES = ("forward", "moe", "dense", "lm-head", "draft", "allreduce")
+ROUND_STAGES = ("forward", "moe", "dense", "lm-head", "draft", "allreduce", "round")
 STAGES = ("verify-attention", "accept", "peak", *ROUND_STAGES)
 STAGE_COLUMNS = (
     "stage",

@@ -1,0 +1,208 @@
+"""The round, run: ``run_round_stage`` times whole DDTree rounds (``model.round.RoundRunner``) per builder on
+one GPU's share of Kimi K2.6, at one (batch, prefix length), for every budget.
+
+Every builder gets the same weights, drafter and target (one job builds them once). Per (budget, builder):
+
+- ``timing = "wall"``: one whole round, host-inclusive (``time.perf_counter_ns`` around the replay(s), the
+  host build and the final synchronisation): ``gpu`` as one CUDA graph, the CPU builders split around the
+  host build as SGLang's worker splits it;
+- ``timing = "sum-of-parts"``: the same round's parts timed one after another in the same repetition (the
+  draft graph, the build, the verify graph, each waited for), summed: what a model of separately timed parts
+  would charge. The difference is what the round's shape costs or saves.
+
+``correct``: the last round's accepted paths equal the CPU walk on the same trees and target tokens. The
+tensor-parallel communication is not in a one-GPU round (the report adds the ``allreduce`` term, measured or
+estimated, and labels it). A (B, N, S) that does not fit gets rows saying so; without a GPU, rows say why.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import pandas as pd
+
+from ddtree_bench.environment import ENVIRONMENT_COLUMNS, collect_environment
+from ddtree_bench.model import moe as moe_ops
+from ddtree_bench.model.round import FUSED_BUILDERS, ROUND_BUILDERS
+from ddtree_bench.model.shapes import DrafterShape, ModelShape
+from ddtree_bench.stages.model import HEADROOM, _describe, gpu_reason
+from ddtree_bench.timing.policy import TimingPolicy
+from ddtree_bench.timing.records import stage_frame
+
+ROUND_TIMINGS = ("wall", "sum-of-parts")
+
+
+def run_round_stage(
+    *,
+    batch: int,
+    prefix: int,
+    budgets,
+    builders,
+    builder_options: dict,
+    shape: ModelShape,
+    drafter_shape: DrafterShape,
+    forward_impl: str,
+    block_size: int,
+    follow_budget: bool,
+    topk: int,
+    routing: str,
+    skew: float,
+    sglang_files,
+    timing: dict,
+    machine: str | None,
+    attention_fatbin=None,
+    accept_fatbin=None,
+    seed: int = 0,
+) -> dict[int, pd.DataFrame]:
+    budgets = [int(b) for b in budgets]
+    builders = list(builders)
+    unknown = [b for b in builders if b not in ROUND_BUILDERS]
+    if unknown:
+        raise ValueError(f"round: unknown builder {unknown[0]!r}; expected one of {list(ROUND_BUILDERS)}")
+    policy = TimingPolicy(**timing)
+    env = collect_environment(machine)
+
+    def base(builder, budget, timing_name):
+        fused = builder in FUSED_BUILDERS
+        return {
+            **{key: env.get(key) for key in ENVIRONMENT_COLUMNS},
+            "stage": "round",
+            "impl": builder,
+            "batch": batch,
+            "budget": budget,
+            "heads": shape.local_heads,
+            "prefix": prefix,
+            "tokens": batch * (budget + 1),
+            "timing": timing_name,
+            "cache": "n/a",
+            "clock": "time.perf_counter_ns",
+            "note": "one CUDA graph" if fused else "split: draft graph, host build, verify graph",
+        }
+
+    def unavailable(builder, budget, reason, status="unavailable"):
+        return {
+            **base(builder, budget, "wall"),
+            "phase": "timed",
+            "repetition": 0,
+            "seconds": math.nan,
+            "status": status,
+            "status_reason": " ".join(str(reason).split()),
+        }
+
+    rows: dict[int, list[dict]] = {budget: [] for budget in budgets}
+    reason = gpu_reason() or moe_ops.moe_unavailable_reason(forward_impl, sglang_files)
+    if reason is not None:
+        for budget in budgets:
+            rows[budget] += [unavailable(builder, budget, reason) for builder in builders]
+        return {budget: stage_frame(r) for budget, r in rows.items()}
+
+    import torch  # noqa: PLC0415
+
+    from ddtree_bench.model.draft import draft_bytes  # noqa: PLC0415
+    from ddtree_bench.model.round import RoundRunner  # noqa: PLC0415
+    from ddtree_bench.model.target import TargetWeights, state_bytes, weights_bytes  # noqa: PLC0415
+    from ddtree_bench.ops.accept import GpuAccept  # noqa: PLC0415
+    from ddtree_bench.ops.attention import VerifyAttention  # noqa: PLC0415
+
+    torch.cuda.empty_cache()
+    free = float(torch.cuda.mem_get_info()[0])
+    need = weights_bytes(shape, forward_impl)
+    if need > free * (1 - HEADROOM):
+        for budget in budgets:
+            rows[budget] += [
+                unavailable(
+                    builder, budget, f"does not fit: needs {need / 1e9:.1f} GB, {free / 1e9:.1f} GB free"
+                )
+                for builder in builders
+            ]
+        return {budget: stage_frame(r) for budget, r in rows.items()}
+    weights = TargetWeights(shape, moe_impl=forward_impl, sglang_files=sglang_files, seed=seed)
+    attention = VerifyAttention(attention_fatbin)
+    accept = GpuAccept(accept_fatbin)
+    clock = time.perf_counter_ns
+    for budget in budgets:
+        for builder in builders:
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()
+            free = float(torch.cuda.mem_get_info()[0])
+            needed = state_bytes(shape, batch, budget, prefix) + draft_bytes(
+                drafter_shape, batch, budget + 1 if follow_budget else block_size, prefix, shape.vocab_shard
+            )
+            if needed > free * (1 - HEADROOM):
+                total = needed + need
+                rows[budget].append(
+                    unavailable(
+                        builder,
+                        budget,
+                        f"does not fit: needs {total / 1e9:.1f} GB, {(free + need) / 1e9:.1f} GB free",
+                    )
+                )
+                continue
+            try:
+                runner = RoundRunner(
+                    weights,
+                    drafter_shape,
+                    builder=builder,
+                    builder_options=builder_options.get(builder),
+                    batch=batch,
+                    budget=budget,
+                    prefix=prefix,
+                    block_size=block_size,
+                    follow_budget=follow_budget,
+                    topk=topk,
+                    attention=attention,
+                    accept=accept,
+                    routing=routing,
+                    skew=skew,
+                    seed=seed,
+                )
+                runner.capture()
+                parts = runner.parts()
+
+                def whole(runner=runner):
+                    t0 = clock()
+                    runner.run_round()
+                    return (clock() - t0) / 1e9
+
+                def summed(parts=parts):
+                    total = 0.0
+                    for part in parts.values():
+                        t0 = clock()
+                        part()
+                        torch.cuda.current_stream().synchronize()
+                        total += (clock() - t0) / 1e9
+                    return total
+
+                samples = {"wall": [], "sum-of-parts": []}
+
+                def both(samples=samples, whole=whole, summed=summed):
+                    samples["wall"].append(whole())
+                    samples["sum-of-parts"].append(summed())
+                    return samples["wall"][-1] + samples["sum-of-parts"][-1]
+
+                calls = policy.samples(both)  # the round and its parts in turn, call by call
+                samples = {
+                    name: [(phase, rep, v) for (phase, rep, _), v in zip(calls, values, strict=True)]
+                    for name, values in samples.items()
+                }
+                runner.run_round()
+                correct = runner.check_accept()
+            except Exception as exc:  # noqa: BLE001 (a builder failing: recorded, the others still run)
+                rows[budget].append(unavailable(builder, budget, _describe(exc), status="failed"))
+                continue
+            for timing_name, values in samples.items():
+                rows[budget] += [
+                    {
+                        **base(builder, budget, timing_name),
+                        "phase": phase,
+                        "repetition": rep,
+                        "seconds": seconds,
+                        "status": "ok",
+                        "correct": correct,
+                        "experts_touched": runner.target.experts_touched,
+                    }
+                    for phase, rep, seconds in values
+                ]
+            del runner, parts
+    return {budget: stage_frame(r) for budget, r in rows.items()}
