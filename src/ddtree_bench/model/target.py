@@ -198,9 +198,6 @@ class TargetShard:
         self.device, gen = weights.device, weights.gen
         bf16 = torch.bfloat16
         heads = s.local_heads
-        self.moe_workspace = (
-            moe_ops.make_workspace(self.moe_impl, weights.experts[0], t) if s.moe_layers else None
-        )
         self.routing = draw_routing(torch, s, t, s.moe_layers, routing, skew, gen, self.device)
         self.experts_touched = float(
             sum(torch.unique(ids).numel() for ids, _ in self.routing) / max(1, len(self.routing))
@@ -274,7 +271,12 @@ class TargetShard:
         torch.topk(scores, self.shape.top_k, dim=-1)
         ids, weights = self.routing[index]
         routed = moe_ops.routed_experts(
-            self.moe_impl, self.weights.experts_of(index), h, ids, weights, workspace=self.moe_workspace
+            self.moe_impl,
+            self.weights.experts_of(index),
+            h,
+            ids,
+            weights,
+            sglang_files=self.weights.sglang_files,
         )
         return routed + self._mlp(w["shared_gate_up"], w["shared_down"], h)
 
