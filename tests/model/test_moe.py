@@ -80,7 +80,9 @@ def test_uint4b8_id_equals_sglang_header(tmp_path):
         "(long long)sglang::host::kU8B128.id()); }\n"
     )
     include = SGLANG_FILES / "sglang" / "kernels" / "jit" / "include"
-    subprocess.run(["g++", "-std=c++20", f"-I{include}", str(program), "-o", str(tmp_path / "id")], check=True)
+    subprocess.run(
+        ["g++", "-std=c++20", f"-I{include}", str(program), "-o", str(tmp_path / "id")], check=True
+    )
     out = subprocess.run([str(tmp_path / "id")], check=True, capture_output=True, text=True).stdout.split()
     assert [int(v) for v in out] == [moe.UINT4B8_ID, moe.UINT8B128_ID]
 

@@ -148,7 +148,9 @@ def _check_shape(experts: int, hidden: int, intermediate: int, group_size: int) 
             raise ValueError(f"{name} = {value} is not a multiple of group_size = {group_size}")
 
 
-def weight_bytes(impl: str, experts: int, hidden: int, intermediate: int, group_size: int = GROUP_SIZE) -> int:
+def weight_bytes(
+    impl: str, experts: int, hidden: int, intermediate: int, group_size: int = GROUP_SIZE
+) -> int:
     """Bytes of one layer's routed-expert weights in ``impl``'s format: INT4 impls 0.5 B a weight plus a
     bf16 scale (2 B) per group of ``group_size`` weights; bf16 2 B a weight. Three matrices an expert
     (gate, up, down), each ``hidden x intermediate``."""
@@ -405,7 +407,11 @@ def _stubs() -> dict:
         },
         "sglang.kernels.ops.quantization.int8_kernel": lambda: {
             n: _unavailable_function(n, fp8)
-            for n in ("per_token_group_quant_int8", "per_token_quant_int8", "sglang_per_token_group_quant_int8")
+            for n in (
+                "per_token_group_quant_int8",
+                "per_token_quant_int8",
+                "sglang_per_token_group_quant_int8",
+            )
         },
         "sglang.kernels.ops.quantization.per_token_group_quant": lambda: {
             "per_token_group_quant": _unavailable_function("per_token_group_quant", fp8)
@@ -530,19 +536,28 @@ def sglang_moe_root(sglang_files=None) -> Path:
 
 
 def _ensure_ninja() -> str | None:
-    """SGLang's JIT runs ``ninja`` from PATH; where none is, the ``ninja`` Python package's binary folder is
-    put on PATH. Returns None, or why there is no ninja."""
+    """SGLang's JIT runs ``ninja`` from PATH. Where none is, a ``ninja`` binary installed with the ``ninja``
+    Python package is put on PATH: its ``BIN_DIR``, or ``bin/`` beside a ``pip install --target`` folder
+    on ``sys.path``. Returns None, or why there is no ninja."""
     if shutil.which("ninja"):
         return None
+    candidates = []
     try:
         import ninja  # noqa: PLC0415
+
+        candidates.append(getattr(ninja, "BIN_DIR", "") or "")
+        candidates.append(str(Path(ninja.__file__).resolve().parent.parent / "bin"))
     except Exception:
-        return "no ninja on PATH and no ninja Python package (pip install ninja; SGLang's JIT builds with it)"
-    bin_dir = getattr(ninja, "BIN_DIR", None)
-    if bin_dir and Path(bin_dir, "ninja").is_file():
-        os.environ["PATH"] = f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"
-        return None
-    return "the ninja Python package has no ninja binary (pip install ninja)"
+        pass
+    candidates += [str(Path(entry) / "bin") for entry in sys.path if entry]
+    for folder in candidates:
+        binary = Path(folder, "ninja") if folder else None
+        if binary is not None and binary.is_file() and os.access(binary, os.X_OK):
+            os.environ["PATH"] = f"{folder}{os.pathsep}{os.environ.get('PATH', '')}"
+            return None
+    return (
+        "no ninja on PATH or beside the ninja Python package (pip install ninja; SGLang's JIT builds with it)"
+    )
 
 
 def _install_finder(root: Path) -> None:
@@ -558,8 +573,8 @@ def _install_finder(root: Path) -> None:
     present = sys.modules.get("sglang")
     if present is not None:
         raise MoeUnavailable(
-            f"a sglang package is already imported in this process ({getattr(present, '__file__', present)}); "
-            "load SGLang's MoE files in a process without it"
+            "a sglang package is already imported in this process "
+            f"({getattr(present, '__file__', present)}); load SGLang's MoE files in a process without it"
         )
     finder = _SglangFiles(root, _stubs())
     sys.meta_path.insert(0, finder)
@@ -581,9 +596,13 @@ def load_sglang_moe(impl: str, sglang_files=None):
     if key in _LOADER["modules"]:
         return _LOADER["modules"][key]
     _install_finder(root)
-    name, attribute = (_MARLIN_MODULE, "fused_marlin_moe") if impl == MARLIN else (
-        _TRITON_MODULE,
-        "fused_experts_impl",
+    name, attribute = (
+        (_MARLIN_MODULE, "fused_marlin_moe")
+        if impl == MARLIN
+        else (
+            _TRITON_MODULE,
+            "fused_experts_impl",
+        )
     )
     try:
         function = getattr(importlib.import_module(name), attribute)
@@ -699,7 +718,9 @@ class ExpertWeights:
 
     def nbytes(self) -> int:
         return sum(
-            t.numel() * t.element_size() for t in (self.w13, self.w2, self.w13_scale, self.w2_scale) if t is not None
+            t.numel() * t.element_size()
+            for t in (self.w13, self.w2, self.w13_scale, self.w2_scale)
+            if t is not None
         )
 
 
@@ -930,10 +951,14 @@ def _check_call(torch, weights: ExpertWeights, x, topk_ids, topk_weights) -> Non
     if topk_ids.dim() != 2 or topk_ids.shape[0] != x.shape[0]:
         raise ValueError(f"topk_ids must be [T={x.shape[0]}, k], got {list(topk_ids.shape)}")
     if tuple(topk_weights.shape) != tuple(topk_ids.shape):
-        raise ValueError(f"topk_weights {list(topk_weights.shape)} must match topk_ids {list(topk_ids.shape)}")
+        raise ValueError(
+            f"topk_weights {list(topk_weights.shape)} must match topk_ids {list(topk_ids.shape)}"
+        )
 
 
-def routed_experts(impl: str, weights: ExpertWeights, x, topk_ids, topk_weights, *, workspace=None, sglang_files=None):
+def routed_experts(
+    impl: str, weights: ExpertWeights, x, topk_ids, topk_weights, *, workspace=None, sglang_files=None
+):
     """bf16 ``[T, hidden]``: the routed experts' output (module docstring) through ``impl``.
 
     ``topk_ids`` int32 (converted if not), ``topk_weights`` float32. ``workspace`` is accepted for API
