@@ -1,10 +1,1045 @@
-"""PROVISIONAL (replaced by the moe branch at merge)."""
+"""Routed experts (MoE) of Kimi K2.6 for one GPU's share of tensor parallel 8, as loadable impls.
 
-MOE_IMPLS = ("marlin-w4a16", "triton-w4a16", "bf16-grouped-mm")
+The problem, one layer: ``experts`` routed experts (384 in K2.6), each sliced to ``intermediate`` columns
+(2048 / 8 = 256 on rank 0 of TP8), hidden size 7168, top-8 routing. Tokens ``x`` bf16 ``[T, hidden]``,
+``topk_ids`` ``[T, 8]`` (int32), ``topk_weights`` float32 ``[T, 8]``; output bf16 ``[T, hidden]``:
+
+    y[t] = sum_k  topk_weights[t, k] * W2[e] @ (silu(G[e] @ x[t]) * (U[e] @ x[t])),   e = topk_ids[t, k]
+
+with ``W13[e] = [G[e]; U[e]]`` (gate rows first, then up: ``[2*I, hidden]``) and ``W2[e]`` ``[hidden, I]``.
+The checkpoint's routed experts are INT4 W4A16: symmetric, group 32 along the input dim, bf16 scales, the
+stored 4-bit code ``q`` meaning ``(q - 8) * scale`` (``uint4b8``).
+
+Impls (``MOE_IMPLS``):
+
+- ``marlin-w4a16``: what SGLang runs for that checkpoint on Hopper: ``fused_marlin_moe``
+  (``sglang/srt/layers/moe/fused_moe_triton/fused_marlin_moe.py``), i.e. SGLang's alignment kernels, two
+  ``moe_wna16_marlin_gemm`` calls (its CUDA sources JIT-compiled through apache-tvm-ffi and nvcc by SGLang's
+  own ``load_jit``), ``silu_and_mul`` between them (SGLang's JIT kernel) and the top-k sum.
+- ``triton-w4a16``: SGLang's Triton fused MoE, ``fused_experts_impl(..., use_int4_w4a16=True,
+  block_shape=[0, group])`` (``sglang/srt/layers/moe/moe_runner/triton_utils/fused_moe.py``).
+- ``bf16-grouped-mm``: unquantised bf16 experts through ``torch._grouped_mm`` (sm90): tokens sorted by
+  expert, two grouped GEMMs, silu * up, a weighted sum over the top-k. One layer's BF16 slice is
+  ``384 * 3 * 7168 * 256 * 2`` B = 4.2 GB.
+
+SGLang's files are loaded from a folder (``sglang_files``) holding them at their package paths (e.g.
+``<folder>/sglang/kernels/ops/moe/moe_wna16_marlin.py``), or from an installed ``sglang``, WITHOUT running
+``import sglang`` (which pulls in transformers and most of SGLang's dependencies): ``sglang.*`` names
+resolve to the files under that folder, packages as empty modules (no ``__init__.py`` runs), and a few
+modules are our own stand-ins (``_STUBS``): platform queries, no-op registration decorators, the serving
+runtime's defaults (no symmetric memory, no fused all-reduce, no deterministic mode), and for the
+``sgl_kernel`` wheel (not installable next to torch 2.11): ``scalar_types`` (the ``uint4b8`` id computed as
+``scalar_type.hpp`` defines it), ``moe_sum_reduce`` (the top-k sum, in PyTorch) and its AOT
+``moe_align_block_size`` (replaced by SGLang's JIT kernel of the same contract). Once loaded, the finder
+stays installed and the modules stay in ``sys.modules`` for the process (SGLang's functions import
+modules lazily at call time): a process that loads these impls must not also import a real ``sglang``.
+
+Weights formats (``make_expert_weights``; random bits are valid random weights):
+
+- marlin: ``w13`` int32 ``[E, hidden/16, 2*I*2]`` and ``w2`` int32 ``[E, I/16, hidden*2]`` in Marlin's tile
+  layout (what ``gptq_marlin_moe_repack`` produces), scales bf16 ``[E, groups, N]`` permuted as
+  ``marlin_permute_scales`` does. ``reference_moe`` undoes both permutations (``_marlin_unpermute``,
+  written from ``get_weight_perm`` / ``marlin_permute_weights`` in SGLang's ``test/test_marlin_utils.py``
+  and ``get_scale_perms`` in ``srt/layers/quantization/marlin_utils.py``); the GPU tests check that
+  permutation against SGLang's own JIT ``gptq_marlin_repack``.
+- triton: ``w13`` uint8 ``[E, 2*I, hidden/2]``, ``w2`` uint8 ``[E, hidden, I/2]`` (two codes a byte along
+  the input dim, the even index in the low nibble), scales bf16 ``[E, N, K/group]``.
+- bf16: ``w13`` ``[E, 2*I, hidden]``, ``w2`` ``[E, hidden, I]``.
+
+torch is imported inside functions only, so this module imports on machines without it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import math
+import os
+import shutil
+import sys
+import types
+from dataclasses import dataclass, field
+from pathlib import Path
+
+MARLIN, TRITON, BF16 = "marlin-w4a16", "triton-w4a16", "bf16-grouped-mm"
+MOE_IMPLS = (MARLIN, TRITON, BF16)
+TOP_K = 8
+GROUP_SIZE = 32
+#: the value 4-bit codes are stored with (symmetric ``uint4b8``: weight = (q - 8) * scale)
+INT4_BIAS = 8
+__all__ = [
+    "BF16",
+    "MARLIN",
+    "MOE_IMPLS",
+    "TRITON",
+    "ExpertWeights",
+    "MoeUnavailable",
+    "expert_order",
+    "grouped_moe",
+    "load_sglang_moe",
+    "make_expert_weights",
+    "marlin_pack",
+    "marlin_unpack",
+    "moe_unavailable_reason",
+    "reference_moe",
+    "routed_experts",
+    "sglang_moe_root",
+    "weight_bytes",
+]
+
+#: files each SGLang impl needs, relative to the folder that holds ``sglang/`` (checked by name in reasons)
+REQUIRED_FILES = {
+    MARLIN: (
+        "sglang/srt/layers/moe/fused_moe_triton/fused_marlin_moe.py",
+        "sglang/kernels/ops/moe/moe_wna16_marlin.py",
+        "sglang/kernels/jit/csrc/gemm/marlin_moe/moe_wna16_marlin.cuh",
+        "sglang/kernels/ops/moe/moe_align.py",
+        "sglang/kernels/jit/csrc/moe/moe_align_kernel.cu",
+        "sglang/kernels/jit/utils/compile/loader.py",
+    ),
+    TRITON: (
+        "sglang/srt/layers/moe/moe_runner/triton_utils/fused_moe.py",
+        "sglang/kernels/ops/moe/fused_moe_triton_kernels.py",
+        "sglang/srt/layers/moe/moe_runner/triton_utils/moe_align_block_size.py",
+    ),
+}
+_MARLIN_MODULE = "sglang.srt.layers.moe.fused_moe_triton.fused_marlin_moe"
+_TRITON_MODULE = "sglang.srt.layers.moe.moe_runner.triton_utils.fused_moe"
+_REPACK_MODULE = "sglang.kernels.ops.quantization.gptq_marlin_repack"
+#: Python packages the JIT path imports besides torch (the ``ninja`` package only where no ninja is on PATH)
+JIT_PACKAGES = (("tvm_ffi", "apache-tvm-ffi==0.1.11"), ("msgspec", "msgspec"))
 
 
-def weight_bytes(impl, experts, hidden, intermediate, group_size=32):
+class MoeUnavailable(RuntimeError):
+    """The impl cannot run here; the message (one line) says why."""
+
+    def __init__(self, reason: str):
+        super().__init__(" ".join(str(reason).split()))
+
+
+def _check_impl(impl: str) -> None:
+    if impl not in MOE_IMPLS:
+        raise ValueError(f"unknown MoE impl {impl!r}; expected one of {list(MOE_IMPLS)}")
+
+
+def _describe(exc: BaseException, limit: int = 300) -> str:
+    from ddtree_bench.ops.attention_peers import _describe as describe  # noqa: PLC0415
+
+    return describe(exc, limit)
+
+
+# ----------------------------------------------------------------------------------------- arithmetic
+
+
+def _check_shape(experts: int, hidden: int, intermediate: int, group_size: int) -> None:
+    for name, value in (
+        ("experts", experts),
+        ("hidden", hidden),
+        ("intermediate", intermediate),
+        ("group_size", group_size),
+    ):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    for name, value in (("hidden", hidden), ("intermediate", intermediate)):
+        if value % group_size:
+            raise ValueError(f"{name} = {value} is not a multiple of group_size = {group_size}")
+
+
+def weight_bytes(
+    impl: str, experts: int, hidden: int, intermediate: int, group_size: int = GROUP_SIZE
+) -> int:
+    """Bytes of one layer's routed-expert weights in ``impl``'s format: INT4 impls 0.5 B a weight plus a
+    bf16 scale (2 B) per group of ``group_size`` weights; bf16 2 B a weight. Three matrices an expert
+    (gate, up, down), each ``hidden x intermediate``."""
+    _check_impl(impl)
+    _check_shape(experts, hidden, intermediate, group_size)
     weights = 3 * experts * hidden * intermediate
-    if impl == "bf16-grouped-mm":
-        return 2.0 * weights
-    return weights * (0.5 + 2.0 / group_size)
+    if impl == BF16:
+        return 2 * weights
+    return weights // 2 + 2 * (weights // group_size)
+
+
+# ------------------------------------------------------------------------------- loading SGLang's files
+
+
+def _platform_is_cuda() -> bool:
+    import torch  # noqa: PLC0415
+
+    if _STUB_PLATFORM["cuda"] is not None:  # tests of the import path on machines without a GPU
+        return bool(_STUB_PLATFORM["cuda"])
+    return bool(torch.version.cuda) and torch.cuda.is_available()
+
+
+_STUB_PLATFORM: dict = {"cuda": None}
+
+
+class _Defaults:
+    """A runtime setting object whose every attribute is another falsy ``_Defaults``: SGLang's serving
+    runtime's options all default to off (no fused all-reduce, no deterministic mode, no symmetric
+    memory), which is the configuration measured here."""
+
+    def __init__(self, path: str = "runtime"):
+        self._path = path
+
+    def __getattr__(self, name: str):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return _Defaults(f"{self._path}.{name}")
+
+    def __bool__(self) -> bool:
+        return False
+
+    def __repr__(self) -> str:
+        return f"<default off: {self._path}>"
+
+
+def _register_custom_op(*args, **kwargs):
+    """SGLang's ``register_custom_op`` registers a torch custom op for torch.compile; eager calls run the
+    function itself, which is what this decorator returns (bare or with arguments)."""
+    if len(args) == 1 and callable(args[0]) and not kwargs:
+        return args[0]
+    return lambda fn: fn
+
+
+def _unavailable_function(name: str, why: str):
+    def call(*args, **kwargs):
+        raise RuntimeError(f"{name} is not available here ({why})")
+
+    call.__name__ = name.rsplit(".", 1)[-1]
+    return call
+
+
+def _stub_srt_utils() -> dict:
+    import torch  # noqa: PLC0415
+
+    def get_bool_env_var(name: str, default: str = "false") -> bool:
+        return os.getenv(name, default).lower() in ("true", "1")
+
+    def capability() -> tuple[int, int]:
+        return torch.cuda.get_device_capability() if _platform_is_cuda() else (0, 0)
+
+    return {
+        "is_cuda": _platform_is_cuda,
+        "is_cuda_alike": _platform_is_cuda,
+        "is_hip": lambda: False,
+        "is_musa": lambda: False,
+        "is_xpu": lambda: False,
+        "is_npu": lambda: False,
+        "is_cpu": lambda: False,
+        "cpu_has_amx_support": lambda: False,
+        "is_gfx95_supported": lambda: False,
+        "is_gfx1250_supported": lambda: False,
+        "is_sm90_supported": lambda device=None: capability()[0] == 9,
+        "is_sm100_supported": lambda device=None: capability()[0] == 10,
+        "get_bool_env_var": get_bool_env_var,
+        "get_device_name": lambda device_id=0: torch.cuda.get_device_name(device_id),
+        "get_device_core_count": lambda device_id=0: (
+            torch.cuda.get_device_properties(device_id).multi_processor_count
+        ),
+    }
+
+
+def _stub_srt_utils_common() -> dict:
+    import torch  # noqa: PLC0415
+
+    def get_cuda_version() -> tuple[int, ...]:
+        return tuple(int(part) for part in (torch.version.cuda or "0.0").split(".")[:2])
+
+    return {"is_cuda": _platform_is_cuda, "get_cuda_version": get_cuda_version}
+
+
+#: the uint4b8 ScalarType, as sglang/kernels/jit/include/sgl_kernel/scalar_type.hpp builds it:
+#: ScalarType::uint(4, 8) = (exponent 0, mantissa 4, signed false, bias 8, finite_values_only false,
+#: nan_repr NAN_IEEE_754 = 1), fields packed low to high at widths 8, 8, 1, 32, 1, 8 bits (``id()``)
+_SCALAR_FIELDS = (("exponent", 8), ("mantissa", 8), ("signed", 1), ("bias", 32), ("finite", 1), ("nan", 8))
+
+
+def scalar_type_id(exponent: int, mantissa: int, signed: bool, bias: int, finite: bool, nan_repr: int) -> int:
+    """``ScalarType::id()`` of ``scalar_type.hpp``: the fields packed in constructor order."""
+    value, offset = 0, 0
+    for (_, bits), member in zip(
+        _SCALAR_FIELDS, (exponent, mantissa, int(signed), bias, int(finite), nan_repr), strict=True
+    ):
+        value |= (int(member) & ((1 << bits) - 1)) << offset
+        offset += bits
+    return value
+
+
+UINT4B8_ID = scalar_type_id(0, 4, False, INT4_BIAS, False, 1)
+UINT8B128_ID = scalar_type_id(0, 8, False, 128, False, 1)
+
+
+@dataclass(frozen=True)
+class _ScalarType:
+    name: str
+    id: int
+    size_bits: int
+
+
+def _stub_sgl_kernel_scalar_type() -> dict:
+    def unavailable(name):
+        return _ScalarType(name, -1, 0)  # not used by the W4A16 path; the kernel rejects id -1
+
+    types_ = types.SimpleNamespace(
+        uint4b8=_ScalarType("uint4b8", UINT4B8_ID, 4),
+        uint8b128=_ScalarType("uint8b128", UINT8B128_ID, 8),
+        uint4=unavailable("uint4"),
+        float4_e2m1f=unavailable("float4_e2m1f"),
+    )
+    return {"ScalarType": _ScalarType, "scalar_types": types_}
+
+
+def _stub_sgl_kernel() -> dict:
+    import torch  # noqa: PLC0415
+
+    def moe_sum_reduce(input, output, routed_scaling_factor: float = 1.0):
+        """sgl_kernel's top-k sum: ``output = sum_k input[:, k] * routed_scaling_factor`` (PyTorch)."""
+        torch.sum(input, dim=1, out=output)
+        if routed_scaling_factor != 1.0:
+            output.mul_(routed_scaling_factor)
+        return output
+
+    why = "the sgl_kernel wheel is not installed; only moe_sum_reduce is provided, in PyTorch"
+    return {
+        "moe_sum_reduce": moe_sum_reduce,
+        "silu_and_mul": _unavailable_function("sgl_kernel.silu_and_mul", why),
+        "__getattr__": _missing("sgl_kernel", why),
+    }
+
+
+def _missing(module: str, why: str):
+    def __getattr__(name: str):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        raise AttributeError(f"{module}.{name} is not available here ({why})")
+
+    return __getattr__
+
+
+def _stub_ops_moe() -> dict:
+    """``sglang.kernels.ops.moe``'s ``moe_align_block_size`` dispatches to sgl_kernel's AOT kernel; here it
+    runs SGLang's JIT kernel of the same contract (``moe_align.py``, no inactive-prefix count)."""
+
+    def moe_align_block_size(
+        topk_ids,
+        num_experts,
+        block_size,
+        sorted_token_ids,
+        experts_ids,
+        num_tokens_post_pad,
+        cumsum_buffer,
+        pad_sorted_token_ids=False,
+        ignore_invalid_expert=False,
+    ):
+        if ignore_invalid_expert:
+            raise RuntimeError("ignore_invalid_expert needs sgl_kernel's AOT moe_align_block_size")
+        jit = importlib.import_module("sglang.kernels.ops.moe.moe_align").moe_align_block_size
+        return jit(
+            topk_ids,
+            num_experts,
+            block_size,
+            sorted_token_ids,
+            experts_ids,
+            num_tokens_post_pad,
+            cumsum_buffer,
+            pad_sorted_token_ids,
+        )
+
+    return {"moe_align_block_size": moe_align_block_size}
+
+
+def _lazy(module: str, attribute: str):
+    """A module ``__getattr__`` that resolves ``attribute`` from ``module`` on first use."""
+
+    def __getattr__(name: str):
+        if name == attribute:
+            return getattr(importlib.import_module(module), attribute)
+        raise AttributeError(f"{name} (only {attribute} is provided by this stand-in)")
+
+    return __getattr__
+
+
+def _stubs() -> dict:
+    """Stand-in modules by name (each a factory of its attributes)."""
+    fp8 = "fp8/int8 activation quantisation is not part of the W4A16 path"
+    runtime = {
+        "get_exec": lambda: _Defaults("get_exec()"),
+        "get_parallel": lambda: _Defaults("get_parallel()"),
+        "get_platform": lambda: types.SimpleNamespace(
+            is_sm90=_stub_srt_utils()["is_sm90_supported"](), is_sm100=False
+        ),
+    }
+    return {
+        "sglang.srt.utils": _stub_srt_utils,
+        "sglang.srt.utils.common": _stub_srt_utils_common,
+        "sglang.srt.utils.custom_op": lambda: {"register_custom_op": _register_custom_op},
+        "sglang.utils": lambda: {"is_in_ci": lambda: False},
+        "sglang.srt.runtime_context": lambda: runtime,
+        "sglang.srt.batch_invariant_ops": lambda: {"is_batch_invariant_mode_enabled": lambda: False},
+        "sglang.srt.distributed": dict,
+        "sglang.srt.distributed.device_communicators": dict,
+        "sglang.srt.distributed.device_communicators.pynccl_allocator": lambda: {
+            "use_symmetric_memory": lambda *a, **k: contextlib.nullcontext()
+        },
+        "sglang.srt.layers.dp_attention": lambda: {"is_allocation_symmetric": lambda: False},
+        "sglang.srt.layers.zero_copy_context": lambda: {"get_moe_output": lambda hidden_states: None},
+        "sglang.srt.layers.moe.moe_runner": lambda: {"MoeRunnerConfig": _MoeRunnerConfig},
+        "sglang.srt.layers.moe.utils": lambda: {
+            "get_moe_padding_size": lambda use_aiter=False: 0,
+            "get_moe_runner_backend": lambda: _Defaults("moe_runner_backend"),
+        },
+        "sglang.srt.layers.moe.fused_moe_triton": lambda: {
+            "__getattr__": _lazy(
+                "sglang.srt.layers.moe.moe_runner.triton_utils.moe_align_block_size", "moe_align_block_size"
+            )
+        },
+        "sglang.srt.layers.moe.moe_runner.triton_utils": lambda: {"get_config": lambda: None},
+        "sglang.kernels.ops.moe": _stub_ops_moe,
+        "sglang.kernels.ops.activation.minimax_m3_swiglu": lambda: {
+            "swiglu_oai_split": _unavailable_function("swiglu_oai_split", "GPT-OSS activation, not used")
+        },
+        "sglang.kernels.ops.quantization.fp8_kernel": lambda: {
+            n: _unavailable_function(n, fp8)
+            for n in ("per_token_group_quant_fp8", "scaled_fp8_quant", "sglang_per_token_group_quant_fp8")
+        },
+        "sglang.kernels.ops.quantization.int8_kernel": lambda: {
+            n: _unavailable_function(n, fp8)
+            for n in (
+                "per_token_group_quant_int8",
+                "per_token_quant_int8",
+                "sglang_per_token_group_quant_int8",
+            )
+        },
+        "sglang.kernels.ops.quantization.per_token_group_quant": lambda: {
+            "per_token_group_quant": _unavailable_function("per_token_group_quant", fp8)
+        },
+        "sgl_kernel": _stub_sgl_kernel,
+        "sgl_kernel.scalar_type": _stub_sgl_kernel_scalar_type,
+    }
+
+
+class _MoeRunnerConfig:
+    """Stand-in for SGLang's MoeRunnerConfig (only constructed as a default argument)."""
+
+    def __init__(self, **kwargs):
+        self.__dict__.update(kwargs)
+
+
+#: packages whose ``__init__.py`` does run: they only re-export their own submodules (SGLang's JIT helpers)
+_RUN_INIT = frozenset({"sglang.kernels.jit.utils", "sglang.kernels.jit.utils.compile"})
+
+
+def _ours(name: str) -> bool:
+    return name in ("sglang", "sgl_kernel") or name.startswith(("sglang.", "sgl_kernel."))
+
+
+class _EmptyPackage(importlib.abc.Loader):
+    def create_module(self, spec):
+        return None
+
+    def exec_module(self, module):
+        pass
+
+
+class _StubLoader(importlib.abc.Loader):
+    def __init__(self, factory):
+        self.factory = factory
+
+    def create_module(self, spec):
+        module = types.ModuleType(spec.name)
+        module.__doc__ = f"ddtree_bench's stand-in for {spec.name}"
+        for key, value in self.factory().items():
+            setattr(module, key, value)
+        return module
+
+    def exec_module(self, module):
+        pass
+
+
+class _SglangFiles(importlib.abc.MetaPathFinder):
+    """``sglang.*`` / ``sgl_kernel.*`` names: stand-ins first, then the files under ``root`` (packages as
+    empty modules whose search path is their folder)."""
+
+    def __init__(self, root: Path, stubs: dict):
+        self.root = root
+        self.stubs = stubs
+
+    def find_spec(self, fullname, path=None, target=None):
+        if not _ours(fullname):
+            return None
+        base = self.root.joinpath(*fullname.split("."))
+        parent_of_stub = any(stub.startswith(fullname + ".") for stub in self.stubs)
+        if fullname in self.stubs:
+            package = base.is_dir() or parent_of_stub
+            spec = importlib.machinery.ModuleSpec(
+                fullname, _StubLoader(self.stubs[fullname]), is_package=package
+            )
+            if package:
+                spec.submodule_search_locations = [str(base)] if base.is_dir() else []
+            return spec
+        if fullname in _RUN_INIT and (base / "__init__.py").is_file():
+            return importlib.util.spec_from_file_location(
+                fullname, base / "__init__.py", submodule_search_locations=[str(base)]
+            )
+        if base.is_dir() or parent_of_stub:
+            # origin names the (unexecuted) __init__.py: SGLang's JIT finds its sources from it
+            init = base / "__init__.py"
+            origin = str(init) if init.is_file() else None
+            spec = importlib.machinery.ModuleSpec(fullname, _EmptyPackage(), origin=origin, is_package=True)
+            spec.submodule_search_locations = [str(base)] if base.is_dir() else []
+            return spec
+        if base.with_suffix(".py").is_file():
+            return importlib.util.spec_from_file_location(fullname, base.with_suffix(".py"))
+        raise ModuleNotFoundError(f"{fullname} is not under {self.root}", name=fullname)
+
+
+_LOADER: dict = {"root": None, "finder": None, "modules": {}}
+
+
+def sglang_moe_root(sglang_files=None) -> Path:
+    """The folder holding ``sglang/``: ``sglang_files`` (the folder itself, a checkout whose ``python/``
+    holds it, or the ``sglang`` package folder), or when None the installed ``sglang``'s parent (found with
+    ``importlib.util.find_spec``, which does not import it). ``MoeUnavailable`` naming the path where the
+    MoE files are not there."""
+    from ddtree_bench.ops.attention_peers import _sglang_roots  # noqa: PLC0415
+
+    needed = REQUIRED_FILES[MARLIN][0], REQUIRED_FILES[TRITON][0]
+    if sglang_files is not None:
+        source = Path(sglang_files).expanduser()
+        for root in _sglang_roots(source):
+            if any((root / rel).is_file() for rel in needed):
+                return root.resolve()
+        raise MoeUnavailable(
+            f"SGLang's MoE files not found at {source} (looked for {' or '.join(needed)} there and under "
+            "its python/); extract them from the sglang 0.5.23 wheel (docs/k26_model.md)"
+        )
+    finder = _LOADER["finder"]
+    if finder is not None:
+        return finder.root
+    try:
+        spec = importlib.util.find_spec("sglang")
+    except Exception as exc:
+        raise MoeUnavailable(f"no usable installed sglang ({_describe(exc)})") from exc
+    if spec is None or not spec.submodule_search_locations:
+        raise MoeUnavailable(
+            "no installed sglang and no sglang_files folder given (SGLang's MoE files extracted from the "
+            "sglang 0.5.23 wheel, docs/k26_model.md)"
+        )
+    for location in spec.submodule_search_locations:
+        root = Path(location).parent
+        if any((root / rel).is_file() for rel in needed):
+            return root.resolve()
+    raise MoeUnavailable(f"the installed sglang ({spec.origin}) has none of {list(needed)}")
+
+
+def _ensure_ninja() -> str | None:
+    """SGLang's JIT runs ``ninja`` from PATH. Where none is, a ``ninja`` binary installed with the ``ninja``
+    Python package is put on PATH: its ``BIN_DIR``, or ``bin/`` beside a ``pip install --target`` folder
+    on ``sys.path``. Returns None, or why there is no ninja."""
+    if shutil.which("ninja"):
+        return None
+    candidates = []
+    try:
+        import ninja  # noqa: PLC0415
+
+        candidates.append(getattr(ninja, "BIN_DIR", "") or "")
+        candidates.append(str(Path(ninja.__file__).resolve().parent.parent / "bin"))
+    except Exception:
+        pass
+    candidates += [str(Path(entry) / "bin") for entry in sys.path if entry]
+    for folder in candidates:
+        binary = Path(folder, "ninja") if folder else None
+        if binary is not None and binary.is_file() and os.access(binary, os.X_OK):
+            os.environ["PATH"] = f"{folder}{os.pathsep}{os.environ.get('PATH', '')}"
+            return None
+    return (
+        "no ninja on PATH or beside the ninja Python package (pip install ninja; SGLang's JIT builds with it)"
+    )
+
+
+def _install_finder(root: Path) -> None:
+    if _LOADER["root"] is not None:
+        if _LOADER["root"] != root:
+            raise MoeUnavailable(
+                f"SGLang's files from {_LOADER['root']} are already loaded in this process; cannot also "
+                f"load {root} (one folder a process)"
+            )
+        if _LOADER["finder"] not in sys.meta_path:
+            sys.meta_path.insert(0, _LOADER["finder"])
+        return
+    present = sys.modules.get("sglang")
+    if present is not None:
+        raise MoeUnavailable(
+            "a sglang package is already imported in this process "
+            f"({getattr(present, '__file__', present)}); load SGLang's MoE files in a process without it"
+        )
+    finder = _SglangFiles(root, _stubs())
+    sys.meta_path.insert(0, finder)
+    _LOADER.update(root=root, finder=finder)
+
+
+def load_sglang_moe(impl: str, sglang_files=None):
+    """The SGLang entry point of ``impl``: ``fused_marlin_moe`` (marlin) or ``fused_experts_impl``
+    (triton), loaded from ``sglang_files`` as the module docstring says. Loaded once per process.
+    ``MoeUnavailable`` (one line) where the files, a package or a stand-in are missing."""
+    _check_impl(impl)
+    if impl == BF16:
+        raise ValueError(f"{BF16} runs PyTorch only; it loads nothing from SGLang")
+    root = sglang_moe_root(sglang_files)
+    missing = [rel for rel in REQUIRED_FILES[impl] if not (root / rel).is_file()]
+    if missing:
+        raise MoeUnavailable(f"{impl}: SGLang's files under {root} lack {', '.join(missing)}")
+    key = (str(root), impl)
+    if key in _LOADER["modules"]:
+        return _LOADER["modules"][key]
+    _install_finder(root)
+    name, attribute = (
+        (_MARLIN_MODULE, "fused_marlin_moe")
+        if impl == MARLIN
+        else (
+            _TRITON_MODULE,
+            "fused_experts_impl",
+        )
+    )
+    try:
+        function = getattr(importlib.import_module(name), attribute)
+    except Exception as exc:
+        raise MoeUnavailable(f"{impl}: {name} does not load from {root} ({_describe(exc)})") from exc
+    _LOADER["modules"][key] = function
+    return function
+
+
+def _sglang_version(root: Path) -> str:
+    metas = sorted(root.glob("sglang-*.dist-info"))
+    return metas[-1].name[len("sglang-") : -len(".dist-info")] if metas else "unknown version"
+
+
+# ----------------------------------------------------------------------------------------- availability
+
+
+def _bf16_reason() -> str | None:
+    import torch  # noqa: PLC0415
+
+    if not hasattr(torch, "_grouped_mm"):
+        return f"torch {torch.__version__} has no torch._grouped_mm (needs torch >= 2.8)"
+    major, minor = torch.cuda.get_device_capability()
+    if major < 9:
+        return f"torch._grouped_mm needs sm90 or newer; this GPU is sm{major}{minor}"
+    return None
+
+
+def _jit_reason() -> str | None:
+    for module, package in JIT_PACKAGES:
+        try:
+            importlib.import_module(module)
+        except Exception as exc:
+            return f"{module} does not import ({_describe(exc)}); pip install {package}"
+    from ddtree_bench.cuda.loader import find_nvcc  # noqa: PLC0415
+
+    nvcc = find_nvcc()
+    if nvcc is None:
+        return "no nvcc (SGLang's JIT compiles the kernels with it; set CUDA_HOME or put nvcc on PATH)"
+    if not (os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH") or shutil.which("nvcc")):
+        os.environ["CUDA_HOME"] = str(Path(nvcc).resolve().parent.parent)  # where SGLang's JIT looks
+    return _ensure_ninja()
+
+
+def moe_unavailable_reason(impl: str, sglang_files=None, *, build: bool = True) -> str | None:
+    """None where ``impl`` can run here, else one line saying why (no torch, no CUDA GPU, SGLang's files
+    not at ``sglang_files``, apache-tvm-ffi or ninja missing, SGLang's module does not load, the JIT build
+    fails). With ``build`` (default) the SGLang impls also build their JIT kernels (cached on disk by
+    SGLang's loader, minutes the first time). ``ValueError`` for an unknown impl."""
+    _check_impl(impl)
+    from ddtree_bench.ops.attention_peers import torch_unavailable_reason  # noqa: PLC0415
+
+    if impl != BF16:  # a bad folder is named even where there is no GPU
+        try:
+            sglang_moe_root(sglang_files)
+        except MoeUnavailable as exc:
+            return f"{impl}: {exc}"
+    reason = torch_unavailable_reason()
+    if reason is not None:
+        return f"{impl}: needs a CUDA GPU: {reason}"
+    if impl == BF16:
+        reason = _bf16_reason()
+        return None if reason is None else f"{impl}: {reason}"
+    if impl == MARLIN or impl == TRITON:
+        reason = _jit_reason()
+        if reason is not None:
+            return f"{impl}: {reason}"
+        if impl == TRITON:
+            try:
+                import triton  # noqa: F401, PLC0415
+            except Exception as exc:
+                return f"{impl}: triton does not import ({_describe(exc)})"
+    try:
+        load_sglang_moe(impl, sglang_files)
+        if build:
+            _warm_small(impl, sglang_files)
+    except MoeUnavailable as exc:
+        return str(exc)
+    except Exception as exc:
+        return f"{impl}: the JIT build or first call failed ({_describe(exc)})"
+    return None
+
+
+def _warm_small(impl: str, sglang_files) -> None:
+    """One tiny call (1 and 9 tokens: both alignment paths) that builds every JIT kernel the impl uses."""
+    import torch  # noqa: PLC0415
+
+    weights = make_expert_weights(impl, experts=8, hidden=256, intermediate=128, seed=0, device="cuda")
+    for tokens in (1, 9):
+        x, ids, w = random_routing(tokens, 256, 8, seed=tokens, device="cuda")
+        routed_experts(impl, weights, x, ids, w, sglang_files=sglang_files)
+    torch.cuda.synchronize()
+
+
+# ---------------------------------------------------------------------------------------------- weights
+
+
+@dataclass
+class ExpertWeights:
+    """One layer's routed experts in ``impl``'s format (module docstring): ``w13`` (gate+up), ``w2`` (down)
+    and, for INT4 impls, their bf16 group scales."""
+
+    impl: str
+    experts: int
+    hidden: int
+    intermediate: int
+    group_size: int
+    w13: object
+    w2: object
+    w13_scale: object = None
+    w2_scale: object = None
+    extra: dict = field(default_factory=dict)
+
+    def nbytes(self) -> int:
+        return sum(
+            t.numel() * t.element_size()
+            for t in (self.w13, self.w2, self.w13_scale, self.w2_scale)
+            if t is not None
+        )
+
+
+def _generator(torch, seed: int, device):
+    gen = torch.Generator(device=device)
+    gen.manual_seed(int(seed))
+    return gen
+
+
+def _random_scales(torch, shape, fan_in: int, gen, device):
+    """bf16 scales so that a weight (q - 8) * s has standard deviation about 1/sqrt(fan_in) (a uniform
+    code in 0..15 minus 8 has standard deviation ~4.6)."""
+    base = 1.0 / (4.6 * math.sqrt(fan_in))
+    s = torch.rand(shape, generator=gen, device=device, dtype=torch.float32) + 0.5
+    return (s * base).to(torch.bfloat16)
+
+
+def make_expert_weights(
+    impl: str,
+    *,
+    experts: int,
+    hidden: int,
+    intermediate: int,
+    group_size: int = GROUP_SIZE,
+    seed: int,
+    device,
+) -> ExpertWeights:
+    """Random weights of one layer's routed experts in ``impl``'s own format (module docstring). Random
+    bits are valid random INT4 weights; scales and bf16 weights are scaled so outputs stay O(1)."""
+    _check_impl(impl)
+    _check_shape(experts, hidden, intermediate, group_size)
+    import torch  # noqa: PLC0415
+
+    gen = _generator(torch, seed, device)
+    e, h, i = experts, hidden, intermediate
+    if impl == BF16:
+        w13 = (torch.randn((e, 2 * i, h), generator=gen, device=device) / math.sqrt(h)).to(torch.bfloat16)
+        w2 = (torch.randn((e, h, i), generator=gen, device=device) / math.sqrt(i)).to(torch.bfloat16)
+        return ExpertWeights(impl, e, h, i, group_size, w13, w2)
+    if impl == TRITON:
+        w13 = torch.randint(0, 256, (e, 2 * i, h // 2), generator=gen, device=device, dtype=torch.uint8)
+        w2 = torch.randint(0, 256, (e, h, i // 2), generator=gen, device=device, dtype=torch.uint8)
+        s13 = _random_scales(torch, (e, 2 * i, h // group_size), h, gen, device)
+        s2 = _random_scales(torch, (e, h, i // group_size), i, gen, device)
+        return ExpertWeights(impl, e, h, i, group_size, w13, w2, s13, s2)
+    for name, value in (("hidden", h), ("2*intermediate", 2 * i), ("intermediate", i)):
+        if value % 64:
+            raise ValueError(f"{MARLIN}: {name} = {value} must be a multiple of 64 (Marlin's tiles)")
+    low, high = -(2**31), 2**31 - 1
+    # Marlin: K = input dim, N = output dim; w13 has K = hidden, N = 2*I; w2 has K = I, N = hidden
+    w13 = torch.randint(low, high, (e, h // 16, 2 * i * 2), generator=gen, device=device, dtype=torch.int32)
+    w2 = torch.randint(low, high, (e, i // 16, h * 2), generator=gen, device=device, dtype=torch.int32)
+    s13 = _random_scales(torch, (e, h // group_size, 2 * i), h, gen, device)
+    s2 = _random_scales(torch, (e, i // group_size, h), i, gen, device)
+    return ExpertWeights(impl, e, h, i, group_size, w13, w2, s13, s2)
+
+
+def random_routing(tokens: int, hidden: int, experts: int, *, seed: int, device, top_k: int = TOP_K):
+    """``(x bf16 [T, hidden], topk_ids int32 [T, top_k] distinct per token, topk_weights float32 [T, top_k]
+    summing to 1)``, as a softmax top-k router gives them."""
+    import torch  # noqa: PLC0415
+
+    if top_k > experts:
+        raise ValueError(f"top_k = {top_k} exceeds experts = {experts}")
+    gen = _generator(torch, seed, device)
+    x = torch.randn((tokens, hidden), generator=gen, device=device).to(torch.bfloat16)
+    logits = torch.randn((tokens, experts), generator=gen, device=device)
+    weights, ids = torch.topk(torch.softmax(logits, dim=-1), top_k, dim=-1)
+    weights = weights / weights.sum(dim=-1, keepdim=True)
+    return x, ids.to(torch.int32), weights.to(torch.float32)
+
+
+# --------------------------------------------------------------------------- Marlin's layout (reference)
+
+
+def _marlin_weight_perm(torch):
+    """``get_weight_perm(4)`` of SGLang's test/test_marlin_utils.py: the order of the 1024 values of one
+    16 x 64 tile row group in Marlin's layout, with the 4-bit interleave."""
+    perm = []
+    for i in range(32):
+        perm1 = []
+        col = i // 4
+        for block in (0, 1):
+            for row in (2 * (i % 4), 2 * (i % 4) + 1, 2 * (i % 4 + 4), 2 * (i % 4 + 4) + 1):
+                perm1.append(16 * row + col + 8 * block)
+        for j in range(4):
+            perm.extend(p + 256 * j for p in perm1)
+    interleave = (0, 2, 4, 6, 1, 3, 5, 7)
+    out = [perm[r + c] for r in range(0, len(perm), 8) for c in interleave]
+    return torch.tensor(out, dtype=torch.int64)
+
+
+def _marlin_scale_perm(torch):
+    """``get_scale_perms()[0]`` of SGLang's srt/layers/quantization/marlin_utils.py (grouped scales)."""
+    return torch.tensor([i + 8 * j for i in range(8) for j in range(8)], dtype=torch.int64)
+
+
+def marlin_pack(q, scales):
+    """Marlin's layout of plain INT4 codes ``q`` (uint8/int ``[..., K, N]``, values 0..15) and group scales
+    ``[..., K/group, N]``: ``(qweight int32 [..., K/16, N*2], scales [..., K/group, N])``, as SGLang's
+    ``marlin_weights`` / ``marlin_permute_scales`` compute them (for tests; SGLang repacks with its JIT
+    ``gptq_marlin_repack``)."""
+    import torch  # noqa: PLC0415
+
+    *lead, k, n = q.shape
+    perm = _marlin_weight_perm(torch).to(q.device)
+    t = q.to(torch.int64).reshape(*lead, k // 16, 16, n // 16, 16).transpose(-3, -2)
+    t = t.reshape(*lead, k // 16, n * 16)
+    t = t.reshape(*lead, -1, perm.numel())[..., perm].reshape(*lead, k // 16, n * 16)
+    packed = torch.zeros((*lead, k // 16, n * 2), dtype=torch.int64, device=q.device)
+    for i in range(8):
+        packed |= t[..., i::8] << (4 * i)
+    packed = torch.where(packed >= 2**31, packed - 2**32, packed).to(torch.int32)
+    sperm = _marlin_scale_perm(torch).to(q.device)
+    s = scales.reshape(*lead, -1, sperm.numel())[..., sperm].reshape(scales.shape)
+    return packed.contiguous(), s.contiguous()
+
+
+def marlin_unpack(qweight, scales, size_k: int, size_n: int):
+    """The inverse of ``marlin_pack``: ``(q int64 [..., K, N] in 0..15, scales [..., K/group, N])``."""
+    import torch  # noqa: PLC0415
+
+    *lead, _, _ = qweight.shape
+    perm = _marlin_weight_perm(torch).to(qweight.device)
+    words = qweight.to(torch.int64) & 0xFFFFFFFF
+    t = torch.empty((*lead, size_k // 16, size_n * 16), dtype=torch.int64, device=qweight.device)
+    for i in range(8):
+        t[..., i::8] = (words >> (4 * i)) & 0xF
+    flat = t.reshape(*lead, -1, perm.numel())
+    unperm = torch.empty_like(flat)
+    unperm[..., perm] = flat
+    q = unperm.reshape(*lead, size_k // 16, size_n // 16, 16, 16).transpose(-3, -2)
+    q = q.reshape(*lead, size_k, size_n)
+    sperm = _marlin_scale_perm(torch).to(scales.device)
+    sflat = scales.reshape(*lead, -1, sperm.numel())
+    s = torch.empty_like(sflat)
+    s[..., sperm] = sflat
+    return q, s.reshape(scales.shape)
+
+
+def dequantize(weights: ExpertWeights, experts=None):
+    """float32 ``(W13 [n, 2I, hidden], W2 [n, hidden, I])`` of the listed experts (all when None)."""
+    import torch  # noqa: PLC0415
+
+    w = weights
+    idx = torch.arange(w.experts, device=w.w13.device) if experts is None else experts.to(w.w13.device)
+    g = w.group_size
+    if w.impl == BF16:
+        return w.w13[idx].float(), w.w2[idx].float()
+    if w.impl == TRITON:
+
+        def unpack(packed, scales):  # [n, N, K/2] uint8 -> [n, N, K]
+            codes = torch.stack(((packed & 0xF), (packed >> 4)), dim=-1).reshape(*packed.shape[:-1], -1)
+            return (codes.float() - INT4_BIAS) * scales.float().repeat_interleave(g, dim=-1)
+
+        return unpack(w.w13[idx], w.w13_scale[idx]), unpack(w.w2[idx], w.w2_scale[idx])
+
+    def unpack_marlin(packed, scales, k, n):  # -> [n_e, N, K]
+        q, s = marlin_unpack(packed, scales, k, n)
+        return ((q.float() - INT4_BIAS) * s.float().repeat_interleave(g, dim=-2)).transpose(-1, -2)
+
+    h, i = w.hidden, w.intermediate
+    return (
+        unpack_marlin(w.w13[idx], w.w13_scale[idx], h, 2 * i),
+        unpack_marlin(w.w2[idx], w.w2_scale[idx], i, h),
+    )
+
+
+# -------------------------------------------------------------------------------------------- routing
+
+
+def expert_order(topk_ids, experts: int):
+    """``(order, ends)``: ``order`` int64 ``[T*k]`` lists the flattened (token, slot) routes sorted by
+    expert (stable: by route index within an expert); ``ends`` int32 ``[experts]`` is the cumulative route
+    count (``torch._grouped_mm``'s ``offs``). No host synchronisation (CUDA-graph capturable)."""
+    import torch  # noqa: PLC0415
+
+    flat = topk_ids.reshape(-1).to(torch.int64)
+    order = torch.argsort(flat, stable=True)
+    counts = torch.zeros(experts, dtype=torch.int32, device=flat.device)
+    counts.index_add_(0, flat, torch.ones_like(flat, dtype=torch.int32))
+    return order, torch.cumsum(counts, 0, dtype=torch.int32)
+
+
+def _grouped_mm_loop(a, b, offs):
+    """What ``torch._grouped_mm(a [M, K], b [G, K, N], offs)`` computes, one group at a time (CPU tests;
+    synchronises)."""
+    import torch  # noqa: PLC0415
+
+    out = torch.empty((a.shape[0], b.shape[-1]), dtype=a.dtype, device=a.device)
+    start = 0
+    for group, end in enumerate(offs.tolist()):
+        out[start:end] = (a[start:end].float() @ b[group].float()).to(a.dtype)
+        start = end
+    return out
+
+
+def grouped_moe(x, w13, w2, topk_ids, topk_weights, *, grouped_mm=None):
+    """The bf16 grouped-GEMM MoE: routes sorted by expert (``expert_order``), ``h = x @ W13^T`` per group,
+    ``a = silu(gate) * up`` (bf16), ``y_r = a @ W2^T`` per group, then ``y[t] = sum_k w[t,k] y_(t,k)``
+    in float32, returned bf16. ``grouped_mm`` defaults to ``torch._grouped_mm``."""
+    import torch  # noqa: PLC0415
+    import torch.nn.functional as F  # noqa: PLC0415
+
+    mm = torch._grouped_mm if grouped_mm is None else grouped_mm
+    tokens, top_k = topk_ids.shape
+    experts, two_i, _ = w13.shape
+    inter = two_i // 2
+    order, ends = expert_order(topk_ids, experts)
+    xs = x.index_select(0, order // top_k)  # [T*k, hidden], routes in expert order
+    h = mm(xs, w13.transpose(1, 2), offs=ends)  # [T*k, 2I]
+    a = F.silu(h[:, :inter]) * h[:, inter:]
+    ys = mm(a, w2.transpose(1, 2), offs=ends)  # [T*k, hidden]
+    routed = torch.empty_like(ys)
+    routed.index_copy_(0, order, ys)
+    y = (routed.view(tokens, top_k, -1).float() * topk_weights.float().unsqueeze(-1)).sum(dim=1)
+    return y.to(torch.bfloat16)
+
+
+# ----------------------------------------------------------------------------------------------- calls
+
+
+def _check_call(torch, weights: ExpertWeights, x, topk_ids, topk_weights) -> None:
+    if not isinstance(weights, ExpertWeights):
+        raise ValueError(f"weights must come from make_expert_weights, got {type(weights).__name__}")
+    if x.dtype != torch.bfloat16 or x.dim() != 2 or x.shape[1] != weights.hidden:
+        raise ValueError(f"x must be bf16 [T, {weights.hidden}], got {x.dtype} {list(x.shape)}")
+    if topk_ids.dim() != 2 or topk_ids.shape[0] != x.shape[0]:
+        raise ValueError(f"topk_ids must be [T={x.shape[0]}, k], got {list(topk_ids.shape)}")
+    if tuple(topk_weights.shape) != tuple(topk_ids.shape):
+        raise ValueError(
+            f"topk_weights {list(topk_weights.shape)} must match topk_ids {list(topk_ids.shape)}"
+        )
+
+
+def routed_experts(
+    impl: str, weights: ExpertWeights, x, topk_ids, topk_weights, *, workspace=None, sglang_files=None
+):
+    """bf16 ``[T, hidden]``: the routed experts' output (module docstring) through ``impl``.
+
+    ``topk_ids`` int32 (converted if not), ``topk_weights`` float32. ``workspace`` is accepted for API
+    symmetry and unused: every impl allocates its scratch through PyTorch's caching allocator, as SGLang
+    does (Marlin's lock workspace fresh each call, zeroed in-stream), which CUDA graph capture supports;
+    no impl synchronises the host. Capture after one warm call (it builds the JIT kernels and Triton
+    autotuning-free launches). ``sglang_files``: where SGLang's files are (first call only)."""
+    del workspace
+    _check_impl(impl)
+    import torch  # noqa: PLC0415
+
+    if weights.impl != impl:
+        raise ValueError(f"weights are in {weights.impl}'s format, not {impl}'s")
+    _check_call(torch, weights, x, topk_ids, topk_weights)
+    ids = topk_ids if topk_ids.dtype == torch.int32 else topk_ids.to(torch.int32)
+    w = topk_weights if topk_weights.dtype == torch.float32 else topk_weights.to(torch.float32)
+    if impl == BF16:
+        return grouped_moe(x, weights.w13, weights.w2, ids, w)
+    function = load_sglang_moe(impl, sglang_files)
+    if impl == MARLIN:
+        # as CompressedTensorsWNA16MarlinMoEMethod / the Marlin runner call it for a symmetric INT4
+        # checkpoint without expert parallelism (router logits are only checked for their row count)
+        return function(
+            x,
+            weights.w13,
+            weights.w2,
+            weights.w13_scale,
+            weights.w2_scale,
+            w,
+            w,
+            ids,
+            global_num_experts=weights.experts,
+            num_bits=4,
+            is_k_full=True,
+        )
+    # fused_experts -> outplace_fused_experts -> fused_experts_impl, TP only (filter_expert is False when
+    # every expert is local), no routed scaling factor in the MoE (K2.6 applies it outside)
+    return function(
+        x,
+        weights.w13,
+        weights.w2,
+        w,
+        ids,
+        use_int4_w4a16=True,
+        w1_scale=weights.w13_scale,
+        w2_scale=weights.w2_scale,
+        block_shape=[0, weights.group_size],
+        filter_expert=False,
+    )
+
+
+def reference_moe(impl: str, weights: ExpertWeights, x, topk_ids, topk_weights):
+    """float32 ``[T, hidden]``: the routed experts' output from ``impl``'s weights dequantised to float32
+    (Marlin's permutations undone), one route at a time (``x`` taken as float32, no intermediate
+    rounding)."""
+    _check_impl(impl)
+    import torch  # noqa: PLC0415
+
+    if weights.impl != impl:
+        raise ValueError(f"weights are in {weights.impl}'s format, not {impl}'s")
+    _check_call(torch, weights, x, topk_ids, topk_weights)
+    ids = topk_ids.to(torch.int64)
+    used, local = torch.unique(ids, return_inverse=True)
+    w13, w2 = dequantize(weights, used)
+    w13, w2 = w13.to(x.device), w2.to(x.device)
+    inter = weights.intermediate
+    xf = x.float()
+    y = torch.zeros((x.shape[0], weights.hidden), dtype=torch.float32, device=x.device)
+    for k in range(ids.shape[1]):
+        e = local[:, k]
+        h = torch.einsum("th,tnh->tn", xf, w13[e])
+        a = torch.nn.functional.silu(h[:, :inter]) * h[:, inter:]
+        y += topk_weights[:, k].float().unsqueeze(-1) * torch.einsum("ti,thi->th", a, w2[e])
+    return y
+
+
+def describe_impl(impl: str, sglang_files=None) -> str:
+    """What runs for ``impl`` (for result rows)."""
+    _check_impl(impl)
+    if impl == BF16:
+        return "torch._grouped_mm (bf16), silu*up, weighted top-k sum in float32"
+    root = sglang_moe_root(sglang_files)
+    entry = "fused_marlin_moe" if impl == MARLIN else "fused_experts_impl(use_int4_w4a16, block_shape=[0, g])"
+    return f"sglang {_sglang_version(root)} {entry} (files from {root})"
