@@ -108,12 +108,19 @@ def kimi_arithmetic(copy_tbps: float = H200_COPY_TBPS, gemm_tflops: float = H200
 
 
 def _positive(value, name: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value) or value <= 0:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, numbers.Real)
+        or not math.isfinite(value)
+        or value <= 0
+    ):
         raise ValueError(f"{name}: must be a finite number > 0, got {value!r}")
     return float(value)
 
 
-def allreduce_s(tokens: int, world: int, busbw_gbps: float, latency_us: float, count: int = ALLREDUCES) -> float:
+def allreduce_s(
+    tokens: int, world: int, busbw_gbps: float, latency_us: float, count: int = ALLREDUCES
+) -> float:
     """``count`` all-reduces of tokens x 7168 BF16 in ring terms (nccl-tests' bus bandwidth):
     count x (latency + 2 (w - 1) / w x bytes / busbw). 0 on one GPU."""
     if world <= 1:
