@@ -268,11 +268,10 @@ def _budget_config(args) -> dict:
     section = config.setdefault("throughput", {})
     if not isinstance(section, dict):
         raise ValueError(f"config: throughput: must be a mapping, got {section!r}")
-    rest = section.setdefault("rest", {})
+    what_if = section.setdefault("what_if", {})
     for key, value, where in (
         ("draft_ms", args.draft_ms, section),
-        ("fixed_ms", args.fixed_ms, rest),
-        ("per_token_us", args.per_token_us, rest),
+        ("bandwidth_tbps", args.bandwidth_tbps, what_if),
         ("prefix_length", args.prefix_length, section),
     ):
         if value is not None and isinstance(where, dict):
@@ -500,8 +499,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--configfile", action="append", type=Path, help="a config fragment (repeatable)")
     p.add_argument("--distribution", help="the trees to model (default: the results' first distribution)")
     p.add_argument("--draft-ms", type=_number, help="throughput.draft_ms")
-    p.add_argument("--fixed-ms", type=_number, help="throughput.rest.fixed_ms")
-    p.add_argument("--per-token-us", type=_number, help="throughput.rest.per_token_us")
+    p.add_argument("--bandwidth-tbps", type=_number, help="throughput.what_if.bandwidth_tbps")
     p.add_argument("--prefix-length", type=_integer, help="throughput.prefix_length (S)")
     p.set_defaults(func=cmd_budget)
 

@@ -230,6 +230,13 @@ class RoundModel:
         except TypeError as error:  # an unknown key
             raise ValueError(f"throughput: {error}") from None
 
+    @classmethod
+    def from_options(cls, options: dict | None, layers: int) -> RoundModel:
+        """From ``config.throughput_options`` (None: the defaults)."""
+        options = options or {}
+        section = {key: options[key] for key in ("draft_ms", "what_if", "allreduce") if key in options}
+        return cls.from_config(section, layers, int(options.get("topk") or 1024))
+
     @property
     def what_if_source(self) -> str:
         """``estimated`` on the defaults (the INT4/BF16 arithmetic), ``entered`` where the config changed
@@ -778,7 +785,7 @@ def throughput(
         missing,
         pd.DataFrame.from_records(unmodelled, columns=list(UNMODELLED_COLUMNS)),
         all_terms,
-        f"{bandwidth:g} TB/s{bandwidth_from}",
+        f"{bandwidth:.3g} TB/s{bandwidth_from}",
     )
 
 
