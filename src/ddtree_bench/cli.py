@@ -302,6 +302,11 @@ def cmd_budget(args) -> int:
         if section.missing:
             lines.append(f"no data: {section.missing}\n")
             continue
+        lines.append(
+            f"Where each term comes from (what-if bandwidth {section.result.bandwidth}):\n\n"
+            + markdown_table(throughput_report.sources_table(section))
+        )
+        lines += [f"not modelled: {line}" for line in throughput_report.unmodelled_lines(section)]
         lines.append("Best budget per builder:\n\n" + markdown_table(throughput_report.best_table(section)))
         gains = throughput_report.gains_table(section)
         if not gains.empty:
