@@ -291,7 +291,9 @@ ROUND_BAD = [
     ({"model": {"sglang_files": "no/such"}}, "config: step.model.sglang_files: 'no/such' is not a folder"),
     ({"draft": {"block_size": 1}}, "config: step.draft.block_size: 1 is less than the minimum of 2"),
     ({"draft": {"shape": {"kv_heads": 6}}}, "config: step.draft.shape: kv_heads (6) must divide by tp (8)"),
-    ({"allreduce": {"world_size": 1}}, "config: step.allreduce.world_size: 1 is less than the minimum of 2"),
+    ({"allreduce": {"world_size": 8}}, "config: step.allreduce: Additional properties are not allowed"),
+    ({"round": {"builders": ["cuda"]}}, "config: step.round.builders.0: 'cuda' is not one of"),
+    ({"round": {"batch_sizes": [8, 2]}}, "config: step.round.batch_sizes: 2 is not one of the step's batch sizes"),
 ]
 
 
@@ -313,7 +315,8 @@ def test_round_stage_options_resolve_the_shapes():
     assert options["model"]["shape"].layers == 5  # the target's layers are step.layers
     assert options["model"]["forward_impl"] == "marlin-w4a16" and options["model"]["routing"] == "uniform"
     assert options["draft"]["follow_budget"] is True and options["draft"]["block_size"] == 16
-    assert options["allreduce"] == {"enabled": True, "world_size": 8}
+    assert options["allreduce"] == {"enabled": True}
+    assert options["round"] == {"enabled": True, "builders": ["gpu", "native-mt", "sglang"], "batch_sizes": [1, 8, 64]}
 
 
 def _recorded(path, requests=256, depth=16, topk=1024):

@@ -9,6 +9,7 @@ import math
 import subprocess
 import sys
 
+import numpy as np
 import pandas as pd
 import pytest
 import yaml
@@ -16,17 +17,20 @@ from test_report import write_machine
 from workflow_copy import ROOT
 
 from ddtree_bench.config import check_config, throughput_options
+from ddtree_bench.model import estimates as arithmetic
 from ddtree_bench.report import FIGURE_NAMES, load_machines, render_report
 from ddtree_bench.report.throughput import TARGET, budget_targets, sections
 from ddtree_bench.summary.step import summarize_steps, unavailable_stage_frame
 from ddtree_bench.throughput import (
     PAPER_SPEEDUP,
+    Comm,
     RoundModel,
+    WhatIf,
     best_budgets,
     build_costs,
     gpu_gains,
     paper_example,
-    tau_per_budget,
+    term_sources,
     throughput,
     tokens_per_second,
 )
@@ -37,46 +41,99 @@ PUBLISHED = ROOT / "results" / "published" / "h200"
 # ----------------------------------------------------------------------------------------------- arithmetic
 
 
-def test_round_and_tokens_per_second_on_known_numbers():
-    model = RoundModel(draft_s=1e-3, rest_fixed_s=2e-3, rest_per_token_s=10e-6, layers=61)
-    # B = 4, N = 63: 4 x 64 = 256 tokens -> rest = 2 ms + 2.56 ms
-    assert model.rest_s(4, 63) == pytest.approx(4.56e-3)
-    round_s = model.round_s(4, 63, build_s=0.5e-3, attention_layer_s=100e-6, accept_s=10e-6)
-    # 1 (draft) + 0.5 (build) + 6.1 (61 x 0.1) + 4.56 (rest) + 0.01 (accept) ms
-    assert round_s == pytest.approx(12.17e-3)
-    assert tokens_per_second(9.0, 4, round_s) == pytest.approx(4 * 9.0 / 12.17e-3)
+def test_experts_touched_against_the_formula_and_a_routing_simulation():
+    # E(T) = 384 (1 - (1 - 8/384)^T): the brief's values
+    assert arithmetic.experts_touched(1) == pytest.approx(8.0)
+    assert arithmetic.experts_touched(9) == pytest.approx(66.3, abs=0.05)
+    assert arithmetic.experts_touched(33) == pytest.approx(192.3, abs=0.1)
+    assert arithmetic.experts_touched(257) == pytest.approx(382.3, abs=0.1)
+    rng = np.random.default_rng(0)
+    for tokens in (9, 33, 257):
+        counts = []
+        for _ in range(200):  # each token picks 8 distinct of 384 experts uniformly
+            picks = np.argsort(rng.random((tokens, 384)), axis=1)[:, :8]
+            counts.append(len(np.unique(picks)))
+        expected = 384 * (1 - (1 - 8 / 384) ** tokens)
+        assert np.mean(counts) == pytest.approx(expected, rel=0.02)
+        assert arithmetic.experts_touched(tokens) == pytest.approx(expected)
+    with pytest.raises(ValueError, match="tokens: must be a number >= 0"):
+        arithmetic.experts_touched(-1)
+
+
+def test_the_what_if_defaults_are_the_int4_bf16_arithmetic():
+    derived = arithmetic.kimi_arithmetic(copy_tbps=4.3, gemm_tflops=790)
+    assert arithmetic.K26.expert_slice_bytes() == 3 * 7168 * 256 * (0.5 + 2 / 32)
+    assert derived["expert_slice_mb"] == pytest.approx(3.10, abs=0.005)
+    default = WhatIf()
+    for key in ("dense_weights_gb", "expert_slice_mb", "draft_weights_gb", "draft_per_token_us"):
+        assert getattr(default, key) == pytest.approx(derived[key], rel=0.03), key
+    assert default.dense_per_token_us == pytest.approx(derived["per_token_dense_us"], rel=0.01)
+    assert default.dense_per_token_us + default.expert_per_token_us == pytest.approx(
+        derived["per_token_us"], rel=0.01
+    )
+    # the what-if at T tokens: 4.5 GB / bw + 3.10 MB x E(T) x 60 / bw + per-token x T
+    parts = default.parts_s(9, 4.3)
+    assert parts["moe"] == pytest.approx(3.10e6 * 60 * arithmetic.experts_touched(9) / 4.3e12 + 6.7e-6 * 9)
+    assert parts["dense"] == pytest.approx(4.5e9 / 4.3e12 + 5.75e-6 * 9)
+    # saturates: beyond a few hundred tokens the expert bytes stop growing
+    big = default.parts_s(4096, 4.3)["moe"] - 6.7e-6 * 4096
+    assert big == pytest.approx(3.10e6 * 60 * 384 / 4.3e12, rel=1e-6)
+
+
+def test_the_allreduce_estimate_formula():
+    comm = Comm(world_size=8, bus_bandwidth_gbps=370.0, latency_us=15.0)
+    tokens = 4 * 65
+    expected = 122 * (15e-6 + 2 * 7 / 8 * tokens * 7168 * 2 / 370e9)
+    assert comm.allreduce_s(tokens) == pytest.approx(expected)
+    # the drafter's top-K all-gathers: values (fp32), ids (int64), logsumexp (fp32) of B x L rows
+    rows, k = 4 * 16, 64
+    gathers = sum(15e-6 + 7 / 8 * 8 * b / 370e9 for b in (rows * k * 4, rows * k * 8, rows * 4))
+    assert comm.allgather_s(4, 16, k) == pytest.approx(gathers)
+    assert Comm(world_size=1).allreduce_s(tokens) == 0.0
+    model = RoundModel()
+    assert model.comm_source == "estimated" and RoundModel(comm=Comm(latency_us=5.0)).comm_source == "entered"
 
 
 def test_model_from_config_and_its_defaults():
-    model = RoundModel.from_config({"draft_ms": 2.5, "rest": {"fixed_ms": 3.0, "per_token_us": 7.0}}, 61)
-    assert (model.draft_s, model.rest_fixed_s, model.rest_per_token_s) == pytest.approx((2.5e-3, 3e-3, 7e-6))
-    default = RoundModel.from_config(None, 61)
-    assert (default.draft_s, default.rest_fixed_s, default.rest_per_token_s) == pytest.approx(
-        (0, 1e-3, 10e-6)
+    model = RoundModel.from_config(
+        {"draft_ms": 2.5, "what_if": {"bandwidth_tbps": 3.0}, "allreduce": {"world_size": 4}}, 61
     )
-    config = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
-    assert throughput_options(check_config(config)) == {
-        "draft_ms": 0.0,
-        "fixed_ms": 1.0,
-        "per_token_us": 10.0,
+    assert model.draft_ms == 2.5 and model.what_if.bandwidth_tbps == 3.0 and model.comm.world_size == 4
+    assert model.what_if_source == "entered"
+    default = RoundModel.from_config(None, 61)
+    assert default.draft_ms is None and default.what_if == WhatIf() and default.comm == Comm()
+    assert default.what_if_source == "estimated"
+    options = throughput_options(check_config(default_config()))
+    assert options == {
+        "draft_ms": None,
+        "what_if": {
+            "dense_weights_gb": 4.5,
+            "expert_slice_mb": 3.10,
+            "dense_per_token_us": 5.75,
+            "expert_per_token_us": 6.7,
+            "draft_weights_gb": 1.1,
+            "draft_per_token_us": 1.4,
+            "bandwidth_tbps": None,
+        },
+        "allreduce": {"world_size": 8, "bus_bandwidth_gbps": 370.0, "latency_us": 15.0},
         "prefix_length": None,
+        "topk": 1024,
     }
+    assert RoundModel.from_options(options, 61) == RoundModel(topk=1024)
 
 
 @pytest.mark.parametrize(
     ("call", "message"),
     [
-        (lambda: RoundModel(draft_s=-1.0), "draft_s: must be a finite number >= 0, got -1.0"),
-        (lambda: RoundModel(rest_fixed_s=math.nan), "rest_fixed_s: must be a finite number >= 0"),
+        (lambda: RoundModel(draft_ms=-1.0), "throughput.draft_ms: must be a finite number >= 0, got -1.0"),
+        (lambda: WhatIf(expert_slice_mb=math.nan), "what_if.expert_slice_mb: must be a finite number >= 0"),
+        (lambda: WhatIf(bandwidth_tbps=0.0), "what_if.bandwidth_tbps: must be a finite number > 0"),
+        (lambda: Comm(world_size=0), "allreduce.world_size: must be an integer >= 1, got 0"),
         (lambda: RoundModel(layers=0), "layers: must be an integer >= 1, got 0"),
-        (lambda: RoundModel.from_config({"draft_ms": True}, 61), "throughput.draft_ms: must be a finite"),
+        (lambda: RoundModel.from_config({"what_if": {"fixed": 1}}, 61), "throughput: "),
         (lambda: tokens_per_second(0.5, 1, 1.0), "tau: must be a number >= 1"),
         (lambda: tokens_per_second(2.0, 0, 1.0), "batch: must be an integer >= 1, got 0"),
         (lambda: tokens_per_second(2.0, 1, 0.0), "round time: must be a number > 0"),
-        (
-            lambda: RoundModel().round_s(1, 8, build_s=-1.0, attention_layer_s=0.0, accept_s=0.0),
-            "build_s: must be a finite number >= 0",
-        ),
     ],
 )
 def test_bad_model_input_raises_value_error(call, message):
@@ -187,40 +244,213 @@ def shape_rows(expected, distribution="d"):
     )
 
 
-def test_throughput_table_and_best_budget_on_synthetic_measurements():
-    summary = summary_rows(
-        [
-            ("reference", "wall", "n/a", 1, 8, 0.1e-3),
-            ("reference", "wall", "n/a", 1, 64, 2e-3),
-            ("reference", "wall", "n/a", 1, 256, 9e-3),
-            ("gpu", "kernel-events", "warm", 1, 8, 5e-6),
-            ("gpu", "kernel-events", "warm", 1, 64, 20e-6),
-            ("gpu", "kernel-events", "warm", 1, 256, 40e-6),
-        ]
+def stage_row(stage, impl, batch, budget, seconds, *, prefix=None, heads=None, status="ok", **extra):
+    """One step-summary row of a stage (the lead's contract: stage, impl, keys, median_s; extra columns)."""
+    row = dict(
+        machine="m",
+        stage=stage,
+        impl=impl,
+        distribution="d" if stage in ("verify-attention", "accept") else None,
+        depth=16 if stage in ("verify-attention", "accept") else None,
+        batch=batch,
+        budget=budget,
+        heads=heads,
+        prefix=prefix,
+        timing="cuda-events",
+        cache="warm",
+        status=status,
+        status_reason=None if status == "ok" else "one GPU: no tensor parallel group",
+        n=3 if status == "ok" else 0,
+        median_s=seconds if status == "ok" else math.nan,
     )
-    step = step_rows(
-        {(1, 8): 20e-6, (1, 64): 30e-6, (1, 256): 60e-6}, {(1, 8): 4e-6, (1, 64): 4e-6, (1, 256): 4e-6}
+    return row | extra
+
+
+def hand_made_step(forward=None, parts=None, allreduce=None, draft=None, accept=None, attention=None):
+    """Step rows at B = 1, N = 8, 64, 256, S = 4096: each argument {budget: seconds} (None: the defaults
+    below, {} : no rows)."""
+    budgets = (8, 64, 256)
+    attention = {n: 0.1e-3 for n in budgets} if attention is None else attention
+    accept = {n: 4e-6 for n in budgets} if accept is None else accept
+    rows = [
+        stage_row("verify-attention", "ours", 1, n, v, prefix=4096, heads=8) for n, v in attention.items()
+    ]
+    rows += [stage_row("accept", "gpu-kernel", 1, n, v) for n, v in accept.items()]
+    for n, v in (forward or {}).items():
+        rows.append(stage_row("forward", "marlin-w4a16", 1, n, v, prefix=4096, heads=8))
+        rows.append(
+            stage_row("forward", "bf16-grouped-mm", 1, n, v * 3, prefix=4096, heads=8)
+        )  # not preferred
+    for n, (moe, dense, head) in (parts or {}).items():
+        rows.append(stage_row("moe", "triton-w4a16", 1, n, moe * 2, experts_touched=60.0))
+        rows.append(stage_row("moe", "marlin-w4a16", 1, n, moe, experts_touched=60.0))
+        rows.append(stage_row("dense", "torch", 1, n, dense))
+        rows.append(stage_row("lm-head", "torch", 1, n, head))
+    for n, v in (draft or {}).items():
+        rows.append(stage_row("draft", "torch", 1, n, v, prefix=4096))
+    for n, v in (allreduce or {}).items():
+        rows.append(stage_row("allreduce", "nccl", 1, n, v, world_size=8))
+    return pd.DataFrame(rows)
+
+
+HAND_SUMMARY = [
+    ("gpu", "kernel-events", "warm", 1, 8, 5e-6),
+    ("gpu", "kernel-events", "warm", 1, 64, 20e-6),
+    ("gpu", "kernel-events", "warm", 1, 256, 40e-6),
+    ("reference", "wall", "n/a", 1, 8, 0.1e-3),
+    ("reference", "wall", "n/a", 1, 64, 8e-3),
+    ("reference", "wall", "n/a", 1, 256, 9e-3),
+]
+HAND_TAU = {8: 5.0, 64: 8.0, 256: 9.0}  # tau 6, 9, 10
+
+
+def test_measured_round_best_budget_and_the_term_that_sets_it():
+    step = hand_made_step(
+        forward={8: 10e-3, 64: 11e-3, 256: 30e-3},
+        draft={8: 1e-3, 64: 1e-3, 256: 1e-3},
+        allreduce={8: 2e-3, 64: 2e-3, 256: 2e-3},
     )
-    shapes = shape_rows({8: 5.0, 64: 8.0, 256: 9.0})
-    assert tau_per_budget(shapes, "d", 16).to_dict() == {8: 6.0, 64: 9.0, 256: 10.0}
-    model = RoundModel(draft_s=0.0, rest_fixed_s=1e-3, rest_per_token_s=10e-6, layers=10)
-    result = throughput(summary, step, shapes, model, distribution="d", depth=16)
-    assert result.missing is None and result.verify.prefix == 4096 and result.verify.heads == 8
+    summary, shapes = summary_rows(HAND_SUMMARY), shape_rows(HAND_TAU)
+    result = throughput(summary, step, shapes, RoundModel(), distribution="d", depth=16)
+    assert result.missing is None and result.unmodelled.empty
     table = result.table.set_index(["builder", "budget"])
-    # gpu at N = 64: 20 us + 10 x 30 us + (1 ms + 10 us x 65) + 4 us = 1.974 ms; tau 9
-    assert table.loc[("gpu", 64), "round_s"] == pytest.approx(1.974e-3)
-    assert table.loc[("gpu", 64), "tokens_per_s"] == pytest.approx(9.0 / 1.974e-3)
+    gpu64 = table.loc[("gpu", 64)]
+    # 1 (draft) + 0.02 (build) + 11 (forward, marlin-w4a16 preferred) + 2 (allreduce) + 0.004 (accept) ms
+    assert gpu64["round_s"] == pytest.approx(14.024e-3)
+    assert gpu64["tokens_per_s"] == pytest.approx(9.0 / 14.024e-3)
+    for term in ("draft", "build", "forward", "allreduce", "accept"):
+        assert gpu64[f"{term}_source"] == "measured", term
+    assert gpu64["parts"] == ("draft", "build", "forward", "allreduce", "accept")
+    terms = result.terms[(1, 64, "gpu")]
+    assert "marlin-w4a16" in terms["forward"].note and terms["allreduce"].note == "world size 8"
     best = best_budgets(result.table).set_index("builder")
-    # gpu: 6 / 1.299 ms (N=8) = 4619, 9 / 1.974 ms = 4559, 10 / 4.214 ms = 2373 -> N = 8
-    assert best.loc["gpu", "best_budget"] == 8
-    # reference pays 2 ms at N = 64, so it stays at 8 as well, with fewer tokens/s
+    # gpu: 6 / 13.009 ms = 461, 9 / 14.024 ms = 642, 10 / 33.044 ms = 303 -> N = 64; the forward's
+    # +19 ms to N = 256 outweighs tau's 10 / 9
+    assert best.loc["gpu", "best_budget"] == 64
+    assert best.loc["gpu", "set_by"] == "forward" and best.loc["gpu", "next_budget"] == 256
+    assert best.loc["gpu", "set_by_growth_s"] == pytest.approx(19e-3)
+    assert best.loc["gpu", "round_growth"] == pytest.approx(33.044 / 14.024)
+    assert best.loc["gpu", "tau_gain"] == pytest.approx(10 / 9)
+    # reference pays 8 ms at N = 64: 6 / 13.104 ms = 458 > 9 / 22.004 ms = 409 -> N = 8, set by its build
     assert best.loc["reference", "best_budget"] == 8
-    assert best.loc["gpu", "budgets"] == (8, 64, 256)
+    assert best.loc["reference", "set_by"] == "build"
+    assert best.loc["reference", "set_by_growth_s"] == pytest.approx(7.9e-3)
     gains = gpu_gains(best_budgets(result.table))
-    assert list(gains["baseline"]) == ["reference"]  # no sglang rows: the stand-in, labelled
-    assert "stand-in" in gains["baseline_label"].iloc[0]
-    expected = table.loc[("gpu", 8), "tokens_per_s"] / table.loc[("reference", 8), "tokens_per_s"]
-    assert gains["gain"].iloc[0] == pytest.approx(expected)
+    assert gains["gain"].iloc[0] == pytest.approx((9.0 / 14.024e-3) / (6.0 / 13.104e-3))
+
+
+def test_best_budget_at_the_largest_budget_has_no_term_that_sets_it():
+    step = hand_made_step(
+        forward={8: 10e-3, 64: 10e-3, 256: 10e-3},
+        draft={n: 1e-3 for n in (8, 64, 256)},
+        allreduce={n: 2e-3 for n in (8, 64, 256)},
+    )
+    result = throughput(
+        summary_rows(HAND_SUMMARY[:3]), step, shape_rows(HAND_TAU), RoundModel(), distribution="d", depth=16
+    )
+    best = best_budgets(result.table).set_index("builder")
+    assert best.loc["gpu", "best_budget"] == 256 and best.loc["gpu", "set_by"] is None
+
+
+def test_sum_of_parts_then_the_what_if_and_allreduce_estimated_where_unavailable():
+    step = hand_made_step(
+        forward={256: 30e-3},
+        parts={64: (3e-3, 2e-3, 0.5e-3), 8: (3e-3, 2e-3, None)},  # N = 8 lacks the LM head
+        draft={},
+    )
+    step = step[~((step["stage"] == "lm-head") & (step["budget"] == 8))]
+    step = pd.concat(
+        [step, pd.DataFrame([stage_row("allreduce", "nccl", 0, 0, None, status="unavailable")])],
+        ignore_index=True,
+    )
+    result = throughput(
+        summary_rows(HAND_SUMMARY[:3]), step, shape_rows(HAND_TAU), RoundModel(), distribution="d", depth=16
+    )
+    assert result.unmodelled.empty
+    table = result.table.set_index("budget")
+    # N = 256: the forward measured as one graph
+    assert table.loc[256, "forward_source"] == "measured" and table.loc[256, "forward_s"] == 30e-3
+    # N = 64: moe (marlin, 3 ms) + dense 2 + lm-head 0.5 + attention 0.1 ms x 61
+    assert table.loc[64, "forward_source"] == "sum of parts"
+    assert table.loc[64, "forward_s"] == pytest.approx(3e-3 + 2e-3 + 0.5e-3 + 61 * 0.1e-3)
+    assert table.loc[64, "parts"] == (
+        "draft",
+        "build",
+        "attention",
+        "moe",
+        "dense",
+        "lm_head",
+        "allreduce",
+        "accept",
+    )
+    # N = 8: a part missing -> the linear what-if, estimated, on the H200's 4.3 TB/s (no peak rows here)
+    assert table.loc[8, "forward_source"] == "estimated" and table.loc[8, "moe_source"] == "estimated"
+    moe = WhatIf().parts_s(9, 4.3)
+    assert table.loc[8, "moe_s"] == pytest.approx(moe["moe"])
+    assert table.loc[8, "forward_s"] == pytest.approx(61 * 0.1e-3 + moe["moe"] + moe["dense"])
+    assert "4.3 TB/s (the H200's device copy; no measured peak here)" == result.bandwidth
+    # no draft rows: estimated; the all-reduce rows unavailable -> estimated, its reason named
+    assert set(table["draft_source"]) == {"estimated"} and set(table["allreduce_source"]) == {"estimated"}
+    terms = result.terms[(1, 64, "gpu")]
+    assert terms["allreduce"].seconds == pytest.approx(Comm().allreduce_s(65) + Comm().allgather_s(1, 16, 64))
+    assert "unavailable: one GPU: no tensor parallel group" in terms["allreduce"].note
+    sources = term_sources(result.table).set_index("term")["sources"]
+    assert sources["target forward"] == "estimated (1 of 3), measured (1 of 3), sum of parts (1 of 3)" or (
+        set(sources["target forward"].split(", "))
+        == {"estimated (1 of 3)", "measured (1 of 3)", "sum of parts (1 of 3)"}
+    )
+    # changed what-if numbers: entered, not estimated
+    entered = throughput(
+        summary_rows(HAND_SUMMARY[:3]),
+        step,
+        shape_rows(HAND_TAU),
+        RoundModel(what_if=WhatIf(bandwidth_tbps=3.0)),
+        distribution="d",
+        depth=16,
+    )
+    assert entered.table.set_index("budget").loc[8, "forward_source"] == "entered"
+    drafted = throughput(
+        summary_rows(HAND_SUMMARY[:3]),
+        step,
+        shape_rows(HAND_TAU),
+        RoundModel(draft_ms=2.0),
+        distribution="d",
+        depth=16,
+    )
+    assert set(drafted.table["draft_source"]) == {"entered"} and set(drafted.table["draft_s"]) == {2e-3}
+
+
+def test_a_missing_term_leaves_that_budget_unmodelled_and_named_never_zero():
+    step = hand_made_step(
+        forward={8: 10e-3, 64: 11e-3}, accept={8: 4e-6, 64: 4e-6}, attention={8: 0.1e-3, 64: 0.1e-3}
+    )
+    # a forward row that failed counts as missing, not as zero
+    step = pd.concat(
+        [
+            step,
+            pd.DataFrame(
+                [stage_row("forward", "marlin-w4a16", 1, 256, None, prefix=4096, heads=8, status="error")]
+            ),
+        ],
+        ignore_index=True,
+    )
+    summary, shapes = summary_rows(HAND_SUMMARY[:3]), shape_rows(HAND_TAU)
+    result = throughput(summary, step, shapes, RoundModel(), distribution="d", depth=16)
+    assert sorted(result.table["budget"]) == [8, 64]
+    missing = result.unmodelled.set_index("budget")["missing"]
+    assert list(missing.index) == [256]
+    assert "target forward: no measured forward and no measured verify attention (ours)" in missing[256]
+    assert "accept: no measured tree accept (GPU kernel)" in missing[256]
+    # with every budget missing a term, nothing is modelled and the reason names the term
+    none = throughput(
+        summary,
+        hand_made_step(forward={8: 1e-3}, accept={}),
+        shapes,
+        RoundModel(),
+        distribution="d",
+        depth=16,
+    )
+    assert none.table.empty and "accept: no measured tree accept" in none.missing
 
 
 def test_best_budget_picks_the_maximum_and_the_smaller_budget_on_a_tie():
@@ -286,14 +516,24 @@ def test_section_names_best_budgets_on_the_published_h200_data(tmp_path):
     section = markdown[markdown.index("### Which budget?\n") : markdown.index("## Environment")]
     assert "#### h200: drafter trees (L = 16; verify attention at S = 32768, 8 heads)" in section
     assert section.count("The model's assumptions") == 1 and section.count("\n1. ") == 3
-    assert "| B | builder | build cost from | best N | tokens/s | tau | round | budgets compared |" in section
+    assert (
+        "| B | builder | build cost from | best N | tokens/s | tau | round | set by | budgets compared |"
+        in section
+    )
+    # every term's source, stated; the published set has no forward, drafter or all-reduce rows
+    assert "| term | sources |" in section
+    assert "| verify attention | measured (80 of 80) |" in section
+    assert "| MoE | estimated (80 of 80) |" in section
+    assert "| communication | estimated (80 of 80) |" in section
+    assert "![round_parts](figures/round_parts.png)" in markdown
+    assert (out / "figures" / "round_parts.png").stat().st_size > 10_000
     for label in ("sglang (SGLang's CPU builder)", "reference (ours, Python)", "native-mt (C++, all cores)"):
         assert f"| 64 | {label} | in-situ |" in section  # what the decode round pays
     assert "| 1 | gpu (our CUDA kernel) | in-situ |" in section
     assert "![which_budget](figures/which_budget.png)" in markdown  # in the figures, above the detail
     assert (out / "figures" / "which_budget.png").stat().st_size > 10_000
     target = next(line for line in markdown.splitlines() if TARGET in line)
-    assert "| met |" in target and "gpu 8" in target
+    assert "| met |" in target and "gpu 16" in target  # the W4A16 round (estimated forward) at B = 1 and 64
     page = (out / "index.html").read_text()
     assert page.count('src="data:image/png;base64,') == len(FIGURE_NAMES)
     assert "<h3>Which budget?</h3>" in page
@@ -368,15 +608,34 @@ def default_config() -> dict:
 
 
 BAD = [
-    ({"draft_ms": -1}, "config: throughput.draft_ms: must be a finite number >= 0, got -1"),
-    ({"draft_ms": "fast"}, "config: throughput.draft_ms: must be a finite number >= 0, got 'fast'"),
+    ({"draft_ms": -1}, "config: throughput.draft_ms: must be a finite number >= 0 or null, got -1"),
+    ({"draft_ms": "fast"}, "config: throughput.draft_ms: must be a finite number >= 0 or null, got 'fast'"),
     (
-        {"rest": {"fixed_ms": -0.5}},
-        "config: throughput.rest.fixed_ms: must be a finite number >= 0, got -0.5",
+        {"what_if": {"expert_slice_mb": -0.5}},
+        "config: throughput.what_if.expert_slice_mb: must be a finite number >= 0, got -0.5",
     ),
-    ({"rest": {"per_token_us": True}}, "config: throughput.rest.per_token_us: must be a finite number >= 0"),
-    ({"rest": {"per_token_us": float("inf")}}, "config: throughput.rest.per_token_us: must be a finite"),
-    ({"rest": {"fixed": 1}}, "config: throughput.rest: Additional properties are not allowed ('fixed'"),
+    (
+        {"what_if": {"dense_per_token_us": True}},
+        "config: throughput.what_if.dense_per_token_us: must be a finite number >= 0",
+    ),
+    (
+        {"what_if": {"bandwidth_tbps": 0}},
+        "config: throughput.what_if.bandwidth_tbps: must be a finite number > 0",
+    ),
+    (
+        {"what_if": {"dense_weights_gb": float("inf")}},
+        "config: throughput.what_if.dense_weights_gb: must be a finite",
+    ),
+    (
+        {"allreduce": {"world_size": 4}},
+        "config: throughput.allreduce: Additional properties are not allowed ('world_size'",
+    ),
+    (
+        {"allreduce": {"bus_bandwidth_gbps": 0.0}},
+        "config: throughput.allreduce.bus_bandwidth_gbps: must be a finite number > 0",
+    ),
+    ({"what_if": {"fixed": 1}}, "config: throughput.what_if: Additional properties are not allowed ('fixed'"),
+    ({"rest": {"fixed_ms": 1.0}}, "config: throughput: Additional properties are not allowed ('rest'"),
     ({"prefix_length": 0}, "config: throughput.prefix_length: must be an integer >= 1 or null, got 0"),
     (
         {"prefix_length": 8192},
@@ -408,16 +667,20 @@ def run_cli(*args):
 
 def test_cli_budget_takes_a_config_fragment_and_refuses_bad_values(tmp_path):
     fragment = tmp_path / "service.yaml"
-    fragment.write_text("throughput:\n  draft_ms: 2.0\n  rest: {fixed_ms: 30.0, per_token_us: 25.0}\n")
+    fragment.write_text("throughput:\n  draft_ms: 2.0\n  what_if: {bandwidth_tbps: 3.0}\n")
     done = run_cli(PUBLISHED, "--configfile", fragment)
     assert done.returncode == 0, done.stderr
-    assert "Model: draft 2 ms; rest 30 ms + 25 µs x B x (N + 1)" in done.stdout
+    assert "Model: draft 2 ms where not measured; what-if forward:" in done.stdout
+    assert "at 3 TB/s" in done.stdout
     assert "| B | builder | build cost from | best N |" in done.stdout
-    fragment.write_text("throughput:\n  rest: {fixed_ms: -3}\n")
+    assert "| draft | entered (80 of 80) |" in done.stdout
+    assert "| target forward | entered (80 of 80) |" in done.stdout
+    fragment.write_text("throughput:\n  what_if: {expert_slice_mb: -3}\n")
     bad = run_cli(PUBLISHED, "--configfile", fragment)
     assert bad.returncode == 2
     assert bad.stderr.strip().splitlines() == [
-        "ddtree-bench: error: config: throughput.rest.fixed_ms: must be a finite number >= 0, got -3"
+        "ddtree-bench: error: config: throughput.what_if.expert_slice_mb: must be a finite number >= 0, "
+        "got -3"
     ]
     assert bad.stdout == ""
     missing = run_cli(tmp_path / "nowhere")

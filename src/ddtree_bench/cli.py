@@ -268,11 +268,10 @@ def _budget_config(args) -> dict:
     section = config.setdefault("throughput", {})
     if not isinstance(section, dict):
         raise ValueError(f"config: throughput: must be a mapping, got {section!r}")
-    rest = section.setdefault("rest", {})
+    what_if = section.setdefault("what_if", {})
     for key, value, where in (
         ("draft_ms", args.draft_ms, section),
-        ("fixed_ms", args.fixed_ms, rest),
-        ("per_token_us", args.per_token_us, rest),
+        ("bandwidth_tbps", args.bandwidth_tbps, what_if),
         ("prefix_length", args.prefix_length, section),
     ):
         if value is not None and isinstance(where, dict):
@@ -303,6 +302,11 @@ def cmd_budget(args) -> int:
         if section.missing:
             lines.append(f"no data: {section.missing}\n")
             continue
+        lines.append(
+            f"Where each term comes from (what-if bandwidth {section.result.bandwidth}):\n\n"
+            + markdown_table(throughput_report.sources_table(section))
+        )
+        lines += [f"not modelled: {line}" for line in throughput_report.unmodelled_lines(section)]
         lines.append("Best budget per builder:\n\n" + markdown_table(throughput_report.best_table(section)))
         gains = throughput_report.gains_table(section)
         if not gains.empty:
@@ -500,8 +504,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--configfile", action="append", type=Path, help="a config fragment (repeatable)")
     p.add_argument("--distribution", help="the trees to model (default: the results' first distribution)")
     p.add_argument("--draft-ms", type=_number, help="throughput.draft_ms")
-    p.add_argument("--fixed-ms", type=_number, help="throughput.rest.fixed_ms")
-    p.add_argument("--per-token-us", type=_number, help="throughput.rest.per_token_us")
+    p.add_argument("--bandwidth-tbps", type=_number, help="throughput.what_if.bandwidth_tbps")
     p.add_argument("--prefix-length", type=_integer, help="throughput.prefix_length (S)")
     p.set_defaults(func=cmd_budget)
 

@@ -341,7 +341,7 @@ def _round_shapes(step: dict, config_builders: list, batch_sizes: list) -> None:
     round_ = step["round"]
     for builder in round_["builders"]:
         if builder not in config_builders:
-            _fail("step.round.builders", f"{builder!r} is not one of the configured builders {config_builders}")
+            _fail("step.round.builders", f"{builder!r} is not one of the builders {config_builders}")
     allowed = step["batch_sizes"] if step["batch_sizes"] is not None else batch_sizes
     for batch in round_["batch_sizes"] or ():
         if batch not in allowed:
@@ -351,34 +351,57 @@ def _round_shapes(step: dict, config_builders: list, batch_sizes: list) -> None:
         _fail("step.model.sglang_files", f"{files!r} is not a folder (one holding sglang/ from its wheel)")
 
 
+#: The throughput section's numbers: (path, key, what it must be); "ge0": finite >= 0, "gt0": finite > 0,
+#: "int1": an integer >= 1; a trailing "?" allows null.
+THROUGHPUT_NUMBERS = (
+    ((), "draft_ms", "ge0?"),
+    (("what_if",), "dense_weights_gb", "ge0"),
+    (("what_if",), "expert_slice_mb", "ge0"),
+    (("what_if",), "dense_per_token_us", "ge0"),
+    (("what_if",), "expert_per_token_us", "ge0"),
+    (("what_if",), "draft_weights_gb", "ge0"),
+    (("what_if",), "draft_per_token_us", "ge0"),
+    (("what_if",), "bandwidth_tbps", "gt0?"),
+    (("allreduce",), "bus_bandwidth_gbps", "gt0"),
+    (("allreduce",), "latency_us", "ge0"),
+    ((), "prefix_length", "int1?"),
+)
+_THROUGHPUT_RULES = {
+    "ge0": "a finite number >= 0",
+    "gt0": "a finite number > 0",
+    "int1": "an integer >= 1",
+}
+
+
 def _throughput_numbers(section) -> None:
-    """The throughput model's times are finite numbers >= 0 (before the schema: one clear line each)."""
+    """The throughput model's numbers (before the schema: one clear line each)."""
     if not isinstance(section, dict):
         return  # the schema names the problem
-    rest = section.get("rest")
-    fields = [("throughput.draft_ms", section, "draft_ms")]
-    if isinstance(rest, dict):
-        fields += [
-            ("throughput.rest.fixed_ms", rest, "fixed_ms"),
-            ("throughput.rest.per_token_us", rest, "per_token_us"),
-        ]
-    for field, where, key in fields:
-        if key not in where:
+    for path, key, rule in THROUGHPUT_NUMBERS:
+        where = section
+        for part in path:
+            where = where.get(part) if isinstance(where, dict) else None
+        if not isinstance(where, dict) or key not in where:
             continue
         value = where[key]
-        if (
-            isinstance(value, bool)
-            or not isinstance(value, numbers.Real)
-            or value != value  # NaN
-            or value in (float("inf"), float("-inf"))
-            or value < 0
-        ):
-            _fail(field, f"must be a finite number >= 0, got {value!r}")
-    prefix = section.get("prefix_length")
-    if prefix is not None and (
-        isinstance(prefix, bool) or not isinstance(prefix, numbers.Integral) or prefix < 1
-    ):
-        _fail("throughput.prefix_length", f"must be an integer >= 1 or null, got {prefix!r}")
+        nullable = rule.endswith("?")
+        rule = rule.rstrip("?")
+        if value is None and nullable:
+            continue
+        if rule == "int1":
+            bad = isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1
+        else:
+            bad = (
+                isinstance(value, bool)
+                or not isinstance(value, numbers.Real)
+                or value != value  # NaN
+                or value in (float("inf"), float("-inf"))
+                or value < 0
+                or (rule == "gt0" and value == 0)
+            )
+        if bad:
+            field = ".".join(("throughput", *path, key))
+            _fail(field, f"must be {_THROUGHPUT_RULES[rule]}{' or null' if nullable else ''}, got {value!r}")
 
 
 def _throughput_fields(config: dict) -> None:
@@ -495,10 +518,7 @@ def round_options(config: dict) -> dict:
             "follow_budget": bool(draft["follow_budget"]),
             "shape": DrafterShape.from_config(draft["shape"]),
         },
-        "allreduce": {
-            "enabled": bool(step["enabled"] and allreduce["enabled"]),
-            "world_size": int(allreduce["world_size"]),
-        },
+        "allreduce": {"enabled": bool(step["enabled"] and allreduce["enabled"])},
         "round": {
             "enabled": bool(step["enabled"] and round_["enabled"]),
             "builders": [b for b in round_["builders"] if b in config["builders"]],
@@ -515,12 +535,19 @@ def _step_batch_sizes(config: dict) -> list[int]:
 
 
 def throughput_options(config: dict) -> dict:
-    """The throughput section as the report takes it: ``draft_ms``, ``fixed_ms``, ``per_token_us`` (floats)
-    and ``prefix_length`` (None: the largest measured)."""
+    """The throughput section as the report takes it (``throughput.RoundModel.from_config``'s input):
+    ``draft_ms`` (None: measured, else estimated), ``what_if`` and ``allreduce`` (dicts of the schema's
+    keys), ``prefix_length`` (None: the largest measured) and ``topk`` (the traces' K)."""
     section = config["throughput"]
+    what_if = dict(section["what_if"])
     return {
-        "draft_ms": float(section["draft_ms"]),
-        "fixed_ms": float(section["rest"]["fixed_ms"]),
-        "per_token_us": float(section["rest"]["per_token_us"]),
+        "draft_ms": None if section["draft_ms"] is None else float(section["draft_ms"]),
+        "what_if": {key: (None if value is None else float(value)) for key, value in what_if.items()},
+        "allreduce": {
+            "world_size": int(config["step"]["model"]["shape"]["tp"]),
+            "bus_bandwidth_gbps": float(section["allreduce"]["bus_bandwidth_gbps"]),
+            "latency_us": float(section["allreduce"]["latency_us"]),
+        },
         "prefix_length": None if section["prefix_length"] is None else int(section["prefix_length"]),
+        "topk": trace_columns(config),
     }

@@ -1,44 +1,76 @@
 """Which budget? A model of one decode round of a batch, and the tokens per second it gives per budget and
 per tree builder.
 
-One round of a batch of ``B`` requests with trees of budget ``N``::
+One round of a batch of ``B`` requests with trees of budget ``N`` (T = B x (N + 1) tree tokens)::
 
-    round = draft + build + verify + accept
-    verify = attention_per_layer x layers + rest_fixed + rest_per_token x B x (N + 1)
+    round    = draft + build + forward + allreduce + accept
     tokens/s = B x tau(N) / round
 
-- ``draft``: a configured constant (``throughput.draft_ms``; default 0: the drafter's forward left out).
-- ``build``: the builder's measured median per call (``summary.parquet``): its ``in-situ`` timing where the
-  builder has such rows (what the round's critical path pays from the drafter's top-K on the GPU to the tree
-  on the GPU), else the GPU kernel's time (CUDA events, warm) for ``gpu`` and the wall time for the CPU
-  builders. Which one was used is on every row (``build_from``).
-- ``attention_per_layer``: our verify attention (impl ``ours``, warm device time) at (B, N, S, H), from the
-  step summary; ``layers`` from the step section (Kimi K2.6: 61).
-- ``rest_*``: the target's forward besides the attention core, linear in the round's tokens B x (N + 1)
-  (configured: ``throughput.rest.fixed_ms``, ``throughput.rest.per_token_us``).
-- ``accept``: the measured tree accept (the GPU accept kernel) at (B, N).
-- ``tau(N)``: 1 + the expected accepted draft tokens of the budget's trees (``tree_shape.parquet``'s
-  ``expected_accept_mean``: the sum over the tree's nodes of the path probability), i.e. the paper's
-  acceptance length with the bonus token.
+Every term carries its source (``SOURCES``): ``measured`` (a step-summary row with status ok), ``sum of
+parts`` (the forward as moe + dense + lm-head + verify attention x layers, each measured), ``estimated``
+(the linear what-if or the communication formula on this module's defaults), ``entered`` (the same formulas
+or the drafter time on numbers the configuration changed) or ``missing``. A (B, N) with a missing term is not
+modelled; the term is named (``Throughput.unmodelled``), never taken as zero. Rows whose status is not ok
+count as missing, never as zero.
 
-Only (B, N) where every measured term exists are modelled: nothing is interpolated or filled in.
-``paper_example()`` is the worked example of docs/throughput.md.
+- ``draft``: the measured ``draft`` row (the DFlash drafter's forward over the block, its LM head, logsumexp
+  and top-K) at (B, N, S); else ``throughput.draft_ms`` (entered); else the what-if's drafter estimate.
+- ``build``: the builder's measured median per call (``summary.parquet``): its ``in-situ`` timing where the
+  builder has such rows, else the GPU kernel's time (CUDA events, warm) for ``gpu`` and the wall time for the
+  CPU builders (``build_from``).
+- ``forward``: the 61-layer target forward of the T tree tokens, our verify attention at S included: the
+  measured ``forward`` row (impl ``marlin-w4a16`` first); else the sum of the measured parts (``moe`` +
+  ``dense`` + ``lm-head`` + our ``verify-attention`` per layer x layers); else our measured verify attention x
+  layers + the linear what-if (``WhatIf``): fixed + expert bytes x E(T) x 60 / bandwidth + per-token x T.
+- ``allreduce``: the measured ``allreduce`` rows (their world size) where ok; else the estimate
+  (``Comm``): 122 x (latency + 2 (w - 1) / w x T x 7168 x 2 B / busbw) + the drafter's top-K all-gathers.
+- ``accept``: the measured tree accept (the GPU accept kernel) at (B, N).
+- ``tau(N)``: 1 + the expected accepted draft tokens of the budget's trees (``tree_shape.parquet``).
+
+The best budget of a builder is the one with the most tokens/s (the smaller on a tie); the term that sets it
+(``limiting_terms``) is the part of the round with the largest increase from the best budget to the next
+larger modelled budget (where the round's growth outweighed tau's gain). ``paper_example()`` is the worked
+example of docs/throughput.md.
 """
 
 from __future__ import annotations
 
 import math
 import numbers
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 
 import pandas as pd
 
+from ddtree_bench.model import estimates as arithmetic
 from ddtree_bench.summary.step import preferred
 
-#: The configuration's defaults (docs/throughput.md says where they come from).
-DEFAULT_DRAFT_MS = 0.0
-DEFAULT_REST_FIXED_MS = 1.0
-DEFAULT_REST_PER_TOKEN_US = 10.0
+MEASURED, SUM_OF_PARTS, ESTIMATED, ENTERED, MISSING = (
+    "measured",
+    "sum of parts",
+    "estimated",
+    "entered",
+    "missing",
+)
+SOURCES = (MEASURED, SUM_OF_PARTS, ESTIMATED, ENTERED, MISSING)
+
+#: The round's terms (they add up to the round) and the forward's parts where it is not one measured graph.
+ROUND_TERMS = ("draft", "build", "forward", "allreduce", "accept")
+FORWARD_PARTS = ("attention", "moe", "dense", "lm_head")
+TERM_LABELS = {
+    "draft": "draft",
+    "build": "tree build",
+    "forward": "target forward",
+    "attention": "verify attention",
+    "moe": "MoE",
+    "dense": "dense",
+    "lm_head": "LM head",
+    "allreduce": "communication",
+    "accept": "accept",
+}
+#: The forward's MoE impls, preferred first (SGLang's for the W4A16 checkpoint on Hopper: Marlin).
+MOE_IMPLS = ("marlin-w4a16", "triton-w4a16", "bf16-grouped-mm")
+
+DEFAULT_DRAFT_MS = None  # null: measured, else the what-if's drafter estimate
 
 IN_SITU = "in-situ"
 #: The builders the model compares: (builder, label, fallback timing, its name) where no in-situ rows exist.
@@ -50,95 +82,23 @@ BUILDERS = (
     ("gpu", "gpu (our CUDA kernel)", "kernel-events", "kernel (CUDA events)"),
 )
 BUILDER_LABELS = {builder: label for builder, label, *_ in BUILDERS}
+CPU_BUILDERS = ("sglang", "reference", "native", "native-mt")
 IN_SITU_NAME = "in-situ"
 
 #: The model's assumptions, said wherever its numbers are shown (three lines).
 ASSUMPTIONS = (
-    "A round is draft + tree build + verify + accept, one after the other (no overlap); the draft is a "
-    "configured constant, the build, verify attention and accept are this machine's medians.",
-    "The target's forward besides the attention core is rest.fixed + rest.per_token x B x (N + 1), linear in "
-    "the round's tokens (a MoE target touches more experts as the round grows; enter measured step times).",
+    "A round is draft + tree build + target forward + communication + accept, one after the other (no "
+    "overlap); each term is measured where the step stages measured it, else estimated or entered, and says "
+    "which.",
+    "The what-if forward (where no forward or parts were measured) is our measured verify attention x layers "
+    "+ fixed + expert bytes x E(T) x 60 / bandwidth + per-token x T: INT4 routed experts read once per "
+    "distinct expert touched, E(T) under uniform top-8 routing (a skewed router touches fewer).",
     "tau(N) = 1 + the expected accepted draft tokens of the budget's trees under the drafter's own "
     "distributions (the drafter-equals-target case); a real target accepts less where they differ.",
 )
 
-TABLE_COLUMNS = (
-    "batch",
-    "budget",
-    "builder",
-    "label",
-    "build_from",
-    "tau",
-    "draft_s",
-    "build_s",
-    "attention_layer_s",
-    "attention_s",
-    "rest_s",
-    "accept_s",
-    "round_s",
-    "tokens_per_s",
-)
-
 
 # ----------------------------------------------------------------------------------------------- model
-
-
-@dataclass(frozen=True)
-class RoundModel:
-    """The configured terms of a round (seconds) and the target's layers."""
-
-    draft_s: float = DEFAULT_DRAFT_MS * 1e-3
-    rest_fixed_s: float = DEFAULT_REST_FIXED_MS * 1e-3
-    rest_per_token_s: float = DEFAULT_REST_PER_TOKEN_US * 1e-6
-    layers: int = 61
-
-    def __post_init__(self):
-        for name in ("draft_s", "rest_fixed_s", "rest_per_token_s"):
-            _non_negative(getattr(self, name), name)
-        layers = self.layers
-        if isinstance(layers, bool) or not isinstance(layers, numbers.Integral) or layers < 1:
-            raise ValueError(f"layers: must be an integer >= 1, got {layers!r}")
-
-    @classmethod
-    def from_config(cls, section: dict | None, layers: int) -> RoundModel:
-        """From the configuration's ``throughput`` section (missing keys: the defaults)."""
-        section = section or {}
-        rest = section.get("rest") or {}
-        return cls(
-            draft_s=_ms(section.get("draft_ms", DEFAULT_DRAFT_MS), "throughput.draft_ms") * 1e-3,
-            rest_fixed_s=_ms(rest.get("fixed_ms", DEFAULT_REST_FIXED_MS), "throughput.rest.fixed_ms") * 1e-3,
-            rest_per_token_s=_ms(
-                rest.get("per_token_us", DEFAULT_REST_PER_TOKEN_US), "throughput.rest.per_token_us"
-            )
-            * 1e-6,
-            layers=layers,
-        )
-
-    def rest_s(self, batch: int, budget: int) -> float:
-        """The target's forward besides the attention core, for B x (N + 1) tokens."""
-        return self.rest_fixed_s + self.rest_per_token_s * batch * (budget + 1)
-
-    def round_s(self, batch: int, budget: int, *, build_s, attention_layer_s, accept_s) -> float:
-        """draft + build + attention x layers + rest + accept."""
-        for name, value in (
-            ("build_s", build_s),
-            ("attention_layer_s", attention_layer_s),
-            ("accept_s", accept_s),
-        ):
-            _non_negative(value, name)
-        return (
-            self.draft_s
-            + float(build_s)
-            + float(attention_layer_s) * self.layers
-            + self.rest_s(batch, budget)
-            + float(accept_s)
-        )
-
-    def describe(self) -> str:
-        return (
-            f"draft {self.draft_s * 1e3:g} ms, rest {self.rest_fixed_s * 1e3:g} ms + "
-            f"{self.rest_per_token_s * 1e6:g} µs x B x (N + 1), verify attention x {self.layers} layers"
-        )
 
 
 def _non_negative(value, name: str) -> float:
@@ -152,8 +112,157 @@ def _non_negative(value, name: str) -> float:
     return float(value)
 
 
-def _ms(value, name: str) -> float:
-    return _non_negative(value, name)
+def _positive(value, name: str) -> float:
+    if _non_negative(value, name) <= 0:
+        raise ValueError(f"{name}: must be a finite number > 0, got {value!r}")
+    return float(value)
+
+
+@dataclass(frozen=True)
+class WhatIf:
+    """The linear what-if of the target's forward besides the verify attention, per rank (defaults: Kimi
+    K2.6 W4A16 under tensor parallel 8, from ``round.kimi_arithmetic``; docs/throughput.md)::
+
+        moe   = expert_slice x E(T) x 60 / bandwidth + expert_per_token x T
+        dense = dense_weights / bandwidth + dense_per_token x T        (the LM head included)
+        draft = draft_weights / bandwidth + draft_per_token x B x L
+
+    ``bandwidth_tbps`` None: the machine's measured device-copy peak, else ``round.H200_COPY_TBPS``."""
+
+    dense_weights_gb: float = 4.5
+    expert_slice_mb: float = 3.10
+    dense_per_token_us: float = 5.75
+    expert_per_token_us: float = 6.7
+    draft_weights_gb: float = 1.1
+    draft_per_token_us: float = 1.4
+    bandwidth_tbps: float | None = None
+
+    def __post_init__(self):
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name == "bandwidth_tbps":
+                if value is not None:
+                    _positive(value, "what_if.bandwidth_tbps")
+            else:
+                _non_negative(value, f"what_if.{f.name}")
+
+    def parts_s(self, tokens: int, bandwidth_tbps: float) -> dict[str, float]:
+        """``moe`` and ``dense`` (LM head included) seconds for ``tokens`` tree tokens."""
+        bandwidth = _positive(bandwidth_tbps, "bandwidth") * 1e12
+        experts = arithmetic.experts_touched(tokens) * arithmetic.K26.moe_layers
+        return {
+            "moe": self.expert_slice_mb * 1e6 * experts / bandwidth
+            + self.expert_per_token_us * 1e-6 * tokens,
+            "dense": self.dense_weights_gb * 1e9 / bandwidth + self.dense_per_token_us * 1e-6 * tokens,
+        }
+
+    def draft_s(self, batch: int, positions: int, bandwidth_tbps: float) -> float:
+        bandwidth = _positive(bandwidth_tbps, "bandwidth") * 1e12
+        return self.draft_weights_gb * 1e9 / bandwidth + self.draft_per_token_us * 1e-6 * batch * positions
+
+
+@dataclass(frozen=True)
+class Comm:
+    """Tensor-parallel communication per round where not measured: ``round.ALLREDUCES`` all-reduces of
+    T x 7168 BF16 and the drafter's top-K all-gathers, in nccl-tests' bus-bandwidth terms (defaults: 8 x
+    H200 without NVLink SHARP, about 370 GB/s at large sizes; 15 µs per small collective)."""
+
+    world_size: int = 8
+    bus_bandwidth_gbps: float = 370.0
+    latency_us: float = 15.0
+
+    def __post_init__(self):
+        world = self.world_size
+        if isinstance(world, bool) or not isinstance(world, numbers.Integral) or world < 1:
+            raise ValueError(f"allreduce.world_size: must be an integer >= 1, got {world!r}")
+        _positive(self.bus_bandwidth_gbps, "allreduce.bus_bandwidth_gbps")
+        _non_negative(self.latency_us, "allreduce.latency_us")
+
+    def allreduce_s(self, tokens: int) -> float:
+        return arithmetic.allreduce_s(tokens, self.world_size, self.bus_bandwidth_gbps, self.latency_us)
+
+    def allgather_s(self, batch: int, positions: int, k: int) -> float:
+        return arithmetic.topk_allgather_s(
+            batch, positions, k, self.world_size, self.bus_bandwidth_gbps, self.latency_us
+        )
+
+    def describe(self) -> str:
+        return (
+            f"{2 * arithmetic.K26.layers} x ({self.latency_us:g} µs + 2 (w - 1) / w x T x 7168 x 2 B / "
+            f"{self.bus_bandwidth_gbps:g} GB/s) + 3 top-K all-gathers, w = {self.world_size}"
+        )
+
+
+@dataclass(frozen=True)
+class RoundModel:
+    """What the round takes besides the measurements: the target's layers, an entered drafter time (None:
+    measured, else estimated), the what-if, the communication estimate and K (the traces' top-K columns;
+    the drafter's top-K is min(N, K))."""
+
+    layers: int = arithmetic.K26.layers
+    draft_ms: float | None = DEFAULT_DRAFT_MS
+    what_if: WhatIf = field(default_factory=WhatIf)
+    comm: Comm = field(default_factory=Comm)
+    topk: int = 1024
+
+    def __post_init__(self):
+        for name in ("layers", "topk"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+                raise ValueError(f"{name}: must be an integer >= 1, got {value!r}")
+        if self.draft_ms is not None:
+            _non_negative(self.draft_ms, "throughput.draft_ms")
+
+    @classmethod
+    def from_config(cls, section: dict | None, layers: int, topk: int = 1024) -> RoundModel:
+        """From the configuration's ``throughput`` section (missing keys: the defaults)."""
+        section = section or {}
+        what_if = section.get("what_if") or {}
+        comm = section.get("allreduce") or {}
+        try:
+            return cls(
+                layers=layers,
+                draft_ms=section.get("draft_ms", DEFAULT_DRAFT_MS),
+                what_if=WhatIf(**what_if),
+                comm=Comm(**comm),
+                topk=topk,
+            )
+        except TypeError as error:  # an unknown key
+            raise ValueError(f"throughput: {error}") from None
+
+    @classmethod
+    def from_options(cls, options: dict | None, layers: int) -> RoundModel:
+        """From ``config.throughput_options`` (None: the defaults)."""
+        options = options or {}
+        section = {key: options[key] for key in ("draft_ms", "what_if", "allreduce") if key in options}
+        return cls.from_config(section, layers, int(options.get("topk") or 1024))
+
+    @property
+    def what_if_source(self) -> str:
+        """``estimated`` on the defaults (the INT4/BF16 arithmetic), ``entered`` where the config changed
+        any of them."""
+        return ESTIMATED if self.what_if == WhatIf() else ENTERED
+
+    @property
+    def comm_source(self) -> str:
+        return ESTIMATED if self.comm == Comm() else ENTERED
+
+    def describe(self) -> str:
+        draft = (
+            "measured, else estimated"
+            if self.draft_ms is None
+            else f"{self.draft_ms:g} ms where not measured"
+        )
+        w = self.what_if
+        bandwidth = (
+            "the measured device-copy peak" if w.bandwidth_tbps is None else f"{w.bandwidth_tbps:g} TB/s"
+        )
+        return (
+            f"draft {draft}; what-if forward: verify attention x {self.layers} layers + "
+            f"{w.dense_weights_gb:g} GB + {w.expert_slice_mb:g} MB x E(T) x {arithmetic.K26.moe_layers} at "
+            f"{bandwidth} + ({w.dense_per_token_us:g} + {w.expert_per_token_us:g}) µs x T; communication "
+            f"where not measured: {self.comm.describe()}"
+        )
 
 
 def tokens_per_second(tau: float, batch: int, round_s: float) -> float:
@@ -165,6 +274,146 @@ def tokens_per_second(tau: float, batch: int, round_s: float) -> float:
     if not (isinstance(round_s, numbers.Real) and math.isfinite(round_s) and round_s > 0):
         raise ValueError(f"round time: must be a number > 0, got {round_s!r}")
     return batch * float(tau) / float(round_s)
+
+
+@dataclass(frozen=True)
+class Term:
+    """One term of a round: seconds (None where missing), its source and a note (which impl, which
+    formula, or why it is missing)."""
+
+    seconds: float | None
+    source: str
+    note: str = ""
+
+    @property
+    def missing(self) -> bool:
+        return self.source == MISSING or self.seconds is None
+
+
+def _missing(note: str) -> Term:
+    return Term(None, MISSING, note)
+
+
+def _value(costs: dict, key: str) -> float | None:
+    value = costs.get(key)
+    if value is None or (isinstance(value, float) and math.isnan(value)) or value is pd.NA:
+        return None
+    return float(value)
+
+
+def round_terms(
+    model: RoundModel,
+    batch: int,
+    budget: int,
+    depth: int,
+    *,
+    build: Term,
+    costs: dict,
+    bandwidth_tbps: float,
+    bandwidth_from: str = "",
+    reasons: dict | None = None,
+) -> dict[str, Term]:
+    """Every term of the round at (B, N) with its source: ``ROUND_TERMS`` and the forward's parts
+    (``FORWARD_PARTS``; where the forward is one measured graph, the parts are informational). ``costs``: the
+    measured values at (B, N) (``StageCosts.costs`` columns; absent or NaN: not measured); ``reasons``: per
+    stage, why its rows were not ok."""
+    reasons = reasons or {}
+    tokens = batch * (budget + 1)
+    why = lambda stage: f" ({reasons[stage]})" if reasons.get(stage) else ""  # noqa: E731
+    terms: dict[str, Term] = {"build": build}
+
+    draft = _value(costs, "draft_s")
+    if draft is not None:
+        terms["draft"] = Term(draft, MEASURED, "draft stage")
+    elif model.draft_ms is not None:
+        terms["draft"] = Term(model.draft_ms * 1e-3, ENTERED, "throughput.draft_ms" + why("draft"))
+    else:
+        terms["draft"] = Term(
+            model.what_if.draft_s(batch, depth, bandwidth_tbps),
+            model.what_if_source,
+            f"drafter weights / bandwidth + per token x B x L (L = {depth}){why('draft')}",
+        )
+
+    attention_layer = _value(costs, "attention_layer_s")
+    attention = (
+        Term(attention_layer * model.layers, MEASURED, f"ours x {model.layers} layers")
+        if attention_layer is not None
+        else _missing("no measured verify attention (ours)" + why("verify-attention"))
+    )
+    terms["attention"] = attention
+    measured_parts = {
+        "moe": (_value(costs, "moe_s"), str(costs.get("moe_impl") or "")),
+        "dense": (_value(costs, "dense_s"), "torch"),
+        "lm_head": (_value(costs, "lm_head_s"), "torch"),
+    }
+    forward = _value(costs, "forward_s")
+    if forward is not None:
+        terms["forward"] = Term(forward, MEASURED, f"one graph, MoE {costs.get('forward_impl')}")
+        for part, (seconds, impl) in measured_parts.items():
+            terms[part] = Term(seconds, MEASURED, impl) if seconds is not None else _missing("not measured")
+    elif attention.missing:
+        terms["forward"] = _missing(f"no measured forward and {attention.note}")
+        for part in measured_parts:
+            terms[part] = _missing("not measured")
+    elif all(seconds is not None for seconds, _ in measured_parts.values()):
+        for part, (seconds, impl) in measured_parts.items():
+            terms[part] = Term(seconds, MEASURED, impl)
+        total = attention.seconds + sum(seconds for seconds, _ in measured_parts.values())
+        terms["forward"] = Term(total, SUM_OF_PARTS, "moe + dense + lm-head + verify attention x layers")
+    else:
+        lacking = [p for p, (s, _) in measured_parts.items() if s is None]
+        source = model.what_if_source
+        estimate = model.what_if.parts_s(tokens, bandwidth_tbps)
+        note = f"linear what-if at {bandwidth_tbps:g} TB/s{bandwidth_from}"
+        terms["moe"] = Term(
+            estimate["moe"],
+            source,
+            note + f"; E(T = {tokens}) = {arithmetic.experts_touched(tokens):.1f} experts per layer",
+        )
+        terms["dense"] = Term(estimate["dense"], source, note + "; LM head included")
+        terms["lm_head"] = Term(0.0, source, "in dense")
+        terms["forward"] = Term(
+            attention.seconds + estimate["moe"] + estimate["dense"],
+            source,
+            "measured verify attention x layers + the linear what-if"
+            + (f" (not measured: {', '.join(lacking)})" if len(lacking) < len(measured_parts) else ""),
+        )
+
+    allreduce = _value(costs, "allreduce_s")
+    if allreduce is not None:
+        world = costs.get("world_size")
+        world = "" if world is None or pd.isna(world) else f"world size {int(world)}"
+        terms["allreduce"] = Term(allreduce, MEASURED, world)
+    else:
+        k = min(budget, model.topk)
+        terms["allreduce"] = Term(
+            model.comm.allreduce_s(tokens) + model.comm.allgather_s(batch, depth, k),
+            model.comm_source,
+            model.comm.describe() + why("allreduce"),
+        )
+
+    accept = _value(costs, "accept_s")
+    terms["accept"] = (
+        Term(accept, MEASURED, "gpu kernel")
+        if accept is not None
+        else _missing("no measured tree accept (GPU kernel)" + why("accept"))
+    )
+    return terms
+
+
+def round_parts(terms: dict[str, Term]) -> list[str]:
+    """The names of the terms that add up to the round, finest first: the forward's parts unless it is one
+    measured graph."""
+    forward = terms.get("forward")
+    inner = ["forward"] if forward is None or forward.source == MEASURED else list(FORWARD_PARTS)
+    return ["draft", "build", *inner, "allreduce", "accept"]
+
+
+def round_seconds(terms: dict[str, Term]) -> float | None:
+    """The round (the sum of ``ROUND_TERMS``), None where a term is missing."""
+    if any(terms[name].missing for name in ROUND_TERMS):
+        return None
+    return sum(terms[name].seconds for name in ROUND_TERMS)
 
 
 # ----------------------------------------------------------------------------------------------- inputs
@@ -225,88 +474,219 @@ def build_costs(summary: pd.DataFrame | None, distribution: str, depth: int) -> 
     return out
 
 
-@dataclass
-class VerifyCosts:
-    """The measured verify attention (per layer) and accept per (batch, budget), and where they come from."""
+#: The step stages the round reads: (stage, impls preferred first or None for any, the column it fills).
+STAGE_COLUMNS = (
+    ("forward", MOE_IMPLS, "forward_s"),
+    ("moe", MOE_IMPLS, "moe_s"),
+    ("dense", None, "dense_s"),
+    ("lm-head", None, "lm_head_s"),
+    ("draft", None, "draft_s"),
+    ("allreduce", None, "allreduce_s"),
+    ("accept", ("gpu-kernel",), "accept_s"),
+)
+COST_COLUMNS = (
+    "batch",
+    "budget",
+    "attention_layer_s",
+    "accept_s",
+    "forward_s",
+    "forward_impl",
+    "moe_s",
+    "moe_impl",
+    "experts_touched",
+    "dense_s",
+    "lm_head_s",
+    "draft_s",
+    "allreduce_s",
+    "world_size",
+)
 
-    costs: pd.DataFrame  # batch, budget, attention_layer_s, accept_s
+
+@dataclass
+class StageCosts:
+    """The measured terms per (batch, budget) (``COST_COLUMNS``; NaN where not measured), where they come
+    from, the measured device-copy peak, and per stage why its rows were not ok."""
+
+    costs: pd.DataFrame
     prefix: int | None
     heads: int | None
     distribution: str | None  # the trees the step stages measured
-    missing: str | None = None  # why there are none
+    missing: str | None = None  # why there are none at all
+    reasons: dict = field(default_factory=dict)
+    copy_tbps: float | None = None
 
 
-def verify_costs(
+VerifyCosts = StageCosts  # the former name
+
+
+def _matching(rows: pd.DataFrame, column: str, value) -> pd.Series:
+    """Rows whose ``column`` equals ``value`` or is null (stages without that key)."""
+    if column not in rows:
+        return pd.Series(True, index=rows.index)
+    return rows[column].isna() | rows[column].eq(value).fillna(False).astype(bool)
+
+
+def _select(measured: pd.DataFrame, stage: str, impls, *, depth: int, trees, prefix, heads) -> pd.DataFrame:
+    """One row per (batch, budget) of ``stage``: at ``depth`` (or none), on ``trees`` where it has them,
+    at ``prefix`` where it has a prefix, ``heads`` where it has heads, the first of ``impls`` measured."""
+    rows = measured[measured["stage"] == stage]
+    if rows.empty:
+        return rows
+    rows = rows[_matching(rows, "depth", depth)]
+    if trees is not None and "distribution" in rows and (rows["distribution"] == trees).any():
+        rows = rows[_matching(rows, "distribution", trees)]
+    if prefix is not None and "prefix" in rows and rows["prefix"].notna().any():
+        rows = rows[_matching(rows, "prefix", prefix)]
+    if heads is not None and "heads" in rows and rows["heads"].notna().any():
+        rows = rows[_matching(rows, "heads", heads)]
+    if impls is not None:
+        order = {impl: i for i, impl in enumerate(impls)}
+        rows = rows[rows["impl"].isin(order)].assign(_o=rows["impl"].map(order))
+        rows = rows.sort_values("_o", kind="stable").drop(columns="_o")
+    return rows.drop_duplicates(["batch", "budget"], keep="first")
+
+
+def _reasons(step: pd.DataFrame | None) -> dict[str, str]:
+    """Per stage, why its rows were not ok (their status and reason), for naming a missing term."""
+    if step is None or step.empty or "status" not in step:
+        return {}
+    out = {}
+    bad = step[step["status"] != "ok"]
+    for stage, rows in bad.groupby("stage", sort=False):
+        reasons = rows["status_reason"].dropna() if "status_reason" in rows else pd.Series(dtype=str)
+        texts = list(dict.fromkeys(f"{s}: {r}" for s, r in zip(rows["status"], reasons, strict=False)))
+        out[str(stage)] = "; ".join(texts[:2]) or str(rows["status"].iloc[0])
+    return out
+
+
+def _copy_peak(measured: pd.DataFrame) -> float | None:
+    """The machine's measured device-copy rate (TB/s), or None."""
+    rows = measured[(measured["stage"] == "peak") & (measured["impl"] == "device-copy")]
+    for column in ("median_tbps", "peak_copy_tbps"):
+        if column in rows and rows[column].notna().any():
+            return float(rows[column].dropna().iloc[0])
+    return None
+
+
+def stage_costs(
     step: pd.DataFrame | None, distribution: str, depth: int, prefix: int | None = None
-) -> VerifyCosts:
-    """Our verify attention (impl ``ours``) and the GPU accept kernel at ``depth``, on ``distribution``'s
-    trees where the step stages measured them, else on the step's own trees (``distribution`` says which).
-    ``prefix``: the prefix length S (None: the largest measured); heads: 8 where measured, else the fewest."""
-    empty = pd.DataFrame(columns=["batch", "budget", "attention_layer_s", "accept_s"])
+) -> StageCosts:
+    """The measured terms of the round per (batch, budget) at ``depth`` from the step summary: our verify
+    attention per layer (impl ``ours``), the forward, its parts, the drafter, the communication and the
+    accept, on ``distribution``'s trees where the step stages measured them, else on the step's own trees
+    (``distribution`` says which). ``prefix``: S (None: the largest measured); heads: 8 where measured, else
+    the fewest."""
+    empty = pd.DataFrame(columns=list(COST_COLUMNS))
+    reasons = _reasons(step)
     measured = preferred(step) if step is not None and not step.empty else pd.DataFrame()
     if measured.empty:
-        why = _unavailable(step)
-        missing = "no measured verify attention or tree accept" + (f" ({why})" if why else "")
-        return VerifyCosts(empty, None, None, None, missing)
-    measured = measured[measured["depth"] == depth]
-    attention = measured[(measured["stage"] == "verify-attention") & (measured["impl"] == "ours")]
-    if attention.empty:
-        return VerifyCosts(empty, None, None, None, f"no measured verify attention (ours) at L = {depth}")
-    trees = distribution if (attention["distribution"] == distribution).any() else None
-    if trees is None:
-        trees = str(attention["distribution"].dropna().iloc[0])
-    attention = attention[attention["distribution"] == trees]
-    prefixes = sorted(int(p) for p in attention["prefix"].dropna().unique())
-    if prefix is None:
-        prefix = prefixes[-1]
-    elif prefix not in prefixes:
-        return VerifyCosts(
-            empty, prefix, None, trees, f"no verify attention measured at S = {prefix} (measured: {prefixes})"
-        )
-    attention = attention[attention["prefix"] == prefix]
-    heads_measured = sorted(int(h) for h in attention["heads"].dropna().unique())
-    heads = 8 if 8 in heads_measured else heads_measured[0]
-    attention = attention[attention["heads"] == heads]
-    accept = measured[
-        (measured["stage"] == "accept")
-        & (measured["impl"] == "gpu-kernel")
-        & (measured["distribution"] == trees)
+        why = reasons.get("verify-attention", "")
+        missing = "no measured verify attention or forward" + (f" (ours: {why})" if why else "")
+        return StageCosts(empty, None, None, None, missing, reasons)
+    copy_tbps = _copy_peak(measured)
+    at_depth = measured[_matching(measured, "depth", depth)]
+    attention = at_depth[
+        (at_depth["stage"] == "verify-attention") & (at_depth["impl"] == "ours") & at_depth["depth"].notna()
     ]
-    if accept.empty:
-        return VerifyCosts(empty, prefix, heads, trees, "no measured tree accept (GPU kernel)")
-    costs = attention[["batch", "budget", "median_s"]].rename(columns={"median_s": "attention_layer_s"})
-    costs = costs.merge(
-        accept[["batch", "budget", "median_s"]].rename(columns={"median_s": "accept_s"}),
-        on=["batch", "budget"],
-    )
-    costs = costs.drop_duplicates(["batch", "budget"]).astype(
-        {"batch": "int64", "budget": "int64", "attention_layer_s": "float64", "accept_s": "float64"}
-    )
-    return VerifyCosts(costs.reset_index(drop=True), prefix, heads, trees)
+    forward = at_depth[at_depth["stage"] == "forward"]
+    anchor = attention if not attention.empty else forward
+    if anchor.empty:
+        return StageCosts(
+            empty, None, None, None, f"no measured verify attention (ours) at L = {depth}", reasons, copy_tbps
+        )
+    trees = distribution if (anchor["distribution"] == distribution).any() else None
+    if trees is None and anchor["distribution"].notna().any():
+        trees = str(anchor["distribution"].dropna().iloc[0])
+    prefixes = sorted(int(p) for p in anchor["prefix"].dropna().unique())
+    if prefix is None:
+        prefix = prefixes[-1] if prefixes else None
+    elif prefix not in prefixes:
+        return StageCosts(
+            empty,
+            prefix,
+            None,
+            trees,
+            f"no verify attention measured at S = {prefix} (measured: {prefixes})",
+            reasons,
+            copy_tbps,
+        )
+    heads_measured = sorted(int(h) for h in anchor["heads"].dropna().unique())
+    heads = 8 if 8 in heads_measured else (heads_measured[0] if heads_measured else None)
+    frames = []
+    if not attention.empty:
+        rows = _select(
+            at_depth, "verify-attention", ("ours",), depth=depth, trees=trees, prefix=prefix, heads=heads
+        )
+        frames.append(rows[["batch", "budget", "median_s"]].rename(columns={"median_s": "attention_layer_s"}))
+    for stage, impls, column in STAGE_COLUMNS:
+        rows = _select(measured, stage, impls, depth=depth, trees=trees, prefix=prefix, heads=heads)
+        if rows.empty:
+            continue
+        keep = {"median_s": column}
+        if stage in ("forward", "moe"):
+            keep["impl"] = column.replace("_s", "_impl")
+        if stage == "moe" and "experts_touched" in rows:
+            keep["experts_touched"] = "experts_touched"
+        if stage == "allreduce" and "world_size" in rows:
+            keep["world_size"] = "world_size"
+        frames.append(rows[["batch", "budget", *keep]].rename(columns=keep))
+    costs = frames[0]
+    for frame in frames[1:]:
+        costs = costs.merge(frame, on=["batch", "budget"], how="outer")
+    costs = costs.reindex(columns=list(COST_COLUMNS))
+    costs = costs[(costs["batch"] > 0) & (costs["budget"] > 0)]
+    costs = costs.astype({"batch": "int64", "budget": "int64"}).sort_values(["batch", "budget"])
+    return StageCosts(costs.reset_index(drop=True), prefix, heads, trees, None, reasons, copy_tbps)
 
 
-def _unavailable(step: pd.DataFrame | None) -> str:
-    """Why our verify attention could not run, from its rows' status (empty where none says)."""
-    if step is None or step.empty or "status_reason" not in step:
-        return ""
-    rows = step[(step["stage"] == "verify-attention") & (step["impl"] == "ours") & (step["status"] != "ok")]
-    reasons = list(dict.fromkeys(str(r) for r in rows["status_reason"].dropna()))
-    return "; ".join(f"ours: {r}" for r in reasons[:2])
+def verify_costs(step, distribution: str, depth: int, prefix: int | None = None) -> StageCosts:
+    """The former name of ``stage_costs``."""
+    return stage_costs(step, distribution, depth, prefix)
 
 
 # ----------------------------------------------------------------------------------------------- tables
 
+PART_TERMS = ("draft", "build", "attention", "moe", "dense", "lm_head", "forward", "allreduce", "accept")
+TABLE_COLUMNS = (
+    "batch",
+    "budget",
+    "builder",
+    "label",
+    "build_from",
+    "tau",
+    "attention_layer_s",
+    *(f"{term}_s" for term in PART_TERMS),
+    *(f"{term}_source" for term in PART_TERMS),
+    "parts",
+    "round_s",
+    "tokens_per_s",
+)
+UNMODELLED_COLUMNS = ("batch", "budget", "builder", "missing")
+
 
 @dataclass
 class Throughput:
-    """``table`` (``TABLE_COLUMNS``: one row per batch, budget and builder), the verify's source, and why the
-    table is empty where it is."""
+    """``table`` (``TABLE_COLUMNS``: one row per modelled batch, budget and builder; ``<term>_s`` and
+    ``<term>_source`` per term, ``parts`` the terms that add up to the round), ``terms`` ((batch, budget,
+    builder) -> every ``Term``), ``unmodelled`` (the (B, N, builder) with a missing term, named), the
+    step's source, and why the table is empty where it is."""
 
     table: pd.DataFrame
-    verify: VerifyCosts
+    verify: StageCosts
     distribution: str
     depth: int
     missing: str | None = None
+    unmodelled: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=list(UNMODELLED_COLUMNS)))
+    terms: dict = field(default_factory=dict)
+    bandwidth: str = ""  # the what-if's bandwidth and where it comes from
+
+
+def _bandwidth(model: RoundModel, costs: StageCosts) -> tuple[float, str]:
+    if model.what_if.bandwidth_tbps is not None:
+        return model.what_if.bandwidth_tbps, " (entered)"
+    if costs.copy_tbps:
+        return costs.copy_tbps, " (the measured device-copy peak)"
+    return arithmetic.H200_COPY_TBPS, " (the H200's device copy; no measured peak here)"
 
 
 def throughput(
@@ -319,17 +699,18 @@ def throughput(
     depth: int,
     prefix: int | None = None,
 ) -> Throughput:
-    """The modelled tokens per second of every builder at every (batch, budget) where the build, the verify
-    attention, the accept and tau(N) were all measured."""
-    verify = verify_costs(step, distribution, depth, prefix)
+    """The modelled tokens per second of every builder at every (batch, budget) with a measured tree build
+    and tau(N) where no term of the round is missing; the others are in ``unmodelled`` with the missing
+    terms named."""
+    costs = stage_costs(step, distribution, depth, prefix)
     empty = pd.DataFrame(columns=list(TABLE_COLUMNS))
-    if verify.missing:
-        return Throughput(empty, verify, distribution, depth, f"needs the step stages: {verify.missing}")
+    if costs.missing:
+        return Throughput(empty, costs, distribution, depth, f"needs the step stages: {costs.missing}")
     tau = tau_per_budget(shapes, distribution, depth)
     if tau.empty:
         return Throughput(
             empty,
-            verify,
+            costs,
             distribution,
             depth,
             f"no expected acceptance of the {distribution} trees (L = {depth})",
@@ -337,54 +718,129 @@ def throughput(
     builds = build_costs(summary, distribution, depth)
     if builds.empty:
         return Throughput(
-            empty, verify, distribution, depth, f"no tree-build timings on the {distribution} trees"
+            empty, costs, distribution, depth, f"no tree-build timings on the {distribution} trees"
         )
-    rows = builds.merge(verify.costs, on=["batch", "budget"])
-    rows = rows[rows["budget"].isin(tau.index)]
-    if rows.empty:
-        return Throughput(
-            empty,
-            verify,
-            distribution,
-            depth,
-            "no (batch, budget) with a tree build, a verify attention and an accept all measured",
-        )
-    rows = rows.assign(tau=rows["budget"].map(tau).astype("float64"))
-    records = []
-    for row in rows.itertuples(index=False):
+    builds = builds[builds["budget"].isin(tau.index)]
+    bandwidth, bandwidth_from = _bandwidth(model, costs)
+    measured = costs.costs.set_index(["batch", "budget"])
+    records, unmodelled, all_terms = [], [], {}
+    for row in builds.itertuples(index=False):
         batch, budget = int(row.batch), int(row.budget)
-        round_s = model.round_s(
-            batch, budget, build_s=row.build_s, attention_layer_s=row.attention_layer_s, accept_s=row.accept_s
+        here = measured.loc[(batch, budget)].to_dict() if (batch, budget) in measured.index else {}
+        terms = round_terms(
+            model,
+            batch,
+            budget,
+            depth,
+            build=Term(float(row.build_s), MEASURED, row.build_from),
+            costs=here,
+            bandwidth_tbps=bandwidth,
+            bandwidth_from=bandwidth_from,
+            reasons=costs.reasons,
         )
-        records.append(
-            {
-                "batch": batch,
-                "budget": budget,
-                "builder": row.builder,
-                "label": row.label,
-                "build_from": row.build_from,
-                "tau": float(row.tau),
-                "draft_s": model.draft_s,
-                "build_s": float(row.build_s),
-                "attention_layer_s": float(row.attention_layer_s),
-                "attention_s": float(row.attention_layer_s) * model.layers,
-                "rest_s": model.rest_s(batch, budget),
-                "accept_s": float(row.accept_s),
-                "round_s": round_s,
-                "tokens_per_s": tokens_per_second(float(row.tau), batch, round_s),
-            }
+        all_terms[(batch, budget, row.builder)] = terms
+        round_s = round_seconds(terms)
+        if round_s is None:
+            lacking = [f"{TERM_LABELS[n]}: {terms[n].note}" for n in ROUND_TERMS if terms[n].missing]
+            unmodelled.append(
+                {"batch": batch, "budget": budget, "builder": row.builder, "missing": "; ".join(lacking)}
+            )
+            continue
+        record = {
+            "batch": batch,
+            "budget": budget,
+            "builder": row.builder,
+            "label": row.label,
+            "build_from": row.build_from,
+            "tau": float(tau[budget]),
+            "attention_layer_s": _value(here, "attention_layer_s"),
+            "parts": tuple(round_parts(terms)),
+            "round_s": round_s,
+            "tokens_per_s": tokens_per_second(float(tau[budget]), batch, round_s),
+        }
+        for name in PART_TERMS:
+            record[f"{name}_s"] = terms[name].seconds
+            record[f"{name}_source"] = terms[name].source
+        records.append(record)
+    missing = None
+    if not records:
+        missing = "no (batch, budget) with every term of the round: " + (
+            "; ".join(f"B={u['batch']} N={u['budget']}: {u['missing']}" for u in unmodelled[:2])
+            or "no tree build at a budget with tau"
         )
     order = {builder: i for i, (builder, *_) in enumerate(BUILDERS)}
     table = pd.DataFrame.from_records(records, columns=list(TABLE_COLUMNS))
-    table = (
-        table.assign(_o=table["builder"].map(order)).sort_values(["batch", "_o", "budget"]).drop(columns="_o")
+    if not table.empty:
+        table = (
+            table.assign(_o=table["builder"].map(order))
+            .sort_values(["batch", "_o", "budget"])
+            .drop(columns="_o")
+            .reset_index(drop=True)
+        )
+    return Throughput(
+        table,
+        costs,
+        distribution,
+        depth,
+        missing,
+        pd.DataFrame.from_records(unmodelled, columns=list(UNMODELLED_COLUMNS)),
+        all_terms,
+        f"{bandwidth:.3g} TB/s{bandwidth_from}",
     )
-    return Throughput(table.reset_index(drop=True), verify, distribution, depth)
+
+
+def term_sources(table: pd.DataFrame) -> pd.DataFrame:
+    """Per term of the modelled rows (those that add up to their round): its sources and on how many of the
+    (B, N, builder) rows each."""
+    records = []
+    if table is None or table.empty:
+        return pd.DataFrame(columns=["term", "sources"])
+    for name in PART_TERMS:
+        rows = table if name in ROUND_TERMS else table[table["parts"].map(lambda p, n=name: n in p)]
+        counts = rows[f"{name}_source"].dropna().value_counts()
+        if counts.empty:
+            continue
+        text = ", ".join(f"{source} ({count} of {len(table)})" for source, count in counts.items())
+        records.append({"term": TERM_LABELS[name], "sources": text})
+    return pd.DataFrame.from_records(records, columns=["term", "sources"])
+
+
+def limiting_terms(table: pd.DataFrame, batch: int, builder: str, best_budget: int) -> dict:
+    """The term that sets ``builder``'s best budget at ``batch``: going from the best budget N* to the next
+    larger modelled budget N+, tokens/s falls because the round grows by more than tau gains
+    (round(N+) / round(N*) >= tau(N+) / tau(N*)); the term named is the part of the round whose seconds grow
+    the most from N* to N+ (compared on the parts both rounds share). N* the largest compared: none."""
+    rows = table[(table["batch"] == batch) & (table["builder"] == builder)].set_index("budget").sort_index()
+    larger = [int(n) for n in rows.index if n > best_budget]
+    if not larger:
+        return {
+            "set_by": None,
+            "set_by_growth_s": None,
+            "next_budget": None,
+            "round_growth": None,
+            "tau_gain": None,
+            "set_by_source": None,
+        }
+    best, nxt = rows.loc[best_budget], rows.loc[larger[0]]
+    shared = [p for p in best["parts"] if p in nxt["parts"]]
+    if len(shared) < len(best["parts"]) or len(shared) < len(nxt["parts"]):
+        shared = list(ROUND_TERMS)
+    growth = {p: float(nxt[f"{p}_s"]) - float(best[f"{p}_s"]) for p in shared}
+    term = max(growth, key=lambda p: (growth[p], -shared.index(p)))
+    return {
+        "set_by": term,
+        "set_by_growth_s": growth[term],
+        "next_budget": larger[0],
+        "round_growth": float(nxt["round_s"]) / float(best["round_s"]),
+        "tau_gain": float(nxt["tau"]) / float(best["tau"]),
+        "set_by_source": nxt[f"{term}_source"],
+    }
 
 
 def best_budgets(table: pd.DataFrame) -> pd.DataFrame:
     """Per (batch, builder): the budget with the most modelled tokens per second (the smaller budget on a
-    tie), with its tokens/s, tau and round time, and the budgets compared."""
+    tie), with its tokens/s, tau and round time, the budgets compared and the term that sets it
+    (``limiting_terms``)."""
     columns = [
         "batch",
         "builder",
@@ -395,6 +851,12 @@ def best_budgets(table: pd.DataFrame) -> pd.DataFrame:
         "tau",
         "round_s",
         "budgets",
+        "set_by",
+        "set_by_growth_s",
+        "set_by_source",
+        "next_budget",
+        "round_growth",
+        "tau_gain",
     ]
     if table is None or table.empty:
         return pd.DataFrame(columns=columns)
@@ -402,19 +864,20 @@ def best_budgets(table: pd.DataFrame) -> pd.DataFrame:
     for (batch, builder), group in table.groupby(["batch", "builder"], sort=False):
         group = group.sort_values("budget")
         best = group.loc[group["tokens_per_s"].idxmax()]
-        records.append(
-            {
-                "batch": int(batch),
-                "builder": builder,
-                "label": best["label"],
-                "build_from": best["build_from"],
-                "best_budget": int(best["budget"]),
-                "tokens_per_s": float(best["tokens_per_s"]),
-                "tau": float(best["tau"]),
-                "round_s": float(best["round_s"]),
-                "budgets": tuple(int(b) for b in group["budget"]),
-            }
-        )
+        record = {
+            "batch": int(batch),
+            "builder": builder,
+            "label": best["label"],
+            "build_from": best["build_from"],
+            "best_budget": int(best["budget"]),
+            "tokens_per_s": float(best["tokens_per_s"]),
+            "tau": float(best["tau"]),
+            "round_s": float(best["round_s"]),
+            "budgets": tuple(int(b) for b in group["budget"]),
+        }
+        if "parts" in table:
+            record |= limiting_terms(table, int(batch), builder, int(best["budget"]))
+        records.append(record)
     return pd.DataFrame.from_records(records, columns=columns)
 
 
@@ -473,16 +936,13 @@ PAPER_ROUND_STEPS = {16: 1.40, 32: 1.40, 64: 1.40, 128: 1.40, 256: 1.40, 512: 1.
 
 def paper_example() -> pd.DataFrame:
     """The model fed the paper's tau(N) and its measured round costs, in units of one autoregressive step
-    (batch 1; draft, build and accept inside the measured round, so 0 here; rest.fixed = 1.40 steps, the
-    round at small budgets; the measured verify growth beyond it, 0 up to N = 256, 0.03 at 512, 0.21 at 1024,
-    in the verify term as one "layer"). Its tokens per step is the modelled speedup over autoregressive
-    decoding, beside the paper's own."""
+    (batch 1; every term inside the paper's measured round): round = 1.40 steps (the round at small budgets)
+    + the measured growth beyond it (0 up to N = 256, 0.03 at 512, 0.21 at 1024). Its tokens per step is the
+    modelled speedup over autoregressive decoding, beside the paper's own."""
     base = PAPER_ROUND_STEPS[16]
-    model = RoundModel(draft_s=0.0, rest_fixed_s=base, rest_per_token_s=0.0, layers=1)
     records = []
     for budget, tau in PAPER_TAU.items():
-        growth = PAPER_ROUND_STEPS[budget] - base
-        round_steps = model.round_s(1, budget, build_s=0.0, attention_layer_s=growth, accept_s=0.0)
+        round_steps = base + (PAPER_ROUND_STEPS[budget] - base)
         records.append(
             {
                 "budget": budget,

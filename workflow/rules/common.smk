@@ -85,6 +85,8 @@ FIGURES = (
     "tree_shape",
     "step_share",
     "which_budget",
+    # the "Which budget?" round, part by part, each part's source where not measured
+    "round_parts",
     # the acceptance section's figures (tau per budget beside the DDTree paper, P(tau >= k) per round)
     "acceptance_tau",
     "acceptance_histogram",

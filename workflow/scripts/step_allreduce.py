@@ -15,7 +15,7 @@ with logged(snakemake):
         batch=int(wildcards.batch),
         budgets=budgets,
         shape=ModelShape.from_config(params.model_shape),
-        world_size=params.allreduce["world_size"],
+        world_size=params.model_shape["tp"],
         block_size=params.draft["block_size"],
         follow_budget=params.draft["follow_budget"],
         topk=int(params.topk),

@@ -14,6 +14,8 @@ FIGURE_NAMES = ("time_vs_budget", "time_vs_batch", "speedup", "tree_shape", "ste
 BUILD_FIGURES = ("time_vs_budget", "time_vs_batch", "speedup", "tree_shape")
 # the acceptance section's figures (acceptance_report: tau per budget beside the paper, P(tau >= k))
 FIGURE_NAMES = (*FIGURE_NAMES, "acceptance_tau", "acceptance_histogram")
+# the "Which budget?" section's round, part by part (throughput_report.figure_round_parts)
+FIGURE_NAMES = (*FIGURE_NAMES, "round_parts")
 
 #: How each (builder, timing) is named in figures and tables. ``reference`` is ours, never SGLang.
 SERIES_NAMES = {

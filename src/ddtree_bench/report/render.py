@@ -137,6 +137,7 @@ def render_report(
         "tree_shape": lambda p: figure_tree_shape(machines, p, depth),
         "step_share": lambda p: step_report.figure_step_share(breakdowns, p),
         "which_budget": lambda p: throughput_report.figure(budget_sections, p, throughput_options),
+        "round_parts": lambda p: throughput_report.figure_round_parts(budget_sections, p),
     }
     makers["acceptance_tau"] = lambda p: acceptance_report.figure_tau(machines, p)
     makers["acceptance_histogram"] = lambda p: acceptance_report.figure_histogram(
@@ -203,7 +204,7 @@ def render_report(
     compact = {label: table for label, (table, _) in compact.items()}
     figure_order = [
         n
-        for n in (*BUILD_FIGURES, *acceptance_report.FIGURES, "which_budget", "step_share")
+        for n in (*BUILD_FIGURES, *acceptance_report.FIGURES, "which_budget", "round_parts", "step_share")
         if n in figure_paths
     ]
     key_figure = "step_share" if "step_share" in figure_paths else None

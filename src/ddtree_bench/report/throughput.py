@@ -20,10 +20,15 @@ from ddtree_bench.report.figures import budget_axis
 from ddtree_bench.throughput import (
     ASSUMPTIONS,
     BUILDERS,
+    CPU_BUILDERS,
+    MEASURED,
+    SUM_OF_PARTS,
+    TERM_LABELS,
     RoundModel,
     Throughput,
     best_budgets,
     gpu_gains,
+    term_sources,
     throughput,
 )
 
@@ -33,10 +38,13 @@ TARGET_SOURCE = "throughput"
 FIGURE = "which_budget"
 INTRO = (
     "What a budget buys against what it costs, per tree builder: the modelled tokens per second of a batch, "
-    "B x tau(N) / round, where the round is the drafter's configured time, the builder's measured tree "
-    "build, our measured verify attention per layer times the target's layers plus the rest of the "
-    "target's forward (configured), and the measured tree accept. The best budget is each builder's own; "
-    "the gain is the GPU builder's tokens/s at its best budget over the baseline's at the baseline's best."
+    "B x tau(N) / round, where the round is the drafter's forward, the builder's measured tree build, the "
+    "target's forward over the B x (N + 1) tree tokens (our verify attention, the INT4 MoE, the dense BF16 "
+    "parts, the LM head), the tensor-parallel communication and the measured tree accept. Each term is "
+    "measured where the step stages measured it, else estimated (or entered) and labelled so; a (B, N) with "
+    "a missing term is named, not modelled. The best budget is each builder's own; the term that sets it is "
+    "the one that grows the most from the best budget to the next; the gain is the GPU builder's tokens/s "
+    "at its best budget over the baseline's at the baseline's best."
 )
 _STYLES = {  # builder: (colour, marker, line style); one per builder in every panel
     "sglang": ("#1f77b4", "o", "-"),
@@ -124,15 +132,7 @@ def sections(
         own, own_depth = _configured(machine, None)
         label = machine.label
         layers = int(settings.get(label, {}).get("layers") or 61)
-        model = RoundModel.from_config(
-            {
-                "draft_ms": options.get("draft_ms", 0.0),
-                "rest": {
-                    key: options[key] for key in ("fixed_ms", "per_token_us") if options.get(key) is not None
-                },
-            },
-            layers,
-        )
+        model = RoundModel.from_options(options, layers)
         machine_depth = (depth if index == 0 else None) or own_depth or first_depth or _first_depth(machine)
         present = _distributions_of(machine)
         shown = set()
@@ -196,7 +196,7 @@ def _measured_verify(step: pd.DataFrame) -> bool:
     """Whether a step summary holds measured verify attention (rows saying why it did not run: no)."""
     if step is None or step.empty or not {"stage", "status"} <= set(step.columns):
         return False
-    return bool(((step["stage"] == "verify-attention") & (step["status"] == "ok")).any())
+    return bool((step["stage"].isin(["verify-attention", "forward"]) & (step["status"] == "ok")).any())
 
 
 def _first_depth(machine) -> int | None:
@@ -221,8 +221,21 @@ def _tps(value) -> str:
     return f"{value:,.0f}" if value >= 100 else f"{value:,.1f}"
 
 
+def _set_by(row) -> str:
+    """The term that sets a best budget, in words: the term, its growth to the next budget, its source."""
+    if row.get("set_by") is None or (isinstance(row.get("set_by"), float) and math.isnan(row["set_by"])):
+        return "- (the largest budget compared)"
+    source = row["set_by_source"]
+    where = "" if source in (MEASURED, SUM_OF_PARTS) else f", {source}"
+    growth = _us(row["set_by_growth_s"])
+    return (
+        f"{TERM_LABELS[row['set_by']]} (+{growth} to N = {int(row['next_budget'])}{where}; "
+        f"round x{row['round_growth']:.2f} vs tau x{row['tau_gain']:.2f})"
+    )
+
+
 def best_table(section: BudgetSection) -> pd.DataFrame:
-    """The best budget of every builder, per batch size."""
+    """The best budget of every builder, per batch size, and the term that sets it."""
     best = section.best
     if best.empty:
         return pd.DataFrame()
@@ -235,9 +248,25 @@ def best_table(section: BudgetSection) -> pd.DataFrame:
             "tokens/s": best["tokens_per_s"].map(_tps),
             "tau": best["tau"].map(lambda v: f"{v:.2f}"),
             "round": best["round_s"].map(_us),
+            "set by": [_set_by(row) for row in best.to_dict("records")],
             "budgets compared": best["budgets"].map(lambda b: ", ".join(str(x) for x in b)),
         }
     )
+
+
+def sources_table(section: BudgetSection) -> pd.DataFrame:
+    """Which source each term of the modelled rounds has (measured, sum of parts, estimated, entered)."""
+    table = section.result.table if section.result is not None else pd.DataFrame()
+    return term_sources(table)
+
+
+def unmodelled_lines(section: BudgetSection) -> list[str]:
+    """The (B, N) left out because a term is missing, with the term named (one line per B, N)."""
+    result = section.result
+    if result is None or result.unmodelled.empty:
+        return []
+    rows = result.unmodelled.drop_duplicates(["batch", "budget", "missing"])
+    return [f"B = {r.batch}, N = {r.budget}: {r.missing}" for r in rows.itertuples(index=False)]
 
 
 def gains_table(section: BudgetSection) -> pd.DataFrame:
@@ -258,9 +287,15 @@ def gains_table(section: BudgetSection) -> pd.DataFrame:
     )
 
 
+def _term_cell(seconds, source) -> str:
+    if seconds is None or (isinstance(seconds, float) and math.isnan(seconds)):
+        return "-"
+    return _us(seconds) if source in (MEASURED, SUM_OF_PARTS) else f"{_us(seconds)} ({source})"
+
+
 def detail_table(section: BudgetSection) -> pd.DataFrame:
-    """Every modelled (B, N): tau, the round's measured and configured terms, and each builder's build and
-    tokens/s."""
+    """Every modelled (B, N): tau, the round's terms (each marked with its source where not measured), and
+    each builder's build and tokens/s."""
     table = section.result.table if section.result is not None else pd.DataFrame()
     if table.empty:
         return pd.DataFrame()
@@ -271,11 +306,13 @@ def detail_table(section: BudgetSection) -> pd.DataFrame:
             "B": first.index.get_level_values("batch"),
             "N": first.index.get_level_values("budget"),
             "tau": first["tau"].map(lambda v: f"{v:.2f}").to_numpy(),
-            "attention x layers": first["attention_s"].map(_us).to_numpy(),
-            "rest": first["rest_s"].map(_us).to_numpy(),
-            "accept": first["accept_s"].map(_us).to_numpy(),
         }
     )
+    for term in ("draft", "forward", "attention", "moe", "dense", "lm_head", "allreduce", "accept"):
+        name = TERM_LABELS[term] + (" x layers" if term == "attention" else "")
+        out[name] = [
+            _term_cell(v, src) for v, src in zip(first[f"{term}_s"], first[f"{term}_source"], strict=True)
+        ]
     for builder, *_ in BUILDERS:
         sel = table[table["builder"] == builder].set_index(keys).reindex(first.index)
         if sel["label"].notna().any():
@@ -288,10 +325,10 @@ def detail_table(section: BudgetSection) -> pd.DataFrame:
 
 def model_line(options: dict | None) -> str:
     options = options or {}
+    model = RoundModel.from_options(options, 61)
     prefix = options.get("prefix_length")
     return (
-        f"Model: draft {options.get('draft_ms', 0.0):g} ms; rest {options.get('fixed_ms', 1.0):g} ms + "
-        f"{options.get('per_token_us', 10.0):g} µs x B x (N + 1); verify attention at "
+        f"Model: {model.describe()}; E(T) = 384 (1 - (1 - 8/384)^T); verify attention at "
         f"{'S = ' + str(prefix) if prefix else 'the largest measured S'} (throughput section of the "
         "configuration; docs/throughput.md)."
     )
@@ -393,7 +430,7 @@ def figure(found: list[BudgetSection], path, options: dict | None = None) -> str
             if i == len(rows) - 1:
                 ax.set_xlabel("budget N (nodes per tree)")
             if j == 0:
-                ax.set_ylabel("tokens/s (model)\nB·tau / (draft+build+verify+accept)", fontsize=8)
+                ax.set_ylabel("tokens/s (model)\nB·tau / round", fontsize=8)
     handles, names = [], []
     for ax in np.ravel(axes):
         for handle, name in zip(*ax.get_legend_handles_labels(), strict=True):
@@ -407,16 +444,150 @@ def figure(found: list[BudgetSection], path, options: dict | None = None) -> str
     handles = [*handles, star]
     fig.legend(handles, names, loc="lower center", ncol=min(len(names), 3), frameon=False, fontsize=8)
     options = options or {}
-    title = (
-        f"{TITLE} Modelled tokens/s vs budget (measured build, verify attention x layers, accept; "
-        f"rest {options.get('fixed_ms', 1.0):g} ms + {options.get('per_token_us', 10.0):g} µs/token, "
-        f"draft {options.get('draft_ms', 0.0):g} ms)"
+    sources = "; ".join(
+        f"{row.term}: {', '.join(part.split(' (')[0] for part in row.sources.split('), '))}"
+        for row in term_sources(rows[0].result.table).itertuples(index=False)
+        if row.term in ("draft", "target forward", "communication")
     )
+    title = f"{TITLE} Modelled tokens/s vs budget ({sources}; build, accept measured)"
     import textwrap  # noqa: PLC0415
 
     fig.suptitle("\n".join(textwrap.wrap(title, width=max(60, 55 * len(batches)))), fontsize=10)
     legend_rows = math.ceil(len(names) / 3)
     fig.tight_layout(rect=(0, 0.05 + 0.035 * legend_rows / max(1, len(rows)), 1, 0.97))
+    fig.savefig(path, dpi=100, bbox_inches="tight")
+    plt.close(fig)
+    return title
+
+
+ROUND_FIGURE = "round_parts"
+#: The round's parts in the stacked bars, bottom first, and their colours.
+_PART_COLOURS = {
+    "draft": "#8c564b",
+    "build": "#d62728",
+    "attention": "#1f77b4",
+    "moe": "#ff7f0e",
+    "dense": "#2ca02c",
+    "lm_head": "#bcbd22",
+    "forward": "#17becf",
+    "allreduce": "#9467bd",
+    "accept": "#7f7f7f",
+}
+_HATCHES = {"estimated": "//", "entered": ".."}
+#: The bars per budget: (name on the bar, how its builder is chosen).
+_BARS = (("gpu", "gpu"), ("cpu", "fastest CPU builder besides sglang"), ("sgl", "sglang"))
+
+
+def _bar_rows(table: pd.DataFrame, batch: int) -> dict[int, list[tuple[str, pd.Series]]]:
+    """Per budget: the rows of the gpu builder, of the fastest other CPU builder and of sglang (where each
+    has one), with the short name shown on its bar."""
+    out = {}
+    sel = table[table["batch"] == batch]
+    for budget, group in sel.groupby("budget", sort=True):
+        bars = []
+        gpu = group[group["builder"] == "gpu"]
+        if len(gpu):
+            bars.append(("gpu", gpu.iloc[0]))
+        cpu = group[group["builder"].isin([b for b in CPU_BUILDERS if b != "sglang"])]
+        if len(cpu):
+            best = cpu.loc[cpu["build_s"].idxmin()]
+            bars.append((str(best["builder"]), best))
+        sglang = group[group["builder"] == "sglang"]
+        if len(sglang):
+            bars.append(("sglang", sglang.iloc[0]))
+        out[int(budget)] = bars
+    return out
+
+
+def figure_round_parts(found: list[BudgetSection], path) -> str:
+    """The round's parts per budget at batch 1 and 64 (else the smallest and largest modelled), stacked:
+    a bar each for the gpu builder, the fastest other CPU builder and sglang; parts not measured are hatched
+    and their legend entry says their source."""
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+    from matplotlib.patches import Patch  # noqa: PLC0415
+
+    rows = [s for s in found if s.result is not None and not s.result.table.empty]
+    if not rows:
+        fig, ax = plt.subplots(figsize=(7, 1.6))
+        ax.axis("off")
+        ax.text(0.5, 0.5, "The round's parts: no data (needs the step stages)", ha="center", va="center")
+        fig.savefig(path, dpi=110, bbox_inches="tight")
+        plt.close(fig)
+        return "The round's parts: no data"
+    modelled = sorted({int(b) for s in rows for b in s.result.table["batch"]})
+    batches = [b for b in (1, 64) if b in modelled] or sorted({modelled[0], modelled[-1]})
+    fig, axes = plt.subplots(
+        len(rows), len(batches), figsize=(6.2 * len(batches), 3.4 * len(rows) + 0.9), squeeze=False
+    )
+    legend = {}
+    width = 0.27
+    for i, section in enumerate(rows):
+        for j, batch in enumerate(batches):
+            ax = axes[i][j]
+            bars = _bar_rows(section.result.table, batch)
+            if not bars:
+                ax.axis("off")
+                ax.text(0.5, 0.5, f"B = {batch}: not modelled", ha="center", va="center", fontsize=8)
+                continue
+            budgets = sorted(bars)
+            for x, budget in enumerate(budgets):
+                for k, (name, row) in enumerate(bars[budget]):
+                    left = x + (k - (len(bars[budget]) - 1) / 2) * width
+                    bottom = 0.0
+                    for part in row["parts"]:
+                        seconds = float(row[f"{part}_s"]) * 1e3
+                        source = row[f"{part}_source"]
+                        hatch = _HATCHES.get(source)
+                        label = TERM_LABELS[part] + (f" ({source})" if hatch else "")
+                        ax.bar(
+                            left,
+                            seconds,
+                            width * 0.92,
+                            bottom=bottom,
+                            color=_PART_COLOURS[part],
+                            hatch=hatch,
+                            edgecolor="white" if hatch else None,
+                            linewidth=0,
+                        )
+                        if seconds <= 0:
+                            continue
+                        legend.setdefault(
+                            label,
+                            Patch(
+                                facecolor=_PART_COLOURS[part],
+                                hatch=hatch,
+                                edgecolor="white" if hatch else None,
+                            ),
+                        )
+                        bottom += seconds
+                    ax.text(left, bottom, name, ha="center", va="bottom", fontsize=5, rotation=90)
+            ax.set_xticks(range(len(budgets)), [str(b) for b in budgets], fontsize=8)
+            ax.set_ylim(top=ax.get_ylim()[1] * 1.12)
+            ax.grid(False, axis="x")
+            ax.grid(True, axis="y", alpha=0.3)
+            ax.set_title(f"{section.machine}, {section.distribution} trees: B = {batch}", fontsize=9)
+            if i == len(rows) - 1:
+                ax.set_xlabel("budget N (bars: gpu | fastest other CPU builder | sglang)", fontsize=8)
+            if j == 0:
+                ax.set_ylabel("round (ms)", fontsize=8)
+    order = [TERM_LABELS[p] for p in _PART_COLOURS]
+    names = sorted(legend, key=lambda n: (next((k for k, o in enumerate(order) if n.startswith(o)), 99), n))
+    fig.legend(
+        [legend[n] for n in names],
+        names,
+        loc="lower center",
+        ncol=min(len(names), 5),
+        frameon=False,
+        fontsize=8,
+    )
+    title = (
+        "The round's parts per budget (draft, tree build, verify attention, MoE, dense, LM head, "
+        "communication, accept; hatched: estimated or entered, not measured)"
+    )
+    import textwrap  # noqa: PLC0415
+
+    fig.suptitle("\n".join(textwrap.wrap(title, width=max(60, 90 * len(batches)))), fontsize=10)
+    fig.tight_layout(rect=(0, 0.06 + 0.03 * math.ceil(len(names) / 5) / max(1, len(rows)), 1, 0.95))
     fig.savefig(path, dpi=100, bbox_inches="tight")
     plt.close(fig)
     return title
@@ -436,6 +607,13 @@ def markdown(found: list[BudgetSection], options, figure_path, title, table) -> 
         if section.missing:
             md.append(f"_no data: {section.missing}_\n")
             continue
+        md.append(
+            f"Where each term comes from (what-if bandwidth {section.result.bandwidth}):\n\n"
+            + table(sources_table(section))
+        )
+        lines = unmodelled_lines(section)
+        if lines:
+            md.append("Not modelled (a term missing):\n\n" + "\n".join(f"- {line}" for line in lines) + "\n")
         md.append("Best budget per builder:\n\n" + table(best_table(section)))
         gains = gains_table(section)
         md.append(
@@ -469,6 +647,17 @@ def html(found: list[BudgetSection], options, image: str, title, table) -> list[
             parts.append(f"<p><em>no data: {escape(section.missing)}</em></p>")
             continue
         gains = gains_table(section)
+        lines = unmodelled_lines(section)
+        parts += [
+            f"<p>Where each term comes from (what-if bandwidth {escape(section.result.bandwidth)}):</p>",
+            table(sources_table(section)),
+        ]
+        if lines:
+            parts += [
+                "<p>Not modelled (a term missing):</p><ul>",
+                *(f"<li>{escape(line)}</li>" for line in lines),
+                "</ul>",
+            ]
         parts += [
             "<p>Best budget per builder:</p>",
             table(best_table(section)),
