@@ -171,7 +171,8 @@ BAD = [
     ("budgets", [8, 0], "config: budgets: must hold integers >= 1, got 0"),
     ("budgets", [8, -4], "config: budgets: must hold integers >= 1, got -4"),
     ("budgets", [8, 1.5], "config: budgets: must hold integers, got 1.5"),
-    ("budgets", [8, "16"], "config: budgets: must hold integers, got '16'"),
+    ("budgets", [8, "sixteen"], "config: budgets: must hold integers, got 'sixteen'"),
+    ("budgets", [8, "16.5"], "config: budgets: must hold integers, got '16.5'"),
     ("budgets", [True], "config: budgets: must hold integers, got True"),
     ("budgets", [], "config: budgets: must be a non-empty list"),
     ("budgets", 8, "config: budgets: must be a non-empty list"),
@@ -239,7 +240,7 @@ STEP_BAD = [
         "['peaked', 'uniform', 'bf16', 'recorded', 'drafter', 'drafter-bf16']",
     ),
     ({"depth": 12}, "config: step.depth: 12 is not one of the configured depths [16, 8]"),
-    ({"depth": "16"}, "config: step.depth: must be an integer or null, got '16'"),
+    ({"depth": "sixteen"}, "config: step.depth: must be an integer or null, got 'sixteen'"),
     ({"attention": {"heads": [8, 0]}}, "config: step.attention.heads: must hold integers >= 1, got 0"),
     ({"attention": {"prefix_lengths": [4096, 4096]}}, "config: step.attention.prefix_lengths: has duplicate"),
     (

@@ -93,10 +93,14 @@ def _available(name: str, options: dict | None = None, option: str = "--builder"
 def _trace_columns(path, budget: int) -> tuple[int, int, int]:
     """``(R, L, K)`` of ``--trace`` (its headers only); a budget above its K is refused, as the configuration
     refuses a budget above topk (a builder would use only K columns: not the tree asked for)."""
-    from ddtree_bench.traces import peek_trace  # noqa: PLC0415
+    from ddtree_bench.traces import load_trace, peek_trace  # noqa: PLC0415
 
-    shape = peek_trace(path)
-    if budget > shape[2]:
+    try:
+        shape = peek_trace(path)
+    except ValueError:
+        load_trace(path)  # the loader's own words for what is wrong with the file (as the jobs say it)
+        raise
+    if 0 < shape[2] < budget:  # K = 0: the loader names that problem
         raise ValueError(
             f"--budget {budget} is above the {shape[2]} top-K columns of trace {path}: a budget needs at "
             "least that many columns (make the trace with a larger --topk)"
@@ -358,13 +362,14 @@ def cmd_budget(args) -> int:
         if section.note and section.result is not None:
             lines.append(section.note + "\n")
         if section.missing:
-            lines.append(f"no data: {section.missing}; {_budget_needs(machine, args.results)}\n")
+            lines.append(f"no data: {section.missing}. {_budget_needs(machine, args.results)}\n")
             continue
         lines.append("Best budget per builder:\n\n" + markdown_table(throughput_report.best_table(section)))
         gains = throughput_report.gains_table(section)
         if not gains.empty:
             lines.append("GPU builder's gain at each one's own best budget:\n\n" + markdown_table(gains))
     print("\n".join(lines))
+    return 0
 
 
 def _ok_values(summary, column: str) -> list:
@@ -382,12 +387,11 @@ def _budget_needs(machine, folder) -> str:
     reasons = []
     if step is not None and not step.empty and "status_reason" in step:
         reasons = list(dict.fromkeys(str(r) for r in step["status_reason"].dropna()))
-    why = f" (here: {reasons[0]})" if reasons else ""
+    why = f" (its step rows say: {reasons[0]})" if reasons else ""
     return (
-        f"the model needs measured verify attention and tree accept, which {folder} lacks{why}: they come "
-        "from the workflow's step stages (step.enabled: true), which run only on a CUDA GPU; run the "
-        "workflow on a GPU machine, or see a published GPU machine's folder, e.g. "
-        "`ddtree-bench budget results/published/h200`"
+        f"{folder} lacks measured verify attention and tree accept{why}; the workflow's step stages "
+        "(step.enabled: true) measure them, on a CUDA GPU only: run it on a GPU machine, or model a "
+        "published GPU machine's folder, e.g. `ddtree-bench budget results/published/h200`"
     )
 
 
