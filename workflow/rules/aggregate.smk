@@ -26,10 +26,10 @@ rule aggregate:
     conda:
         "../envs/ddtree-bench.yaml"
     params:
-        machine=MACHINE,
         # the settings environment.json records, one param per group (config.RECORDED): a change of the
         # report's own settings (report_dir, throughput) reruns nothing here
         **recorded_settings(config),
+        machine=MACHINE,
         unavailable=UNAVAILABLE,
         nvcc=nvcc_path(),
     script:
