@@ -11,9 +11,20 @@ from pathlib import Path
 
 from snakemake.utils import min_version, validate
 
-from ddtree_bench.config import check_config
+from ddtree_bench.config import check_config, check_output_paths, read_config_file
 
 min_version("9.0")
+
+
+include: "workflow/rules/bad_input.smk"
+
+
+# A YAML error in the default config file: one line naming its file and line. (Files given with
+# --configfile are read by Snakemake before this file runs: their errors are Snakemake's own message.)
+try:
+    read_config_file("config/config.yaml")
+except ValueError as error:
+    bad_input(error)
 
 
 configfile: "config/config.yaml"
@@ -23,14 +34,12 @@ configfile: "config/config.yaml"
 report: "workflow/report/workflow.rst"
 
 
-include: "workflow/rules/bad_input.smk"
-
-
 # One clear line for a bad configuration, before any job: the package's checks first (they name the problem),
 # then Snakemake's own validation against the same schema.
 SCHEMA = "workflow/schemas/config.schema.yaml"
 try:
     check_config(config, Path(workflow.basedir) / SCHEMA)
+    check_output_paths(config)
 except ValueError as error:
     bad_input(error)
 validate(config, SCHEMA)

@@ -17,9 +17,11 @@ import ddtree_bench.builders
 from ddtree_bench import __version__
 from ddtree_bench.builders import Builder, get_builder
 from ddtree_bench.cli import main
+from ddtree_bench.config import REPO_ROOT as ROOT
+from ddtree_bench.config import TIMING_KEYS, load_config
 from ddtree_bench.report import FIGURE_NAMES
 from ddtree_bench.stages import check
-from ddtree_bench.traces import generate_trace, load_trace
+from ddtree_bench.traces import generate_trace, load_trace, save_trace
 from ddtree_bench.tree import TreeBatch
 
 V = 512
@@ -79,13 +81,13 @@ def test_trace_imports_a_recorded_file(tmp_path, trace_path, capsys):
 def test_build_writes_the_builders_trees(tmp_path, trace_path, capsys):
     out = tmp_path / "trees.npz"
     code, stdout, err = run(
-        ["build", "--builder", "reference", "--trace", trace_path, "--budget", 16, "--batch", 3, "-o", out],
+        ["build", "--builder", "reference", "--trace", trace_path, "--budget", 8, "--batch", 3, "-o", out],
         capsys,
     )
     assert code == 0, err
     trees = TreeBatch.load(out)
     lp, ids = load_trace(trace_path).batch(3)
-    expected = get_builder("reference").build(lp, ids, 16)
+    expected = get_builder("reference").build(lp, ids, 8)
     assert trees.batch_size == 3
     for name, value in expected.as_dict().items():
         np.testing.assert_array_equal(getattr(trees, name), value)
@@ -149,15 +151,38 @@ def test_check_mismatch_is_one_line_exit_2_and_no_summary(tmp_path, trace_path, 
     assert not out.exists()
 
 
-def test_check_unavailable_builder_is_reported_and_exits_0(tmp_path, trace_path, capsys, monkeypatch):
+@pytest.mark.parametrize(
+    ("command", "option"),
+    [("check", "--builder"), ("check", "--against"), ("bench", "--builder"), ("build", "--builder")],
+)
+def test_an_unavailable_builder_on_the_command_line_is_one_line_exit_2(
+    tmp_path, trace_path, capsys, monkeypatch, command, option
+):
+    # asked for by name, a builder that cannot run here is bad input (the workflow instead records an
+    # "unavailable" row for it): one line saying why, exit 2, no output
     _fake_builders(monkeypatch, missing=_Missing())
-    out = tmp_path / "summary.json"
-    code, _, err = run(
-        ["check", "--builder", "missing", "--trace", trace_path, "--budget", 8, "-o", out], capsys
-    )
-    assert code == 0
-    assert "SGLang has no DDTree module here" in err
-    assert json.loads(out.read_text())["status"] == "unavailable"
+    out = tmp_path / "out" / "result"
+    argv = [command, "--builder", "reference", "--trace", trace_path, "--budget", 8, "--batch", 2]
+    code, stdout, err = run([*argv, option, "missing", "-o", out], capsys)
+    assert_one_line_error(code, err, f"{option} missing", "unavailable", "SGLang has no DDTree module here")
+    assert not out.parent.exists() and stdout == ""
+
+
+def test_the_gpu_builder_without_a_gpu_is_one_line_exit_2(tmp_path, trace_path, capsys):
+    from ddtree_bench.cuda.loader import gpu_unavailable_reason  # noqa: PLC0415
+
+    reason = gpu_unavailable_reason()
+    if reason is None:
+        pytest.skip("a GPU is present here: the gpu builder is available")
+    for argv in (
+        ["check", "--builder", "gpu"],
+        ["check", "--builder", "reference", "--against", "gpu"],
+        ["bench", "--builder", "gpu", "--batch", 2],
+    ):
+        out = tmp_path / "out.json"
+        code, _, err = run([*argv, "--trace", trace_path, "--budget", 8, "-o", out], capsys)
+        assert_one_line_error(code, err, "gpu is unavailable here", " ".join(reason.split())[:40])
+        assert not out.exists()
 
 
 def test_build_unavailable_builder_is_one_line_exit_2(tmp_path, trace_path, capsys, monkeypatch):
@@ -367,20 +392,24 @@ def test_bench_calls_the_benchmark_and_writes_parquet(
 ):
     calls = []
     _fake_bench_module(monkeypatch, module_name, function_name, calls)
+    monkeypatch.setattr("ddtree_bench.cuda.loader.gpu_unavailable_reason", lambda: None)  # a GPU "here"
     out = tmp_path / "results" / "bench.parquet"
-    argv = ["bench", "--builder", builder, "--trace", trace_path, "--budget", 16, "--batch", 4]
+    argv = ["bench", "--builder", builder, "--trace", trace_path, "--budget", 8, "--batch", 4]
     code, stdout, err = run([*argv, "--warmup", 1, "--repeats", 5, "--machine", "m1", "-o", out], capsys)
     assert code == 0, err
     assert calls == [
         (
             builder,
             str(trace_path),
-            16,
+            8,
             4,
             {
                 "warmup": 1,
                 "repeats": 5,
-                "min_seconds": 0.0,
+                "min_seconds": 0.05,  # the workflow's timing defaults where not given
+                "max_seconds": 1.0,
+                "min_repeats": 3,
+                "max_repeats": 500,
                 "machine": "m1",
                 "distribution": "bf16",  # from the trace's metadata
                 "builder_options": {},
@@ -409,7 +438,7 @@ def test_bench_failure_leaves_no_parquet(tmp_path, trace_path, capsys, monkeypat
         "--trace",
         trace_path,
         "--budget",
-        16,
+        8,
         "--batch",
         64,
         "-o",
@@ -422,7 +451,7 @@ def test_bench_failure_leaves_no_parquet(tmp_path, trace_path, capsys, monkeypat
     assert_one_line_error(code, err, "--min-seconds")
 
 
-def test_bench_passes_the_optional_limits_only_when_given(tmp_path, trace_path, capsys, monkeypatch):
+def test_bench_timing_defaults_are_the_workflows(tmp_path, trace_path, capsys, monkeypatch):
     calls = []
     _fake_bench_module(monkeypatch, "ddtree_bench.stages.build", "run_benchmark", calls)
     out = tmp_path / "bench.parquet"
@@ -430,7 +459,13 @@ def test_bench_passes_the_optional_limits_only_when_given(tmp_path, trace_path, 
     assert run([*argv, "--max-seconds", "2.5", "--max-repeats", "50"], capsys)[0] == 0
     assert calls[-1][4]["max_seconds"] == 2.5 and calls[-1][4]["max_repeats"] == 50
     assert run([*argv, "--distribution", "peaked"], capsys)[0] == 0
-    assert "max_seconds" not in calls[-1][4] and calls[-1][4]["distribution"] == "peaked"
+    assert calls[-1][4]["distribution"] == "peaked"
+    timing = load_config(ROOT / "config" / "config.yaml")["timing"]
+    assert {key: calls[-1][4][key] for key in TIMING_KEYS} == {key: timing[key] for key in TIMING_KEYS}
+    code, help_text, _ = run(["bench", "--help"], capsys)
+    help_text = " ".join(help_text.split())
+    assert f"warm-up calls (default {timing['warmup']})" in help_text
+    assert f"timed calls, at least (default {timing['repeats']})" in help_text
 
 
 @pytest.mark.skipif(
@@ -553,3 +588,125 @@ def test_report_refuses_a_summary_that_does_not_match_its_configuration(tmp_path
 def test_report_names_a_folder_without_a_summary(tmp_path, capsys):
     code, _, err = run(["report", "--results", tmp_path, "-o", tmp_path / "r"], capsys)
     assert_one_line_error(code, err, f"--results {tmp_path}: no summary.parquet")
+
+
+# ----------------------------------------------------------------------------------------- what a user types
+
+
+def test_budget_distribution_must_be_one_the_results_hold(tmp_path, capsys):
+    code, stdout, err = run(["budget", PUBLISHED, "--distribution", "zzz"], capsys)
+    assert_one_line_error(
+        code, err, "--distribution 'zzz'", "no tree-build rows of it; choose one of drafter"
+    )
+    assert stdout == ""
+
+
+@pytest.mark.parametrize(
+    ("args", "needles"),
+    [
+        (["--depth", "99"], ["--depth 99: not among the configured depths", "choose one of 16"]),
+        (["--distribution", "zzz"], ["--distribution zzz", "choose one of drafter"]),
+    ],
+)
+def test_report_depth_and_distribution_must_be_configured_ones(tmp_path, capsys, args, needles):
+    out = tmp_path / "report"
+    code, _, err = run(["report", "--results", PUBLISHED, *args, "-o", out], capsys)
+    assert_one_line_error(code, err, *needles)
+    assert not out.exists()
+
+
+def test_report_blames_published_for_a_missing_published_folder(tmp_path, capsys):
+    out = tmp_path / "report"
+    missing = tmp_path / "nope"
+    code, _, err = run(["report", "--results", PUBLISHED, "--published", missing, "-o", out], capsys)
+    assert_one_line_error(code, err, f"--published {missing}: no such folder")
+    assert "--results" not in err and not out.exists()
+
+
+@pytest.mark.parametrize("threads", ["0", "-3"])
+def test_trace_threads_must_be_at_least_one(tmp_path, capsys, threads):
+    out = tmp_path / "t.npz"
+    code, _, err = run(["trace", *TRACE_ARGS, "--threads", threads, "-o", out], capsys)
+    assert_one_line_error(code, err, f"--threads must be an integer >= 1, got {threads}")
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("command", ["build", "check", "bench"])
+def test_a_budget_above_the_traces_k_is_refused(tmp_path, trace_path, capsys, command):
+    out = tmp_path / "out" / "result"
+    argv = [command, "--builder", "reference", "--trace", trace_path, "--budget", 16, "--batch", 2, "-o", out]
+    code, _, err = run(argv, capsys)
+    assert_one_line_error(code, err, "--budget 16 is above the 8 top-K columns of trace", "--topk")
+    assert not out.parent.exists()
+
+
+def test_a_token_id_above_the_vocabulary_is_refused(tmp_path, trace_path, capsys):
+    trace = load_trace(trace_path)  # generated with --vocab-size 512, which it records
+    ids = trace.top_token_ids.copy()
+    ids[1, 2, 3] = V + 7
+    edited = tmp_path / "edited.npz"
+    save_trace(edited, trace.top_log_probs, ids, **{k: v for k, v in trace.metadata.items() if k != "sha256"})
+    out = tmp_path / "out" / "trees.npz"
+    argv = ["build", "--builder", "reference", "--trace", edited, "--budget", 8, "-o", out]
+    code, _, err = run(argv, capsys)
+    assert_one_line_error(code, err, f"token id {V + 7} at (1, 2, 3), not below the vocabulary size {V}")
+    assert not out.parent.exists()
+    # importing a recorded file: against --vocab-size where given
+    code, _, err = run(["trace", "--recorded", trace_path, "--vocab-size", 100, "-o", out], capsys)
+    assert_one_line_error(code, err, "not below the vocabulary size 100")
+    assert not out.parent.exists()
+
+
+def _unwritable(tmp_path) -> Path:
+    """A path no file can be written at: under a regular file (as unwritable for root as for anyone)."""
+    blocker = tmp_path / "blocker"
+    blocker.write_text("a file, not a folder")
+    return blocker / "out" / "result"
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["trace", *TRACE_ARGS],
+        ["build", "--builder", "reference", "--budget", 4],
+        ["check", "--builder", "reference", "--budget", 4],
+        ["bench", "--builder", "reference", "--budget", 4, "--batch", 2],
+        ["calibrate", "--tau", "4:4.0", "8:4.6", "--depth", "6", "--requests", "16", "--iterations", "10"],
+        ["report", "--results", PUBLISHED],
+    ],
+    ids=lambda argv: argv[0],
+)
+def test_an_unwritable_output_fails_before_any_work(tmp_path, trace_path, capsys, argv):
+    out = _unwritable(tmp_path)
+    if argv[0] in ("build", "check", "bench"):
+        argv = [*argv, "--trace", trace_path]
+    code, stdout, err = run([*argv, "-o", out], capsys)
+    assert_one_line_error(code, err, f"-o/--output {out}", "blocker is not a folder")
+    assert stdout == ""  # nothing ran: no progress, no result line
+
+
+def test_budget_says_what_is_missing_and_what_would_produce_it(tmp_path, capsys):
+    folder = tmp_path / "smoke"  # tree-build results without step stages, as a machine without a GPU has
+    folder.mkdir()
+    for name in ("summary.parquet", "tree_shape.parquet", "environment.json"):
+        (folder / name).write_bytes((PUBLISHED / name).read_bytes())
+    code, stdout, err = run(["budget", folder], capsys)
+    assert code == 0, err
+    text = " ".join(stdout.split())
+    assert "no data: " in text
+    assert f"{folder} lacks measured verify attention and tree accept" in text
+    assert "step stages" in text and "CUDA GPU" in text
+    assert "ddtree-bench budget results/published/h200" in text
+
+
+def test_calibrate_prints_progress_on_stderr(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr("ddtree_bench.cli.PROGRESS_SECONDS", 0.0)  # every evaluation, for the test
+    out = tmp_path / "fit.yaml"
+    args = ["calibrate", "--tau", "4:4.0", "8:4.6", "--depth", "6", "--requests", "16", "--iterations", "5"]
+    code, stdout, err = run([*args, "--vocab-size", "1024", "-o", out], capsys)
+    assert code == 0, err
+    lines = err.strip().splitlines()
+    assert lines[0].startswith("ddtree-bench: calibrate: fitting to 2 budgets (16 requests")
+    assert len(lines) > 3 and all(line.startswith("ddtree-bench: calibrate: run ") for line in lines[1:])
+    assert "run 2/2" in lines[-1] and "best loss" in lines[-1]
+    assert "worst residual" in stdout

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -15,10 +16,15 @@ from ddtree_bench.config import (
     ATTENTION_IMPLS,
     BUILDERS,
     DISTRIBUTIONS,
+    NOT_RECORDED,
+    RECORDED,
     builder_input_columns,
     check_config,
+    check_output_paths,
     load_config,
     load_schema,
+    merge_recorded,
+    recorded_settings,
     step_options,
     timing_options,
     trace_columns,
@@ -171,7 +177,8 @@ BAD = [
     ("budgets", [8, 0], "config: budgets: must hold integers >= 1, got 0"),
     ("budgets", [8, -4], "config: budgets: must hold integers >= 1, got -4"),
     ("budgets", [8, 1.5], "config: budgets: must hold integers, got 1.5"),
-    ("budgets", [8, "16"], "config: budgets: must hold integers, got '16'"),
+    ("budgets", [8, "sixteen"], "config: budgets: must hold integers, got 'sixteen'"),
+    ("budgets", [8, "16.5"], "config: budgets: must hold integers, got '16.5'"),
     ("budgets", [True], "config: budgets: must hold integers, got True"),
     ("budgets", [], "config: budgets: must be a non-empty list"),
     ("budgets", 8, "config: budgets: must be a non-empty list"),
@@ -239,7 +246,7 @@ STEP_BAD = [
         "['peaked', 'uniform', 'bf16', 'recorded', 'drafter', 'drafter-bf16']",
     ),
     ({"depth": 12}, "config: step.depth: 12 is not one of the configured depths [16, 8]"),
-    ({"depth": "16"}, "config: step.depth: must be an integer or null, got '16'"),
+    ({"depth": "sixteen"}, "config: step.depth: must be an integer or null, got 'sixteen'"),
     ({"attention": {"heads": [8, 0]}}, "config: step.attention.heads: must hold integers >= 1, got 0"),
     ({"attention": {"prefix_lengths": [4096, 4096]}}, "config: step.attention.prefix_lengths: has duplicate"),
     (
@@ -293,7 +300,7 @@ ROUND_BAD = [
     ({"draft": {"shape": {"kv_heads": 6}}}, "config: step.draft.shape: kv_heads (6) must divide by tp (8)"),
     ({"allreduce": {"world_size": 8}}, "config: step.allreduce: Additional properties are not allowed"),
     ({"round": {"builders": ["cuda"]}}, "config: step.round.builders.0: 'cuda' is not one of"),
-    ({"round": {"batch_sizes": [8, 2]}}, "config: step.round.batch_sizes: 2 is not one of the step's batch sizes"),
+    ({"round": {"batch_sizes": [8, 2]}}, "config: step.round.batch_sizes: 2 is not one of the step's"),
 ]
 
 
@@ -316,7 +323,11 @@ def test_round_stage_options_resolve_the_shapes():
     assert options["model"]["forward_impl"] == "marlin-w4a16" and options["model"]["routing"] == "uniform"
     assert options["draft"]["follow_budget"] is True and options["draft"]["block_size"] == 16
     assert options["allreduce"] == {"enabled": True}
-    assert options["round"] == {"enabled": True, "builders": ["gpu", "native-mt", "sglang"], "batch_sizes": [1, 8, 64]}
+    assert options["round"] == {
+        "enabled": True,
+        "builders": ["gpu", "native-mt", "sglang"],
+        "batch_sizes": [1, 8, 64],
+    }
 
 
 def _recorded(path, requests=256, depth=16, topk=1024):
@@ -420,3 +431,147 @@ def test_flexattention_kernel_options_reach_the_attention_jobs():
     config["step"]["attention"]["flexattention_kernel_options"] = {"BLOCK_M": [64]}
     with pytest.raises(ValueError, match=r"^config: step.attention.flexattention_kernel_options"):
         check_config(config)
+
+
+# ----------------------------------------------------------------------------------------- what a user types
+
+
+def _edited_recorded(tmp_path, name, edit) -> str:
+    lp = np.zeros((256, 16, 1024), np.float32)
+    lp[..., 1:] = -1.0
+    ids = np.broadcast_to(np.arange(1024, dtype=np.int64), lp.shape).copy()
+    edit(lp, ids)
+    path = tmp_path / f"{name}.npz"
+    np.savez(path, top_log_probs=lp, top_token_ids=ids)  # as a user's recorder writes it: not save_trace
+    return str(path)
+
+
+def _setter(which: int, index, value):
+    """An edit of a recorded trace's arrays: ``which`` 0 the log-probs, 1 the token ids."""
+
+    def edit(lp, ids):
+        (lp, ids)[which][index] = value
+
+    return edit
+
+
+RECORDED_BAD = {
+    "nan": (_setter(0, (200, 3, 7), np.nan), "non-finite value (NaN or inf) at (200, 3, 7)"),
+    "unsorted": (_setter(0, (9, 0, 5), 0.0), "rows must be sorted descending; row (9, 0)"),
+    "vocab": (_setter(1, (1, 1, 1), 163840), "token id 163840 at (1, 1, 1), not below"),
+    "negative": (_setter(1, (0, 0, 0), -1), "negative token id at (0, 0, 0)"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(RECORDED_BAD))
+def test_a_recorded_traces_contents_are_checked_when_the_config_is_loaded(tmp_path, case):
+    edit, problem = RECORDED_BAD[case]
+    config = default_config()
+    config["distributions"] = ["recorded"]
+    config["recorded_trace"] = _edited_recorded(tmp_path, case, edit)
+    with pytest.raises(ValueError) as error:
+        check_config(config)
+    text = str(error.value)
+    assert "\n" not in text and text.startswith(f"config: recorded_trace: {config['recorded_trace']}: "), text
+    assert problem in text, text
+
+
+def test_a_recorded_trace_with_a_nan_stops_snakemake_before_any_job(tmp_path):
+    work = workdir_copy(tmp_path)
+    _edited_recorded(work, "mine", RECORDED_BAD["nan"][0])
+    config = default_config()
+    config.update(distributions=["recorded"], recorded_trace="mine.npz")
+    (work / "nan.yaml").write_text(yaml.safe_dump(config))
+    for dry in ([], ["-n"]):
+        result = snakemake(work, *dry, "--cores", "1", "--configfile", "nan.yaml", "--", "report")
+        assert result.returncode == 2
+        output = result.stderr + result.stdout
+        assert "config: recorded_trace: mine.npz: top_log_probs has a non-finite value" in output
+        assert "CalledProcessError" not in output and "Traceback" not in output
+        assert not (work / "results").exists() and not (work / "report").exists()
+
+
+def test_numeric_strings_are_numbers_where_the_schema_wants_them():
+    config = default_config()
+    config["budgets"] = ["8", "16"]  # Snakemake's --config budgets=[8,16]
+    config["batch_sizes"] = ["1", 8]
+    config["timing"] = {**config["timing"], "warmup": "1", "max_seconds": "0.5"}
+    config["step"] = {**config["step"], "batch_sizes": ["1"], "depth": "16"}
+    config["throughput"] = {**config["throughput"], "draft_ms": "2.5"}
+    checked = check_config(config)
+    assert checked["budgets"] == [8, 16] and checked["batch_sizes"] == [1, 8]
+    assert checked["timing"]["warmup"] == 1 and checked["timing"]["max_seconds"] == 0.5
+    assert checked["step"]["batch_sizes"] == [1] and checked["step"]["depth"] == 16
+    assert checked["throughput"]["draft_ms"] == 2.5
+    config = default_config()
+    config["machine"] = "123"  # a string setting keeps its string
+    assert check_config(config)["machine"] == "123"
+
+
+def test_snakemake_config_option_lists_are_accepted(tmp_path):
+    work = workdir_copy(tmp_path)
+    args = ("-n", "--cores", "1", "--configfile", "config/smoke.yaml")
+    result = snakemake(work, *args, "--config", "budgets=[4,16]", "batch_sizes=[1, 4]", "--", "report")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "N4-B4" in result.stdout + result.stderr
+    result = snakemake(work, *args, "--config", "budgets=[4,x]", "--", "report")
+    assert result.returncode == 2
+    assert "config: budgets: must hold integers, got 'x'" in result.stderr + result.stdout
+
+
+def test_an_unwritable_report_dir_is_refused_when_the_config_is_loaded(tmp_path):
+    blocker = tmp_path / "blocker"
+    blocker.write_text("a file")
+    config = check_config({**default_config(), "report_dir": str(blocker / "report")})
+    with pytest.raises(ValueError) as error:
+        check_output_paths(config)
+    assert str(error.value) == f"config: report_dir: {blocker}/report: {blocker} is not a folder"
+    check_output_paths(check_config({**default_config(), "report_dir": str(tmp_path / "new" / "report")}))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["blocker"]  # the check creates nothing
+    (tmp_path / "w").mkdir()
+    work = workdir_copy(tmp_path / "w")
+    target = "/proc/ddtree-bench-report" if Path("/proc/self").is_dir() else f"{blocker}/report"
+    result = snakemake(
+        work, "--cores", "1", "--configfile", "config/smoke.yaml", "--config", f"report_dir={target}"
+    )
+    assert result.returncode == 2
+    assert f"config: report_dir: {target}: " in result.stderr + result.stdout
+    assert not (work / "results").exists()
+
+
+def test_a_yaml_error_names_the_file_and_line(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("budgets: [8, 16\nseed: 1\n")
+    with pytest.raises(ValueError) as error:
+        load_config(bad)
+    text = str(error.value)
+    assert "\n" not in text and text.startswith(f"config {bad}: not valid YAML at line 2, column 5: "), text
+    # the workflow's default config file: one line naming it (files given with --configfile are read by
+    # Snakemake itself, before the workflow runs)
+    (tmp_path / "w").mkdir()
+    work = workdir_copy(tmp_path / "w")
+    (work / "config" / "config.yaml").write_text("budgets: [8, 16\nseed: 1\n")
+    result = snakemake(work, "-n", "--cores", "1")
+    assert result.returncode == 2
+    assert "config config/config.yaml: not valid YAML at line 2, column 5" in result.stderr + result.stdout
+    assert "Traceback" not in result.stderr
+
+
+def test_environment_json_records_the_results_settings_not_the_reports():
+    config = check_config(default_config())
+    groups = recorded_settings(config)
+    assert set(groups) == {*RECORDED, "step"}
+    merged = merge_recorded(groups)
+    schema_keys = set(load_schema()["properties"])
+    assert set(merged) | set(NOT_RECORDED) == schema_keys  # every setting: recorded or the report's own
+    assert not set(merged) & set(NOT_RECORDED)
+    # what the report reads back from a published environment.json
+    grid = ("distributions", "depths", "budgets", "batch_sizes", "builders")
+    assert {key: merged[key] for key in grid} == {key: config[key] for key in grid}
+    step = ("enabled", "layers", "depth", "distribution")
+    assert merged["step"] == {key: config["step"][key] for key in step}
+    changed = copy.deepcopy(config)
+    changed["report_dir"] = "elsewhere"
+    changed["throughput"]["draft_ms"] = 3.0
+    changed["step"]["attention"]["heads"] = [64]
+    assert recorded_settings(changed) == groups  # nothing the aggregation records: it does not rerun

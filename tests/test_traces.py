@@ -454,3 +454,55 @@ def test_peek_trace_names_what_is_wrong(tmp_path):
     ):
         with pytest.raises(ValueError, match=message):
             peek_trace(tmp_path / name)
+
+
+# ----------------------------------------------------------------------------------------- digests, checks
+
+
+def test_the_digest_is_computed_from_the_arrays_never_read_from_the_file(tmp_path):
+    lp, ids = generate_trace("bf16", 3, 2, 4, 64, 1)
+    original = tmp_path / "original.npz"
+    save_trace(original, lp, ids, distribution="bf16")
+    stored = str(np.load(original)["sha256"])
+    edited_lp = lp.copy()
+    edited_lp[0, 0, :] -= 1.0  # still a valid trace: sorted, finite, <= 0
+    edited = tmp_path / "edited.npz"
+    np.savez(edited, top_log_probs=edited_lp, top_token_ids=ids, sha256=np.asarray(stored))  # the old digest
+    digest = traces.arrays_sha256(edited_lp, ids)
+    assert digest != stored
+    trace = load_trace(edited)
+    assert trace.sha256 == digest and traces.trace_sha256(edited) == digest
+    assert traces.row_sha256(edited, trace.metadata) == digest  # what every timing row records
+    assert traces.trace_sha256(original) == stored == load_trace(original).sha256
+
+
+def test_check_trace_file_reads_every_request(tmp_path, monkeypatch):
+    monkeypatch.setattr(traces, "CHECK_CHUNK_VALUES", 8)  # one request (2 x 4 values) per chunk
+    lp, ids = generate_trace("uniform", 5, 2, 4, 64, 2)
+    good = tmp_path / "good.npz"
+    np.savez(good, top_log_probs=lp.astype(np.float16), top_token_ids=ids.astype(np.int32), vocab_size=64)
+    assert traces.check_trace_file(good) == (5, 2, 4)  # float16 and int32 widen losslessly
+    cases = {  # (array, index, value), the vocabulary given, the problem named (positions: the trace's)
+        "nan": (("lp", (4, 1, 2), np.nan), None, "non-finite value (NaN or inf) at (4, 1, 2)"),
+        "unsorted": (("lp", (3, 0, 3), 0.0), None, "row (3, 0) is not"),
+        "vocab": (("ids", (2, 1, 0), 64), None, "token id 64 at (2, 1, 0), not below"),
+        "given-vocab": (None, 10, "not below the vocabulary size 10"),
+    }
+    for name, (edit, vocab, problem) in cases.items():
+        bad = {"lp": lp.copy(), "ids": ids.copy()}
+        if edit is not None:
+            bad[edit[0]][edit[1]] = edit[2]
+        bad_lp, bad_ids = bad["lp"], bad["ids"]
+        path = tmp_path / f"{name}.npz"
+        np.savez(path, top_log_probs=bad_lp, top_token_ids=bad_ids, vocab_size=64)
+        with pytest.raises(ValueError) as error:
+            traces.check_trace_file(path, vocab)
+        text = str(error.value)
+        assert "\n" not in text and text.startswith(f"{path}: "), text
+        assert problem in text, text
+
+
+@pytest.mark.parametrize("threads", [0, -3, 1.5])
+def test_generate_refuses_threads_below_one(threads):
+    with pytest.raises(ValueError, match="threads must be"):
+        generate_trace("uniform", 2, 2, 4, 64, 0, threads=threads)

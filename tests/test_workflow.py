@@ -6,18 +6,21 @@ is."""
 from __future__ import annotations
 
 import copy
+import importlib.metadata
 import json
 import os
 import re
 import shutil
 import subprocess
 import time
+import tomllib
 import zipfile
 from pathlib import Path
 
 import pandas as pd
 import pytest
 import yaml
+from packaging.requirements import Requirement
 from workflow_copy import BIN, ROOT, pretend_gpu, snakemake, workdir_copy
 
 from ddtree_bench.config import check_config, step_options
@@ -550,3 +553,36 @@ def test_snakemakes_own_report_holds_the_marked_outputs(smoke_run, tmp_path):
     }
     assert marked <= stored, (sorted(marked - stored), sorted(stored))
     assert any(name.endswith("report.html") for name in names)
+
+
+def test_setup_installs_what_snakemakes_own_report_needs():
+    """``make setup`` installs the package's dependencies; ``snakemake --report`` needs snakemake's
+    ``reports`` extra (pygments) on top of snakemake's own."""
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    requirements = [Requirement(text) for text in pyproject["project"]["dependencies"]]
+    requirements = {requirement.name: requirement for requirement in requirements}
+    assert "reports" in requirements["snakemake"].extras
+    extra = [Requirement(text) for text in importlib.metadata.requires("snakemake") or ()]
+    extra = [r for r in extra if r.marker is not None and r.marker.evaluate({"extra": "reports"})]
+    assert extra, "snakemake declares no reports extra"
+    for requirement in extra:  # installed here, as setup installs them
+        assert importlib.metadata.version(requirement.name), requirement.name
+
+
+@pytest.mark.slow
+def test_the_reports_own_settings_rerun_no_aggregation(smoke_run):
+    work, _, _ = smoke_run
+    config = smoke_config()
+    throughput = {**(config.get("throughput") or {}), "draft_ms": 2.5}
+    result = _planned(work, _variant(work, "elsewhere", report_dir="elsewhere", throughput=throughput))
+    assert result.returncode == 0, result.stderr
+    rules = {job["rule"] for job in jobs_of(result.stdout + result.stderr)}
+    assert "render_report" in rules and "aggregate" not in rules, rules
+    # a setting the results record reruns it, and its reason names that setting's group, not the config
+    step = {**config["step"], "layers": 7}
+    result = _planned(work, _variant(work, "layers", step=step))
+    assert result.returncode == 0, result.stderr
+    output = result.stdout + result.stderr
+    assert "aggregate" in {job["rule"] for job in jobs_of(output)}
+    reasons = [line for line in output.splitlines() if "Params have changed" in line]
+    assert reasons and all("report_dir" not in line and "budgets" not in line for line in reasons), reasons

@@ -258,10 +258,12 @@ def fit(
     iterations: int = 300,
     restarts: int = 2,
     seed: int = 0,
+    progress=None,
 ) -> FitResult:
     """Fit the free parameters so that the model's tau matches ``target`` (and ``chain``); ``start``: the
     starting parameters (default: the current defaults). ``restarts``: Nelder-Mead runs, each from the last
-    one's best (a fresh simplex escapes a collapsed one)."""
+    one's best (a fresh simplex escapes a collapsed one). ``progress``: called after every evaluation with
+    ``(run, runs, evaluations, best_loss)`` (e.g. to print how far the fit is)."""
     start = check_params(start)
     unknown = sorted(set(free) - set(FIT_PARAMS))
     if unknown:
@@ -273,17 +275,25 @@ def fit(
         values = {name: _from_free(v) * _SCALES.get(name, 1.0) for name, v in zip(free, x, strict=True)}
         return replace(start, **values)
 
+    runs = max(1, restarts)
+    state = {"run": 1, "evaluations": 0, "best": float("inf")}
+
     def loss(x) -> float:
         taus, chain_tau = evaluate(params_of(x))
         got = np.array([taus[n] for n in sorted(target)])
         value = float(np.sum((got / goal - 1.0) ** 2))
         if chain is not None:
             value += (chain_tau / chain - 1.0) ** 2
+        state["evaluations"] += 1
+        state["best"] = min(state["best"], value)
+        if progress is not None:
+            progress(state["run"], runs, state["evaluations"], state["best"])
         return value
 
     x = np.array([_to_free(getattr(start, name) / _SCALES.get(name, 1.0)) for name in free])
     total = 0
-    for attempt in range(max(1, restarts)):
+    for attempt in range(runs):
+        state["run"] = attempt + 1
         x, _, used = nelder_mead(loss, x, step=0.5 / (attempt + 1), iterations=iterations)
         total += used
     params = params_of(x)

@@ -74,11 +74,51 @@ def _one_line(error: BaseException) -> str:
     return " ".join(str(error).split()) or type(error).__name__
 
 
+def _writable(path, option: str = "-o/--output", *, folder: bool = False) -> None:
+    """An output that cannot be written fails before any work (one line naming the option)."""
+    from ddtree_bench.io import check_writable  # noqa: PLC0415
+
+    check_writable(path, option, folder=folder)
+
+
+def _available(name: str, options: dict | None = None, option: str = "--builder") -> None:
+    """A builder asked for on the command line that cannot run here is bad input: one line saying why."""
+    from ddtree_bench.builders import get_builder  # noqa: PLC0415
+
+    reason = get_builder(name, **(options or {})).unavailable_reason()
+    if reason is not None:
+        raise ValueError(f"{option} {name}: builder {name} is unavailable here: {_one_line(reason)}")
+
+
+def _trace_columns(path, budget: int) -> tuple[int, int, int]:
+    """``(R, L, K)`` of ``--trace`` (its headers only); a budget above its K is refused, as the configuration
+    refuses a budget above topk (a builder would use only K columns: not the tree asked for)."""
+    from ddtree_bench.traces import load_trace, peek_trace  # noqa: PLC0415
+
+    try:
+        shape = peek_trace(path)
+    except ValueError:
+        load_trace(path)  # the loader's own words for what is wrong with the file (as the jobs say it)
+        raise
+    if 0 < shape[2] < budget:  # K = 0: the loader names that problem
+        raise ValueError(
+            f"--budget {budget} is above the {shape[2]} top-K columns of trace {path}: a budget needs at "
+            "least that many columns (make the trace with a larger --topk)"
+        )
+    return shape
+
+
 # ----------------------------------------------------------------------------------------- subcommands
 
 
 def cmd_trace(args) -> int:
-    from ddtree_bench.traces import check_distribution, generate, import_recorded, save_trace  # noqa: PLC0415
+    from ddtree_bench.traces import (  # noqa: PLC0415
+        DEFAULT_VOCAB_SIZE,
+        check_distribution,
+        generate,
+        import_recorded,
+        save_trace,
+    )
 
     distribution = args.distribution or ("recorded" if args.recorded else None)
     if distribution is None:
@@ -86,11 +126,21 @@ def cmd_trace(args) -> int:
     check_distribution(distribution)
     if args.recorded is not None and distribution != "recorded":
         raise ValueError(f"--recorded FILE goes with --distribution recorded, not {distribution!r}")
+    if args.threads is not None and args.threads < 1:
+        raise ValueError(f"--threads must be an integer >= 1, got {args.threads}")
+    _writable(args.output)
     start = time.perf_counter()
     if distribution == "recorded":
         if args.recorded is None:
             raise ValueError("--distribution recorded needs --recorded FILE")
-        trace = import_recorded(args.recorded, args.output, args.depth, args.topk, requests=args.requests)
+        trace = import_recorded(
+            args.recorded,
+            args.output,
+            args.depth,
+            args.topk,
+            requests=args.requests,
+            vocab_size=args.vocab_size,
+        )
         device = "file"
     else:
         missing = [f"--{name}" for name in ("requests", "depth", "topk") if getattr(args, name) is None]
@@ -101,7 +151,7 @@ def cmd_trace(args) -> int:
             args.requests,
             args.depth,
             args.topk,
-            args.vocab_size,
+            DEFAULT_VOCAB_SIZE if args.vocab_size is None else args.vocab_size,
             args.seed,
             args.device,
             threads=args.threads,
@@ -142,10 +192,11 @@ def cmd_build(args) -> int:
     from ddtree_bench.validation import check_budget  # noqa: PLC0415
 
     budget = check_budget(args.budget)
-    builder = get_builder(args.builder, **_with_sglang_source(args, _builder_options(args.builder_option)))
-    reason = builder.unavailable_reason()
-    if reason is not None:
-        raise ValueError(f"builder {args.builder} is unavailable: {reason}")
+    options = _with_sglang_source(args, _builder_options(args.builder_option))
+    _available(args.builder, options)
+    builder = get_builder(args.builder, **options)
+    _trace_columns(args.trace, budget)
+    _writable(args.output)
     lp, ids = load_trace(args.trace).batch(args.batch)
     trees = builder.build(lp, ids, budget)
     with atomic_output(args.output) as tmp, open(tmp, "wb") as handle:
@@ -160,25 +211,27 @@ def cmd_build(args) -> int:
 def cmd_check(args) -> int:
     from ddtree_bench.io import atomic_output  # noqa: PLC0415
     from ddtree_bench.stages.check import check_builder  # noqa: PLC0415
+    from ddtree_bench.validation import check_budget  # noqa: PLC0415
 
+    budget = check_budget(args.budget)
+    options = _with_sglang_source(args, _builder_options(args.builder_option))
+    _available(args.builder, options)
+    _available(args.against, None, "--against")
+    _trace_columns(args.trace, budget)
+    if args.output is not None:
+        _writable(args.output)
     summary = check_builder(
-        args.builder,
-        args.trace,
-        args.budget,
-        against=args.against,
-        batch=args.batch,
-        builder_options=_with_sglang_source(args, _builder_options(args.builder_option)),
+        args.builder, args.trace, budget, against=args.against, batch=args.batch, builder_options=options
     )
+    if summary["status"] != "ok":  # a builder that failed to load after all: still no summary written
+        raise ValueError(summary["reason"])
     if args.output is not None:
         with atomic_output(args.output) as tmp:
             tmp.write_text(json.dumps(summary, indent=2) + "\n")
-    if summary["status"] == "ok":
-        print(
-            f"{PROG}: ok: {summary['builder']} equals {summary['against']} on {args.trace}, budget "
-            f"{summary['budget']}, {summary['requests']} requests"
-        )
-    else:
-        print(f"{PROG}: {summary['status']}: {summary['reason']}", file=sys.stderr)
+    print(
+        f"{PROG}: ok: {summary['builder']} equals {summary['against']} on {args.trace}, budget "
+        f"{summary['budget']}, {summary['requests']} requests"
+    )
     return 0
 
 
@@ -197,16 +250,15 @@ def cmd_bench(args) -> int:
     from ddtree_bench.validation import check_budget  # noqa: PLC0415
 
     budget = check_budget(args.budget)
+    options = _with_sglang_source(args, _builder_options(args.builder_option))
+    _available(args.builder, options)
+    _trace_columns(args.trace, budget)
+    _writable(args.output)
     if args.builder == "gpu":
         from ddtree_bench.stages.build_gpu import run_gpu_benchmark as run  # noqa: PLC0415
     else:
         from ddtree_bench.stages.build import run_benchmark as run  # noqa: PLC0415
     distribution = args.distribution or _trace_distribution(args.trace)
-    extra = {
-        name: getattr(args, name)
-        for name in ("max_seconds", "max_repeats")
-        if getattr(args, name) is not None
-    }
     frame = run(
         args.builder,
         args.trace,
@@ -217,8 +269,10 @@ def cmd_bench(args) -> int:
         min_seconds=args.min_seconds,
         machine=args.machine,
         distribution=distribution,
-        builder_options=_with_sglang_source(args, _builder_options(args.builder_option)),
-        **extra,
+        builder_options=options,
+        max_seconds=args.max_seconds,
+        min_repeats=args.min_repeats,
+        max_repeats=args.max_repeats,
     )
     with atomic_output(args.output) as tmp:
         frame.to_parquet(tmp, index=False)
@@ -291,6 +345,13 @@ def cmd_budget(args) -> int:
     if not summary.is_file():
         raise ValueError(f"{args.results}: no summary.parquet there (a results/<machine>/ folder has one)")
     machine = load_machine(summary)
+    if args.distribution is not None:
+        present = _ok_values(machine.summary, "distribution")
+        if args.distribution not in present:
+            raise ValueError(
+                f"--distribution {args.distribution!r}: {args.results} has no tree-build rows of it; "
+                f"choose one of {', '.join(present) or '(none: no timed rows there)'}"
+            )
     settings = {machine.label: {"layers": config["step"]["layers"]}}
     distributions = [args.distribution] if args.distribution else None
     found = throughput_report.sections([machine], settings, options, distributions=distributions)
@@ -300,7 +361,7 @@ def cmd_budget(args) -> int:
         if section.note and section.result is not None:
             lines.append(section.note + "\n")
         if section.missing:
-            lines.append(f"no data: {section.missing}\n")
+            lines.append(f"no data: {section.missing}. {_budget_needs(machine, args.results)}\n")
             continue
         lines.append(
             f"Where each term comes from (what-if bandwidth {section.result.bandwidth}):\n\n"
@@ -312,15 +373,39 @@ def cmd_budget(args) -> int:
         if not gains.empty:
             lines.append("GPU builder's gain at each one's own best budget:\n\n" + markdown_table(gains))
     print("\n".join(lines))
+    return 0
 
 
-def _results_folder(folder: Path) -> Path:
-    """``folder/summary.parquet``, checked (one line naming what is missing)."""
+def _ok_values(summary, column: str) -> list:
+    """The values of ``column`` among a summary's rows that hold timings (in order of appearance)."""
+    if summary is None or column not in summary:
+        return []
+    rows = summary[summary["status"] == "ok"] if "status" in summary else summary
+    values = [v.item() if hasattr(v, "item") else v for v in rows[column].dropna()]
+    return list(dict.fromkeys(values))
+
+
+def _budget_needs(machine, folder) -> str:
+    """What the model lacks on a results folder without step data, and what would produce it."""
+    step = machine.step
+    reasons = []
+    if step is not None and not step.empty and "status_reason" in step:
+        reasons = list(dict.fromkeys(str(r) for r in step["status_reason"].dropna()))
+    why = f" (its step rows say: {reasons[0]})" if reasons else ""
+    return (
+        f"{folder} lacks measured verify attention and tree accept{why}; the workflow's step stages "
+        "(step.enabled: true) measure them, on a CUDA GPU only: run it on a GPU machine, or model a "
+        "published GPU machine's folder, e.g. `ddtree-bench budget results/published/h200`"
+    )
+
+
+def _results_folder(folder: Path, option: str = "--results") -> Path:
+    """``folder/summary.parquet``, checked (one line naming the option and what is missing)."""
     if not folder.is_dir():
-        raise ValueError(f"--results {folder}: no such folder")
+        raise ValueError(f"{option} {folder}: no such folder")
     summary = folder / "summary.parquet"
     if not summary.is_file():
-        raise ValueError(f"--results {folder}: no summary.parquet (a results folder holds one)")
+        raise ValueError(f"{option} {folder}: no summary.parquet (a results folder holds one)")
     return summary
 
 
@@ -344,7 +429,7 @@ def cmd_report(args) -> int:
 
     folder = args.results
     summary = _results_folder(folder)
-    published = [_results_folder(other) for other in args.published or ()]
+    published = [_results_folder(other, "--published") for other in args.published or ()]
     if args.config is not None:
         config, source = load_config(args.config), str(args.config)
     else:
@@ -359,9 +444,19 @@ def cmd_report(args) -> int:
     except ValueError as error:
         raise ValueError(f"{source}: {error}") from None
     step = config.get("step") if isinstance(config.get("step"), dict) else {}
+    for option, value, choices in (
+        ("--depth", args.depth, grid["depths"]),
+        ("--distribution", args.distribution, grid["distributions"]),
+    ):
+        if value is not None and value not in choices:
+            raise ValueError(
+                f"{option} {value}: not among the configured {option[2:]}s of {source}; choose one of "
+                f"{', '.join(str(c) for c in choices)}"
+            )
     depth = args.depth if args.depth is not None else grid["depths"][0]
     distribution = args.distribution or grid["distributions"][0]
     out = args.output
+    _writable(out, folder=True)
     render_report(
         summary=summary,
         published=published,
@@ -380,6 +475,30 @@ def cmd_report(args) -> int:
     return 0
 
 
+#: How often a long command (calibrate) says how far it is, on stderr.
+PROGRESS_SECONDS = 5.0
+
+
+def _progress_printer(start: float, every: float | None = None):
+    """A ``calibrate.fit`` progress callback printing one line to stderr at most every ``every`` seconds."""
+    every = PROGRESS_SECONDS if every is None else every
+    last = [start]
+
+    def report(run: int, runs: int, evaluations: int, best: float) -> None:
+        now = time.perf_counter()
+        if now - last[0] < every:
+            return
+        last[0] = now
+        print(
+            f"{PROG}: calibrate: run {run}/{runs}, {evaluations} evaluations, best loss {best:.3g}, "
+            f"{now - start:.0f} s",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    return report
+
+
 def cmd_calibrate(args) -> int:
     from ddtree_bench.calibrate import check_tau, fit, fragment_yaml, parse_tau_pairs  # noqa: PLC0415
     from ddtree_bench.io import atomic_output  # noqa: PLC0415
@@ -393,7 +512,14 @@ def cmd_calibrate(args) -> int:
     vocab_size = check_positive_int(args.vocab_size, "--vocab-size")
     if vocab_size < max(target):
         raise ValueError(f"--vocab-size {vocab_size} is smaller than the largest budget {max(target)}")
+    _writable(args.output)
     start = time.perf_counter()
+    print(
+        f"{PROG}: calibrate: fitting to {len(target)} budgets ({requests} requests, up to {iterations} "
+        f"iterations a run); progress every {PROGRESS_SECONDS:g} s",
+        file=sys.stderr,
+        flush=True,
+    )
     result = fit(
         target,
         chain=chain,
@@ -402,6 +528,7 @@ def cmd_calibrate(args) -> int:
         vocab_size=vocab_size,
         iterations=iterations,
         seed=args.seed,
+        progress=_progress_printer(start),
     )
     text = fragment_yaml(result)
     with atomic_output(args.output) as tmp:
@@ -413,6 +540,24 @@ def cmd_calibrate(args) -> int:
 
 
 # ----------------------------------------------------------------------------------------- parser
+
+
+def _timing_defaults() -> dict:
+    """``bench``'s defaults: config/config.yaml's timing section over the schema's defaults (the values a
+    pipeline job samples with)."""
+    import yaml  # noqa: PLC0415
+
+    from ddtree_bench.config import REPO_ROOT, apply_defaults, timing_options  # noqa: PLC0415
+
+    config = {}
+    default = REPO_ROOT / "config" / "config.yaml"
+    try:
+        data = yaml.safe_load(default.read_text())
+        if isinstance(data, dict) and isinstance(data.get("timing"), dict):
+            config["timing"] = dict(data["timing"])
+    except (OSError, yaml.YAMLError):
+        pass  # the schema's defaults (the same values)
+    return timing_options(apply_defaults(config))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -429,7 +574,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--requests", type=_integer, help="R, number of requests")
     p.add_argument("--depth", type=_integer, help="L, block positions per request")
     p.add_argument("--topk", type=_integer, help="K, top-k columns per position")
-    p.add_argument("--vocab-size", type=_integer, default=163840, help="V (default 163840, Kimi K2.6)")
+    p.add_argument(
+        "--vocab-size",
+        type=_integer,
+        help="V (default 163840, Kimi K2.6); with --recorded: the token ids must be below it (default: the "
+        "vocab_size the file records, if any)",
+    )
     p.add_argument("--seed", type=_integer, default=0, help="random seed (default 0)")
     p.add_argument(
         "--device",
@@ -437,7 +587,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="cpu (default: bit-identical traces on every machine) or cuda (CuPy's generator: faster, but "
         "other traces than cpu for the same seed)",
     )
-    p.add_argument("--threads", type=_integer, default=None, help="CPU threads (default: all cores)")
+    p.add_argument("--threads", type=_integer, default=None, help="CPU threads, >= 1 (default: all cores)")
     p.add_argument("--recorded", type=Path, help="import this recorded trace file (optionally sliced)")
     p.add_argument(
         "--drafter-config",
@@ -481,13 +631,50 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", type=Path, help="write the summary as JSON")
     p.set_defaults(func=cmd_check)
 
-    p = sub.add_parser("bench", help="time one configuration, write one parquet file")
+    p = sub.add_parser(
+        "bench",
+        help="time one configuration, write one parquet file",
+        description="Time one builder on one trace, budget and batch. The timing defaults are the "
+        "workflow's (config/config.yaml's timing section), so a run here samples as a pipeline job does.",
+    )
     common(p, batch_required=True)
-    p.add_argument("--warmup", type=_integer, default=3, help="warm-up calls (default 3)")
-    p.add_argument("--repeats", type=_integer, default=20, help="timed calls, at least (default 20)")
-    p.add_argument("--min-seconds", type=_number, default=0.0, help="time at least this long (default 0)")
-    p.add_argument("--max-seconds", type=_number, help="stop a slow configuration after this long")
-    p.add_argument("--max-repeats", type=_integer, help="stop a fast configuration after this many calls")
+    timing = _timing_defaults()
+    p.add_argument(
+        "--warmup",
+        type=_integer,
+        default=timing["warmup"],
+        help=f"warm-up calls (default {timing['warmup']})",
+    )
+    p.add_argument(
+        "--repeats",
+        type=_integer,
+        default=timing["repeats"],
+        help=f"timed calls, at least (default {timing['repeats']})",
+    )
+    p.add_argument(
+        "--min-seconds",
+        type=_number,
+        default=timing["min_seconds"],
+        help=f"time at least this long (default {timing['min_seconds']:g})",
+    )
+    p.add_argument(
+        "--max-seconds",
+        type=_number,
+        default=timing["max_seconds"],
+        help=f"stop a slow configuration after this long (default {timing['max_seconds']:g})",
+    )
+    p.add_argument(
+        "--min-repeats",
+        type=_integer,
+        default=timing["min_repeats"],
+        help=f"timed calls even past --max-seconds (default {timing['min_repeats']})",
+    )
+    p.add_argument(
+        "--max-repeats",
+        type=_integer,
+        default=timing["max_repeats"],
+        help=f"stop a fast configuration after this many calls (default {timing['max_repeats']})",
+    )
     p.add_argument("--machine", help="machine label (default: derived from host name and GPU)")
     p.add_argument("--distribution", help="distribution label (default: from the trace's metadata)")
     p.add_argument("-o", "--output", type=Path, required=True, help="output .parquet")
@@ -502,7 +689,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("results", type=Path, help="a results folder (summary.parquet, step_summary.parquet, ...)")
     p.add_argument("--configfile", action="append", type=Path, help="a config fragment (repeatable)")
-    p.add_argument("--distribution", help="the trees to model (default: the results' first distribution)")
+    p.add_argument(
+        "--distribution",
+        help="the trees to model, one the results hold (default: the results' first distribution)",
+    )
     p.add_argument("--draft-ms", type=_number, help="throughput.draft_ms")
     p.add_argument("--bandwidth-tbps", type=_number, help="throughput.what_if.bandwidth_tbps")
     p.add_argument("--prefix-length", type=_integer, help="throughput.prefix_length (S)")

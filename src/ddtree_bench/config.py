@@ -10,15 +10,17 @@ from __future__ import annotations
 
 import copy
 import numbers
+import re
 from pathlib import Path
 
 import yaml
 
 from ddtree_bench.builders.sglang import check_source
 from ddtree_bench.drafter import check_params
+from ddtree_bench.io import check_writable
 from ddtree_bench.model.moe import MOE_IMPLS
 from ddtree_bench.ops.attention_peers import find_sglang_kernel
-from ddtree_bench.traces import peek_trace
+from ddtree_bench.traces import check_trace_file
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SCHEMA_PATH = REPO_ROOT / "workflow" / "schemas" / "config.schema.yaml"
@@ -39,6 +41,12 @@ def load_schema(path: str | Path | None = None) -> dict:
 
 def load_config(path: str | Path) -> dict:
     """Read a YAML config file (a mapping) and check it (see ``check_config``)."""
+    return check_config(read_config_file(path))
+
+
+def read_config_file(path: str | Path) -> dict:
+    """A YAML config file's mapping (an empty file: ``{}``), unchecked. Raises ``ValueError``, one line naming
+    the file, and for a syntax error its line and column."""
     path = Path(path)
     try:
         with open(path) as handle:
@@ -46,12 +54,17 @@ def load_config(path: str | Path) -> dict:
     except OSError as error:
         raise ValueError(f"config {path}: cannot read it ({error.strerror})") from None
     except yaml.YAMLError as error:
-        raise ValueError(f"config {path}: not valid YAML ({' '.join(str(error).split())})") from None
+        mark = getattr(error, "problem_mark", None) or getattr(error, "context_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(error, "problem", None) or str(error)
+        context = getattr(error, "context", None)
+        detail = f"{context}: {problem}" if context else problem
+        raise ValueError(f"config {path}: not valid YAML{where}: {' '.join(str(detail).split())}") from None
     if data is None:
         data = {}
     if not isinstance(data, dict):
         raise ValueError(f"config {path}: must be a mapping of keys to values, got {type(data).__name__}")
-    return check_config(data)
+    return data
 
 
 # ----------------------------------------------------------------------------------------- defaults
@@ -83,6 +96,69 @@ def _fill(instance: dict, schema: dict, root: dict) -> None:
             instance[key] = copy.deepcopy(sub["default"])
         if isinstance(instance.get(key), dict) and sub.get("type") == "object":
             _fill(instance[key], sub, root)
+
+
+# ----------------------------------------------------------------------------------------- numeric strings
+
+_INTEGER = re.compile(r"[+-]?\d+")
+_NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
+
+
+def _types(schema: dict, root: dict) -> set[str]:
+    """The JSON types a (sub)schema admits, through ``$ref`` and ``oneOf``/``anyOf``."""
+    schema = _resolve(schema, root)
+    kinds = schema.get("type", [])
+    kinds = {kinds} if isinstance(kinds, str) else set(kinds)
+    for key in ("oneOf", "anyOf"):
+        for option in schema.get(key, ()):
+            kinds |= _types(option, root)
+    return kinds
+
+
+def _branches(schema: dict, root: dict) -> list[dict]:
+    schema = _resolve(schema, root)
+    return [schema] + [_resolve(option, root) for key in ("oneOf", "anyOf") for option in schema.get(key, ())]
+
+
+def _number_of(value, kinds: set[str]):
+    """``value`` as an int or float where it is a string spelling one and the schema admits that type."""
+    if not isinstance(value, str):
+        return value
+    text = value.strip()
+    if "integer" in kinds and _INTEGER.fullmatch(text):
+        return int(text)
+    if "number" in kinds and _NUMBER.fullmatch(text):
+        return float(text)
+    return value
+
+
+def coerce_numeric_strings(config: dict, schema: dict | None = None) -> dict:
+    """Numbers given as strings become numbers (in place) wherever the schema wants an integer or a number,
+    lists of them included: Snakemake hands ``--config budgets=[8,16]`` over as ``['8', '16']``. Other
+    strings stay as they are (the checks then name them)."""
+    schema = schema or load_schema()
+    _coerce(config, schema, schema)
+    return config
+
+
+def _coerce(instance: dict, schema: dict, root: dict) -> None:
+    for key, sub in _resolve(schema, root).get("properties", {}).items():
+        if key not in instance:
+            continue
+        kinds = _types(sub, root)
+        value = instance[key]
+        if isinstance(value, str):
+            instance[key] = _number_of(value, kinds)
+        elif isinstance(value, list):
+            items = set()
+            for branch in _branches(sub, root):
+                if "items" in branch:
+                    items |= _types(branch["items"], root)
+            instance[key] = [_number_of(item, items) for item in value]
+        elif isinstance(value, dict):
+            for branch in _branches(sub, root):
+                if "properties" in branch:
+                    _coerce(value, branch, root)
 
 
 # ----------------------------------------------------------------------------------------- checks
@@ -140,6 +216,7 @@ def check_config(config: dict, schema: dict | str | Path | None = None) -> dict:
         raise ValueError(f"config: must be a mapping, got {type(config).__name__}")
     if not isinstance(schema, dict):
         schema = load_schema(schema)
+    coerce_numeric_strings(config, schema)
     # YAML 1.1 reads unquoted on/off as booleans.
     if isinstance(config.get("gpu"), bool):
         config["gpu"] = "on" if config["gpu"] else "off"
@@ -223,7 +300,7 @@ def _input_paths(config: dict, columns: int) -> None:
         return
 
     try:
-        shape = peek_trace(recorded)
+        shape = check_trace_file(recorded, config["vocab_size"])
     except ValueError as error:
         _fail("recorded_trace", str(error))
     needs = (
@@ -434,6 +511,15 @@ def _sglang_triton_source(attention: dict) -> None:
     attention["sglang_triton_source"] = str(path.resolve())
 
 
+def check_output_paths(config: dict, results: str | Path = "results") -> None:
+    """The folders a run writes (``report_dir``, and ``results`` under the working directory) can be created
+    and written, checked when the workflow loads its configuration: an unwritable one is one line
+    (``ValueError``) before any job, not a failure of the last job. Creates nothing."""
+    for field, path in (("report_dir", config["report_dir"]), ("results", results)):
+        check_writable(path, f"config: {field}:", folder=True)
+
+
+# ----------------------------------------------------------------------------------------- derived values
 # ----------------------------------------------------------------------------------------- derived values
 
 
@@ -551,3 +637,35 @@ def throughput_options(config: dict) -> dict:
         "prefix_length": None if section["prefix_length"] is None else int(section["prefix_length"]),
         "topk": trace_columns(config),
     }
+
+
+#: What ``recorded_settings`` records of the configuration, by group (``aggregate``'s params, one per group,
+#: so a change reruns it only where it changes a result, and its rerun reason names only that group). The
+#: step group holds only what the report reads back from a published ``environment.json``.
+RECORDED = {
+    "grid": ("distributions", "depths", "budgets", "batch_sizes", "builders"),
+    "traces": ("vocab_size", "seed", "topk", "trace_device", "recorded_trace", "drafter"),
+    "builds": ("machine", "gpu", "cuda_archs", "sglang"),
+    "timing": ("timing",),
+}
+RECORDED_STEP = ("enabled", "layers", "depth", "distribution")
+#: Not recorded: the report's own settings (the report rule takes them; they change no result).
+NOT_RECORDED = ("report_dir", "throughput")
+
+
+def recorded_settings(config: dict) -> dict:
+    """The settings a run's ``environment.json`` records (its ``config``), grouped as ``RECORDED`` plus
+    ``step`` (``RECORDED_STEP``): what the results depend on, and what the report reads back (the grid, the
+    step's layers, depth and distribution). ``merge_recorded`` joins the groups again."""
+    groups = {name: {key: copy.deepcopy(config.get(key)) for key in keys} for name, keys in RECORDED.items()}
+    step = config.get("step") or {}
+    groups["step"] = {"step": {key: copy.deepcopy(step.get(key)) for key in RECORDED_STEP}}
+    return groups
+
+
+def merge_recorded(groups) -> dict:
+    """``recorded_settings``' groups as one configuration mapping (keys in the schema's order)."""
+    merged = {}
+    for group in groups.values() if isinstance(groups, dict) else groups:
+        merged.update(group)
+    return merged

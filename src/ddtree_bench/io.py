@@ -44,3 +44,33 @@ def write_frame(df, path) -> None:
     """Write the DataFrame ``df`` to a parquet file atomically (no partial file on failure)."""
     with atomic_output(path) as tmp:
         df.to_parquet(tmp, index=False)
+
+
+def check_writable(path, what: str, *, folder: bool = False) -> Path:
+    """Raise ``ValueError`` (one line starting with ``what``) unless ``path`` can be written: a file (or with
+    ``folder``, a folder) there can be created or replaced, its missing parent folders created. Checked before
+    any work, so an unwritable output fails at once instead of after the work with a raw errno."""
+    path = Path(path)
+    if path.exists():
+        if folder and not path.is_dir():
+            raise ValueError(f"{what} {path}: exists and is not a folder")
+        if not folder and path.is_dir():
+            raise ValueError(f"{what} {path}: is a folder, not a file")
+    target = path if folder and path.is_dir() else path.parent
+    existing = target
+    while not existing.exists():  # the nearest existing ancestor: the missing ones are created under it
+        if existing.parent == existing:
+            break
+        existing = existing.parent
+    if not existing.is_dir():
+        raise ValueError(f"{what} {path}: {existing} is not a folder")
+    # create (and remove) a file where the first new entry would go: permission bits alone can say yes where
+    # writing fails (read-only mounts, /proc, root on a read-only export)
+    probe = existing / f".{path.name or 'out'}.{secrets.token_hex(6)}.probe"
+    try:
+        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+    except OSError as error:
+        where = "not writable" if existing == path else f"cannot create it in {existing}"
+        raise ValueError(f"{what} {path}: {where} ({error.strerror})") from None
+    probe.unlink()
+    return path

@@ -44,10 +44,11 @@ by default (``device="cpu"``), so the same arguments give bit-identical traces o
 explicit opt-in (``device="cuda"``, or ``"auto"``: the GPU where CuPy finds one) does the noise come from
 CuPy's generator instead: the same seeds, different numbers, so other traces; the metadata records the device.
 
-Identity: ``save_trace`` stores ``sha256``, the SHA-256 of the two arrays (``arrays_sha256``: each array's
-dtype, shape and C-order bytes), in the file, and writes the archive with fixed timestamps, so the same trace
-gives the same file. Every row computed from a trace carries this digest (``trace_sha256``), so two machines'
-results can be told apart by their inputs, not only by their labels.
+Identity: the SHA-256 of the two arrays (``arrays_sha256``: each array's dtype, shape and C-order bytes).
+``save_trace`` also stores it in the file (``sha256``) and writes the archive with fixed timestamps, so the
+same trace gives the same file; but the digest every row carries (``trace_sha256``) is always computed from
+the arrays, never read from that field, so an edited trace never passes for the original. Two machines'
+results can so be told apart by their inputs, not only by their labels.
 """
 
 from __future__ import annotations
@@ -89,6 +90,7 @@ class Trace:
     top_token_ids: np.ndarray
     metadata: dict = field(default_factory=dict)
     path: Path | None = None
+    _sha256: str | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def requests(self) -> int:
@@ -114,12 +116,11 @@ class Trace:
 
     @property
     def sha256(self) -> str:
-        """The trace's identity: ``arrays_sha256`` of its two arrays (the stored digest where the file has
-        one, computed otherwise)."""
-        stored = self.metadata.get("sha256")
-        if isinstance(stored, str) and len(stored) == 64:
-            return stored
-        return arrays_sha256(self.top_log_probs, self.top_token_ids)
+        """The trace's identity: ``arrays_sha256`` of its two arrays, computed (once) from them; a digest the
+        file stores is never taken for it."""
+        if self._sha256 is None:
+            self._sha256 = arrays_sha256(self.top_log_probs, self.top_token_ids)
+        return self._sha256
 
 
 def arrays_sha256(top_log_probs: np.ndarray, top_token_ids: np.ndarray) -> str:
@@ -338,6 +339,8 @@ def generate(
         raise ValueError(f"seed must be an integer >= 0, got {seed!r}")
     seed = int(seed)
     chunk_bytes = check_positive_int(chunk_bytes, "chunk_bytes")
+    if threads is not None:
+        threads = check_positive_int(threads, "threads")
     if distribution in DRAFTER_DISTRIBUTIONS:
         return _generate_drafter(distribution, requests, depth, topk, vocab_size, seed, device, drafter)
     resolved = resolve_device(device)
@@ -517,23 +520,50 @@ def peek_trace(path) -> tuple[int, int, int]:
     return tuple(int(n) for n in lp_shape)
 
 
-def row_sha256(path, metadata: dict) -> str:
-    """What a row records as ``trace_sha256``: the digest ``metadata`` (read from the file) stores, else
-    ``trace_sha256(path)``."""
-    stored = metadata.get("sha256")
-    if isinstance(stored, str) and len(stored) == 64:
-        return stored
+#: Requests validated at a time by ``check_trace_file`` (bounds its temporaries, not what it checks).
+CHECK_CHUNK_VALUES = 1 << 22
+
+
+def check_trace_file(path, vocab_size: int | None = None) -> tuple[int, int, int]:
+    """``(R, L, K)`` of a trace file after checking all of it as ``import_recorded`` does, so that a file
+    passing here imports: ``peek_trace``'s checks (readable .npz, both arrays, one 3-D shape, dtypes), then
+    every value: log-probabilities finite, <= 0 and each row sorted descending, token ids >= 0 and below
+    ``vocab_size`` (default: the one the file records, if any). Reads the arrays once, checked a few
+    requests at a time; every problem is one line naming the file (``ValueError``)."""
+    path = Path(path)
+    shape = peek_trace(path)
+    data = _read_npz(path)
+    if vocab_size is None:
+        vocab_size = recorded_vocab_size({k: _metadata_value(v) for k, v in data.items()}, path)
+    lp, ids = data["top_log_probs"], data["top_token_ids"]
+    step = max(1, CHECK_CHUNK_VALUES // max(1, shape[1] * shape[2]))
+    for first in range(0, max(1, shape[0]), step):  # one empty chunk where R = 0: refused
+        try:
+            check_topk_arrays(
+                lp[first : first + step].astype(np.float32, copy=False),
+                ids[first : first + step].astype(np.int64, copy=False),
+                where=str(path),
+                vocab_size=vocab_size,
+                first_request=first,
+            )
+        except ValueError as error:
+            raise ValueError(_one_line(error)) from None
+    return shape
+
+
+def row_sha256(path, metadata: dict | None = None) -> str:
+    """What a row records as ``trace_sha256``: ``trace_sha256(path)``, computed from the file's arrays (a
+    ``sha256`` in ``metadata``, as the file stores it, is not trusted: an edited trace keeps it)."""
     return trace_sha256(path)
 
 
 def trace_sha256(path) -> str:
-    """The sha256 (``arrays_sha256``) of a trace file: the digest it stores, else computed from its arrays."""
-    with np.load(Path(path), allow_pickle=False) as data:
-        if "sha256" in data.files:
-            stored = str(data["sha256"].item())
-            if len(stored) == 64:
-                return stored
-    return load_trace(path).sha256
+    """The sha256 (``arrays_sha256``) of a trace file, computed from its two arrays."""
+    data = _read_npz(Path(path))
+    missing = [name for name in ARRAYS if name not in data]
+    if missing:
+        raise ValueError(f"trace {path}: missing array(s) {', '.join(missing)}")
+    return arrays_sha256(data["top_log_probs"], data["top_token_ids"])
 
 
 def _read_npz(path: Path) -> dict[str, np.ndarray]:
@@ -564,21 +594,37 @@ def load_trace(path) -> Trace:
     if missing:
         raise ValueError(f"trace {path}: missing array(s) {', '.join(missing)}")
     lp, ids = data.pop("top_log_probs"), data.pop("top_token_ids")
-    check_topk_arrays(lp, ids, where=f"trace {path}")
     metadata = {key: _metadata_value(value) for key, value in data.items()}
+    check_topk_arrays(lp, ids, where=f"trace {path}", vocab_size=recorded_vocab_size(metadata, path))
     return Trace(lp, ids, metadata, path)
+
+
+def recorded_vocab_size(metadata: dict, path=None) -> int | None:
+    """The vocabulary size a trace's metadata records (its token ids must be below it), or None."""
+    value = metadata.get("vocab_size")
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+        where = f"trace {path}: " if path is not None else ""
+        raise ValueError(f"{where}vocab_size must be an integer >= 1, got {value!r}")
+    return int(value)
 
 
 _LOSSLESS_LP = (np.float16, np.float32)
 _LOSSLESS_IDS = (np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32)
 
 
-def import_recorded(src, dst, depth: int | None = None, topk: int | None = None, *, requests=None) -> Trace:
+def import_recorded(
+    src, dst, depth: int | None = None, topk: int | None = None, *, requests=None, vocab_size=None
+) -> Trace:
     """Validate a recorded trace file ``src`` and write it to ``dst`` (atomically), optionally keeping only
     the first ``requests`` requests, ``depth`` positions and ``topk`` columns. Lossless dtype widening is
     applied (float16 log-probs to float32, smaller integer ids to int64); anything else must already match
-    the trace format. Returns the written trace."""
+    the trace format. Token ids must be below ``vocab_size`` (default: the ``vocab_size`` the file records,
+    if any), which the written trace records. Returns the written trace."""
     src = Path(src)
+    if vocab_size is not None:
+        vocab_size = check_positive_int(vocab_size, "vocab_size")
     data = _read_npz(src)
     missing = [name for name in ARRAYS if name not in data]
     if missing:
@@ -588,7 +634,9 @@ def import_recorded(src, dst, depth: int | None = None, topk: int | None = None,
         lp = lp.astype(np.float32)
     if ids.dtype in _LOSSLESS_IDS:
         ids = ids.astype(np.int64)
-    check_topk_arrays(lp, ids, where=f"trace {src}")
+    if vocab_size is None:
+        vocab_size = recorded_vocab_size({k: _metadata_value(v) for k, v in data.items()}, src)
+    check_topk_arrays(lp, ids, where=f"trace {src}", vocab_size=vocab_size)
     for name, value, limit in (
         ("requests", requests, lp.shape[0]),
         ("depth", depth, lp.shape[1]),
@@ -599,7 +647,7 @@ def import_recorded(src, dst, depth: int | None = None, topk: int | None = None,
     lp = np.ascontiguousarray(lp[:requests, :depth, :topk])
     ids = np.ascontiguousarray(ids[:requests, :depth, :topk])
     metadata = {key: _metadata_value(value) for key, value in data.items() if value.ndim == 0}
-    metadata.update(distribution="recorded", source=str(src))
+    metadata.update(distribution="recorded", source=str(src), vocab_size=vocab_size)
     save_trace(dst, lp, ids, **metadata)
     return Trace(lp, ids, metadata, Path(dst))
 
@@ -611,6 +659,7 @@ __all__ = [
     "Trace",
     "arrays_sha256",
     "bf16_round",
+    "check_trace_file",
     "generate",
     "generate_trace",
     "import_recorded",

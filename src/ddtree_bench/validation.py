@@ -16,9 +16,18 @@ def check_budget(budget) -> int:
     return int(budget)
 
 
-def check_topk_arrays(top_log_probs, top_token_ids, *, where: str = "inputs") -> None:
-    """Validate a batch ``[B, L, K]`` (or a trace ``[R, L, K]``) of top-k log-probs and token ids."""
+def check_topk_arrays(
+    top_log_probs, top_token_ids, *, where: str = "inputs", vocab_size=None, first_request: int = 0
+) -> None:
+    """Validate a batch ``[B, L, K]`` (or a trace ``[R, L, K]``) of top-k log-probs and token ids; with
+    ``vocab_size``, every token id must be below it. ``first_request``: the index of the first request, where
+    the arrays are a slice of a larger trace (positions in messages are the trace's)."""
     lp, ids = top_log_probs, top_token_ids
+
+    def at(index) -> tuple:
+        index = tuple(int(i) for i in index)
+        return (index[0] + first_request, *index[1:])
+
     if not isinstance(lp, np.ndarray) or not isinstance(ids, np.ndarray):
         raise ValueError(f"{where}: top_log_probs and top_token_ids must be numpy arrays")
     if lp.dtype != np.float32:
@@ -37,17 +46,23 @@ def check_topk_arrays(top_log_probs, top_token_ids, *, where: str = "inputs") ->
     if k == 0:
         raise ValueError(f"{where}: K = 0 (no top-k columns)")
     if not np.isfinite(lp).all():
-        bad = tuple(int(i) for i in np.argwhere(~np.isfinite(lp))[0])
+        bad = at(np.argwhere(~np.isfinite(lp))[0])
         raise ValueError(f"{where}: top_log_probs has a non-finite value (NaN or inf) at {bad}")
     if (lp > 0).any():
-        bad = tuple(int(i) for i in np.argwhere(lp > 0)[0])
+        bad = at(np.argwhere(lp > 0)[0])
         raise ValueError(f"{where}: top_log_probs has a positive log-probability at {bad}")
     if k > 1 and (np.diff(lp, axis=-1) > 0).any():
-        bad = tuple(int(i) for i in np.argwhere(np.diff(lp, axis=-1) > 0)[0])
+        bad = at(np.argwhere(np.diff(lp, axis=-1) > 0)[0])
         raise ValueError(f"{where}: top_log_probs rows must be sorted descending; row {bad[:2]} is not")
     if (ids < 0).any():
-        bad = tuple(int(i) for i in np.argwhere(ids < 0)[0])
+        bad = at(np.argwhere(ids < 0)[0])
         raise ValueError(f"{where}: top_token_ids has a negative token id at {bad}")
+    if vocab_size is not None and (ids >= vocab_size).any():
+        index = tuple(int(i) for i in np.argwhere(ids >= vocab_size)[0])
+        raise ValueError(
+            f"{where}: top_token_ids has token id {int(ids[index])} at {at(index)}, not below the vocabulary "
+            f"size {int(vocab_size)}"
+        )
 
 
 def check_positive_int_list(values, name: str) -> list[int]:

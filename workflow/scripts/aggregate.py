@@ -1,5 +1,6 @@
 from _job import logged
 
+from ddtree_bench.config import RECORDED, merge_recorded
 from ddtree_bench.environment import collect_environment
 from ddtree_bench.summary.build import aggregate
 
@@ -10,7 +11,7 @@ with logged(snakemake):
     params = snakemake.params
     environment = collect_environment(params.machine)
     environment.update(
-        config=dict(params.config),
+        config=merge_recorded({name: dict(getattr(params, name)) for name in (*RECORDED, "step")}),
         unavailable=dict(params.unavailable),
         builds={key: snakemake.input[key] for key in BUILD_KEYS if key in snakemake.input.keys()},
         nvcc=params.nvcc,

@@ -41,7 +41,7 @@ import pandas as pd
 from ddtree_bench.builders import get_builder
 from ddtree_bench.environment import ENVIRONMENT_COLUMNS, collect_environment
 from ddtree_bench.timing.policy import TimingPolicy, check_count
-from ddtree_bench.traces import load_trace, row_sha256
+from ddtree_bench.traces import load_trace, recorded_vocab_size, row_sha256
 from ddtree_bench.tree import TreeBatch, first_difference
 from ddtree_bench.validation import check_budget, check_topk_arrays
 
@@ -234,13 +234,13 @@ def read_batch(
     columns = int(lp.shape[2])
     # contiguous copies: the file is closed behind them
     lp, ids = np.array(lp[:batch, :, cut], order="C"), np.array(ids[:batch, :, cut], order="C")
-    check_topk_arrays(lp, ids, where=f"trace {path}")
     metadata = {}
     with np.load(path, allow_pickle=False) as data:
         for name in names:
             if name not in ("top_log_probs", "top_token_ids"):
                 value = data[name]
                 metadata[name] = value.item() if value.ndim == 0 else value
+    check_topk_arrays(lp, ids, where=f"trace {path}", vocab_size=recorded_vocab_size(metadata, path))
     return lp, ids, columns, metadata
 
 
