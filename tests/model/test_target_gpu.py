@@ -3,6 +3,8 @@ outputs are finite, the drafter's top-K is the builders' input (sorted log-probs
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
@@ -11,6 +13,8 @@ from ddtree_bench.model.shapes import DrafterShape, ModelShape
 from ddtree_bench.tree import packed_visibility
 
 GPU_REASON = gpu_unavailable_reason()
+#: Where SGLang's MoE kernels' files are (as the MoE tests take them), else the installed sglang's
+SGLANG_FILES = os.environ.get("DDTREE_SGLANG_FILES") or None
 needs_gpu = pytest.mark.skipif(GPU_REASON is not None, reason=f"needs a CUDA GPU: {GPU_REASON}")
 
 SMALL = ModelShape(
@@ -47,11 +51,11 @@ def test_forward_graph_replay_equals_eager(impl):
     from ddtree_bench.model.target import TargetShard, TargetWeights, capture  # noqa: PLC0415
     from ddtree_bench.ops.attention import VerifyAttention  # noqa: PLC0415
 
-    reason = moe_ops.moe_unavailable_reason(impl, None)
+    reason = moe_ops.moe_unavailable_reason(impl, SGLANG_FILES)
     if reason is not None:
         pytest.skip(f"{impl} unavailable: {reason}")
     batch, budget, prefix = 2, 7, 200
-    weights = TargetWeights(SMALL, moe_impl=impl, seed=1)
+    weights = TargetWeights(SMALL, moe_impl=impl, sglang_files=SGLANG_FILES, seed=1)
     state = TargetShard(
         weights,
         batch=batch,
