@@ -261,10 +261,10 @@ __device__ __forceinline__ void wide_build_tree(DDT_BUILD_PARAMS, unsigned char*
                 pre[k] = j < topk ? next[j] : 0.0f;
             }
         }
-        const int F = d == 0 ? 1 : lvl_end - lvl_begin;  // the frontier: level d (the root at d = 0)
-        if (F == 0) break;
+        if (d > 0 && lvl_end == lvl_begin) break;
         int total = 0;
         for (int attempt = 0;; ++attempt) {
+            const int F = d == 0 ? 1 : lvl_end - lvl_begin;  // the frontier: level d (the root at d = 0)
             const double t = s_t;
             for (int i = tid; i < F; i += T) {
                 const double e = d == 0 ? 0.0 : pool.E[lvl_begin + i];
