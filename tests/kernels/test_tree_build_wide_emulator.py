@@ -42,9 +42,9 @@ static void* emu_thread(void* arg) {
         emu_meet(EMU_BLOCK_START);
         blockIdx.x = bx;
         ddtree_build_tree_wide(lp, ids, static_cast<int>(B), static_cast<int>(L), static_cast<int>(K),
-                               static_cast<int>(N), static_cast<int>(cap), static_cast<int>(flags), out.counts,
-                               out.tokens, out.depths, out.parents, out.bits, out.next_token, out.next_sibling,
-                               out.stats, nullptr, out.visibility);
+                               static_cast<int>(N), static_cast<int>(cap), static_cast<int>(flags),
+                               out.counts, out.tokens, out.depths, out.parents, out.bits, out.next_token,
+                               out.next_sibling, out.stats, nullptr, out.visibility);
         emu_meet(EMU_KERNEL_END);
     }
     return nullptr;
