@@ -13,6 +13,8 @@ from gpu_inputs import KINDS, topk_inputs
 from host_programs import assert_trees_equal_reference, host_program, run_tree_emulator
 
 from ddtree_bench.builders.gpu import FLAG_FORCE_HEAP, plan_launch
+from ddtree_bench.builders.reference import build_one
+from ddtree_bench.tree import TreeBatch, first_difference, packed_visibility
 
 H200_SHARED = 232448
 UNWRITTEN = 0x5A
@@ -171,26 +173,27 @@ def test_wide_falls_back_where_the_chain_is_inexact(emulator, tmp_path):
 
 
 def test_wide_falls_back_on_an_uphill_edge(emulator, tmp_path):
-    """Hand-made non-monotone inputs: a positive log-prob (a child scoring above its parent) and an
-    unsorted row (a younger sibling above its elder). Both break key order; the heap's tree comes out."""
-    lp = np.full((1, 4, 4), -3.0, np.float32)
-    lp[0, :, 0] = -1.0
-    lp[0, 2, 0] = 0.5  # child above parent
-    ids = np.tile(np.arange(4, dtype=np.int64), (1, 4, 1))
-    stats = assert_wide_equals_reference(emulator, lp, ids, 8, tmp_path)
-    assert stats.tolist() == [STAT_NOT_CERTIFIED]
+    """Hand-made non-monotone input: an unsorted row (a younger sibling scoring above its elder) breaks key
+    order; the certificate fails and the heap's own tree comes out (compared with the reference's heap
+    itself, whose input check would refuse an unsorted row)."""
     lp = np.full((1, 3, 4), -3.0, np.float32)
     lp[0, :, :2] = [-1.0, -2.0]
-    lp[0, 1, 1:3] = [-2.5, -0.5]  # unsorted: rank 2 above rank 1
+    lp[0, 1, 1:3] = [-2.5, -0.5]  # rank 2 above rank 1
     ids = np.tile(np.arange(4, dtype=np.int64), (1, 3, 1))
-    stats = assert_wide_equals_reference(emulator, lp, ids, 10, tmp_path)
+    trees, bits, stats = run_wide(emulator, lp, ids, 10, tmp_path)
+    want = TreeBatch.empty(1, 10)
+    build_one(lp[0], ids[0], 10, want, 0)
+    assert first_difference(want, trees) is None
+    np.testing.assert_array_equal(bits, packed_visibility(want.visibility))
     assert stats.tolist() == [STAT_NOT_CERTIFIED]
 
 
 def test_wide_falls_back_on_pool_overflow(emulator, tmp_path):
-    """All-equal rows with a pool of N + 2 entries: every threshold keeps whole levels of ties, the pool
-    cannot hold them and the heap decides."""
-    lp, ids = topk_inputs("equal", 1, 8, 32, seed=0)
+    """Rows of 0.0 then -1.0 with a pool of N + 2 entries: 63 paths score -1.0 at depth 2, tied with the N-th
+    best, so no threshold cuts them; the pool cannot hold them and the heap decides."""
+    lp = np.full((1, 8, 32), -1.0, np.float32)
+    lp[..., 0] = 0.0
+    ids = np.tile(np.arange(32, dtype=np.int64), (1, 8, 1))
     stats = assert_wide_equals_reference(emulator, lp, ids, 32, tmp_path, cap=34)
     assert stats.tolist() == [STAT_OVERFLOW]
 
