@@ -575,3 +575,38 @@ def test_environment_json_records_the_results_settings_not_the_reports():
     changed["throughput"]["draft_ms"] = 3.0
     changed["step"]["attention"]["heads"] = [64]
     assert recorded_settings(changed) == groups  # nothing the aggregation records: it does not rerun
+
+
+def test_depth_follows_budget_pairs_each_budget_with_its_own_depth():
+    from ddtree_bench.config import check_config, depth_budget_pairs  # noqa: PLC0415
+    from ddtree_bench.consistency import check_shapes, configured_grid  # noqa: PLC0415
+
+    config = check_config({"budgets": [8, 64], "batch_sizes": [1], "depth_follows_budget": True})
+    assert config["depths"] == [8, 64]
+    assert depth_budget_pairs(config) == [(8, 8), (64, 64)]
+    plain = check_config({"budgets": [8, 64], "batch_sizes": [1], "depths": [16]})
+    assert depth_budget_pairs(plain) == [(16, 8), (16, 64)]
+    import pandas as pd  # noqa: PLC0415
+
+    shapes = pd.DataFrame({"distribution": ["peaked"] * 2, "depth": [8, 64], "budget": [8, 64]})
+    grid = configured_grid({**config, "distributions": ["peaked"]})
+    check_shapes(shapes, grid)  # exactly the regime's points
+    with pytest.raises(ValueError, match="L=8 N=64"):
+        check_shapes(pd.concat([shapes, shapes.assign(depth=8, budget=64).iloc[:1]]), grid)
+
+
+def test_depth_follows_budget_must_be_a_boolean():
+    from ddtree_bench.config import check_config  # noqa: PLC0415
+
+    with pytest.raises(ValueError, match="depth_follows_budget"):
+        check_config({"budgets": [8], "depth_follows_budget": "yes"})
+
+
+def test_h200_sglang_regime_config_loads():
+    import yaml  # noqa: PLC0415
+
+    from ddtree_bench.config import check_config, depth_budget_pairs  # noqa: PLC0415
+
+    config = check_config(yaml.safe_load(open(ROOT / "config/h200-sglang-regime.yaml")))
+    assert config["batch_sizes"] == [1]
+    assert all(depth == budget for depth, budget in depth_budget_pairs(config))

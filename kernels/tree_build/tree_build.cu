@@ -444,6 +444,8 @@ __device__ void select_top_n(const Pool& p, int size, int n, Histograms& h, unsi
 
 }  // namespace
 
+#include "tree_build_wide.cuh"
+
 // Builds tree blockIdx.x; returns where its packed rows can be read by the block afterwards: the shared
 // memory they were built in when they fit there all at once, else the output (nullptr for a block past the
 // batch).
@@ -983,6 +985,13 @@ extern "C" __global__ void __launch_bounds__(1024)
     }
 }
 
+
+// The wide single-tree path (tree_build_wide.cuh): one block of many threads per tree, any depth, for
+// small batches. visibility: the bool mask to write as well, or null (packed bits only).
+extern "C" __global__ void __launch_bounds__(1024)
+    ddtree_build_tree_wide(DDT_BUILD_PARAMS, unsigned char* __restrict__ visibility) {
+    wide_build_tree(DDT_BUILD_ARGS, visibility);
+}
 
 // The bool ancestor mask [B, N+1, N+1] from the packed bits, spread over the whole GPU (grid-stride over
 // 16-byte chunks of the batch's flat mask; chunks that cross a tree or span more than two rows go byte by

@@ -225,6 +225,7 @@ def check_config(config: dict, schema: dict | str | Path | None = None) -> dict:
 
     budgets = _int_list(config, "budgets")
     batch_sizes = _int_list(config, "batch_sizes")
+    _depth_follows_budget(config, budgets)
     depths = _int_list(config, "depths")
     distributions = _name_list(config, "distributions", DISTRIBUTIONS, "distribution")
     _name_list(config, "builders", BUILDERS, "builder")
@@ -250,6 +251,25 @@ def check_config(config: dict, schema: dict | str | Path | None = None) -> dict:
     _sglang_source(config)
     _input_paths(config, columns)
     return config
+
+
+def _depth_follows_budget(config: dict, budgets: list[int]) -> None:
+    """SGLang's regime: with ``depth_follows_budget`` every budget N runs on traces of L = N positions
+    (SGLang's DDTree worker drafts a block of N + 1 tokens for budget N), so ``depths`` becomes the budgets
+    and the grid pairs each budget with its own depth (``depth_budget_pairs``)."""
+    follows = config.get("depth_follows_budget", False)
+    if not isinstance(follows, bool):
+        _fail("depth_follows_budget", f"must be true or false, got {follows!r}")
+    if follows:
+        config["depths"] = sorted(set(budgets))
+
+
+def depth_budget_pairs(config: dict) -> list[tuple[int, int]]:
+    """The (depth L, budget N) points of the grid: every depth with every budget, or in SGLang's regime
+    (``depth_follows_budget``) each budget with L = N."""
+    if config.get("depth_follows_budget", False):
+        return [(int(n), int(n)) for n in config["budgets"]]
+    return [(int(d), int(n)) for d in config["depths"] for n in config["budgets"]]
 
 
 def _sglang_source(config: dict) -> None:

@@ -34,7 +34,16 @@ def configured_grid(config: dict) -> dict:
     missing = [key for key in GRID_KEYS if not isinstance(config.get(key), list | tuple)]
     if missing:
         raise ValueError(f"configuration: no {', '.join(missing)} list to check the summary against")
-    return {key: list(config[key]) for key in GRID_KEYS}
+    grid = {key: list(config[key]) for key in GRID_KEYS}
+    grid["depth_follows_budget"] = bool(config.get("depth_follows_budget", False))
+    return grid
+
+
+def _depth_budgets(grid: dict) -> list[tuple]:
+    """The grid's (depth, budget) points: all pairs, or each budget with L = N in SGLang's regime."""
+    if grid.get("depth_follows_budget"):
+        return [(n, n) for n in grid["budgets"]]
+    return [(depth, n) for depth in grid["depths"] for n in grid["budgets"]]
 
 
 def _value(value):
@@ -70,8 +79,7 @@ def check_summary(summary: pd.DataFrame, grid: dict, *, where: str = "summary") 
     points = [
         (distribution, depth, budget, batch)
         for distribution in grid["distributions"]
-        for depth in grid["depths"]
-        for budget in grid["budgets"]
+        for depth, budget in _depth_budgets(grid)
         for batch in grid["batch_sizes"]
     ]
     for builder in grid["builders"]:
@@ -102,7 +110,7 @@ def check_shapes(shapes: pd.DataFrame, grid: dict, *, where: str = "tree shapes"
         for d, depth, n in zip(shapes["distribution"], shapes["depth"], shapes["budget"], strict=True)
     }
     want = {
-        (str(d), depth, n) for d in grid["distributions"] for depth in grid["depths"] for n in grid["budgets"]
+        (str(d), depth, n) for d in grid["distributions"] for depth, n in _depth_budgets(grid)
     }
     if have - want:
         d, depth, n = sorted(have - want, key=str)[0]

@@ -94,7 +94,10 @@ def test_unknown_arch_is_refused():
 
 def test_launch_plan_refuses_shapes_it_cannot_take():
     with pytest.raises(ValueError, match="depth"):
-        plan_launch(1, 33, 8, 8, 232_448)
+        plan_launch(1, 33, 8, 8, 232_448, "parallel")  # the pool and warp paths take L <= 32
+    assert plan_launch(1, 33, 8, 8, 232_448).path == "wide"  # the wide path any depth up to 4096
+    with pytest.raises(ValueError, match="depth"):
+        plan_launch(1, 4097, 8, 8, 232_448)
     with pytest.raises(ValueError, match="budget"):
         plan_launch(1, 16, 8, 4096, 232_448)
     with pytest.raises(ValueError, match="shared memory"):

@@ -6,6 +6,7 @@ from pathlib import Path
 
 from ddtree_bench.config import (
     builder_input_columns,
+    depth_budget_pairs,
     step_options,
     throughput_options,
     timing_options,
@@ -22,6 +23,8 @@ LOGS = f"{RESULTS}/logs"
 BUDGETS = config["budgets"]
 BATCH_SIZES = config["batch_sizes"]
 DEPTHS = config["depths"]
+# the (depth, budget) points: every pair, or each budget with L = N (depth_follows_budget: SGLang's regime)
+DEPTH_BUDGETS = depth_budget_pairs(config)
 DISTRIBUTIONS = config["distributions"]
 BUILDERS = config["builders"]
 TRACE_REQUESTS = trace_requests(config)
@@ -190,8 +193,7 @@ def bench_outputs():
         bench_path(builder, distribution, depth, budget, batch)
         for builder in TIMED_BUILDERS
         for distribution in DISTRIBUTIONS
-        for depth in DEPTHS
-        for budget in BUDGETS
+        for depth, budget in DEPTH_BUDGETS
         for batch in BATCH_SIZES
     ]
     return paths + [unavailable_path(builder) for builder in UNAVAILABLE]
@@ -201,8 +203,7 @@ def shape_outputs():
     return [
         shape_path(distribution, depth, budget)
         for distribution in DISTRIBUTIONS
-        for depth in DEPTHS
-        for budget in BUDGETS
+        for depth, budget in DEPTH_BUDGETS
     ]
 
 

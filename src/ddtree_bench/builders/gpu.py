@@ -26,13 +26,19 @@ BOOL_IN_BUILD_MAX_BUDGET = 512
 BOOL_IN_BUILD_MIN_BATCH = 64
 WARP_MAX_BUDGET = 128  # the warp-heap kernels take budgets up to this (4 heap slots per lane)
 AUTO_WARP_HEAP_MAX_BUDGET = 64  # by default the warp heap up to here, the parallel pool path above
+WIDE_BOOL_IN_BUILD_MAX_BUDGET = 256  # the wide path writes the bool mask itself up to here
 STAT_NAMES = {
     0: "parallel",
     1: "heap (anomaly)",
     2: "heap (pool overflow)",
     3: "heap (forced)",
     4: "warp heap",
+    5: "wide",
+    6: "heap (wide: not certified)",
+    7: "heap (wide: pool overflow)",
 }
+WIDE_MAX_DEPTH = 4096  # the wide path takes any depth up to here (depths are 16-bit; a tree is <= N deep)
+WIDE_MAX_PREFETCH = 8  # row floats a thread of the wide path prefetches: topk <= 8 * threads
 STATIC_SHARED_BYTES = 3072  # the kernel's static __shared__ arrays (2368 B for sm_90), rounded up
 
 
@@ -72,7 +78,7 @@ class LaunchPlan:
     threads: int
     shared_bytes: int
     rows_in_shared: bool
-    path: str  # "warp-heap" (small budgets) or "parallel"
+    path: str  # "warp-heap" (small budgets), "parallel" (the pool path) or "wide" (one big block a tree)
 
     @property
     def words_per_row(self) -> int:
@@ -93,13 +99,107 @@ def parallel_block_threads(budget: int) -> int:
     return 256 if budget <= 128 else 512 if budget <= 512 else 1024
 
 
+def _r16(x: int) -> int:
+    return (x + 15) & ~15
+
+
+def wide_shared_bytes(cap: int, budget: int, topk: int) -> int:
+    """Dynamic shared memory of the wide path (mirrors the carve-up in tree_build_wide.cuh)."""
+    n1 = budget + 1
+    pool = _r16(8 * cap) + _r16(4 * cap) + _r16(4 * (cap + 1)) + _r16(4 * cap) + 2 * _r16(2 * cap)
+    return pool + 2 * _r16(4 * topk) + 3 * _r16(4 * n1) + 2 * _r16(2 * n1)
+
+
+def wide_block_threads(budget: int) -> int:
+    """Block size of the wide path (not yet calibrated on the H200): enough threads that a level's
+    frontier, its children and the final ranking take few turns a thread."""
+    return 256 if budget <= 64 else 512 if budget <= 256 else 1024
+
+
+def plan_wide(batch: int, k: int, budget: int, limit: int, depth: int) -> LaunchPlan:
+    """The wide path's plan: a pool of up to 8 N entries (at least 512), halved until it fits; at least
+    N + 2 (the fallback heap lives in the pool's memory)."""
+    topk = min(budget, k)
+    cap = _next_pow2(max(8 * budget, 512))
+    while wide_shared_bytes(cap, budget, topk) > limit and cap // 2 >= budget + 2:
+        cap //= 2
+    size = wide_shared_bytes(cap, budget, topk)
+    if size > limit:
+        raise ValueError(
+            f"gpu builder: budget {budget} needs {size} B of shared memory per block; the GPU allows {limit}"
+        )
+    threads = max(wide_block_threads(budget), -(-topk // WIDE_MAX_PREFETCH))
+    return LaunchPlan(batch, depth, k, budget, cap, threads, size, False, "wide")
+
+
+@dataclass(frozen=True)
+class PathCosts:
+    """A simple per-launch cost model (microseconds) for picking the kernel path. A tree's latency is
+    ``base + per_node * N (+ per_pair * N^2)``; trees run side by side, ``per_sm`` of them on each SM, so
+    a batch takes ``ceil(batch / (per_sm * SMs))`` such waves. Constants from the H200's published runs
+    (warp heap, pool path; L = 16, peaked) and, for the wide path, a guess until the H200 run calibrates
+    it; ``wide_max_batch`` keeps the wide path to the small batches it was made for until then."""
+
+    warp_base: float = 3.3
+    warp_per_node: float = 0.33
+    warp_per_sm: int = 16
+    pool_base: float = 35.0
+    pool_per_node: float = 0.025
+    pool_per_sm: int = 1
+    wide_base: float = 4.0
+    wide_per_node: float = 0.02
+    wide_per_pair: float = 1e-5
+    wide_per_sm: int = 1
+    wide_max_batch: int = 8
+
+    def cost(self, path: str, batch: int, budget: int, sm_count: int) -> float:
+        if path == "warp-heap":
+            base, slope, quad, per_sm = self.warp_base, self.warp_per_node, 0.0, self.warp_per_sm
+        elif path == "parallel":
+            base, slope, quad, per_sm = self.pool_base, self.pool_per_node, 0.0, self.pool_per_sm
+        elif path == "wide":
+            base, slope, quad = self.wide_base, self.wide_per_node, self.wide_per_pair
+            per_sm = self.wide_per_sm
+        else:
+            raise ValueError(f"gpu builder: unknown path {path!r}")
+        waves = -(-batch // max(1, per_sm * sm_count))
+        return waves * (base + slope * budget + quad * budget * budget)
+
+
+PATH_COSTS = PathCosts()
+
+
+def choose_path(
+    batch: int, depth: int, budget: int, sm_count: int, costs: PathCosts = PATH_COSTS
+) -> str:
+    """The path the cost model deems fastest for a launch: "warp-heap", "parallel" or "wide". Only the wide
+    path takes depths above 32 (SGLang's worker hands the builder L = N rows)."""
+    if depth > MAX_DEPTH:
+        return "wide"
+    options = ["parallel"]
+    if budget <= AUTO_WARP_HEAP_MAX_BUDGET:
+        options.append("warp-heap")
+    if batch <= costs.wide_max_batch:
+        options.append("wide")
+    return min(options, key=lambda p: costs.cost(p, batch, budget, sm_count))
+
+
 def plan_launch(
-    batch: int, depth: int, k: int, budget: int, max_shared_bytes: int, path: str | None = None
+    batch: int,
+    depth: int,
+    k: int,
+    budget: int,
+    max_shared_bytes: int,
+    path: str | None = None,
+    sm_count: int | None = None,
+    costs: PathCosts = PATH_COSTS,
 ) -> LaunchPlan:
     """Pool capacity, block size and shared-memory use for a shape; ValueError for a shape the kernel
-    cannot take (never a wrong tree)."""
-    if depth < 1 or depth > MAX_DEPTH:
-        raise ValueError(f"gpu builder: depth L={depth} outside 1..{MAX_DEPTH}")
+    cannot take (never a wrong tree). ``path`` None: by ``choose_path`` where ``sm_count`` is given (else
+    the warp heap up to budget 64 and the pool path above, the rule before the wide path existed)."""
+    max_depth = WIDE_MAX_DEPTH if path in (None, "wide") else MAX_DEPTH
+    if depth < 1 or depth > max_depth:
+        raise ValueError(f"gpu builder: depth L={depth} outside 1..{max_depth}")
     if budget < 1 or budget > MAX_BUDGET:
         raise ValueError(f"gpu builder: budget {budget} outside 1..{MAX_BUDGET}")
     if k < 1:
@@ -107,6 +207,10 @@ def plan_launch(
     if batch < 1 or batch > 2**31 - 1:
         raise ValueError(f"gpu builder: batch {batch} outside 1..2^31-1")
     limit = max_shared_bytes - STATIC_SHARED_BYTES
+    if path is None and (sm_count is not None or depth > MAX_DEPTH):
+        path = choose_path(batch, depth, budget, sm_count or 1, costs)
+    if path == "wide":
+        return plan_wide(batch, k, budget, limit, depth)
     topk = min(budget, k)
     warp_limit = WARP_MAX_BUDGET if path == "warp-heap" else AUTO_WARP_HEAP_MAX_BUDGET
     if budget <= warp_limit and path in (None, "warp-heap"):
@@ -272,8 +376,9 @@ class GpuBuilder(Builder):
 
     def plan(self, batch: int, depth: int, k: int, budget: int) -> LaunchPlan:
         # the forced sequential heap (tests) lives in the parallel kernel
-        path = "parallel" if self.force_heap and self.path is None else self.path
-        return plan_launch(batch, depth, k, budget, self.kernels.max_shared_bytes, path)
+        path = "parallel" if self.force_heap and self.path is None and depth <= MAX_DEPTH else self.path
+        k_ = self.kernels
+        return plan_launch(batch, depth, k, budget, k_.max_shared_bytes, path, sm_count=k_.sm_count)
 
     def flags(self) -> int:
         return FLAG_FORCE_HEAP if self.force_heap else 0
@@ -309,7 +414,8 @@ class GpuBuilder(Builder):
         k = self.kernels
         warp = plan.path == "warp-heap"
         want_bool = self.bool_visibility if bool_visibility is None else bool_visibility
-        kernel = k.build_warp[warp_slots(plan.budget)] if warp else k.build
+        wide = plan.path == "wide"
+        kernel = k.build_warp[warp_slots(plan.budget)] if warp else k.build_wide if wide else k.build
         key = (id(kernel), plan.shared_bytes)
         if key not in self._shared_set:
             kernel.max_dynamic_shared_size_bytes = max(
@@ -336,6 +442,8 @@ class GpuBuilder(Builder):
             profile if profile is not None else np.uint64(0),
         )
         in_kernel = want_bool and (warp or self.bool_in_build_kernel(plan))
+        if wide:  # the wide path writes its bool rows itself up to this budget (one SM's stores)
+            in_kernel = want_bool and plan.budget <= WIDE_BOOL_IN_BUILD_MAX_BUDGET
         args += (out.visibility if in_kernel else np.uint64(0),)
         kernel((plan.batch,), (plan.threads,), args, shared_mem=plan.shared_bytes, stream=stream)
         if want_bool and not in_kernel:

@@ -163,6 +163,7 @@ class LoadedKernels:
     module: object
     build: object
     build_warp: dict  # heap slots per lane (1, 2, 4) -> the warp-heap kernel
+    build_wide: object  # the wide single-tree path (any depth)
     expand_visibility: object
     empty: object
     spin: object
@@ -196,6 +197,7 @@ def load_kernels(fatbin: Path, util_fatbin: Path | None = None) -> LoadedKernels
         module=module,
         build=build,
         build_warp={s: module.get_function(f"ddtree_build_tree_warp{s}") for s in (1, 2, 4)},
+        build_wide=module.get_function("ddtree_build_tree_wide"),
         expand_visibility=module.get_function("ddtree_expand_visibility"),
         empty=util.get_function("ddtree_empty_kernel"),
         spin=util.get_function("ddtree_spin_kernel"),

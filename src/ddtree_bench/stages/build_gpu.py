@@ -37,7 +37,7 @@ import numpy as np
 import pandas as pd
 
 from ddtree_bench.builders import get_builder
-from ddtree_bench.builders.gpu import DeviceTrees, GpuBuilder, device_layout, device_views
+from ddtree_bench.builders.gpu import STAT_NAMES, DeviceTrees, GpuBuilder, device_layout, device_views
 from ddtree_bench.builders.gpu_device import DeviceTreeBuilder
 from ddtree_bench.stages.build import frame, start_run
 from ddtree_bench.timing.gpu import EVENT_CLOCK, EventTimer, pinned
@@ -168,7 +168,7 @@ def run_gpu_benchmark(
     ]
 
     trees = out.host_views(pinned_out)  # what the last host-inclusive call copied out
-    paths = np.bincount(out.stats.get(), minlength=5)
+    paths = np.bincount(out.stats.get(), minlength=len(_PATH_NAMES))
     gpu.last_paths = {label: int(c) for label, c in zip(_PATH_NAMES, paths, strict=True) if c}
     if correct is None:
         correct = first_difference(get_builder("reference").build(lp, ids, budget), trees) is None
@@ -199,4 +199,4 @@ def run_gpu_benchmark(
     return df
 
 
-_PATH_NAMES = ("parallel", "heap (anomaly)", "heap (pool overflow)", "heap (forced)", "warp heap")
+_PATH_NAMES = tuple(STAT_NAMES[i] for i in range(len(STAT_NAMES)))
