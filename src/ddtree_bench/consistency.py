@@ -109,9 +109,7 @@ def check_shapes(shapes: pd.DataFrame, grid: dict, *, where: str = "tree shapes"
         (str(d), _value(depth), _value(n))
         for d, depth, n in zip(shapes["distribution"], shapes["depth"], shapes["budget"], strict=True)
     }
-    want = {
-        (str(d), depth, n) for d in grid["distributions"] for depth, n in _depth_budgets(grid)
-    }
+    want = {(str(d), depth, n) for d in grid["distributions"] for depth, n in _depth_budgets(grid)}
     if have - want:
         d, depth, n = sorted(have - want, key=str)[0]
         raise ValueError(f"{where}: holds rows of {d} L={depth} N={n}, which the configuration does not name")

@@ -169,9 +169,7 @@ class PathCosts:
 PATH_COSTS = PathCosts()
 
 
-def choose_path(
-    batch: int, depth: int, budget: int, sm_count: int, costs: PathCosts = PATH_COSTS
-) -> str:
+def choose_path(batch: int, depth: int, budget: int, sm_count: int, costs: PathCosts = PATH_COSTS) -> str:
     """The path the cost model deems fastest for a launch: "warp-heap", "parallel" or "wide". Only the wide
     path takes depths above 32 (SGLang's worker hands the builder L = N rows)."""
     if depth > MAX_DEPTH:

@@ -102,22 +102,16 @@ class DraftShard:
         positions = torch.arange(context, context + block, device=self.device, dtype=torch.float32)
         inv_freq = 1.0 / (1e6 ** (torch.arange(0, d, 2, device=self.device, dtype=torch.float32) / d))
         angles = positions[:, None] * inv_freq[None, :]
-        self.cos = angles.cos().to(bf16)[None, None]  # [1, 1, block, d/2]
-        self.sin = angles.sin().to(bf16)[None, None]
+        self.freqs = torch.polar(torch.ones_like(angles), angles)[None, None]  # [1, 1, block, d/2] complex
         rows = batch * (block - 1)
         self.top_log_probs = torch.empty((batch, block - 1, k), device=self.device, dtype=torch.float32)
         self.top_token_ids = torch.empty((batch, block - 1, k), device=self.device, dtype=torch.long)
         self._rows = rows
 
-    def _rope(self, x):
-        half = x.shape[-1] // 2
-        x1, x2 = x[..., :half], x[..., half:]
-        return self.torch.cat((x1 * self.cos - x2 * self.sin, x2 * self.cos + x1 * self.sin), dim=-1)
-
     def run(self):
         """Drafter forward, LM head, normaliser and top-K; fills ``top_log_probs`` and ``top_token_ids``."""
         torch, s = self.torch, self.shape
-        from ddtree_bench.model.target import _rms  # noqa: PLC0415
+        from ddtree_bench.model.target import _rms, _rope  # noqa: PLC0415
 
         b, blk = self.batch, self.block
         hq, hk, d = s.local_heads, s.local_kv_heads, s.head_dim
@@ -125,8 +119,8 @@ class DraftShard:
         for layer, w in enumerate(self.layers):
             h = _rms(torch, x, w["in_norm"])
             qkv = (h @ w["qkv"]).view(b, blk, hq + 2 * hk, d).transpose(1, 2)
-            q = self._rope(qkv[:, :hq])
-            k = self._rope(qkv[:, hq : hq + hk])
+            q = _rope(torch, qkv[:, :hq], self.freqs)
+            k = _rope(torch, qkv[:, hq : hq + hk], self.freqs)
             self.k_cache[layer][:, :, self.context :, :].copy_(k)
             self.v_cache[layer][:, :, self.context :, :].copy_(qkv[:, hq + hk :])
             o = torch.nn.functional.scaled_dot_product_attention(

@@ -23,8 +23,6 @@ stream (no host sync, no allocation after ``warm()``), so each can be captured a
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-
 import numpy as np
 
 from ddtree_bench.model import moe as moe_ops
@@ -34,30 +32,15 @@ GIB = 2**30
 
 
 def _rms(torch, x, weight, eps=1e-6):
-    variance = x.float().pow(2).mean(-1, keepdim=True)
-    return (x.float() * torch.rsqrt(variance + eps)).to(x.dtype) * weight
+    """RMSNorm (PyTorch's own, one kernel where it has a fused one; SGLang runs a fused norm)."""
+    return torch.nn.functional.rms_norm(x, (x.shape[-1],), weight, eps)
 
 
-def _rope(torch, x, cos, sin):
-    """Rotary embedding on the last dim (pairs: first half with second half), in place-free form."""
-    half = x.shape[-1] // 2
-    x1, x2 = x[..., :half], x[..., half:]
-    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
-
-
-@dataclass
-class Fit:
-    """Whether a shard fits the device: the bytes it needs and the bytes free."""
-
-    needed: float
-    free: float
-
-    @property
-    def fits(self) -> bool:
-        return self.needed <= self.free
-
-    def reason(self) -> str:
-        return f"does not fit: needs {self.needed / 1e9:.1f} GB, {self.free / 1e9:.1f} GB free on the GPU"
+def _rope(torch, x, freqs):
+    """Rotary embedding on the last dim, adjacent pairs rotated by ``freqs`` (complex, broadcastable): a
+    complex multiply, the few kernels a fused RoPE saves."""
+    pairs = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))
+    return torch.view_as_real(pairs * freqs).flatten(-2).to(x.dtype)
 
 
 def activation_bytes(shape: ModelShape, tokens: int) -> float:
@@ -224,7 +207,7 @@ class TargetShard:
             ** (torch.arange(0, s.qk_rope_dim, 2, device=self.device, dtype=torch.float32) / s.qk_rope_dim)
         )
         angles = positions[:, None] * inv_freq[None, :]
-        self.cos, self.sin = angles.cos().to(bf16), angles.sin().to(bf16)
+        self.freqs = torch.polar(torch.ones_like(angles), angles)  # [T, rope / 2] complex
         self.logits = torch.empty((t, s.vocab_shard), device=self.device, dtype=bf16)
         lengths = np.full(batch, prefix, np.int64)
         self.prepared = [attention.prepare(self.q, kv, lengths, mask_bits, self.attn_out) for kv in self.kv]
@@ -243,8 +226,8 @@ class TargetShard:
         q = (_rms(torch, h @ w["q_a"], w["q_norm"]) @ w["q_b"]).view(t, heads, -1)
         kv = h @ w["kv_a"]
         latent = _rms(torch, kv[:, : s.kv_lora_rank], w["kv_norm"])
-        k_rope = _rope(torch, kv[:, s.kv_lora_rank :], self.cos, self.sin)
-        q_rope = _rope(torch, q[..., s.qk_nope_dim :], self.cos[:, None, :], self.sin[:, None, :])
+        k_rope = _rope(torch, kv[:, s.kv_lora_rank :], self.freqs)
+        q_rope = _rope(torch, q[..., s.qk_nope_dim :], self.freqs[:, None, :])
         q_latent = torch.bmm(q[..., : s.qk_nope_dim].transpose(0, 1), w["w_uk"]).transpose(0, 1)
         q_view = self.q.view(t, heads, s.latent_dim)
         q_view[..., : s.kv_lora_rank].copy_(q_latent)

@@ -93,7 +93,11 @@ def run_draft_stage(
         needed = draft_bytes(shape, batch, block, prefix, vocab_shard)
         if needed > free * (1 - HEADROOM):
             out[budget] = stage_frame(
-                [unavailable(budget, f"does not fit: needs {needed / 1e9:.1f} GB, {free / 1e9:.1f} GB free")]
+                [
+                    unavailable(
+                        budget, f"does not fit: needs about {needed / 1e9:.1f} GB, {free / 1e9:.1f} GB free"
+                    )
+                ]
             )
             continue
         try:

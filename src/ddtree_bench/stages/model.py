@@ -297,7 +297,7 @@ def _forward_jobs(
                         stage,
                         impl if stage in ("forward", "moe") else "torch",
                         budget,
-                        f"does not fit: needs {needed / 1e9:.1f} GB, {free / 1e9:.1f} GB free",
+                        f"does not fit: needs about {needed / 1e9:.1f} GB, {free / 1e9:.1f} GB free",
                     )
                 )
         return
@@ -315,7 +315,7 @@ def _forward_jobs(
                         stage,
                         impl if stage in ("forward", "moe") else "torch",
                         budget,
-                        f"does not fit: needs {total / 1e9:.1f} GB, "
+                        f"does not fit: needs about {total / 1e9:.1f} GB, "
                         f"{(free + weights_bytes(shape, impl)) / 1e9:.1f} GB free",
                     )
                 )
@@ -374,7 +374,8 @@ def _moe_jobs(
     free = runner.free()
     per_set = layer_expert_bytes(shape, impl)
     tokens_max = batch * (max(budgets) + 1)
-    room = free * (1 - HEADROOM) - shape.bf16_bytes() - activation_bytes(shape, tokens_max)
+    # twice the forward's activations: a grouped GEMM impl keeps every route's rows, in float32 for the sum
+    room = free * (1 - HEADROOM) - shape.bf16_bytes() - 2 * activation_bytes(shape, tokens_max)
     sets = int(min(shape.moe_layers, room // per_set)) if room > 0 else 0
     if sets < 1:
         for budget in budgets:

@@ -112,7 +112,9 @@ def run_round_stage(
         for budget in budgets:
             rows[budget] += [
                 unavailable(
-                    builder, budget, f"does not fit: needs {need / 1e9:.1f} GB, {free / 1e9:.1f} GB free"
+                    builder,
+                    budget,
+                    f"does not fit: needs about {need / 1e9:.1f} GB, {free / 1e9:.1f} GB free",
                 )
                 for builder in builders
             ]
@@ -135,7 +137,7 @@ def run_round_stage(
                     unavailable(
                         builder,
                         budget,
-                        f"does not fit: needs {total / 1e9:.1f} GB, {(free + need) / 1e9:.1f} GB free",
+                        f"does not fit: needs about {total / 1e9:.1f} GB, {(free + need) / 1e9:.1f} GB free",
                     )
                 )
                 continue
@@ -188,6 +190,7 @@ def run_round_stage(
                 }
                 runner.run_round()
                 correct = runner.check_accept()
+                note = runner.note
             except Exception as exc:  # noqa: BLE001 (a builder failing: recorded, the others still run)
                 rows[budget].append(unavailable(builder, budget, _describe(exc), status="failed"))
                 continue
@@ -200,6 +203,7 @@ def run_round_stage(
                         "seconds": seconds,
                         "status": "ok",
                         "correct": correct,
+                        "note": note,
                         "experts_touched": runner.target.experts_touched,
                     }
                     for phase, rep, seconds in values
