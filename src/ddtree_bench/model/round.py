@@ -111,6 +111,11 @@ class RoundRunner:
             skew=skew,
         )
         self.target_tokens = torch.zeros((batch, budget + 1), dtype=torch.int64, device=device)
+        # CuPy views of the torch buffers the kernels read, made here: a conversion inside a capture would
+        # synchronise with a stream outside it (the array interface's stream semantics) and break the graph
+        self.d_lp = cp.from_dlpack(self.drafter.top_log_probs)
+        self.d_ids = cp.from_dlpack(self.drafter.top_token_ids)
+        self.d_target = cp.from_dlpack(self.target_tokens)
         self.accept_out = DeviceAccept(batch, budget)
         self.accept = accept
         if builder in FUSED_BUILDERS:
@@ -131,8 +136,9 @@ class RoundRunner:
         return self.drafter.run()
 
     def build_on_device(self):
-        lp, ids = self.drafter.top_log_probs, self.drafter.top_token_ids
-        self.device_builder(lp, ids, self.budget, packed_only=True, out=self.trees)
+        self.device_builder(
+            self.d_lp, self.d_ids, self.budget, packed_only=True, out=self.trees, stream=self._stream()
+        )
 
     def verify(self, pack: bool):
         """(The mask packed from the bool visibility,) the verify forward, the target's tokens, the accept."""
@@ -141,8 +147,7 @@ class RoundRunner:
             pack_bits(torch, self.visibility, self.mask_bits)
         logits = self.target.forward()
         self.target_tokens.copy_(torch.argmax(logits, dim=-1).view(self.batch, self.budget + 1))
-        d_target = self.cp.from_dlpack(self.target_tokens)
-        self.accept.launch(d_target, self.trees, self.accept_out, stream=self._stream())
+        self.accept.launch(self.d_target, self.trees, self.accept_out, stream=self._stream())
 
     def fused(self):
         self.draft()
