@@ -23,6 +23,7 @@ stream (no host sync, no allocation after ``warm()``), so each can be captured a
 from __future__ import annotations
 
 import math
+
 import numpy as np
 
 from ddtree_bench.model import moe as moe_ops
