@@ -520,10 +520,17 @@ def test_published_report_opens_with_the_answer_and_collapses_the_detail(tmp_pat
         assert "issue" not in text.lower()
         assert not [old for old in RETIRED if old in text]
     answer = markdown[markdown.index("## Answer") : markdown.index("## Figures")]
-    assert "### Batch 1: h200, S = 32768 prefix tokens" in answer and "### Batch 64: h200" in answer
-    assert "S = 4096 is in the step-time breakdown below" in answer  # the other prefix length, named
-    assert "| N | tau | verify attention x 61 | accept | SGLang's function |" in answer
-    assert "**B = 64:**" in answer and "Which budget?" in answer and "![step_share]" in answer
+    # the answer on the whole round (the model's S: the one the rounds were run at)
+    assert "### Batch 1: h200, S = 4096 prefix tokens" in answer and "### Batch 64: h200" in answer
+    assert "its share of that builder's whole round" in answer and "through triton-w4a16" in answer
+    assert "| N | tau | round (gpu) | SGLang's function |" in answer
+    assert "**B = 64:**" in answer and "![step_share]" in answer
+    for question in (
+        "Does moving the build from SGLang's function to the GPU pay?",
+        "Is the GPU kernel better than the best CPU builder",
+        "Does the best budget move?",
+    ):
+        assert answer.count(question) == 2  # answered for both batch sizes
     # every table between "Detail tables" and "Environment" is collapsed
     detail = page[page.index("<h2>Detail tables</h2>") : page.index("<h2>Environment</h2>")]
     starts = [i for i in range(len(detail)) if detail.startswith("<table>", i)]

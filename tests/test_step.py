@@ -607,7 +607,13 @@ def test_step_scripts_call_the_libraries(tmp_path, monkeypatch):
         rule="step_unavailable",
         wildcards={"stage": "attention"},
         output={"rows": str(out["unavailable"])},
-        params={"reason": "gpu: off in the configuration", "impls": ["ours"], "machine": "m"},
+        params={
+            "reason": "gpu: off in the configuration",
+            "impls": ["ours"],
+            "moe_impls": ["triton-w4a16"],
+            "forward_impl": "triton-w4a16",
+            "machine": "m",
+        },
         log=[str(tmp_path / "job.log")],
     )
     summary_path = tmp_path / "step_summary.parquet"

@@ -339,6 +339,39 @@ def test_measured_round_best_budget_and_the_term_that_sets_it():
     assert gains["gain"].iloc[0] == pytest.approx((9.0 / 14.024e-3) / (6.0 / 13.104e-3))
 
 
+def test_a_run_round_is_the_round_where_it_exists_and_the_terms_elsewhere():
+    step = hand_made_step(
+        forward={8: 10e-3, 64: 11e-3, 256: 30e-3},
+        draft={8: 1e-3, 64: 1e-3, 256: 1e-3},
+    )
+    rounds = [
+        stage_row("round", "gpu", 1, 64, 12.5e-3, prefix=4096, heads=8, timing="wall", note="one CUDA graph"),
+        stage_row("round", "gpu", 1, 64, 12.6e-3, prefix=4096, heads=8, timing="sum-of-parts"),
+        stage_row("round", "reference", 1, 64, 0.0, prefix=4096, heads=8, timing="wall", status="failed"),
+    ]
+    step = pd.concat([step, pd.DataFrame(rounds)], ignore_index=True)
+    summary, shapes = summary_rows(HAND_SUMMARY), shape_rows(HAND_TAU)
+    result = throughput(summary, step, shapes, RoundModel(), distribution="d", depth=16)
+    table = result.table.set_index(["builder", "budget"])
+    gpu64 = table.loc[("gpu", 64)]
+    comm = result.terms[(1, 64, "gpu")]["allreduce"]
+    assert comm.source == "estimated"  # one GPU: the run round holds no communication
+    assert gpu64["round_from"] == "run round + allreduce"
+    assert gpu64["round_s"] == pytest.approx(12.5e-3 + comm.seconds)
+    assert gpu64["run_round_s"] == pytest.approx(12.5e-3) and gpu64["run_parts_s"] == pytest.approx(12.6e-3)
+    assert gpu64["run_note"] == "one CUDA graph"
+    assert gpu64["model_round_s"] == pytest.approx(1e-3 + 20e-6 + 11e-3 + comm.seconds + 4e-6)
+    assert gpu64["tokens_per_s"] == pytest.approx(9.0 / gpu64["round_s"])
+    # no run round anywhere at (B, N): the sum of the terms
+    row = table.loc[("gpu", 8)]
+    assert row["round_from"] == "sum of the terms" and row["round_s"] == pytest.approx(row["model_round_s"])
+    assert pd.isna(row["run_round_s"])
+    # a builder without a run round (a failed one does not count) where another's was run: left out, named
+    assert ("reference", 64) not in table.index
+    left = result.unmodelled.set_index(["builder", "budget"]).loc[("reference", 64), "missing"]
+    assert "the other builders' rounds here were run" in left
+
+
 def test_best_budget_at_the_largest_budget_has_no_term_that_sets_it():
     step = hand_made_step(
         forward={8: 10e-3, 64: 10e-3, 256: 10e-3},
@@ -514,21 +547,26 @@ def test_section_names_best_budgets_on_the_published_h200_data(tmp_path):
     )
     markdown = (out / "summary.md").read_text()
     section = markdown[markdown.index("### Which budget?\n") : markdown.index("## Environment")]
-    assert "#### h200: drafter trees (L = 16; verify attention at S = 32768, 8 heads)" in section
+    # the model's S: the largest with run rounds (the round stage ran at 4096)
+    assert "#### h200: drafter trees (L = 16; verify attention at S = 4096, 8 heads)" in section
     assert section.count("The model's assumptions") == 1 and section.count("\n1. ") == 3
     assert (
         "| B | builder | build cost from | best N | tokens/s | tau | round | set by | budgets compared |"
         in section
     )
-    # every term's source, stated; the published set has no forward, drafter or all-reduce rows
+    # every term's source, stated: the forward and the drafter measured, the communication estimated (one GPU)
     assert "| term | sources |" in section
-    assert "| verify attention | measured (80 of 80) |" in section
-    assert "| MoE | estimated (80 of 80) |" in section
-    assert "| communication | estimated (80 of 80) |" in section
+    assert "| draft | measured (64 of 64) |" in section
+    assert "| target forward | measured (59 of 64), estimated (5 of 64) |" in section
+    assert "| communication | estimated (64 of 64) |" in section
+    # at batch 1 the rounds were run (gpu, native-mt, sglang); the builders without one are named, not mixed in
+    assert "Rounds run on the GPU (the round stage" in section and "24 of 64 modelled" in section
+    assert "B = 1, N = 8: round: the other builders' rounds here were run" in section
     assert "![round_parts](figures/round_parts.png)" in markdown
     assert (out / "figures" / "round_parts.png").stat().st_size > 10_000
     for label in ("sglang (SGLang's CPU builder)", "reference (ours, Python)", "native-mt (C++, all cores)"):
         assert f"| 64 | {label} | in-situ |" in section  # what the decode round pays
+    assert "| 1 | reference (ours, Python) |" not in section
     assert "| 1 | gpu (our CUDA kernel) | in-situ |" in section
     assert "![which_budget](figures/which_budget.png)" in markdown  # in the figures, above the detail
     assert (out / "figures" / "which_budget.png").stat().st_size > 10_000
@@ -673,8 +711,10 @@ def test_cli_budget_takes_a_config_fragment_and_refuses_bad_values(tmp_path):
     assert "Model: draft 2 ms where not measured; what-if forward:" in done.stdout
     assert "at 3 TB/s" in done.stdout
     assert "| B | builder | build cost from | best N |" in done.stdout
-    assert "| draft | entered (80 of 80) |" in done.stdout
-    assert "| target forward | entered (80 of 80) |" in done.stdout
+    # the published set measured the drafter (draft_ms applies where it is not measured) and all but the
+    # forwards that did not fit, which take the entered what-if
+    assert "| draft | measured (64 of 64) |" in done.stdout
+    assert "| target forward | measured (59 of 64), entered (5 of 64) |" in done.stdout
     fragment.write_text("throughput:\n  what_if: {expert_slice_mb: -3}\n")
     bad = run_cli(PUBLISHED, "--configfile", fragment)
     assert bad.returncode == 2

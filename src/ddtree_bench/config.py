@@ -239,7 +239,7 @@ def check_config(config: dict, schema: dict | str | Path | None = None) -> dict:
     _step_fields(config, budgets, batch_sizes, depths, distributions)
     _throughput_fields(config)
     _sglang_triton_source(config["step"]["attention"])
-    _round_shapes(config["step"], config["builders"], batch_sizes)
+    _round_shapes(config["step"], batch_sizes)
     columns = trace_columns(config)
     if config["vocab_size"] < columns:
         _fail("vocab_size", f"{config['vocab_size']} is smaller than the {columns} top-K columns needed")
@@ -422,7 +422,7 @@ def _step_fields(config: dict, budgets, batch_sizes, depths, distributions) -> N
         _fail("step.depth", f"{step['depth']} is not one of the configured depths {depths}")
 
 
-def _round_shapes(step: dict, config_builders: list, batch_sizes: list) -> None:
+def _round_shapes(step: dict, batch_sizes: list) -> None:
     """The model and drafter shapes the schema cannot check (divisibility by tp, dense layers <= layers),
     and the MoE kernels' files where a path is given."""
     from ddtree_bench.model.shapes import DrafterShape, ModelShape  # noqa: PLC0415
@@ -436,9 +436,6 @@ def _round_shapes(step: dict, config_builders: list, batch_sizes: list) -> None:
     except ValueError as error:
         _fail("step.draft.shape", str(error).removeprefix("draft: "))
     round_ = step["round"]
-    for builder in round_["builders"]:
-        if builder not in config_builders:
-            _fail("step.round.builders", f"{builder!r} is not one of the builders {config_builders}")
     allowed = step["batch_sizes"] if step["batch_sizes"] is not None else batch_sizes
     for batch in round_["batch_sizes"] or ():
         if batch not in allowed:
@@ -663,7 +660,7 @@ def throughput_options(config: dict) -> dict:
 #: so a change reruns it only where it changes a result, and its rerun reason names only that group). The
 #: step group holds only what the report reads back from a published ``environment.json``.
 RECORDED = {
-    "grid": ("distributions", "depths", "budgets", "batch_sizes", "builders"),
+    "grid": ("distributions", "depths", "depth_follows_budget", "budgets", "batch_sizes", "builders"),
     "traces": ("vocab_size", "seed", "topk", "trace_device", "recorded_trace", "drafter"),
     "builds": ("machine", "gpu", "cuda_archs", "sglang"),
     "timing": ("timing",),

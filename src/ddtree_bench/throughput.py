@@ -514,6 +514,9 @@ class StageCosts:
     missing: str | None = None  # why there are none at all
     reasons: dict = field(default_factory=dict)
     copy_tbps: float | None = None
+    #: the run rounds (``round`` stage, whole round host-inclusive on one GPU) at ``prefix``:
+    #: (batch, budget, builder) -> (seconds, the same round's sum of separately timed parts, its note)
+    rounds: dict = field(default_factory=dict)
 
 
 VerifyCosts = StageCosts  # the former name
@@ -532,7 +535,8 @@ def _select(measured: pd.DataFrame, stage: str, impls, *, depth: int, trees, pre
     rows = measured[measured["stage"] == stage]
     if rows.empty:
         return rows
-    rows = rows[_matching(rows, "depth", depth)]
+    if depth is not None:
+        rows = rows[_matching(rows, "depth", depth)]
     if trees is not None and "distribution" in rows and (rows["distribution"] == trees).any():
         rows = rows[_matching(rows, "distribution", trees)]
     if prefix is not None and "prefix" in rows and rows["prefix"].notna().any():
@@ -598,8 +602,9 @@ def stage_costs(
     if trees is None and anchor["distribution"].notna().any():
         trees = str(anchor["distribution"].dropna().iloc[0])
     prefixes = sorted(int(p) for p in anchor["prefix"].dropna().unique())
-    if prefix is None:
-        prefix = prefixes[-1] if prefixes else None
+    if prefix is None:  # the largest S with run rounds, else the largest measured
+        run = sorted(p for p in prefixes if run_rounds(step, p))
+        prefix = (run or prefixes or [None])[-1]
     elif prefix not in prefixes:
         return StageCosts(
             empty,
@@ -619,7 +624,9 @@ def stage_costs(
         )
         frames.append(rows[["batch", "budget", "median_s"]].rename(columns={"median_s": "attention_layer_s"}))
     for stage, impls, column in STAGE_COLUMNS:
-        rows = _select(measured, stage, impls, depth=depth, trees=trees, prefix=prefix, heads=heads)
+        # the drafter's rows count its block's positions, not the trees' depth
+        at = None if stage == "draft" else depth
+        rows = _select(measured, stage, impls, depth=at, trees=trees, prefix=prefix, heads=heads)
         if rows.empty:
             continue
         keep = {"median_s": column}
@@ -636,7 +643,36 @@ def stage_costs(
     costs = costs.reindex(columns=list(COST_COLUMNS))
     costs = costs[(costs["batch"] > 0) & (costs["budget"] > 0)]
     costs = costs.astype({"batch": "int64", "budget": "int64"}).sort_values(["batch", "budget"])
-    return StageCosts(costs.reset_index(drop=True), prefix, heads, trees, None, reasons, copy_tbps)
+    return StageCosts(
+        costs.reset_index(drop=True), prefix, heads, trees, None, reasons, copy_tbps, run_rounds(step, prefix)
+    )
+
+
+def run_rounds(step: pd.DataFrame | None, prefix: int | None) -> dict:
+    """The measured whole rounds at ``prefix`` (``stages.round``: timing "wall", status ok):
+    ``{(batch, budget, builder): (seconds, sum-of-parts seconds or None, note, (p90 - p10) / median)}``."""
+    if step is None or step.empty or prefix is None:
+        return {}
+    rows = step[(step["stage"] == "round") & (step["status"] == "ok") & _matching(step, "prefix", prefix)]
+    out = {}
+    for (batch, budget, builder), group in rows.groupby(["batch", "budget", "impl"]):
+        wall = group[group["timing"] == "wall"]["median_s"].dropna()
+        parts = group[group["timing"] == "sum-of-parts"]["median_s"].dropna()
+        if len(wall):
+            note = group["note"].dropna().iloc[0] if "note" in group and group["note"].notna().any() else ""
+            first = group[group["timing"] == "wall"].iloc[0]
+            spread = (
+                (float(first["p90_s"]) - float(first["p10_s"])) / float(first["median_s"])
+                if "p90_s" in group and pd.notna(first.get("p90_s")) and pd.notna(first.get("p10_s"))
+                else math.nan
+            )
+            out[(int(batch), int(budget), str(builder))] = (
+                float(wall.iloc[0]),
+                float(parts.iloc[0]) if len(parts) else None,
+                str(note),
+                spread,
+            )
+    return out
 
 
 def verify_costs(step, distribution: str, depth: int, prefix: int | None = None) -> StageCosts:
@@ -659,8 +695,17 @@ TABLE_COLUMNS = (
     *(f"{term}_source" for term in PART_TERMS),
     "parts",
     "round_s",
+    "round_from",
+    "model_round_s",
+    "run_round_s",
+    "run_parts_s",
+    "run_note",
+    "run_spread",
     "tokens_per_s",
 )
+#: Where a row's round comes from: the run round (``stages.round``) + the communication term, or the sum of
+#: the terms above.
+RUN_ROUND, MODELLED_ROUND = "run round + allreduce", "sum of the terms"
 UNMODELLED_COLUMNS = ("batch", "budget", "builder", "missing")
 
 
@@ -746,6 +791,23 @@ def throughput(
                 {"batch": batch, "budget": budget, "builder": row.builder, "missing": "; ".join(lacking)}
             )
             continue
+        run = costs.rounds.get((batch, budget, row.builder))
+        if run is None and any(key[:2] == (batch, budget) for key in costs.rounds):
+            # rounds run beside modelled ones would not compare alike: where some builders' rounds at (B, N)
+            # were run, a builder without one is left out, named
+            unmodelled.append(
+                {
+                    "batch": batch,
+                    "budget": budget,
+                    "builder": row.builder,
+                    "missing": "round: the other builders' rounds here were run, this one's was not "
+                    "(step.round.builders)",
+                }
+            )
+            continue
+        model_s = round_s
+        if run is not None:  # the run round on one GPU, plus the communication it cannot hold
+            round_s = run[0] + terms["allreduce"].seconds
         record = {
             "batch": batch,
             "budget": budget,
@@ -756,6 +818,12 @@ def throughput(
             "attention_layer_s": _value(here, "attention_layer_s"),
             "parts": tuple(round_parts(terms)),
             "round_s": round_s,
+            "round_from": RUN_ROUND if run is not None else MODELLED_ROUND,
+            "model_round_s": model_s,
+            "run_round_s": None if run is None else run[0],
+            "run_parts_s": None if run is None else run[1],
+            "run_note": None if run is None else run[2],
+            "run_spread": None if run is None else run[3],
             "tokens_per_s": tokens_per_second(float(tau[budget]), batch, round_s),
         }
         for name in PART_TERMS:

@@ -1,7 +1,11 @@
 """The report's first screen: the answer. What each tree builder costs the decode round (its in-situ median:
-from the drafter's top-K on the GPU to the padded tree on the GPU), its share of the round's measured part
-(build + verify attention x layers + accept), a verdict computed from those rows and from the "Which budget?"
-model, on the first machine with in-situ data, at its largest measured prefix length."""
+from the drafter's top-K on the GPU to the padded tree on the GPU) and its share of the whole round, with a
+verdict computed from those rows and the "Which budget?" model, on the first machine with in-situ data.
+
+Where the "Which budget?" model has the machine's rounds (``throughput``: the round run on the GPU where the
+round stage ran it, else the sum of its terms, each measured or labelled), the share is of that builder's own
+whole round at the model's prefix length (``answer_from_round``). Elsewhere it is the share of the round's
+measured part (build + verify attention x layers + accept) at the largest measured prefix length."""
 
 from __future__ import annotations
 
@@ -23,6 +27,10 @@ IN_SITU_COLUMNS = (
 )
 #: The verdict's threshold: a build whose share of the round stays below this is "negligible".
 SHARE_LIMIT = 0.01
+#: A tokens/s ratio within this of 1 is no answer either way: the builders' whole rounds are timed one block
+#: after another (not interleaved), and on the H200 rounds whose builds differ by microseconds differed by
+#: up to 1.4% between blocks (round stage, batch 1), more than the spread within a block.
+SAME = 0.02
 
 ROUND = "build + verify attention x {layers} layers + accept"
 
@@ -78,9 +86,12 @@ def _cell(build_s: float, share: float) -> str:
 def answer(machines, breakdowns: dict, settings: dict, budget_sections=()) -> Answer:
     """The answer from the first machine whose step breakdown holds in-situ builds (``breakdowns``: machine
     label -> ``step.step_breakdown``; ``settings``: label -> layers/depth/distribution; ``budget_sections``:
-    the "Which budget?" sections, for the best budget per builder)."""
+    the "Which budget?" sections, for the whole round and the best budget per builder)."""
     labels = [label for label, *_ in IN_SITU_COLUMNS]
     for machine in machines:
+        section = _modelled_section(budget_sections, machine.label)
+        if section is not None:
+            return answer_from_round(section, settings.get(machine.label, {}))
         df = breakdowns.get(machine.label, pd.DataFrame())
         if df.empty:
             continue
@@ -132,6 +143,134 @@ def answer(machines, breakdowns: dict, settings: dict, budget_sections=()) -> An
             out.verdict.append(_verdict(int(batch), rows, budget_sections, machine.label))
         return out
     return Answer(None, missing="no machine has in-situ tree builds with a step breakdown (verify attention)")
+
+
+def _modelled_section(budget_sections, label: str):
+    return next(
+        (
+            s
+            for s in budget_sections
+            if s.machine == label and s.result is not None and not s.result.missing and not s.best.empty
+        ),
+        None,
+    )
+
+
+class RoundAnswer(Answer):
+    """The answer on the whole round (``answer_from_round``)."""
+
+    sources: str = ""
+    moe: str = ""  # the MoE kernel the measured forward ran
+
+    @property
+    def round_text(self) -> str:
+        return "the whole round"
+
+    def intro(self) -> str:
+        return (
+            "Each cell: the tree build as the decode round pays it (in-situ median per call, "
+            f"{self.machine}) and, in brackets, its share of that builder's whole round: drafter, top-K, "
+            "build, the 61-layer verify forward of one GPU's share of Kimi K2.6 (random weights, INT4 routed "
+            f"experts{self.moe}), tensor-parallel communication and accept, at S = {self.prefix}. "
+            f"{self.sources} tau: the "
+            "expected tokens per round (bonus included) of the budget's trees over the whole trace; tokens/s "
+            "= B x tau / round."
+        )
+
+
+def answer_from_round(section, setting: dict) -> Answer:
+    """The answer from a "Which budget?" section's modelled rounds: per batch, tau, the GPU builder's round,
+    and every builder's in-situ build with its share of its own round; the verdict from the same rows."""
+    result = section.result
+    table = result.table
+    out = RoundAnswer(
+        section.machine,
+        result.verify.prefix,
+        [],
+        result.verify.heads,
+        int(setting.get("layers") or 61),
+        section.depth,
+        section.distribution,
+    )
+    impls = sorted(set(result.verify.costs["forward_impl"].dropna()))
+    out.moe = f" through {', '.join(impls)}" if impls else ""
+    run = table["run_round_s"].notna() if "run_round_s" in table else pd.Series(False, index=table.index)
+    comm = sorted(set(table["allreduce_source"].dropna()))
+    out.sources = (
+        f"Rounds: {int(run.sum())} of {len(table)} run on the GPU (the round stage) plus the communication "
+        f"term, the others the sum of their terms; communication {', '.join(comm)}."
+    )
+    for batch, rows in table.groupby("batch", sort=True):
+        budgets = sorted(int(n) for n in rows["budget"].unique())
+        by = rows.set_index(["builder", "budget"])
+        gpu_round = [
+            fmt_us(by.loc[("gpu", n), "round_s"]) if ("gpu", n) in by.index else "-" for n in budgets
+        ]
+        frame = pd.DataFrame(
+            {
+                "N": budgets,
+                "tau": [_tau(rows[rows["budget"] == n]["tau"].iloc[0]) for n in budgets],
+                "round (gpu)": gpu_round,
+            }
+        )
+        for _, builder, column in IN_SITU_COLUMNS:
+            if builder not in set(rows["builder"]):
+                continue
+            frame[column] = [
+                _cell(
+                    by.loc[(builder, n), "build_s"],
+                    by.loc[(builder, n), "build_s"] / by.loc[(builder, n), "round_s"],
+                )
+                if (builder, n) in by.index
+                else "-"
+                for n in budgets
+            ]
+        out.tables[int(batch)] = frame
+        out.verdict.append(_round_verdict(int(batch), rows, section))
+    return out
+
+
+def _round_verdict(batch: int, rows: pd.DataFrame, section) -> str:
+    """Three questions for a batch size, each answered yes or no with the numbers it rests on: does the GPU
+    builder beat SGLang's function, does it beat the best CPU builder (both in tokens/s, each at its own best
+    budget), and does the best budget move between builders."""
+    best = section.best[section.best["batch"] == batch].set_index("builder")
+    parts = [f"**B = {batch}:**"]
+    if "gpu" not in best.index:
+        return " ".join(parts + ["no GPU builder rows."])
+    gpu = best.loc["gpu"]
+
+    def versus(builder: str) -> str:
+        other = best.loc[builder]
+        gain = gpu["tokens_per_s"] / other["tokens_per_s"]
+        if gain > 1 + SAME:
+            verdict = "yes"
+        elif gain < 1 - SAME:
+            verdict = "no, slower"
+        else:
+            verdict = f"no, within {100 * SAME:.0f}% (run-to-run noise)"
+        ours = f"{gpu['tokens_per_s']:,.0f} at N = {int(gpu['best_budget'])}"
+        return f"{verdict}: {gain:.3f}x the tokens/s ({ours} against {other['tokens_per_s']:,.0f} at N = " + (
+            f"{int(other['best_budget'])})"
+        )
+
+    if "sglang" in best.index:
+        parts.append(f"Does moving the build from SGLang's function to the GPU pay? {versus('sglang')}.")
+    cpu = [b for b in best.index if b in ("native", "native-mt", "reference", "sglang")]
+    if cpu:
+        top = max(cpu, key=lambda b: best.loc[b, "tokens_per_s"])
+        parts.append(f"Is the GPU kernel better than the best CPU builder ({top})? {versus(top)}.")
+    budgets = {b: int(best.loc[b, "best_budget"]) for b in best.index}
+    moved = len(set(budgets.values())) > 1
+    set_by = gpu.get("set_by") if "set_by" in best.columns else None
+    parts.append(
+        "Does the best budget move? "
+        + ("yes: " if moved else "no: ")
+        + ", ".join(f"{b} N = {n}" for b, n in budgets.items())
+        + (f" (the GPU builder's is set by its {set_by})" if isinstance(set_by, str) and set_by else "")
+        + "."
+    )
+    return " ".join(parts)
 
 
 def _verdict(batch: int, rows: pd.DataFrame, budget_sections, label: str) -> str:

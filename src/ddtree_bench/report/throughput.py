@@ -260,6 +260,47 @@ def sources_table(section: BudgetSection) -> pd.DataFrame:
     return term_sources(table)
 
 
+def run_round_lines(section: BudgetSection) -> list[str]:
+    """Which rounds are run rather than summed, and per batch and CPU builder with run rounds beside the GPU
+    builder's: how much of the GPU builder's shorter round its build explains and how much the round's shape
+    (one graph against the split around a host build), medians over the budgets both ran."""
+    table = section.result.table if section.result is not None else pd.DataFrame()
+    if table.empty or "round_from" not in table:
+        return []
+    run = table[table["run_round_s"].notna()]
+    spread = pd.to_numeric(run["run_spread"], errors="coerce").median() if len(run) else math.nan
+    noise = (
+        ""
+        if pd.isna(spread)
+        else (
+            f" A run round's p10-p90 spread is {100 * spread:.1f}% of its median (median over them), so a "
+            "difference below that says nothing."
+        )
+    )
+    lines = [
+        f"Rounds run on the GPU (the round stage: the whole round host-inclusive, plus the communication "
+        f"term): {len(run)} of {len(table)} modelled (B, N, builder); the others are the sum of the terms."
+        + noise
+    ]
+    for batch, rows in run.groupby("batch"):
+        gpu = rows[rows["builder"] == "gpu"].set_index("budget")
+        for builder in CPU_BUILDERS:
+            other = rows[rows["builder"] == builder].set_index("budget")
+            common = gpu.index.intersection(other.index)
+            if gpu.empty or common.empty:
+                continue
+            total = (other.loc[common, "run_round_s"] - gpu.loc[common, "run_round_s"]).median()
+            build = (other.loc[common, "build_s"] - gpu.loc[common, "build_s"]).median()
+            budgets = ", ".join(str(n) for n in common)
+            lines.append(
+                f"B = {batch}, gpu against {builder} (N = {budgets}): the run round "
+                f"is {_us(total)} shorter (median; negative: longer); the builds differ by {_us(build)}, the "
+                f"rest, {_us(total - build)}, is the round's shape (one graph against the split) or drift "
+                "between the two builders' blocks of rounds (timed one after the other)."
+            )
+    return lines
+
+
 def unmodelled_lines(section: BudgetSection) -> list[str]:
     """The (B, N) left out because a term is missing, with the term named (one line per B, N)."""
     result = section.result
@@ -611,6 +652,7 @@ def markdown(found: list[BudgetSection], options, figure_path, title, table) -> 
             f"Where each term comes from (what-if bandwidth {section.result.bandwidth}):\n\n"
             + table(sources_table(section))
         )
+        md += [line + "\n" for line in run_round_lines(section)]
         lines = unmodelled_lines(section)
         if lines:
             md.append("Not modelled (a term missing):\n\n" + "\n".join(f"- {line}" for line in lines) + "\n")
@@ -652,6 +694,7 @@ def html(found: list[BudgetSection], options, image: str, title, table) -> list[
             f"<p>Where each term comes from (what-if bandwidth {escape(section.result.bandwidth)}):</p>",
             table(sources_table(section)),
         ]
+        parts += [f"<p>{escape(line)}</p>" for line in run_round_lines(section)]
         if lines:
             parts += [
                 "<p>Not modelled (a term missing):</p><ul>",

@@ -243,15 +243,21 @@ def _last(group: pd.DataFrame, column: str, kind=float):
     return kind(values.iloc[-1])
 
 
-def summarize_steps(rows: pd.DataFrame) -> pd.DataFrame:
-    """One row per step configuration (``STEP_KEYS``) with its statistics (module docstring)."""
+def summarize_steps(rows: pd.DataFrame, peaks: dict | None = None) -> pd.DataFrame:
+    """One row per step configuration (``STEP_KEYS``) with its statistics (module docstring). ``peaks``:
+    per machine, the peaks (``PEAK_KEYS``) where ``rows`` hold none of their own (a later run's rows merged
+    into a summary: ``merge_step_summary``)."""
     if rows.empty:
         return _typed(pd.DataFrame(columns=list(STEP_SUMMARY_COLUMNS)))
     rows = rows.copy()
     for key in STEP_KEYS:
         if key not in rows:
             rows[key] = None
+    given = peaks or {}
     peaks = {machine: peak_rates(group) for machine, group in rows.groupby("machine", dropna=False)}
+    for machine, found in peaks.items():
+        if all(value is None for value in found.values()) and machine in given:
+            peaks[machine] = given[machine]
     selected = rows[(rows["phase"] == "timed") | (rows["status"] != "ok")]
     out = []
     for key, group in selected.groupby(list(STEP_KEYS), dropna=False, sort=True):
@@ -352,6 +358,28 @@ def _typed(summary: pd.DataFrame) -> pd.DataFrame:
         summary[column] = summary[column].astype("object")
     summary["correct"] = summary["correct"].astype("boolean")
     return summary
+
+
+def merge_step_summary(summary_path, paths) -> pd.DataFrame:
+    """A later run's step files ``paths`` summarised into the summary at ``summary_path``: their rows replace
+    the summary's rows of the same configuration (``STEP_KEYS``), the others stay; their percentages of peak
+    use the summary's peaks of the same machine where the new rows measured none. Writes and returns it."""
+    summary = pd.read_parquet(summary_path)
+    peaks = {}
+    for machine, group in summary.groupby("machine", dropna=False):
+        first = group.iloc[0]
+        peaks[machine] = {
+            "gemm_tflops": None if pd.isna(first["peak_gemm_tflops"]) else float(first["peak_gemm_tflops"]),
+            "copy_tbps": None if pd.isna(first["peak_copy_tbps"]) else float(first["peak_copy_tbps"]),
+            "floor_seconds": None if pd.isna(first["peak_floor_s"]) else float(first["peak_floor_s"]),
+        }
+    new = summarize_steps(read_stage_rows(paths), peaks)
+    keys = list(STEP_KEYS)
+    replaced = summary.merge(new[keys].drop_duplicates(), on=keys, how="left", indicator=True)["_merge"]
+    kept = summary[(replaced == "left_only").to_numpy()]
+    merged = _typed(pd.concat([kept, new], ignore_index=True).reindex(columns=list(STEP_SUMMARY_COLUMNS)))
+    write_frame(merged, Path(summary_path))
+    return merged
 
 
 def aggregate_steps(paths, summary_path) -> pd.DataFrame:
