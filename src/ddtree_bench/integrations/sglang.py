@@ -364,7 +364,8 @@ def budget_fragment(profile: Profile) -> dict:
     """The ``throughput`` config fragment of a parsed profile: ``draft_ms`` = the medians of draft_prepare +
     draft_forward + draft_topk (the drafter's block, forward, LM head and top-K with its all-gathers),
     ``forward_ms`` = target_verify's (the target's tree-verify forward, its tensor-parallel all-reduces
-    included). Both are "entered" terms for the model, at the service's own budget and batch size."""
+    included). Both are "entered" terms for the model, at the service's own budget and batch size; rounded
+    to the log's 0.001 ms."""
     return {
         "throughput": {
             "draft_ms": _stage_sum(profile, DRAFT_STAGES),
