@@ -23,6 +23,7 @@ from ddtree_bench.report.throughput import TARGET, budget_targets, sections
 from ddtree_bench.summary.step import summarize_steps, unavailable_stage_frame
 from ddtree_bench.throughput import (
     PAPER_SPEEDUP,
+    ROUND_TERMS,
     Comm,
     RoundModel,
     WhatIf,
@@ -106,6 +107,7 @@ def test_model_from_config_and_its_defaults():
     options = throughput_options(check_config(default_config()))
     assert options == {
         "draft_ms": None,
+        "forward_ms": None,
         "what_if": {
             "dense_weights_gb": 4.5,
             "expert_slice_mb": 3.10,
@@ -453,6 +455,32 @@ def test_sum_of_parts_then_the_what_if_and_allreduce_estimated_where_unavailable
     assert set(drafted.table["draft_source"]) == {"entered"} and set(drafted.table["draft_s"]) == {2e-3}
 
 
+def test_an_entered_forward_ms_is_the_whole_forward_where_none_was_measured():
+    """throughput.forward_ms (a live service's target_verify): entered where no forward row was measured,
+    before the sum of parts and the what-if; its communication is in it, so the all-reduce term is 0."""
+    step = hand_made_step(forward={256: 30e-3}, parts={64: (3e-3, 2e-3, 0.5e-3)}, attention={})
+    summary, shapes = summary_rows(HAND_SUMMARY[:3]), shape_rows(HAND_TAU)
+    model = RoundModel.from_config({"forward_ms": 12.5}, 61)
+    assert model.forward_ms == 12.5 and "forward 12.5 ms where not measured" in model.describe()
+    result = throughput(summary, step, shapes, model, distribution="d", depth=16)
+    assert result.unmodelled.empty  # no verify attention measured: the entered forward needs none
+    table = result.table.set_index("budget")
+    for budget in (8, 64):
+        assert table.loc[budget, "forward_source"] == "entered"
+        assert table.loc[budget, "forward_s"] == pytest.approx(12.5e-3)
+        assert table.loc[budget, "allreduce_source"] == "entered" and table.loc[budget, "allreduce_s"] == 0
+        assert table.loc[budget, "parts"] == ("draft", "build", "forward", "allreduce", "accept")
+        terms = result.terms[(1, budget, "gpu")]
+        assert terms["forward"].note == "throughput.forward_ms"
+        assert terms["allreduce"].note == "in throughput.forward_ms"
+        assert table.loc[budget, "round_s"] == pytest.approx(sum(terms[n].seconds for n in ROUND_TERMS))
+    # a measured forward row still comes first, and its communication is estimated beside it
+    assert table.loc[256, "forward_source"] == "measured" and table.loc[256, "forward_s"] == 30e-3
+    assert table.loc[256, "allreduce_source"] == "estimated"
+    with pytest.raises(ValueError, match="throughput.forward_ms: must be a finite number >= 0"):
+        RoundModel(forward_ms=-1.0)
+
+
 def test_a_missing_term_leaves_that_budget_unmodelled_and_named_never_zero():
     step = hand_made_step(
         forward={8: 10e-3, 64: 11e-3}, accept={8: 4e-6, 64: 4e-6}, attention={8: 0.1e-3, 64: 0.1e-3}
@@ -647,6 +675,7 @@ def default_config() -> dict:
 
 BAD = [
     ({"draft_ms": -1}, "config: throughput.draft_ms: must be a finite number >= 0 or null, got -1"),
+    ({"forward_ms": -2}, "config: throughput.forward_ms: must be a finite number >= 0 or null, got -2"),
     ({"draft_ms": "fast"}, "config: throughput.draft_ms: must be a finite number >= 0 or null, got 'fast'"),
     (
         {"what_if": {"expert_slice_mb": -0.5}},

@@ -539,6 +539,21 @@ def cmd_calibrate(args) -> int:
     return 0
 
 
+def cmd_sglang_profile(args) -> int:
+    """SGLang's DDTree worker's DFLASH_PROFILE_VERIFY lines -> a throughput config fragment (.yaml)."""
+    from ddtree_bench.integrations.sglang import budget_fragment, fragment_yaml, parse_profile_log  # noqa: PLC0415
+    from ddtree_bench.io import atomic_output  # noqa: PLC0415
+
+    _writable(args.output)
+    profile = parse_profile_log(Path(args.log), label=args.label)
+    text = fragment_yaml(profile)
+    with atomic_output(args.output) as tmp:
+        Path(tmp).write_text(text)
+    terms = ", ".join(f"{key} {value:g}" for key, value in budget_fragment(profile)["throughput"].items())
+    print(f"{PROG}: wrote {args.output}: {terms} ({profile.windows} windows, {profile.rounds} rounds)")
+    return 0
+
+
 # ----------------------------------------------------------------------------------------- parser
 
 
@@ -750,6 +765,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=_integer, default=0, help="seed of the fit's draws (default 0)")
     p.add_argument("-o", "--output", type=Path, required=True, help="output config fragment (.yaml)")
     p.set_defaults(func=cmd_calibrate)
+
+    p = sub.add_parser(
+        "sglang-profile",
+        help="SGLang DDTree worker's profile log -> a throughput config fragment (.yaml)",
+        description="Read the per-stage lines SGLang's DDTree worker logs with DFLASH_PROFILE_VERIFY=1 and "
+        "write their medians as a throughput fragment (draft_ms, forward_ms) for `ddtree-bench budget "
+        "--configfile` or the pipeline's --configfile (docs/sglang.md).",
+    )
+    p.add_argument("log", type=Path, help="the service's log file")
+    p.add_argument("--label", default="DDTREE", help="the profile lines' label (default DDTREE)")
+    p.add_argument("-o", "--output", type=Path, required=True, help="output config fragment (.yaml)")
+    p.set_defaults(func=cmd_sglang_profile)
     return parser
 
 

@@ -449,6 +449,7 @@ def _round_shapes(step: dict, batch_sizes: list) -> None:
 #: "int1": an integer >= 1; a trailing "?" allows null.
 THROUGHPUT_NUMBERS = (
     ((), "draft_ms", "ge0?"),
+    ((), "forward_ms", "ge0?"),
     (("what_if",), "dense_weights_gb", "ge0"),
     (("what_if",), "expert_slice_mb", "ge0"),
     (("what_if",), "dense_per_token_us", "ge0"),
@@ -645,6 +646,7 @@ def throughput_options(config: dict) -> dict:
     what_if = dict(section["what_if"])
     return {
         "draft_ms": None if section["draft_ms"] is None else float(section["draft_ms"]),
+        "forward_ms": None if section.get("forward_ms") is None else float(section["forward_ms"]),
         "what_if": {key: (None if value is None else float(value)) for key, value in what_if.items()},
         "allreduce": {
             "world_size": int(config["step"]["model"]["shape"]["tp"]),

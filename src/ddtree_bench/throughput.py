@@ -22,6 +22,8 @@ count as missing, never as zero.
   measured ``forward`` row (impl ``marlin-w4a16`` first); else the sum of the measured parts (``moe`` +
   ``dense`` + ``lm-head`` + our ``verify-attention`` per layer x layers); else our measured verify attention x
   layers + the linear what-if (``WhatIf``): fixed + expert bytes x E(T) x 60 / bandwidth + per-token x T.
+  ``throughput.forward_ms`` (entered), where set, comes before the sum of parts and the what-if: the forward
+  as a whole, its communication included (as a live service times it), so the ``allreduce`` term is then 0.
 - ``allreduce``: the measured ``allreduce`` rows (their world size) where ok; else the estimate
   (``Comm``): 122 x (latency + 2 (w - 1) / w x T x 7168 x 2 B / busbw) + the drafter's top-K all-gathers.
 - ``accept``: the measured tree accept (the GPU accept kernel) at (B, N).
@@ -204,6 +206,7 @@ class RoundModel:
     what_if: WhatIf = field(default_factory=WhatIf)
     comm: Comm = field(default_factory=Comm)
     topk: int = 1024
+    forward_ms: float | None = None
 
     def __post_init__(self):
         for name in ("layers", "topk"):
@@ -212,6 +215,8 @@ class RoundModel:
                 raise ValueError(f"{name}: must be an integer >= 1, got {value!r}")
         if self.draft_ms is not None:
             _non_negative(self.draft_ms, "throughput.draft_ms")
+        if self.forward_ms is not None:
+            _non_negative(self.forward_ms, "throughput.forward_ms")
 
     @classmethod
     def from_config(cls, section: dict | None, layers: int, topk: int = 1024) -> RoundModel:
@@ -226,6 +231,7 @@ class RoundModel:
                 what_if=WhatIf(**what_if),
                 comm=Comm(**comm),
                 topk=topk,
+                forward_ms=section.get("forward_ms"),
             )
         except TypeError as error:  # an unknown key
             raise ValueError(f"throughput: {error}") from None
@@ -234,7 +240,8 @@ class RoundModel:
     def from_options(cls, options: dict | None, layers: int) -> RoundModel:
         """From ``config.throughput_options`` (None: the defaults)."""
         options = options or {}
-        section = {key: options[key] for key in ("draft_ms", "what_if", "allreduce") if key in options}
+        keys = ("draft_ms", "forward_ms", "what_if", "allreduce")
+        section = {key: options[key] for key in keys if key in options}
         return cls.from_config(section, layers, int(options.get("topk") or 1024))
 
     @property
@@ -257,6 +264,8 @@ class RoundModel:
         bandwidth = (
             "the measured device-copy peak" if w.bandwidth_tbps is None else f"{w.bandwidth_tbps:g} TB/s"
         )
+        if self.forward_ms is not None:
+            draft += f"; forward {self.forward_ms:g} ms where not measured (communication in it)"
         return (
             f"draft {draft}; what-if forward: verify attention x {self.layers} layers + "
             f"{w.dense_weights_gb:g} GB + {w.expert_slice_mb:g} MB x E(T) x {arithmetic.K26.moe_layers} at "
@@ -351,6 +360,10 @@ def round_terms(
         terms["forward"] = Term(forward, MEASURED, f"one graph, MoE {costs.get('forward_impl')}")
         for part, (seconds, impl) in measured_parts.items():
             terms[part] = Term(seconds, MEASURED, impl) if seconds is not None else _missing("not measured")
+    elif model.forward_ms is not None:
+        terms["forward"] = Term(model.forward_ms * 1e-3, ENTERED, "throughput.forward_ms" + why("forward"))
+        for part, (seconds, impl) in measured_parts.items():
+            terms[part] = Term(seconds, MEASURED, impl) if seconds is not None else _missing("not measured")
     elif attention.missing:
         terms["forward"] = _missing(f"no measured forward and {attention.note}")
         for part in measured_parts:
@@ -380,7 +393,9 @@ def round_terms(
         )
 
     allreduce = _value(costs, "allreduce_s")
-    if allreduce is not None:
+    if terms["forward"].note.startswith("throughput.forward_ms"):
+        terms["allreduce"] = Term(0.0, ENTERED, "in throughput.forward_ms")
+    elif allreduce is not None:
         world = costs.get("world_size")
         world = "" if world is None or pd.isna(world) else f"world size {int(world)}"
         terms["allreduce"] = Term(allreduce, MEASURED, world)
@@ -405,7 +420,8 @@ def round_parts(terms: dict[str, Term]) -> list[str]:
     """The names of the terms that add up to the round, finest first: the forward's parts unless it is one
     measured graph."""
     forward = terms.get("forward")
-    inner = ["forward"] if forward is None or forward.source == MEASURED else list(FORWARD_PARTS)
+    whole = forward is None or forward.source == MEASURED or forward.note.startswith("throughput.forward_ms")
+    inner = ["forward"] if whole else list(FORWARD_PARTS)
     return ["draft", "build", *inner, "allreduce", "accept"]
 
 
