@@ -587,7 +587,7 @@ def test_section_names_best_budgets_on_the_published_h200_data(tmp_path):
     assert "| draft | measured (64 of 64) |" in section
     assert "| target forward | measured (59 of 64), estimated (5 of 64) |" in section
     assert "| communication | estimated (64 of 64) |" in section
-    # at batch 1 the rounds were run (gpu, native-mt, sglang); the builders without one are named, not mixed in
+    # at batch 1 the rounds were run (gpu, native-mt, sglang); builders without one are named, not mixed in
     assert "Rounds run on the GPU (the round stage" in section and "24 of 64 modelled" in section
     assert "B = 1, N = 8: round: the other builders' rounds here were run" in section
     assert "![round_parts](figures/round_parts.png)" in markdown
