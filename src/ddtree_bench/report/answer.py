@@ -248,7 +248,7 @@ def _round_verdict(batch: int, rows: pd.DataFrame, section) -> str:
         elif gain < 1 - SAME:
             verdict = "no, slower"
         else:
-            verdict = f"no, within {100 * SAME:.0f}% (run-to-run noise)"
+            verdict = f"no, within {100 * SAME:.0f}%, too close to call"
         ours = f"{gpu['tokens_per_s']:,.0f} at N = {int(gpu['best_budget'])}"
         return f"{verdict}: {gain:.3f}x the tokens/s ({ours} against {other['tokens_per_s']:,.0f} at N = " + (
             f"{int(other['best_budget'])})"
