@@ -3,6 +3,7 @@
 import importlib.util
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 TOOL = Path(__file__).resolve().parent.parent / "tools" / "attention_ablation.py"
@@ -36,3 +37,59 @@ def test_a_changed_kernel_is_refused():
     source = (tool.KERNELS / tool.WIDE).read_text().replace("step < 32", "step < 30")
     with pytest.raises(ValueError, match="no longer applies"):
         tool.patch(source, light_mma=True)
+
+
+def _tool(name: str):
+    path = Path(__file__).resolve().parent.parent / "tools" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_later_runs_step_rows_replace_the_same_configurations_and_keep_the_peaks(tmp_path):
+    from ddtree_bench.summary.step import aggregate_steps, summarize_steps  # noqa: PLC0415
+    from ddtree_bench.timing.records import stage_frame  # noqa: PLC0415
+
+    def rows(stage, impl, budget, seconds, **extra):
+        base = {
+            "stage": stage,
+            "impl": impl,
+            "batch": 1,
+            "budget": budget,
+            "phase": "timed",
+            "timing": "cuda-events",
+            "cache": "warm",
+            "status": "ok",
+            "machine": "h",
+        }
+        return [base | {"repetition": i, "seconds": s} | extra for i, s in enumerate(seconds)]
+
+    first = stage_frame(
+        rows("peak", "device-copy", 0, [0.5, 0.5], bytes=2e12, batch=0)
+        + rows("forward", "triton-w4a16", 8, [0.05, 0.05], bytes=1e11)
+        + rows("dense", "torch", 8, [0.004])
+    )
+    first.to_parquet(tmp_path / "first.parquet")
+    summary = tmp_path / "step_summary.parquet"
+    aggregate_steps([tmp_path / "first.parquet"], summary)
+    later = stage_frame(rows("forward", "triton-w4a16", 8, [0.04, 0.04], bytes=1e11))
+    later.to_parquet(tmp_path / "later.parquet")
+    tool = _tool("merge_step_summary")
+    assert tool.main([str(summary), str(tmp_path / "later.parquet")]) == 0
+    merged = pd.read_parquet(summary)
+    forward = merged[merged["stage"] == "forward"]
+    assert len(forward) == 1 and forward["median_s"].iloc[0] == pytest.approx(0.04)  # replaced
+    assert forward["peak_copy_tbps"].iloc[0] == pytest.approx(4.0)  # the summary's own peak
+    assert forward["pct_copy_peak"].iloc[0] == pytest.approx(100 * (1e11 / 0.04 / 1e12) / 4.0)
+    assert set(merged["stage"]) == {"peak", "forward", "dense"}  # the others kept
+    assert len(summarize_steps(later)) == 1
+    assert tool.main([str(tmp_path / "none.parquet"), str(tmp_path / "later.parquet")]) == 2
+
+
+def test_round_stages_refuses_a_bad_job_in_one_line(capsys):
+    tool = _tool("round_stages")
+    config = Path(__file__).resolve().parent.parent / "config" / "smoke.yaml"
+    assert tool.main(["--config", str(config), "forward:1:4096"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "expected stage:batch:prefix" in err[0]
