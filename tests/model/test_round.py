@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from builders.test_sglang import write_stand_in
 from conftest import make_topk
+from model_shapes import SMALL_DRAFTER, SMALL_TARGET
 
 from ddtree_bench.builders import get_builder
 from ddtree_bench.cuda.loader import gpu_unavailable_reason
@@ -110,27 +111,12 @@ def test_round_on_the_gpu_equals_its_eager_parts_and_the_cpu_walk(builder):
     import torch  # noqa: PLC0415
 
     from ddtree_bench.model.round import RoundRunner  # noqa: PLC0415
-    from ddtree_bench.model.shapes import DrafterShape, ModelShape  # noqa: PLC0415
     from ddtree_bench.model.target import TargetWeights  # noqa: PLC0415
     from ddtree_bench.ops.accept import GpuAccept  # noqa: PLC0415
     from ddtree_bench.ops.attention import VerifyAttention  # noqa: PLC0415
 
     assert builder in ROUND_BUILDERS
-    shape = ModelShape(
-        hidden=1024,
-        layers=3,
-        dense_layers=1,
-        experts=16,
-        top_k=4,
-        moe_intermediate=512,
-        shared_intermediate=512,
-        dense_intermediate=1024,
-        heads=16,
-        q_lora_rank=256,
-        vocab=4096,
-        tp=2,
-    )
-    drafter = DrafterShape(layers=2, hidden=1024, heads=16, kv_heads=2, head_dim=128, intermediate=1024, tp=2)
+    shape, drafter = SMALL_TARGET, SMALL_DRAFTER
     weights = TargetWeights(shape, moe_impl="bf16-grouped-mm", seed=2)
     runner = RoundRunner(
         weights,

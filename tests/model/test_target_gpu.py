@@ -7,9 +7,9 @@ import os
 
 import numpy as np
 import pytest
+from model_shapes import SMALL_DRAFTER, SMALL_TARGET
 
 from ddtree_bench.cuda.loader import gpu_unavailable_reason
-from ddtree_bench.model.shapes import DrafterShape, ModelShape
 from ddtree_bench.tree import packed_visibility
 
 GPU_REASON = gpu_unavailable_reason()
@@ -17,20 +17,7 @@ GPU_REASON = gpu_unavailable_reason()
 SGLANG_FILES = os.environ.get("DDTREE_SGLANG_FILES") or None
 needs_gpu = pytest.mark.skipif(GPU_REASON is not None, reason=f"needs a CUDA GPU: {GPU_REASON}")
 
-SMALL = ModelShape(
-    hidden=1024,
-    layers=3,
-    dense_layers=1,
-    experts=16,
-    top_k=4,
-    moe_intermediate=512,
-    shared_intermediate=512,
-    dense_intermediate=1024,
-    heads=16,
-    q_lora_rank=256,
-    vocab=4096,
-    tp=2,
-)
+SMALL = SMALL_TARGET
 
 
 def chain_mask(batch: int, budget: int):
@@ -84,8 +71,7 @@ def test_drafter_top_k_is_sorted_log_probs_and_graph_equals_eager():
     from ddtree_bench.model.draft import DraftShard  # noqa: PLC0415
     from ddtree_bench.model.target import capture  # noqa: PLC0415
 
-    shape = DrafterShape(layers=2, hidden=1024, heads=16, kv_heads=2, head_dim=128, intermediate=1024, tp=2)
-    drafter = DraftShard(shape, batch=2, block=9, context=100, k=8, vocab_shard=2048)
+    drafter = DraftShard(SMALL_DRAFTER, batch=2, block=9, context=100, k=8, vocab_shard=2048)
     lp, ids = (t.clone() for t in drafter.run())
     assert lp.shape == (2, 8, 8) and ids.shape == (2, 8, 8)
     assert torch.isfinite(lp).all() and (lp <= 1e-6).all()

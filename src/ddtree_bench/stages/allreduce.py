@@ -9,15 +9,13 @@ the round uses the estimate (``docs/throughput.md``), labelled as such wherever 
 
 from __future__ import annotations
 
-import math
-
 import pandas as pd
 
 from ddtree_bench.environment import ENVIRONMENT_COLUMNS, collect_environment
 from ddtree_bench.model.allreduce import collective_plan, measure_collectives, plan_bytes
 from ddtree_bench.model.shapes import ModelShape
 from ddtree_bench.stages.draft import draft_block
-from ddtree_bench.timing.records import stage_frame
+from ddtree_bench.timing.records import stage_frame, unavailable_row
 
 
 def devices_reason(world_size: int) -> tuple[int, str | None]:
@@ -68,14 +66,7 @@ def run_allreduce_stage(
         }
 
     def unavailable(budget, why, status="unavailable"):
-        return {
-            **base(budget),
-            "phase": "timed",
-            "repetition": 0,
-            "seconds": math.nan,
-            "status": status,
-            "status_reason": " ".join(str(why).split()),
-        }
+        return unavailable_row(base(budget), why, status)
 
     if reason is not None:
         return {budget: stage_frame([unavailable(budget, reason)]) for budget in budgets}

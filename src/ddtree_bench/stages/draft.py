@@ -11,8 +11,6 @@ positions a request; ``note``). Where the drafter does not fit or cannot run, ro
 
 from __future__ import annotations
 
-import math
-
 import pandas as pd
 
 from ddtree_bench.environment import ENVIRONMENT_COLUMNS, collect_environment
@@ -21,7 +19,7 @@ from ddtree_bench.model.shapes import DrafterShape
 from ddtree_bench.stages.model import HEADROOM, _describe, _ok_rows, _Runner, gpu_reason
 from ddtree_bench.timing.gpu import EVENT_CLOCK
 from ddtree_bench.timing.policy import TimingPolicy
-from ddtree_bench.timing.records import stage_frame
+from ddtree_bench.timing.records import stage_frame, unavailable_row
 
 
 def draft_block(budget: int, block_size: int, topk: int, follow_budget: bool) -> tuple[int, int]:
@@ -71,15 +69,7 @@ def run_draft_stage(
         }
 
     def unavailable(budget, reason, status="unavailable"):
-        return {
-            **base(budget),
-            "phase": "timed",
-            "repetition": 0,
-            "seconds": math.nan,
-            "status": status,
-            "status_reason": " ".join(str(reason).split()),
-            "note": regime,
-        }
+        return unavailable_row({**base(budget), "note": regime}, reason, status)
 
     reason = gpu_reason()
     if reason is not None:

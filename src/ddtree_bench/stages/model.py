@@ -20,8 +20,6 @@ cannot load gets its reason; nothing crashes the job but a bug.
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import pandas as pd
 
@@ -31,7 +29,7 @@ from ddtree_bench.model import moe as moe_ops
 from ddtree_bench.model.shapes import ModelShape
 from ddtree_bench.timing.gpu import EVENT_CLOCK
 from ddtree_bench.timing.policy import TimingPolicy
-from ddtree_bench.timing.records import stage_frame
+from ddtree_bench.timing.records import stage_frame, unavailable_row
 
 #: The stages one model job writes, in order.
 MODEL_STAGES = ("forward", "moe", "dense", "lm-head")
@@ -115,14 +113,7 @@ def run_model_stage(
         }
 
     def unavailable(stage, impl, budget, reason, status="unavailable"):
-        return {
-            **base(stage, impl, budget),
-            "phase": "timed",
-            "repetition": 0,
-            "seconds": math.nan,
-            "status": status,
-            "status_reason": " ".join(str(reason).split()),
-        }
+        return unavailable_row(base(stage, impl, budget), reason, status)
 
     rows: dict[int, list[dict]] = {budget: [] for budget in budgets}
 

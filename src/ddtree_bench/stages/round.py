@@ -17,7 +17,6 @@ estimated, and labels it). A (B, N, S) that does not fit gets rows saying so; wi
 
 from __future__ import annotations
 
-import math
 import time
 
 import pandas as pd
@@ -28,7 +27,7 @@ from ddtree_bench.model.round import FUSED_BUILDERS, ROUND_BUILDERS
 from ddtree_bench.model.shapes import DrafterShape, ModelShape
 from ddtree_bench.stages.model import HEADROOM, _describe, gpu_reason
 from ddtree_bench.timing.policy import TimingPolicy
-from ddtree_bench.timing.records import stage_frame
+from ddtree_bench.timing.records import stage_frame, unavailable_row
 
 ROUND_TIMINGS = ("wall", "sum-of-parts")
 
@@ -81,14 +80,7 @@ def run_round_stage(
         }
 
     def unavailable(builder, budget, reason, status="unavailable"):
-        return {
-            **base(builder, budget, "wall"),
-            "phase": "timed",
-            "repetition": 0,
-            "seconds": math.nan,
-            "status": status,
-            "status_reason": " ".join(str(reason).split()),
-        }
+        return unavailable_row(base(builder, budget, "wall"), reason, status)
 
     rows: dict[int, list[dict]] = {budget: [] for budget in budgets}
     reason = gpu_reason() or moe_ops.moe_unavailable_reason(forward_impl, sglang_files)

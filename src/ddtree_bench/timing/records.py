@@ -48,6 +48,8 @@ plus the environment columns (``environment.ENVIRONMENT_COLUMNS``).
 
 from __future__ import annotations
 
+import math
+
 import pandas as pd
 
 from ddtree_bench.environment import ENVIRONMENT_COLUMNS
@@ -96,6 +98,19 @@ _FLOAT = (
 )
 _INT = ("batch", "budget", "repetition")
 _NULLABLE_INT = ("heads", "prefix", "depth", "cpu_count", "tokens", "world_size")
+
+
+def unavailable_row(base: dict, reason, status: str = "unavailable") -> dict:
+    """``base`` as one row saying its configuration could not run (``status`` "unavailable") or raised
+    ("failed"), and why: no timings."""
+    return {
+        **base,
+        "phase": "timed",
+        "repetition": 0,
+        "seconds": math.nan,
+        "status": status,
+        "status_reason": " ".join(str(reason).split()),
+    }
 
 
 def stage_frame(rows: list[dict]) -> pd.DataFrame:
