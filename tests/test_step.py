@@ -658,3 +658,49 @@ def test_backends_line_says_how_each_attention_impl_ran():
     assert backends_line(step) == f"flexattention: {flex}; ours: wgmma path"
     assert backends_line(step.iloc[3:4]) == ""  # nothing measured: nothing to say
     assert backends_line(pd.DataFrame()) == ""
+
+
+def test_rest_of_the_round_goals_on_hand_made_rows():
+    from ddtree_bench.report.round_goals import (  # noqa: PLC0415
+        FORWARD,
+        MOE_FULL,
+        MOE_SMALL,
+        ROUND_BEATS,
+        ROUND_PARTS,
+        round_targets,
+    )
+
+    def rows(stage, impl, batch, budget, seconds, **extra):
+        base = {
+            "stage": stage,
+            "impl": impl,
+            "batch": batch,
+            "budget": budget,
+            "timing": "cuda-events",
+            "cache": "warm",
+            "status": "ok",
+            "machine": "m",
+        }
+        return [base | extra | {"phase": "timed", "repetition": i, "seconds": seconds} for i in range(3)]
+
+    records = rows("peak", "device-copy", 0, 0, 2e9 / 4e12, bytes=2e9)  # 4 TB/s
+    records += rows("moe", "triton-w4a16", 1, 8, 1e-3, bytes=3e9, experts_touched=66.0)  # 3 TB/s: 75%
+    records += rows("moe", "triton-w4a16", 64, 256, 2e-3, bytes=2e9, experts_touched=384.0)  # 1 TB/s: 25%
+    records += rows("moe", "bf16-grouped-mm", 64, 256, 1e-3, bytes=3e9, experts_touched=384.0)  # 75%
+    records += rows("dense", "torch", 1, 8, 1e-3) + rows("lm-head", "torch", 1, 8, 0.1e-3)
+    records += rows("verify-attention", "ours", 1, 8, 10e-6, prefix=4096, heads=8)
+    # forward 2.4 ms against 1 + 1 + 0.1 + 61 x 0.01 = 2.71 ms of parts
+    records += rows("forward", "triton-w4a16", 1, 8, 2.4e-3, prefix=4096, heads=8)
+    for impl, wall in (("gpu", 10e-3), ("native-mt", 11e-3)):
+        records += rows("round", impl, 1, 8, wall, timing="wall", prefix=4096, cache="n/a")
+        records += rows("round", impl, 1, 8, wall / 1.1, timing="sum-of-parts", prefix=4096, cache="n/a")
+    results = {
+        target: (status, text)
+        for target, _, status, text in round_targets(summarize_steps(stage_frame(records)))
+    }
+    assert results[MOE_FULL][0] == "met" and "min 75% (bf16-grouped-mm" in results[MOE_FULL][1]
+    assert results[MOE_SMALL][0] == "met" and results[MOE_SMALL][1].startswith("75% (triton-w4a16")
+    assert results[FORWARD][0] == "met" and "worst 0.886x" in results[FORWARD][1]
+    assert results[ROUND_BEATS][0] == "met" and "0.909-0.909x over 1 budgets" in results[ROUND_BEATS][1]
+    assert results[ROUND_PARTS][0] == "not met" and "worst 1.100x" in results[ROUND_PARTS][1]
+    assert {status for status, _ in (r[2:4] for r in round_targets(pd.DataFrame()))} == {"no data"}

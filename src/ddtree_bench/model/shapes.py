@@ -163,12 +163,16 @@ class ModelShape:
     def expected_experts(self, tokens: int) -> float:
         return expected_experts(tokens, self.experts, self.top_k)
 
-    def part_bytes(self, tokens: int, experts_touched: float | None = None) -> dict[str, float]:
+    def part_bytes(
+        self, tokens: int, experts_touched: float | None = None, expert_bytes: float | None = None
+    ) -> dict[str, float]:
         """Bytes each part reads at least once per forward of ``tokens`` tokens (weights; activations are
-        small beside them). ``experts_touched``: distinct experts per MoE layer (default: uniform routing)."""
+        small beside them). ``experts_touched``: distinct experts per MoE layer (default: uniform
+        routing); ``expert_bytes``: one expert slice in the MoE impl's format (default: INT4)."""
         touched = self.expected_experts(tokens) if experts_touched is None else experts_touched
+        slice_bytes = self.expert_slice_bytes() if expert_bytes is None else expert_bytes
         moe = self.moe_layers * (
-            touched * self.expert_slice_bytes() + 2.0 * (self.shared_expert_params() + self.router_params())
+            touched * slice_bytes + 2.0 * (self.shared_expert_params() + self.router_params())
         )
         dense = 2.0 * (self.layers * self.attention_params() + self.dense_layers * self.dense_mlp_params())
         return {"moe": moe, "dense": dense, "lm-head": 2.0 * self.lm_head_params()}

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import pandas as pd
 
 from ddtree_bench.report import acceptance as acceptance_report
+from ddtree_bench.report import round_goals
 from ddtree_bench.report import step as step_report
 from ddtree_bench.report.load import (
     TRITON_US,
@@ -16,6 +17,7 @@ from ddtree_bench.report.load import (
     _sglang_rows,
 )
 from ddtree_bench.report.tables import _fmt_x, _us, _where
+from ddtree_bench.timing.records import ROUND_STAGES
 
 # ----------------------------------------------------------------------------------------- targets
 
@@ -43,6 +45,14 @@ def evaluate_targets(machines: list[Machine]) -> list[TargetResult]:
             machine.step, missing=machine.step_missing
         ):
             results.append(TargetResult(machine.label, target, source, status, measured))
+    for machine in machines:  # the rest of the round (the model, draft and round stages)
+        if (
+            machine.step is not None
+            and not machine.step.empty
+            and machine.step["stage"].isin(ROUND_STAGES).any()
+        ):
+            for target, source, status, measured in round_goals.round_targets(machine.step):
+                results.append(TargetResult(machine.label, target, source, status, measured))
     for machine in machines:  # the drafter distribution's acceptance (tree_shape.parquet)
         if not machine.shapes.empty and "drafter" in set(machine.shapes["distribution"]):
             for target, source, status, measured in acceptance_report.acceptance_targets(machine.shapes):

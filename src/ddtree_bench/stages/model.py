@@ -237,6 +237,11 @@ def _ok_rows(base_row: dict, samples, *, flops, nbytes, experts_touched, note) -
     ]
 
 
+def _slice_bytes(shape: ModelShape, impl: str) -> float:
+    """One routed expert's slice in ``impl``'s format (INT4 with group scales, or BF16)."""
+    return moe_ops.weight_bytes(impl, 1, shape.hidden, shape.expert_slice, shape.group_size)
+
+
 def _trees_mask(trace_path, batch: int, budget: int):
     """The trees' packed visibility [B, N+1, words] (int32, on the GPU), built from the trace as the
     verify-attention stage builds them."""
@@ -325,7 +330,7 @@ def _forward_jobs(
                 skew=skew,
             )
         touched = state.experts_touched
-        part_bytes = shape.part_bytes(tokens, touched)
+        part_bytes = shape.part_bytes(tokens, touched, _slice_bytes(shape, impl))
         part_flops = shape.part_flops(tokens)
         calls = {"forward": state.forward}
         if parts:
@@ -395,7 +400,7 @@ def _moe_jobs(
         except Exception as exc:  # noqa: BLE001
             rows[budget].append(unavailable("moe", impl, budget, _describe(exc), status="failed"))
             continue
-        moe_bytes = shape.part_bytes(tokens, touched)["moe"]
+        moe_bytes = shape.part_bytes(tokens, touched, _slice_bytes(shape, impl))["moe"]
         rows[budget].extend(
             _ok_rows(
                 base("moe", impl, budget),
