@@ -31,6 +31,10 @@ from ddtree_bench.traces import trace_sha256
 SNAKEFMT = shutil.which("snakefmt", path=str(BIN)) or "snakefmt"
 TIMING_RULES = {"bench", "step_attention", "step_accept", "step_peaks"}
 STEP_RULES = {"step_attention", "step_accept", "step_peaks"}
+#: The rest of the round's rules: one job per (batch, prefix) or batch measures every budget.
+ROUND_RULES = {"step_model", "step_draft", "step_allreduce", "step_round"}
+#: Every step stage's file of rows saying why, where no GPU is (workflow/rules/common.smk STEP_STAGES).
+UNAVAILABLE_STAGES = ("attention", "accept", "peaks", "model", "draft", "allreduce", "round")
 
 
 def smoke_config() -> dict:
@@ -106,7 +110,8 @@ def test_dry_run_of_the_default_configuration(tmp_path):
     assert rules.count("aggregate_step") == 1
 
     if gpu_unavailable_reason() is not None:  # no GPU here: one file of rows saying why per step stage
-        assert rules.count("step_unavailable") == 3 and not STEP_RULES & set(rules)
+        assert rules.count("step_unavailable") == len(UNAVAILABLE_STAGES)
+        assert not (STEP_RULES | ROUND_RULES) & set(rules)
     assert not (work / "results").exists()
 
 
@@ -200,7 +205,18 @@ def test_smoke_pipeline_end_to_end(smoke_run):
     assert "| N | B |" in markdown and "reference (ours" in markdown
     assert "## Step-time breakdown" in markdown and "## Verify attention" in markdown
     step = pd.read_parquet(results / "step_summary.parquet")
-    assert set(step["stage"]) == {"verify-attention", "accept", "peak"}
+    assert set(step["stage"]) == {
+        "verify-attention",
+        "accept",
+        "peak",
+        "forward",
+        "moe",
+        "dense",
+        "lm-head",
+        "draft",
+        "allreduce",
+        "round",
+    }
 
     if gpu_unavailable_reason() is not None:
         assert set(step["status"]) == {"unavailable"} and step["status_reason"].notna().all()
@@ -329,6 +345,13 @@ from ddtree_bench.timing.records import stage_frame
 
 job = snakemake  # noqa: F821
 w, common = job.wildcards, {"phase": "timed", "status": "ok", "machine": job.params.machine}
+if job.rule in ("step_model", "step_draft", "step_allreduce", "step_round"):  # a file per budget
+    stages = {"step_model": "forward", "step_draft": "draft", "step_allreduce": "allreduce"}
+    stage = stages.get(job.rule, "round")
+    for budget, path in zip(job.params.budgets, job.output.rows):
+        row = dict(common, stage=stage, impl="torch", batch=int(w.batch), budget=int(budget), seconds=1e-3)
+        write_frame(stage_frame([row]), path)
+    raise SystemExit(0)
 if job.rule == "step_peaks":
     rows = [
         dict(common, stage="peak", impl="bf16-gemm", seconds=1e-3, flops=8e14 * 1e-3, timing="cuda-events"),
@@ -363,7 +386,7 @@ def test_adding_a_budget_schedules_only_its_step_jobs(tmp_path):
     work = workdir_copy(tmp_path)
     env = pretend_gpu(tmp_path)
     scripts = work / "workflow" / "scripts"
-    for name in ("step_attention", "step_accept", "step_peaks"):
+    for name in ("step_attention", "step_accept", "step_peaks", "step_model", "step_draft", "step_allreduce"):
         (scripts / f"{name}.py").write_text(STUB_STEP)
     (scripts / "build_fatbin.py").write_text(STUB_FATBIN)
     config = smoke_config()
@@ -387,14 +410,22 @@ def test_adding_a_budget_schedules_only_its_step_jobs(tmp_path):
     assert result.returncode == 0, result.stderr
     jobs = jobs_of(result.stdout + result.stderr)
     summaries = ("aggregate", "aggregate_step", "render_report", "report")
+    # the rest of the round's jobs measure every budget of their (batch, prefix): they run again, whole
+    rounds = {"step_model", "step_draft", "step_allreduce"}
     assert {job["rule"] for job in jobs} == {
         "bench",
         "tree_shape",
         "step_attention",
         "step_accept",
+        *rounds,
         *summaries,
     }
-    per_budget = [job for job in jobs if job["rule"] not in summaries]
+    assert all(
+        any(f"-N{new}-" in path or f"/N{new}-" in path for path in job["output"])
+        for job in jobs
+        if job["rule"] in rounds
+    )
+    per_budget = [job for job in jobs if job["rule"] not in summaries and job["rule"] not in rounds]
     assert all(
         f"-N{new}-" in job["output"][0] or job["output"][0].endswith(f"-N{new}.json") for job in per_budget
     )

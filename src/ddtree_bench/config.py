@@ -250,7 +250,19 @@ def check_config(config: dict, schema: dict | str | Path | None = None) -> dict:
             _fail("recorded_trace", "distribution 'recorded' needs recorded_trace, the path of a .npz trace")
     _sglang_source(config)
     _input_paths(config, columns)
+    _sort_keys(config)
     return config
+
+
+def _sort_keys(config: dict) -> None:
+    """Every mapping's keys in sorted order (in place): settings derived from the configuration compare
+    equal whatever order a YAML file wrote them in (Snakemake reruns a job whose params changed)."""
+    for value in config.values():
+        if isinstance(value, dict):
+            _sort_keys(value)
+    items = sorted(config.items())
+    config.clear()
+    config.update(items)
 
 
 def _depth_follows_budget(config: dict, budgets: list[int]) -> None:
