@@ -63,46 +63,30 @@ def test_split_round_host_build_gives_the_verify_fields(tmp_path, name):
 def test_round_stage_without_a_gpu_writes_rows_saying_why():
     from ddtree_bench.model.shapes import DrafterShape, ModelShape  # noqa: PLC0415
 
-    rows = run_round_stage(
-        batch=1,
-        prefix=4096,
-        budgets=[8, 64],
-        builders=["gpu", "native-mt", "sglang"],
-        builder_options={},
-        shape=ModelShape(),
-        drafter_shape=DrafterShape(),
-        forward_impl="marlin-w4a16",
-        block_size=16,
-        follow_budget=False,
-        topk=1024,
-        routing="uniform",
-        skew=1.0,
-        sglang_files=None,
-        timing=TIMING,
-        machine="m",
-    )
+    args = {
+        "batch": 1,
+        "prefix": 4096,
+        "budgets": [8, 64],
+        "builders": ["gpu", "native-mt", "sglang"],
+        "builder_options": {},
+        "shape": ModelShape(),
+        "drafter_shape": DrafterShape(),
+        "forward_impl": "marlin-w4a16",
+        "block_size": 16,
+        "follow_budget": False,
+        "topk": 1024,
+        "routing": "uniform",
+        "skew": 1.0,
+        "sglang_files": None,
+        "timing": TIMING,
+        "machine": "m",
+    }
+    rows = run_round_stage(**args)
     for budget, frame in rows.items():
         assert set(frame["stage"]) == {"round"} and set(frame["status"]) == {"unavailable"}
         assert list(frame["impl"]) == ["gpu", "native-mt", "sglang"] and (frame["budget"] == budget).all()
     with pytest.raises(ValueError, match="unknown builder 'cuda'"):
-        run_round_stage(
-            batch=1,
-            prefix=0,
-            budgets=[8],
-            builders=["cuda"],
-            builder_options={},
-            shape=ModelShape(),
-            drafter_shape=DrafterShape(),
-            forward_impl="marlin-w4a16",
-            block_size=16,
-            follow_budget=False,
-            topk=8,
-            routing="uniform",
-            skew=1.0,
-            sglang_files=None,
-            timing=TIMING,
-            machine="m",
-        )
+        run_round_stage(**{**args, "prefix": 0, "budgets": [8], "builders": ["cuda"], "topk": 8})
 
 
 @pytest.mark.skipif(GPU_REASON is not None, reason=f"needs a CUDA GPU: {GPU_REASON}")

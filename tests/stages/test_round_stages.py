@@ -29,22 +29,22 @@ MOE = ["marlin-w4a16", "triton-w4a16", "bf16-grouped-mm"]
 
 @pytest.mark.skipif(GPU_REASON is None, reason="a GPU is present: the stage measures")
 def test_model_stage_without_a_gpu_writes_rows_saying_why(tmp_path):
-    rows = run_model_stage(
-        tmp_path / "unused.npz",
-        batch=1,
-        prefix=4096,
-        budgets=[8, 16],
-        shape=ModelShape(),
-        moe_impls=MOE,
-        forward_impl="marlin-w4a16",
-        parts=True,
-        routing="uniform",
-        skew=1.0,
-        sglang_files=None,
-        timing=TIMING,
-        machine="m",
-        distribution="drafter",
-    )
+    args = {
+        "batch": 1,
+        "prefix": 4096,
+        "budgets": [8, 16],
+        "shape": ModelShape(),
+        "moe_impls": MOE,
+        "forward_impl": "marlin-w4a16",
+        "parts": True,
+        "routing": "uniform",
+        "skew": 1.0,
+        "sglang_files": None,
+        "timing": TIMING,
+        "machine": "m",
+        "distribution": "drafter",
+    }
+    rows = run_model_stage(tmp_path / "unused.npz", **args)
     assert set(rows) == {8, 16}
     for budget, frame in rows.items():
         assert list(frame.columns) == list(STAGE_COLUMNS)
@@ -56,20 +56,7 @@ def test_model_stage_without_a_gpu_writes_rows_saying_why(tmp_path):
         assert frame["status_reason"].str.contains(gpu_reason(), regex=False).all()
         assert set(frame["tokens"]) == {budget + 1}
     forward_only = run_model_stage(
-        tmp_path / "unused.npz",
-        batch=2,
-        prefix=0,
-        budgets=[8],
-        shape=ModelShape(),
-        moe_impls=MOE,
-        forward_impl="marlin-w4a16",
-        parts=False,
-        routing="uniform",
-        skew=1.0,
-        sglang_files=None,
-        timing=TIMING,
-        machine="m",
-        distribution="drafter",
+        tmp_path / "unused.npz", **{**args, "batch": 2, "prefix": 0, "budgets": [8], "parts": False}
     )
     assert set(forward_only[8]["stage"]) == {"forward"}
 
