@@ -93,3 +93,29 @@ def test_round_stages_refuses_a_bad_job_in_one_line(capsys):
     assert tool.main(["--config", str(config), "forward:1:4096"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "expected stage:batch:prefix" in err[0]
+
+
+def test_tree_paths_fit_recovers_the_cost_model_and_the_wide_crossover():
+    """The plan calibration's fit: rows made by a known PathCosts come back as its constants, and the wide
+    path's batch limit is the largest batch where it was the fastest path."""
+    from ddtree_bench.builders.gpu import PATH_COSTS, PathCosts  # noqa: PLC0415
+
+    tree_paths = _tool("tree_paths")
+    truth = PathCosts(
+        pool_base=30.0, pool_per_node=0.02, wide_base=5.0, wide_per_node=0.01, wide_per_pair=2e-5
+    )
+    rows = [
+        {"path": p, "batch": b, "budget": n, "us": truth.cost(p, b, n, 132)}
+        for p in ("parallel", "wide")
+        for b in (1, 2, 8, 500)
+        for n in (8, 64, 256, 1024)
+    ]
+    fitted = tree_paths.fitted_costs(pd.DataFrame(rows), 132, PATH_COSTS)
+    assert fitted.pool_base == pytest.approx(30.0, rel=1e-3)
+    assert fitted.pool_per_node == pytest.approx(0.02, rel=1e-3)
+    assert fitted.wide_per_pair == pytest.approx(2e-5, rel=1e-2)
+    assert fitted.wide_max_batch == 500  # wide is the cheaper model at every batch here
+    slow_wide = [dict(r, us=r["us"] * 10) if r["path"] == "wide" else r for r in rows]
+    assert tree_paths.fitted_costs(pd.DataFrame(slow_wide), 132, PATH_COSTS).wide_max_batch == 0
+    with pytest.raises(ValueError, match="three"):
+        tree_paths.fit_path([[1, 8, 3.0]], 132, quadratic=False)

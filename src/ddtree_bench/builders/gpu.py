@@ -137,8 +137,10 @@ class PathCosts:
     """A simple per-launch cost model (microseconds) for picking the kernel path. A tree's latency is
     ``base + per_node * N (+ per_pair * N^2)``; trees run side by side, ``per_sm`` of them on each SM, so
     a batch takes ``ceil(batch / (per_sm * SMs))`` such waves. Constants from the H200's published runs
-    (warp heap, pool path; L = 16, peaked) and, for the wide path, a guess until the H200 run calibrates
-    it; ``wide_max_batch`` keeps the wide path to the small batches it was made for until then."""
+    (warp heap, pool path; L = 16, peaked). ``wide_max_batch`` 0: at L <= 32 the plan never picks the wide
+    path, which the H200's calibration (``tools/tree_paths.py``, results/published/h200/tree_paths.csv)
+    found slower than the warp heap or the pool path at batch 1-32 and every budget (e.g. batch 1,
+    N = 1024: 240 us against the pool path's 80); it runs where only it can, L > 32."""
 
     warp_base: float = 3.3
     warp_per_node: float = 0.33
@@ -150,7 +152,7 @@ class PathCosts:
     wide_per_node: float = 0.02
     wide_per_pair: float = 1e-5
     wide_per_sm: int = 1
-    wide_max_batch: int = 8
+    wide_max_batch: int = 0
 
     def cost(self, path: str, batch: int, budget: int, sm_count: int) -> float:
         if path == "warp-heap":
