@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import subprocess
 import sys
 import types
@@ -710,3 +711,25 @@ def test_calibrate_prints_progress_on_stderr(tmp_path, capsys, monkeypatch):
     assert len(lines) > 3 and all(line.startswith("ddtree-bench: calibrate: run ") for line in lines[1:])
     assert "run 2/2" in lines[-1] and "best loss" in lines[-1]
     assert "worst residual" in stdout
+
+
+def test_report_prints_progress_on_stderr_while_it_renders(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr("ddtree_bench.cli.PROGRESS_SECONDS", 0.05)  # a line every 50 ms, for the test
+    out = tmp_path / "report"
+    code, stdout, err = run(["report", "--results", PUBLISHED, "-o", out], capsys)
+    assert code == 0, err
+    lines = err.strip().splitlines()
+    assert lines, "no progress line"
+    assert all(
+        re.fullmatch(rf"ddtree-bench: report: rendering {out} from {PUBLISHED}: \d+ s", x) for x in lines
+    ), lines
+    assert f"{out / 'index.html'}" in stdout  # the result line stays on stdout
+
+
+def test_a_quick_report_refusal_is_still_one_line(tmp_path, capsys, monkeypatch):
+    """The progress lines come only after PROGRESS_SECONDS: a refusal before that stays one line."""
+    monkeypatch.setattr("ddtree_bench.cli.PROGRESS_SECONDS", 60.0)
+    folder = _stale_copy(tmp_path, distributions=["peaked"])
+    code, _, err = run(["report", "--results", folder, "-o", tmp_path / "r"], capsys)
+    assert_one_line_error(code, err, "holds rows of distribution 'drafter'")
+    assert not (tmp_path / "r").exists()

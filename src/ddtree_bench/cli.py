@@ -10,9 +10,11 @@ behind.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import re
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -457,26 +459,48 @@ def cmd_report(args) -> int:
     distribution = args.distribution or grid["distributions"][0]
     out = args.output
     _writable(out, folder=True)
-    render_report(
-        summary=summary,
-        published=published,
-        html=out / "index.html",
-        markdown=out / "summary.md",
-        figures=[out / "figures" / f"{name}.png" for name in FIGURE_NAMES],
-        depth=depth,
-        distribution=distribution,
-        step_layers=int(step.get("layers") or 61),
-        step_depth=step.get("depth") or depth,
-        step_distribution=step.get("distribution") or distribution,
-        step_enabled=bool(step.get("enabled", True)),
-        grid=grid,
-    )
+    with _heartbeat(f"report: rendering {out} from {folder}"):
+        render_report(
+            summary=summary,
+            published=published,
+            html=out / "index.html",
+            markdown=out / "summary.md",
+            figures=[out / "figures" / f"{name}.png" for name in FIGURE_NAMES],
+            depth=depth,
+            distribution=distribution,
+            step_layers=int(step.get("layers") or 61),
+            step_depth=step.get("depth") or depth,
+            step_distribution=step.get("distribution") or distribution,
+            step_enabled=bool(step.get("enabled", True)),
+            grid=grid,
+        )
     print(f"{PROG}: report: {out / 'index.html'} (and {out / 'summary.md'}, {out / 'figures'}/)")
     return 0
 
 
-#: How often a long command (calibrate) says how far it is, on stderr.
+#: How often a long command (calibrate, report) says how far it is, on stderr.
 PROGRESS_SECONDS = 5.0
+
+
+@contextlib.contextmanager
+def _heartbeat(what: str, every: float | None = None):
+    """While the body runs, one line on stderr every ``every`` seconds saying what runs and for how long (none
+    for a body that ends sooner, so a quick refusal stays one line)."""
+    every = PROGRESS_SECONDS if every is None else every
+    start = time.perf_counter()
+    done = threading.Event()
+
+    def beat() -> None:
+        while not done.wait(every):
+            print(f"{PROG}: {what}: {time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)
+
+    thread = threading.Thread(target=beat, name="ddtree-bench-progress", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
 
 
 def _progress_printer(start: float, every: float | None = None):
