@@ -675,3 +675,10 @@ def test_each_configuration_is_timed_by_independent_jobs_and_the_summary_shows_t
         "results/tiny/bench/reference/uniform-L4-N4-B1-r4.parquet"
     ]
     assert {job["rule"] for job in planned} == {"bench", "aggregate"}
+    # the aggregation reruns only for the settings it reads: not for the report's own (report_dir, throughput)
+    config = _tiny_config(jobs=3)
+    config.update(report_dir="elsewhere", throughput={**config.get("throughput", {}), "draft_ms": 2.5})
+    (work / "report-only.yaml").write_text(yaml.safe_dump(config))
+    result = snakemake(work, "-n", "--cores", "1", "--configfile", "report-only.yaml", "--", summary_path)
+    assert result.returncode == 0, result.stderr
+    assert "Nothing to be done" in result.stdout + result.stderr
