@@ -5,7 +5,8 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 CORES ?= 1
-SNAKEMAKE := $(BIN)/snakemake
+# Snakemake through `ddtree-bench workflow`: a YAML error in a --configfile (SNAKEMAKE_ARGS) names its file and line
+SNAKEMAKE := $(BIN)/ddtree-bench workflow
 SNAKEMAKE_ARGS ?=
 
 .DEFAULT_GOAL := report

@@ -20,7 +20,8 @@ include: "workflow/rules/bad_input.smk"
 
 
 # A YAML error in the default config file: one line naming its file and line. (Files given with
-# --configfile are read by Snakemake before this file runs: their errors are Snakemake's own message.)
+# --configfile are read by Snakemake before this file runs: their errors are Snakemake's own message, without
+# file or line; `ddtree-bench workflow ARGS` reads them first and names both.)
 try:
     read_config_file("config/config.yaml")
 except ValueError as error:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import subprocess
 import sys
 import types
@@ -12,11 +13,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from workflow_copy import snakemake, workdir_copy
 
 import ddtree_bench.builders
 from ddtree_bench import __version__
 from ddtree_bench.builders import Builder, get_builder
-from ddtree_bench.cli import main
+from ddtree_bench.cli import configfile_arguments, main
 from ddtree_bench.config import REPO_ROOT as ROOT
 from ddtree_bench.config import TIMING_KEYS, load_config
 from ddtree_bench.report import FIGURE_NAMES
@@ -710,3 +712,80 @@ def test_calibrate_prints_progress_on_stderr(tmp_path, capsys, monkeypatch):
     assert len(lines) > 3 and all(line.startswith("ddtree-bench: calibrate: run ") for line in lines[1:])
     assert "run 2/2" in lines[-1] and "best loss" in lines[-1]
     assert "worst residual" in stdout
+
+
+def test_report_prints_progress_on_stderr_while_it_renders(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr("ddtree_bench.cli.PROGRESS_SECONDS", 0.05)  # a line every 50 ms, for the test
+    out = tmp_path / "report"
+    code, stdout, err = run(["report", "--results", PUBLISHED, "-o", out], capsys)
+    assert code == 0, err
+    lines = err.strip().splitlines()
+    assert lines, "no progress line"
+    assert all(
+        re.fullmatch(rf"ddtree-bench: report: rendering {out} from {PUBLISHED}: \d+ s", x) for x in lines
+    ), lines
+    assert f"{out / 'index.html'}" in stdout  # the result line stays on stdout
+
+
+def test_a_quick_report_refusal_is_still_one_line(tmp_path, capsys, monkeypatch):
+    """The progress lines come only after PROGRESS_SECONDS: a refusal before that stays one line."""
+    monkeypatch.setattr("ddtree_bench.cli.PROGRESS_SECONDS", 60.0)
+    folder = _stale_copy(tmp_path, distributions=["peaked"])
+    code, _, err = run(["report", "--results", folder, "-o", tmp_path / "r"], capsys)
+    assert_one_line_error(code, err, "holds rows of distribution 'drafter'")
+    assert not (tmp_path / "r").exists()
+
+
+# ----------------------------------------------------------------------------------------- workflow
+
+
+def test_the_configfile_arguments_of_a_snakemake_command_line():
+    args = ["-n", "--configfile", "a.yaml", "b.yaml", "--cores", "1", "--configfile=c.yaml", "--", "report"]
+    assert configfile_arguments(args) == ["a.yaml", "b.yaml", "c.yaml"]
+    assert configfile_arguments(["--configfiles", "d.yaml", "-n"]) == ["d.yaml"]
+    assert configfile_arguments(["--cores", "1", "report"]) == []
+
+
+def test_workflow_names_the_file_and_line_of_a_yaml_error_and_runs_nothing(tmp_path, capsys, monkeypatch):
+    """Snakemake itself says only "Config file is not valid JSON or YAML" (it reads --configfile before the
+    Snakefile runs, so the workflow cannot say more); ``ddtree-bench workflow`` reads the files first."""
+    started = []
+    monkeypatch.setattr("subprocess.call", lambda argv: started.append(argv) or 0)
+    good, bad = tmp_path / "good.yaml", tmp_path / "bad.yaml"
+    good.write_text("budgets: [8, 16]\n")
+    bad.write_text("budgets: [8, 16\nseed: 1\n")
+    code, stdout, err = run(
+        ["workflow", "-n", "--cores", "1", "--configfile", good, bad, "--", "report"], capsys
+    )
+    assert_one_line_error(code, err, f"config {bad}: not valid YAML at line 2, column 5")
+    assert not started and stdout == ""
+    code, _, err = run(["workflow", "-n", "--configfile", tmp_path / "missing.yaml"], capsys)
+    assert_one_line_error(code, err, f"config {tmp_path / 'missing.yaml'}: cannot read it")
+    # good files: snakemake runs with the arguments exactly as given, and its exit status is the command's
+    code, _, err = run(["workflow", "-n", "--cores", "1", "--configfile", good, "--", "report"], capsys)
+    assert code == 0, err
+    (argv,) = started
+    assert Path(argv[0]).name == "snakemake"
+    assert argv[1:] == ["-n", "--cores", "1", "--configfile", str(good), "--", "report"]
+
+
+def test_workflow_runs_snakemake_and_snakemake_alone_does_not_name_the_file(tmp_path):
+    work = workdir_copy(tmp_path)
+    (work / "bad.yaml").write_text("budgets: [8, 16\nseed: 1\n")
+    alone = snakemake(work, "-n", "--cores", "1", "--configfile", "bad.yaml")
+    assert alone.returncode != 0 and "bad.yaml" not in alone.stdout + alone.stderr  # why the wrapper exists
+    command = [sys.executable, "-m", "ddtree_bench.cli", "workflow", "-n", "--cores", "1"]
+    wrapped = subprocess.run([*command, "--configfile", "bad.yaml"], cwd=work, capture_output=True, text=True)
+    assert wrapped.returncode == 2
+    assert wrapped.stderr.strip() == (
+        "ddtree-bench: error: config bad.yaml: not valid YAML at line 2, column 5: "
+        "while parsing a flow sequence: expected ',' or ']', but got ':'"
+    )
+    dry = subprocess.run(
+        [*command, "--configfile", "config/smoke.yaml", "--", "report"],
+        cwd=work,
+        capture_output=True,
+        text=True,
+    )
+    assert dry.returncode == 0, dry.stderr[-3000:]
+    assert "rule bench:" in dry.stdout + dry.stderr and not (work / "results").exists()

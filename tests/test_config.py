@@ -153,6 +153,7 @@ def test_defaults_are_filled_in():
         }
     )
     assert config["timing"]["repeats"] >= 1
+    assert config["timing"]["jobs"] == 3  # independent timing jobs per CPU builder configuration
     assert config["sglang"]["module_paths"]
     assert config["machine"] is None
     assert config["topk"] == 1024
@@ -203,6 +204,9 @@ BAD = [
         "config: timing: min_seconds (3.0) > max_seconds (1.0)",
     ),
     ("timing", {"warmup": 1.5}, "config: timing.warmup: must be an integer, got 1.5"),
+    ("timing", {"jobs": 0}, "config: timing.jobs: 0 is less than the minimum of 1"),
+    ("timing", {"jobs": 2.5}, "config: timing.jobs: must be an integer, got 2.5"),
+    ("timing", {"jobs": True}, "config: timing.jobs: must be an integer, got True"),
     ("distributions", ["recorded"], "config: recorded_trace: distribution 'recorded' needs recorded_trace"),
     ("budget", [8], "config: (top level): Additional properties are not allowed ('budget' was unexpected)"),
     ("topk", "budget", "config: topk: 'budget' is no longer accepted"),

@@ -106,7 +106,10 @@ def test_dry_run_of_the_default_configuration(tmp_path):
     for job in bench:
         builder = job["output"][0].split("/")[3]
         per_builder[builder] = per_builder.get(builder, 0) + 1
-    assert per_builder["reference"] == 8 * 4 * 2 * 3  # budgets x batch sizes x depths x distributions
+    # budgets x batch sizes x depths x distributions, each timed by timing.jobs (3) independent jobs
+    assert per_builder["reference"] == 8 * 4 * 2 * 3 * 3
+    names = {Path(job["output"][0]).name for job in bench if "/bench/reference/" in job["output"][0]}
+    assert {f"drafter-L16-N8-B1{suffix}.parquet" for suffix in ("", "-r2", "-r3")} <= names
     assert rules.count("aggregate_step") == 1
 
     if gpu_unavailable_reason() is not None:  # no GPU here: one file of rows saying why per step stage
@@ -184,10 +187,15 @@ def test_smoke_pipeline_end_to_end(smoke_run):
         * len(config["depths"])
         * len(config["distributions"])
     )
+    jobs = config["timing"]["jobs"]
     for builder in set(ok["builder"]):
-        assert len(ok[(ok["builder"] == builder) & (ok["timing"] == "wall")]) == grid, builder
+        wall = ok[(ok["builder"] == builder) & (ok["timing"] == "wall")]
+        assert len(wall) == grid, builder
         files = list((results / "bench" / builder).glob("*-L*-N*-B*.parquet"))
-        assert len(files) == grid
+        expected_jobs = 1 if builder == "gpu" else jobs  # each CPU configuration: timing.jobs jobs
+        assert len(files) == grid * expected_jobs
+        assert (wall["jobs"] == expected_jobs).all(), builder
+        assert (wall["job_median_min_s"] <= wall["job_median_max_s"]).all()
         rows = pd.read_parquet(files[0])
         assert {"warmup", "timed"} == set(rows["phase"])
     for builder in set(config["builders"]) - set(ok["builder"]):  # sglang / gpu where they cannot run here
@@ -284,7 +292,8 @@ def test_adding_a_budget_schedules_only_that_budgets_jobs(smoke_run):
     summary = pd.read_parquet(work / "results" / "smoke" / "summary.parquet")
     timed = set(summary.loc[summary["status"] == "ok", "builder"])
     grid = len(config["batch_sizes"]) * len(config["depths"]) * len(config["distributions"])
-    assert sum(job["rule"] == "bench" for job in jobs) == len(timed) * grid
+    per_config = {builder: 1 if builder == "gpu" else config["timing"]["jobs"] for builder in timed}
+    assert sum(job["rule"] == "bench" for job in jobs) == sum(per_config.values()) * grid
     assert sum(job["rule"] == "check" for job in jobs) == (len(timed) - 1) * grid // len(
         config["batch_sizes"]
     )
@@ -617,3 +626,59 @@ def test_the_reports_own_settings_rerun_no_aggregation(smoke_run):
     assert "aggregate" in {job["rule"] for job in jobs_of(output)}
     reasons = [line for line in output.splitlines() if "Params have changed" in line]
     assert reasons and all("report_dir" not in line and "budgets" not in line for line in reasons), reasons
+
+
+def _tiny_config(**timing) -> dict:
+    """The smallest grid that runs jobs for real: one reference configuration, no step stages."""
+    config = smoke_config()
+    config.update(
+        machine="tiny",
+        report_dir="results/tiny/report",
+        budgets=[4],
+        batch_sizes=[1],
+        depths=[4],
+        distributions=["uniform"],
+        builders=["reference"],
+    )
+    config["timing"] = {**config["timing"], **timing}
+    config["step"] = {**config["step"], "enabled": False}
+    return config
+
+
+@pytest.mark.slow
+def test_each_configuration_is_timed_by_independent_jobs_and_the_summary_shows_their_spread(tmp_path):
+    work = workdir_copy(tmp_path)
+    (work / "three.yaml").write_text(yaml.safe_dump(_tiny_config(jobs=3)))
+    summary_path = "results/tiny/summary.parquet"
+    result = snakemake(work, "--cores", "1", "--configfile", "three.yaml", "--", summary_path)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    bench = work / "results" / "tiny" / "bench" / "reference"
+    files = sorted(p.name for p in bench.glob("*.parquet"))
+    assert files == ["uniform-L4-N4-B1-r2.parquet", "uniform-L4-N4-B1-r3.parquet", "uniform-L4-N4-B1.parquet"]
+    # three jobs, three processes: each file's rows name their job, and each job has its own timed calls
+    jobs = {name: set(pd.read_parquet(bench / name)["job"]) for name in files}
+    assert jobs == {files[0]: {2}, files[1]: {3}, files[2]: {1}}
+    rows = pd.concat([pd.read_parquet(bench / name) for name in files])
+    timed = rows[(rows["phase"] == "timed") & (rows["timing"] == "wall") & (rows["status"] == "ok")]
+    medians = timed.groupby("job")["seconds"].median()
+    summary = pd.read_parquet(work / summary_path)
+    row = summary[(summary["builder"] == "reference") & (summary["timing"] == "wall")].iloc[0]
+    assert row["jobs"] == 3 and row["n"] == len(timed)  # every job's calls, pooled
+    assert row["median_s"] == timed["seconds"].median()
+    assert (row["job_median_min_s"], row["job_median_max_s"]) == (medians.min(), medians.max())
+    # a fourth job: only it runs (and the summary), the three before stand
+    (work / "four.yaml").write_text(yaml.safe_dump(_tiny_config(jobs=4)))
+    result = snakemake(work, "-n", "--cores", "1", "--configfile", "four.yaml", "--", summary_path)
+    assert result.returncode == 0, result.stderr
+    planned = jobs_of(result.stdout + result.stderr)
+    assert [job["output"][0] for job in planned if job["rule"] == "bench"] == [
+        "results/tiny/bench/reference/uniform-L4-N4-B1-r4.parquet"
+    ]
+    assert {job["rule"] for job in planned} == {"bench", "aggregate"}
+    # the aggregation reruns only for the settings it reads: not for the report's own (report_dir, throughput)
+    config = _tiny_config(jobs=3)
+    config.update(report_dir="elsewhere", throughput={**config.get("throughput", {}), "draft_ms": 2.5})
+    (work / "report-only.yaml").write_text(yaml.safe_dump(config))
+    result = snakemake(work, "-n", "--cores", "1", "--configfile", "report-only.yaml", "--", summary_path)
+    assert result.returncode == 0, result.stderr
+    assert "Nothing to be done" in result.stdout + result.stderr

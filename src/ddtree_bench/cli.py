@@ -1,5 +1,7 @@
 """The ``ddtree-bench`` console script: ``trace``, ``build``, ``check`` and ``bench``, the same functions the
 Snakemake rules call, and ``report``, which renders the report from existing results without running anything.
+``workflow`` runs Snakemake with the arguments given, after reading every ``--configfile`` (Snakemake reads
+them before the Snakefile runs, and says of a YAML error neither the file nor the line).
 
 Bad input (a library ``ValueError``, an unknown builder, an unavailable builder for ``build``, an
 argument error) prints exactly one line ``ddtree-bench: error: <message>`` on stderr and exits with code 2.
@@ -10,9 +12,11 @@ behind.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import re
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -457,26 +461,48 @@ def cmd_report(args) -> int:
     distribution = args.distribution or grid["distributions"][0]
     out = args.output
     _writable(out, folder=True)
-    render_report(
-        summary=summary,
-        published=published,
-        html=out / "index.html",
-        markdown=out / "summary.md",
-        figures=[out / "figures" / f"{name}.png" for name in FIGURE_NAMES],
-        depth=depth,
-        distribution=distribution,
-        step_layers=int(step.get("layers") or 61),
-        step_depth=step.get("depth") or depth,
-        step_distribution=step.get("distribution") or distribution,
-        step_enabled=bool(step.get("enabled", True)),
-        grid=grid,
-    )
+    with _heartbeat(f"report: rendering {out} from {folder}"):
+        render_report(
+            summary=summary,
+            published=published,
+            html=out / "index.html",
+            markdown=out / "summary.md",
+            figures=[out / "figures" / f"{name}.png" for name in FIGURE_NAMES],
+            depth=depth,
+            distribution=distribution,
+            step_layers=int(step.get("layers") or 61),
+            step_depth=step.get("depth") or depth,
+            step_distribution=step.get("distribution") or distribution,
+            step_enabled=bool(step.get("enabled", True)),
+            grid=grid,
+        )
     print(f"{PROG}: report: {out / 'index.html'} (and {out / 'summary.md'}, {out / 'figures'}/)")
     return 0
 
 
-#: How often a long command (calibrate) says how far it is, on stderr.
+#: How often a long command (calibrate, report) says how far it is, on stderr.
 PROGRESS_SECONDS = 5.0
+
+
+@contextlib.contextmanager
+def _heartbeat(what: str, every: float | None = None):
+    """While the body runs, one line on stderr every ``every`` seconds saying what runs and for how long (none
+    for a body that ends sooner, so a quick refusal stays one line)."""
+    every = PROGRESS_SECONDS if every is None else every
+    start = time.perf_counter()
+    done = threading.Event()
+
+    def beat() -> None:
+        while not done.wait(every):
+            print(f"{PROG}: {what}: {time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)
+
+    thread = threading.Thread(target=beat, name="ddtree-bench-progress", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
 
 
 def _progress_printer(start: float, every: float | None = None):
@@ -552,6 +578,43 @@ def cmd_sglang_profile(args) -> int:
     terms = ", ".join(f"{key} {value:g}" for key, value in budget_fragment(profile)["throughput"].items())
     print(f"{PROG}: wrote {args.output}: {terms} ({profile.windows} windows, {profile.rounds} rounds)")
     return 0
+
+
+def configfile_arguments(args: list[str]) -> list[str]:
+    """The files a Snakemake command line gives with ``--configfile``/``--configfiles`` (each takes one or
+    more files, up to the next option; ``--configfile=FILE`` too)."""
+    files, taking = [], False
+    for arg in args:
+        if arg == "--":
+            taking = False
+        elif arg in ("--configfile", "--configfiles"):
+            taking = True
+        elif arg.startswith(("--configfile=", "--configfiles=")):
+            files.append(arg.split("=", 1)[1])
+            taking = False
+        elif arg.startswith("-"):
+            taking = False
+        elif taking:
+            files.append(arg)
+    return files
+
+
+def cmd_workflow(snakemake_args: list[str]) -> int:
+    """Snakemake with these arguments, after reading every ``--configfile`` here: Snakemake reads those
+    files before the workflow's Snakefile runs and reports a YAML error without the file or the line, so
+    this names both (one line, exit 2) and starts nothing."""
+    import shutil  # noqa: PLC0415
+    import subprocess  # noqa: PLC0415
+
+    from ddtree_bench.config import read_config_file  # noqa: PLC0415
+
+    for path in configfile_arguments(snakemake_args):
+        read_config_file(path)  # ValueError: "config FILE: not valid YAML at line L, column C: ..."
+    beside = Path(sys.executable).parent / "snakemake"
+    program = str(beside) if beside.is_file() else shutil.which("snakemake")
+    if program is None:
+        raise OSError("snakemake: not found beside this Python or on PATH")
+    return subprocess.call([program, *snakemake_args])
 
 
 # ----------------------------------------------------------------------------------------- parser
@@ -777,6 +840,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--label", default="DDTREE", help="the profile lines' label (default DDTREE)")
     p.add_argument("-o", "--output", type=Path, required=True, help="output config fragment (.yaml)")
     p.set_defaults(func=cmd_sglang_profile)
+
+    sub.add_parser(
+        "workflow",
+        help="run snakemake with the given arguments, naming the file and line of a YAML error in a "
+        "--configfile first",
+        description="ddtree-bench workflow [SNAKEMAKE ARGUMENTS]: every --configfile is read here first (a "
+        "YAML error: one line with its file and line, exit 2, nothing run), then snakemake runs with the "
+        "arguments as given.",
+        add_help=False,
+    )
     return parser
 
 
@@ -784,6 +857,16 @@ def main(argv: list[str] | None = None) -> int:
     from ddtree_bench.builders import BuilderUnavailable  # noqa: PLC0415
 
     parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["workflow"]:  # every later argument is Snakemake's
+        try:
+            return cmd_workflow(argv[1:])
+        except ValueError as error:
+            print(f"{PROG}: error: {_one_line(error)}", file=sys.stderr)
+            return 2
+        except OSError as error:
+            print(f"{PROG}: error: {_one_line(error)}", file=sys.stderr)
+            return 1
     try:
         args = parser.parse_args(argv)
     except _UsageError as error:

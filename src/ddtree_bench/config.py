@@ -360,7 +360,7 @@ def _timing_counts(timing, field: str) -> None:
     """The counts of a timing section are integers (YAML's 1.5 or true would pass as numbers otherwise)."""
     if not isinstance(timing, dict):
         return
-    for key in ("warmup", "repeats", "min_repeats", "max_repeats"):
+    for key in ("warmup", "repeats", "min_repeats", "max_repeats", "jobs"):
         if key in timing:
             value = timing[key]
             if isinstance(value, bool) or not isinstance(value, numbers.Integral):

@@ -1,6 +1,10 @@
+from ddtree_bench.summary.spread import job_of_suffix
+
+
 rule bench:
-    """Time one configuration (builder, budget, batch, depth, distribution); never beside another job. The gpu
-    builder: kernel (CUDA events), graph replay and host-inclusive, with the floor, on the GPU.
+    """Time one configuration (builder, budget, batch, depth, distribution) in one of its timing.jobs
+    independent jobs ({rep}: none for the first, -r2, -r3, ...); never beside another job. The gpu builder:
+    kernel (CUDA events), graph replay and host-inclusive, with the floor, on the GPU.
     """
     input:
         unpack(bench_inputs),
@@ -10,6 +14,7 @@ rule bench:
         log_of(BENCH),
     wildcard_constraints:
         builder=r"sglang|reference|native|native\-mt|gpu",
+        rep=r"(?:-r(?:[2-9]|[1-9]\d+))?",
     conda:
         "../envs/ddtree-bench.yaml"
     threads: TIMING_THREADS
@@ -18,6 +23,7 @@ rule bench:
         gpu=builder_gpus,
     params:
         options=lambda wildcards: builder_options(wildcards.builder),
+        job=lambda wildcards: job_of_suffix(wildcards.rep),
         timing=TIMING,
         machine=MACHINE,
         input_columns=INPUT_COLUMNS,

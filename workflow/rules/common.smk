@@ -15,6 +15,7 @@ from ddtree_bench.config import (
 )
 from ddtree_bench.consistency import GRID_KEYS
 from ddtree_bench.environment import default_machine_label
+from ddtree_bench.summary.spread import job_suffix
 
 MACHINE = config["machine"] or default_machine_label()
 RESULTS = f"results/{MACHINE}"
@@ -32,6 +33,8 @@ TRACE_COLUMNS = trace_columns(config)
 # The columns each timing job hands the builders: the first min(N, K) under `topk: budget` (K = N).
 INPUT_COLUMNS = builder_input_columns(config)
 TIMING = timing_options(config)
+# Independent timing jobs per CPU builder configuration (timing.jobs); the gpu builder's take one.
+TIMING_JOBS = int(config["timing"]["jobs"])
 # The in-situ timing mode (GPU machines; elsewhere its rows say why): every timing job adds it.
 IN_SITU = bool(config["timing"]["in_situ"])
 # The step stages (verify attention, tree accept, peaks): nulls resolved (budgets, distribution, depth).
@@ -149,7 +152,8 @@ BUILD_FATBIN = (
 # Each result file's pattern, defined once: the rules write these, the functions below fill them in.
 TRACE = f"{RESULTS}/traces/{{distribution}}-L{{depth}}.npz"
 CHECK = f"{RESULTS}/check/{{builder}}/{{distribution}}-L{{depth}}-N{{budget}}.json"
-BENCH = f"{RESULTS}/bench/{{builder}}/{{distribution}}-L{{depth}}-N{{budget}}-B{{batch}}.parquet"
+# {rep}: the timing job's suffix (summary.spread.job_suffix): none for job 1, -r2, -r3, ... for the others
+BENCH = f"{RESULTS}/bench/{{builder}}/{{distribution}}-L{{depth}}-N{{budget}}-B{{batch}}{{rep}}.parquet"
 BENCH_UNAVAILABLE = f"{RESULTS}/bench/{{builder}}/unavailable.parquet"
 SHAPE = f"{RESULTS}/shape/{{distribution}}-L{{depth}}-N{{budget}}.json"
 
@@ -169,14 +173,20 @@ def check_path(builder, distribution, depth, budget):
     )
 
 
-def bench_path(builder, distribution, depth, budget, batch):
+def bench_path(builder, distribution, depth, budget, batch, job=1):
     return BENCH.format(
         builder=builder,
         distribution=distribution,
         depth=depth,
         budget=budget,
         batch=batch,
+        rep=job_suffix(job),
     )
+
+
+def bench_jobs(builder):
+    """The independent timing jobs of each configuration of ``builder`` (timing.jobs; gpu: one)."""
+    return 1 if builder == "gpu" else TIMING_JOBS
 
 
 def unavailable_path(builder):
@@ -188,13 +198,15 @@ def shape_path(distribution, depth, budget):
 
 
 def bench_outputs():
-    """Every timing job's file, plus one "unavailable" file per builder left out."""
+    """Every timing job's file (``bench_jobs`` per configuration), plus one "unavailable" file per builder
+    left out."""
     paths = [
-        bench_path(builder, distribution, depth, budget, batch)
+        bench_path(builder, distribution, depth, budget, batch, job)
         for builder in TIMED_BUILDERS
         for distribution in DISTRIBUTIONS
         for depth, budget in DEPTH_BUDGETS
         for batch in BATCH_SIZES
+        for job in range(1, bench_jobs(builder) + 1)
     ]
     return paths + [unavailable_path(builder) for builder in UNAVAILABLE]
 

@@ -69,7 +69,9 @@ with logged(snakemake):
             **extra,
         )
         rows = pd.concat([rows, in_situ], ignore_index=True)
+    # which of the configuration's independent timing jobs this is (summary.spread: the spread across them)
+    rows["job"] = int(params.job)
     timed = rows[rows["phase"] == "timed"]
-    print(f"{len(rows)} rows, {len(timed)} timed; status {sorted(set(rows['status']))}")
+    print(f"job {params.job}: {len(rows)} rows, {len(timed)} timed; status {sorted(set(rows['status']))}")
     print(timed.groupby(["timing", "cache"], dropna=False)["seconds"].describe().to_string())
     write_frame(rows, snakemake.output.bench)

@@ -2,7 +2,9 @@
 
 Statistics are over the timed calls only (warm-up rows are kept in the per-job files but never enter a
 statistic): ``n`` calls, their median, 10th and 90th percentiles (numpy's linear interpolation between order
-statistics), mean and minimum, for the per-call ``seconds`` and the per-tree ``per_tree_seconds``. Rows that
+statistics), mean and minimum, for the per-call ``seconds`` and the per-tree ``per_tree_seconds``. A
+configuration timed by several jobs (``timing.jobs``: separate processes) pools their calls and records the
+spread across jobs (``summary.spread``: the job count, the smallest and largest per-job median). Rows that
 say a builder was unavailable (or failed) are carried as rows with ``n = 0`` and the reason.
 """
 
@@ -21,6 +23,7 @@ from ddtree_bench.builders import get_builder
 from ddtree_bench.io import write_frame, write_json
 from ddtree_bench.ops.accept import GpuAccept, accept_cpu
 from ddtree_bench.stages.build import COLUMNS
+from ddtree_bench.summary.spread import JOB_COLUMN, SPREAD_COLUMNS, job_spread
 from ddtree_bench.traces import load_trace
 
 if TYPE_CHECKING:
@@ -62,6 +65,8 @@ SUMMARY_COLUMNS = (
     "nodes_mean",
     "device_memory_bytes",
     *STAT_COLUMNS,
+    # the spread across timing jobs (summary.spread); absent from older summaries: one job
+    *SPREAD_COLUMNS,
     "git_commit",
     "timestamp",
     "trace_sha256",
@@ -74,9 +79,13 @@ SUMMARY_COLUMNS = (
 
 
 def read_rows(paths) -> pd.DataFrame:
-    """All rows of the per-job parquet files ``paths``, concatenated (an empty list gives no rows)."""
+    """All rows of the per-job parquet files ``paths``, concatenated (an empty list gives no rows). Files
+    written before there were several timing jobs have no ``job`` column: their rows are job 1."""
     frames = [pd.read_parquet(path) for path in paths]
     frames = [f for f in frames if len(f)]
+    for frame in frames:
+        if JOB_COLUMN not in frame:
+            frame[JOB_COLUMN] = 1
     if not frames:
         return pd.DataFrame(columns=list(COLUMNS))
     return pd.concat(frames, ignore_index=True)
@@ -113,12 +122,13 @@ def summarize(rows: pd.DataFrame) -> pd.DataFrame:
     for key, group in timed.groupby(list(KEYS), dropna=False, sort=True):
         record = dict(zip(KEYS, key, strict=True))
         ok = group[group["status"] == "ok"]
-        record.update(
-            _stats(
-                ok["seconds"].to_numpy(dtype=np.float64),
-                ok["per_tree_seconds"].to_numpy(dtype=np.float64),
-            )
-        )
+        seconds = ok["seconds"].to_numpy(dtype=np.float64)
+        per_tree = ok["per_tree_seconds"].to_numpy(dtype=np.float64)
+        # the job of each call (rows from before several jobs: job 1)
+        jobs = ok[JOB_COLUMN].fillna(1) if JOB_COLUMN in ok else pd.Series(1, index=ok.index)
+        jobs = jobs.to_numpy(dtype=np.int64)
+        record.update(_stats(seconds, per_tree))
+        record.update(job_spread(seconds, per_tree, jobs))
         reasons = group["status_reason"].dropna().unique() if "status_reason" in group else []
         record["status_reason"] = "; ".join(str(r) for r in reasons) or None
         correct = group["correct"].dropna() if "correct" in group else pd.Series(dtype=bool)
@@ -138,7 +148,7 @@ def summarize(rows: pd.DataFrame) -> pd.DataFrame:
         record["builder_workspace"] = bool(values.iloc[-1]) if len(values) else None
         out.append(record)
     summary = pd.DataFrame.from_records(out, columns=list(SUMMARY_COLUMNS))
-    for column in ("budget", "batch", "n"):
+    for column in ("budget", "batch", "n", "jobs"):
         summary[column] = summary[column].astype("int64")
     for column in ("depth", "topk", "input_columns", "threads"):
         summary[column] = pd.to_numeric(summary[column], errors="coerce").astype("Int64")
