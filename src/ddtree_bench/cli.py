@@ -423,9 +423,10 @@ def _recorded_config(folder: Path) -> dict | None:
 
 
 def cmd_report(args) -> int:
+    from ddtree_bench import catalog  # noqa: PLC0415
     from ddtree_bench.config import load_config  # noqa: PLC0415
     from ddtree_bench.consistency import configured_grid  # noqa: PLC0415
-    from ddtree_bench.report import FIGURE_NAMES, render_report  # noqa: PLC0415
+    from ddtree_bench.report import render_report  # noqa: PLC0415
 
     folder = args.results
     summary = _results_folder(folder)
@@ -462,7 +463,7 @@ def cmd_report(args) -> int:
         published=published,
         html=out / "index.html",
         markdown=out / "summary.md",
-        figures=[out / "figures" / f"{name}.png" for name in FIGURE_NAMES],
+        figures=[out / "figures" / f"{name}.png" for name in catalog.FIGURES],
         depth=depth,
         distribution=distribution,
         step_layers=int(step.get("layers") or 61),

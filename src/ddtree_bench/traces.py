@@ -65,12 +65,13 @@ from pathlib import Path
 
 import numpy as np
 
+from ddtree_bench import catalog
 from ddtree_bench.drafter import DRAFTER_DISTRIBUTIONS, generate_drafter
 from ddtree_bench.drafter import check_params as check_drafter_params
 from ddtree_bench.io import atomic_output
 from ddtree_bench.validation import check_topk_arrays
 
-DISTRIBUTIONS = ("uniform", "peaked", "bf16", "recorded", "drafter", "drafter-bf16")
+DISTRIBUTIONS = catalog.DISTRIBUTIONS
 GENERATED_DISTRIBUTIONS = ("uniform", "peaked", "bf16", "drafter", "drafter-bf16")
 DEVICES = ("auto", "cpu", "cuda")
 DEFAULT_VOCAB_SIZE = 163840

@@ -9,7 +9,7 @@ rule bench:
     log:
         log_of(BENCH),
     wildcard_constraints:
-        builder=r"sglang|reference|native|native\-mt|gpu",
+        builder=BENCH_BUILDERS,
     conda:
         "../envs/ddtree-bench.yaml"
     threads: TIMING_THREADS
