@@ -28,7 +28,8 @@ def _literal_files(value: str) -> dict[str, int]:
     found = {}
     for path in sorted(SRC.rglob("*.py")):
         count = sum(
-            isinstance(node, ast.Constant) and node.value == value for node in ast.walk(ast.parse(path.read_text()))
+            isinstance(node, ast.Constant) and node.value == value
+            for node in ast.walk(ast.parse(path.read_text()))
         )
         if count:
             found[str(path.relative_to(SRC))] = count
@@ -51,7 +52,9 @@ def test_every_figure_and_builder_entry_names_what_exists():
     import importlib  # noqa: PLC0415
 
     for entry in (*catalog.FIGURES.values(), *catalog.BUILDERS.values()):
-        module, _, attribute = (entry.draw if isinstance(entry, catalog.Figure) else entry.impl).partition(":")
+        module, _, attribute = (entry.draw if isinstance(entry, catalog.Figure) else entry.impl).partition(
+            ":"
+        )
         assert callable(getattr(importlib.import_module(module), attribute)), entry.name
     series = catalog.all_series().values()
     assert len({s.name for s in series}) == len(series) and len({s.color for s in series}) == len(series)
@@ -71,7 +74,7 @@ class ToyBuilder(ReferenceBuilder):
         self.name, self.label, self.scale = "toy", "toy", scale
 '''
 
-TOY_ENTRY = '''
+TOY_ENTRY = """
 from ddtree_bench import catalog
 
 catalog.BUILDERS["toy"] = catalog.Builder(
@@ -85,9 +88,9 @@ catalog.BUILDERS["toy"] = catalog.Builder(
     catalog.PAGEABLE,
     options={"scale": 2},
 )
-'''
+"""
 
-TOY_CHECKS = '''
+TOY_CHECKS = """
 import numpy as np
 
 from ddtree_bench.builders import BUILDER_NAMES, get_builder
@@ -116,7 +119,7 @@ assert report_throughput._STYLES["toy"] == ("#000000", "x", "-")
 assert ("toy in-situ", "toy", "toy (a test's builder)") in answer.IN_SITU_COLUMNS
 assert ("toy", "wall", ("n/a", "warm"), "toy (wall)") in step.BUILD_SERIES
 print("toy ok")
-'''
+"""
 
 
 def _toy_environment(base: Path) -> dict:
@@ -127,7 +130,9 @@ def _toy_environment(base: Path) -> dict:
     (folder / "toy_builder.py").write_text(TOY_MODULE)
     (folder / "sitecustomize.py").write_text(TOY_ENTRY)
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(folder), str(ROOT / "src"), env.get("PYTHONPATH")) if p)
+    env["PYTHONPATH"] = os.pathsep.join(
+        p for p in (str(folder), str(ROOT / "src"), env.get("PYTHONPATH")) if p
+    )
     return env
 
 
@@ -170,7 +175,9 @@ def test_a_toy_figure_is_drawn_and_shown(tmp_path, monkeypatch):
     module = types.ModuleType("toy_figure")
     module.draw = draw
     monkeypatch.setitem(sys.modules, "toy_figure", module)
-    monkeypatch.setitem(catalog.FIGURES, "toy", catalog.Figure("toy", "toy_figure:draw", ("machines",), "toy"))
+    monkeypatch.setitem(
+        catalog.FIGURES, "toy", catalog.Figure("toy", "toy_figure:draw", ("machines",), "toy")
+    )
 
     folder = tmp_path / "m"
     folder.mkdir()

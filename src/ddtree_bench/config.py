@@ -69,8 +69,8 @@ def with_catalog_enums(schema: dict) -> dict:
         except (KeyError, IndexError, TypeError):
             continue
         if "enum" in node:
-            names = names()
-            node["enum"] = [n for n in node["enum"] if n in names] + [n for n in names if n not in node["enum"]]
+            names, known = names(), node["enum"]
+            node["enum"] = [n for n in known if n in names] + [n for n in names if n not in known]
     return schema
 
 
