@@ -415,6 +415,10 @@ def test_bench_calls_the_benchmark_and_writes_parquet(
                 "machine": "m1",
                 "distribution": "bf16",  # from the trace's metadata
                 "builder_options": {},
+                # the timing job's defaults, passed by the one entry (stages.timing_job)
+                "correct": None,
+                "input_columns": "trace",
+                **({"in_situ": False} if builder == "gpu" else {}),
             },
         )
     ]

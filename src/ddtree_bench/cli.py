@@ -22,6 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ddtree_bench import catalog
+
 PROG = "ddtree-bench"
 
 
@@ -258,26 +260,27 @@ def cmd_bench(args) -> int:
     _available(args.builder, options)
     _trace_columns(args.trace, budget)
     _writable(args.output)
-    if args.builder == "gpu":
-        from ddtree_bench.stages.build_gpu import run_gpu_benchmark as run  # noqa: PLC0415
-    else:
-        from ddtree_bench.stages.build import run_benchmark as run  # noqa: PLC0415
-    distribution = args.distribution or _trace_distribution(args.trace)
-    frame = run(
+    from ddtree_bench.stages.timing_job import TimingJob, run_timing_job  # noqa: PLC0415
+
+    timing = {
+        "warmup": args.warmup,
+        "repeats": args.repeats,
+        "min_seconds": args.min_seconds,
+        "max_seconds": args.max_seconds,
+        "min_repeats": args.min_repeats,
+        "max_repeats": args.max_repeats,
+    }
+    job = TimingJob(
         args.builder,
         args.trace,
         budget,
         args.batch,
-        warmup=args.warmup,
-        repeats=args.repeats,
-        min_seconds=args.min_seconds,
+        timing,
         machine=args.machine,
-        distribution=distribution,
+        distribution=args.distribution or _trace_distribution(args.trace),
         builder_options=options,
-        max_seconds=args.max_seconds,
-        min_repeats=args.min_repeats,
-        max_repeats=args.max_repeats,
     )
+    frame = run_timing_job(job)
     with atomic_output(args.output) as tmp:
         frame.to_parquet(tmp, index=False)
     message = f"{PROG}: wrote {args.output}: {len(frame)} rows"
@@ -427,9 +430,10 @@ def _recorded_config(folder: Path) -> dict | None:
 
 
 def cmd_report(args) -> int:
+    from ddtree_bench import catalog  # noqa: PLC0415
     from ddtree_bench.config import load_config  # noqa: PLC0415
     from ddtree_bench.consistency import configured_grid  # noqa: PLC0415
-    from ddtree_bench.report import FIGURE_NAMES, render_report  # noqa: PLC0415
+    from ddtree_bench.report import render_report  # noqa: PLC0415
 
     folder = args.results
     summary = _results_folder(folder)
@@ -461,6 +465,7 @@ def cmd_report(args) -> int:
     distribution = args.distribution or grid["distributions"][0]
     out = args.output
     _writable(out, folder=True)
+<<<<<<< HEAD
     with _heartbeat(f"report: rendering {out} from {folder}"):
         render_report(
             summary=summary,
@@ -476,6 +481,22 @@ def cmd_report(args) -> int:
             step_enabled=bool(step.get("enabled", True)),
             grid=grid,
         )
+=======
+    render_report(
+        summary=summary,
+        published=published,
+        html=out / "index.html",
+        markdown=out / "summary.md",
+        figures=[out / "figures" / f"{name}.png" for name in catalog.FIGURES],
+        depth=depth,
+        distribution=distribution,
+        step_layers=int(step.get("layers") or 61),
+        step_depth=step.get("depth") or depth,
+        step_distribution=step.get("distribution") or distribution,
+        step_enabled=bool(step.get("enabled", True)),
+        grid=grid,
+    )
+>>>>>>> catalog
     print(f"{PROG}: report: {out / 'index.html'} (and {out / 'summary.md'}, {out / 'figures'}/)")
     return 0
 
@@ -676,7 +697,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_trace)
 
     def common(p, *, batch_required=False):
-        p.add_argument("--builder", required=True, help="sglang, reference, native, native-mt or gpu")
+        names = " or ".join(", ".join(catalog.BUILDERS).rsplit(", ", 1))
+        p.add_argument("--builder", required=True, help=names)
         p.add_argument("--trace", type=Path, required=True, help="trace file (.npz)")
         p.add_argument("--budget", type=_integer, required=True, help="N, nodes per tree")
         p.add_argument(

@@ -15,28 +15,63 @@ from pathlib import Path
 
 import yaml
 
-from ddtree_bench.builders.sglang import check_source
-from ddtree_bench.drafter import check_params
+from ddtree_bench import catalog
+from ddtree_bench.catalog import ATTENTION_IMPLS, DISTRIBUTIONS, MOE_IMPLS, STREAM_IMPL  # noqa: F401 (re-exported)
 from ddtree_bench.io import check_writable
-from ddtree_bench.model.moe import MOE_IMPLS
-from ddtree_bench.ops.attention_peers import find_sglang_kernel
-from ddtree_bench.traces import check_trace_file
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SCHEMA_PATH = REPO_ROOT / "workflow" / "schemas" / "config.schema.yaml"
 
-BUILDERS = ("sglang", "reference", "native", "native-mt", "gpu")
-DISTRIBUTIONS = ("uniform", "peaked", "bf16", "recorded", "drafter", "drafter-bf16")
 TIMING_KEYS = ("warmup", "repeats", "min_repeats", "max_repeats", "min_seconds", "max_seconds")
-# "read-stream" is no attention: a kernel that reads as many bytes as the call moves (its measured bound)
-STREAM_IMPL = "read-stream"
-# "flashmla" and "sglang-triton" are optional extras (attention_peers): rows saying why where they do not load
-ATTENTION_IMPLS = ("ours", "ours-mma", "flexattention", "sdpa", "flashmla", "sglang-triton", STREAM_IMPL)
+#: The schema's enums that name catalog entries (a test checks the file's against the catalog; the checks
+#: take the catalog's): a path of keys to the ``enum``, and the names.
+CATALOG_ENUMS = (
+    (("properties", "builders", "items"), catalog.builder_names),
+    (("properties", "step", "properties", "round", "properties", "builders", "items"), catalog.builder_names),
+    (("properties", "distributions", "items"), lambda: DISTRIBUTIONS),
+    (("properties", "step", "properties", "distribution", "oneOf", 1), lambda: DISTRIBUTIONS),
+    (
+        ("properties", "step", "properties", "attention", "properties", "impls", "items"),
+        lambda: ATTENTION_IMPLS,
+    ),
+    (("properties", "step", "properties", "model", "properties", "moe_impls", "items"), lambda: MOE_IMPLS),
+    (("properties", "step", "properties", "model", "properties", "forward_impl"), lambda: MOE_IMPLS),
+)
+
+
+def __getattr__(name: str):
+    if name == "BUILDERS":  # read at each use: the catalog's builders
+        return catalog.builder_names()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def schema_enum(schema: dict, path: tuple) -> dict:
+    """The (sub)schema at ``path`` (keys and list indices), the one holding an ``enum``."""
+    node = schema
+    for key in path:
+        node = node[key]
+    return node
 
 
 def load_schema(path: str | Path | None = None) -> dict:
+    """The configuration schema, its catalog enums (``CATALOG_ENUMS``) set from the catalog."""
     with open(path or SCHEMA_PATH) as handle:
-        return yaml.safe_load(handle)
+        schema = yaml.safe_load(handle)
+    return with_catalog_enums(schema)
+
+
+def with_catalog_enums(schema: dict) -> dict:
+    """``schema`` (in place) with each of ``CATALOG_ENUMS`` holding the catalog's names, where the schema has
+    it: the file's names the catalog has, in the file's order, then the catalog's others."""
+    for path, names in CATALOG_ENUMS:
+        try:
+            node = schema_enum(schema, path)
+        except (KeyError, IndexError, TypeError):
+            continue
+        if "enum" in node:
+            names, known = names(), node["enum"]
+            node["enum"] = [n for n in known if n in names] + [n for n in names if n not in known]
+    return schema
 
 
 def load_config(path: str | Path) -> dict:
@@ -228,7 +263,7 @@ def check_config(config: dict, schema: dict | str | Path | None = None) -> dict:
     _depth_follows_budget(config, budgets)
     depths = _int_list(config, "depths")
     distributions = _name_list(config, "distributions", DISTRIBUTIONS, "distribution")
-    _name_list(config, "builders", BUILDERS, "builder")
+    _name_list(config, "builders", catalog.builder_names(), "builder")
     _timing_counts(config.get("timing"), "timing")
     _step_lists(config.get("step"))
     _throughput_numbers(config.get("throughput"))
@@ -291,6 +326,8 @@ def _sglang_source(config: dict) -> None:
     if source is None or "sglang" not in config["builders"]:
         return
 
+    from ddtree_bench.builders.sglang import check_source  # noqa: PLC0415
+
     try:
         check_source(source)
     except ValueError as error:
@@ -331,6 +368,8 @@ def _input_paths(config: dict, columns: int) -> None:
     if not recorded:
         return
 
+    from ddtree_bench.traces import check_trace_file  # noqa: PLC0415
+
     try:
         shape = check_trace_file(recorded, config["vocab_size"])
     except ValueError as error:
@@ -350,6 +389,8 @@ def _drafter_params(config: dict) -> None:
     drafter = config.get("drafter")
     if drafter is None or not isinstance(drafter, dict):
         _fail("drafter", f"must be a mapping of parameters, got {drafter!r}")
+    from ddtree_bench.drafter import check_params  # noqa: PLC0415
+
     try:
         check_params(drafter, where="drafter")
     except ValueError as error:
@@ -534,6 +575,8 @@ def _sglang_triton_source(attention: dict) -> None:
     path = Path(source).expanduser()
     if not path.is_dir():
         _fail("step.attention.sglang_triton_source", f"{source} is not a directory")
+    from ddtree_bench.ops.attention_peers import find_sglang_kernel  # noqa: PLC0415
+
     try:
         find_sglang_kernel(path)
     except ValueError as error:

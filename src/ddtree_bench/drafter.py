@@ -42,6 +42,8 @@ from dataclasses import asdict, dataclass, fields
 
 import numpy as np
 
+from ddtree_bench.bf16 import bf16_round
+
 DRAFTER_DISTRIBUTIONS = ("drafter", "drafter-bf16")
 TAIL_SLOPE = 1.0  # the tail's log-probability falls by this much from its first token to its last
 STREAM = 2  # the SeedSequence spawn_key stream of the drafter's draws (uniform/peaked use 0 and 1)
@@ -186,8 +188,6 @@ def draws(params: DrafterParams, first: int, count: int, depth: int, seed: int):
 
 def log_probs_from_probs(probs: np.ndarray, bf16: bool) -> np.ndarray:
     """float32 log-probs of ``probs``, rounded to bfloat16 when ``bf16``."""
-    from ddtree_bench.traces import bf16_round  # noqa: PLC0415 (traces imports this module)
-
     with np.errstate(divide="ignore"):
         lp = np.log(probs).astype(np.float32)
     if bf16:

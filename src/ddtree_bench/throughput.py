@@ -43,6 +43,7 @@ from dataclasses import dataclass, field, fields
 
 import pandas as pd
 
+from ddtree_bench import catalog
 from ddtree_bench.model import estimates as arithmetic
 from ddtree_bench.summary.step import preferred
 
@@ -70,22 +71,16 @@ TERM_LABELS = {
     "accept": "accept",
 }
 #: The forward's MoE impls, preferred first (SGLang's for the W4A16 checkpoint on Hopper: Marlin).
-MOE_IMPLS = ("marlin-w4a16", "triton-w4a16", "bf16-grouped-mm")
+MOE_IMPLS = catalog.MOE_IMPLS
 
 DEFAULT_DRAFT_MS = None  # null: measured, else the what-if's drafter estimate
 
-IN_SITU = "in-situ"
+IN_SITU = catalog.IN_SITU
 #: The builders the model compares: (builder, label, fallback timing, its name) where no in-situ rows exist.
-BUILDERS = (
-    ("sglang", "sglang (SGLang's CPU builder)", "wall", "wall clock"),
-    ("reference", "reference (ours, Python)", "wall", "wall clock"),
-    ("native", "native (C++, 1 thread)", "wall", "wall clock"),
-    ("native-mt", "native-mt (C++, all cores)", "wall", "wall clock"),
-    ("gpu", "gpu (our CUDA kernel)", "kernel-events", "kernel (CUDA events)"),
-)
+BUILDERS = tuple((b.name, b.label, *b.fallback) for b in catalog.BUILDERS.values())
 BUILDER_LABELS = {builder: label for builder, label, *_ in BUILDERS}
-CPU_BUILDERS = ("sglang", "reference", "native", "native-mt")
-IN_SITU_NAME = "in-situ"
+CPU_BUILDERS = catalog.builders_where(runner=catalog.CPU)
+IN_SITU_NAME = catalog.IN_SITU
 
 #: The model's assumptions, said wherever its numbers are shown (three lines).
 ASSUMPTIONS = (

@@ -65,12 +65,14 @@ from pathlib import Path
 
 import numpy as np
 
+from ddtree_bench import catalog
+from ddtree_bench.bf16 import bf16_round
 from ddtree_bench.drafter import DRAFTER_DISTRIBUTIONS, generate_drafter
 from ddtree_bench.drafter import check_params as check_drafter_params
 from ddtree_bench.io import atomic_output
 from ddtree_bench.validation import check_topk_arrays
 
-DISTRIBUTIONS = ("uniform", "peaked", "bf16", "recorded", "drafter", "drafter-bf16")
+DISTRIBUTIONS = catalog.DISTRIBUTIONS
 GENERATED_DISTRIBUTIONS = ("uniform", "peaked", "bf16", "drafter", "drafter-bf16")
 DEVICES = ("auto", "cpu", "cuda")
 DEFAULT_VOCAB_SIZE = 163840
@@ -154,23 +156,6 @@ def check_distribution(distribution) -> str:
 
 
 # ----------------------------------------------------------------------------------------- bfloat16
-
-
-def bf16_round(x: np.ndarray, *, out: np.ndarray | None = None) -> np.ndarray:
-    """Round float32 values to the nearest bfloat16 (ties to even), returned as float32 (exactly
-    representable in bf16). Finite inputs only (NaN/inf are not special-cased)."""
-    x = np.asarray(x, dtype=np.float32)
-    if out is None:
-        out = np.array(x, dtype=np.float32, order="C", copy=True)
-    elif out is not x:
-        np.copyto(out, x)
-    bits = out.view(np.uint32)
-    bias = np.right_shift(bits, np.uint32(16))
-    np.bitwise_and(bias, np.uint32(1), out=bias)
-    np.add(bias, np.uint32(0x7FFF), out=bias)
-    np.add(bits, bias, out=bits)
-    np.bitwise_and(bits, np.uint32(0xFFFF0000), out=bits)
-    return out
 
 
 # ----------------------------------------------------------------------------------------- generation

@@ -13,7 +13,7 @@ rule bench:
     log:
         log_of(BENCH),
     wildcard_constraints:
-        builder=r"sglang|reference|native|native\-mt|gpu",
+        builder=BENCH_BUILDERS,
         rep=r"(?:-r(?:[2-9]|[1-9]\d+))?",
     conda:
         "../envs/ddtree-bench.yaml"

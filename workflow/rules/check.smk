@@ -8,7 +8,7 @@ rule check:
     log:
         log_of(CHECK),
     wildcard_constraints:
-        builder=r"sglang|native|native\-mt|gpu",
+        builder=CHECK_BUILDERS,
     conda:
         "../envs/ddtree-bench.yaml"
     resources:

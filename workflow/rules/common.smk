@@ -1,9 +1,11 @@
 """Shared values and helpers of the workflow: result paths, the job grid, builder options and availability."""
 
 import os
+import re
 import shutil
 from pathlib import Path
 
+from ddtree_bench import catalog
 from ddtree_bench.config import (
     builder_input_columns,
     depth_budget_pairs,
@@ -33,7 +35,7 @@ TRACE_COLUMNS = trace_columns(config)
 # The columns each timing job hands the builders: the first min(N, K) under `topk: budget` (K = N).
 INPUT_COLUMNS = builder_input_columns(config)
 TIMING = timing_options(config)
-# Independent timing jobs per CPU builder configuration (timing.jobs); the gpu builder's take one.
+# Independent timing jobs per CPU builder configuration (timing.jobs); a GPU builder's take one.
 TIMING_JOBS = int(config["timing"]["jobs"])
 # The in-situ timing mode (GPU machines; elsewhere its rows say why): every timing job adds it.
 IN_SITU = bool(config["timing"]["in_situ"])
@@ -84,21 +86,24 @@ ENVIRONMENT = f"{RESULTS}/environment.json"
 REPORT_DIR = config["report_dir"].rstrip("/")
 REPORT_HTML = f"{REPORT_DIR}/index.html"
 REPORT_MD = f"{REPORT_DIR}/summary.md"
-FIGURES = (
-    "time_vs_budget",
-    "time_vs_batch",
-    "speedup",
-    "tree_shape",
-    "step_share",
-    "which_budget",
-    # the "Which budget?" round, part by part, each part's source where not measured
-    "round_parts",
-    # the acceptance section's figures (tau per budget beside the DDTree paper, P(tau >= k) per round)
-    "acceptance_tau",
-    "acceptance_histogram",
-)
+# the report's figures (catalog.FIGURES), in its order
+FIGURES = catalog.figure_names()
 # The lists that decide the tree-build grid (consistency.GRID_KEYS): what the summary must hold exactly.
 GRID = {key: list(config[key]) for key in GRID_KEYS}
+
+
+def names_pattern(names):
+    """A wildcard constraint matching exactly these names."""
+    return "|".join(re.escape(name) for name in names)
+
+
+# the bench rule serves every catalog builder, the check rule every one but reference (what they equal)
+BENCH_BUILDERS = names_pattern(catalog.builder_names())
+CHECK_BUILDERS = names_pattern(
+    [b for b in catalog.builder_names() if b != catalog.REFERENCE]
+)
+# the builders that run on the GPU (their jobs take one; without a usable GPU they are left out)
+GPU_BUILDERS = catalog.builders_where(runner=catalog.GPU)
 
 
 wildcard_constraints:
@@ -106,24 +111,41 @@ wildcard_constraints:
     depth=r"\d+",
     budget=r"\d+",
     batch=r"\d+",
-    builder="|".join(b.replace("-", r"\-") for b in BUILDERS),
+    builder=names_pattern(BUILDERS),
 
 
 # ----------------------------------------------------------------------------------------------- builders
 
 
+# What this workflow builds, by the name a catalog builder's ``libraries`` give it.
+ARTEFACTS = {"native": NATIVE_LIBRARY, "tree_build": FATBIN, "bench_util": UTIL_FATBIN}
+
+
+def library_input(builder):
+    """The compiled libraries a builder loads, by its constructor's option (empty for the Python builders)."""
+    return {
+        option: ARTEFACTS[artefact]
+        for option, artefact in catalog.BUILDERS[builder].libraries
+    }
+
+
 def builder_options(builder):
     """Keyword options for get_builder(builder): the libraries this workflow built, SGLang's module paths."""
-    if builder in ("native", "native-mt"):
-        return {"library": NATIVE_LIBRARY}
-    if builder == "gpu":
-        return {"fatbin": FATBIN, "util_fatbin": UTIL_FATBIN}
-    if builder == "sglang":
-        options = {"module_paths": list(config["sglang"]["module_paths"])}
+    options = library_input(builder)
+    if builder == catalog.SGLANG:
+        options["module_paths"] = list(config["sglang"]["module_paths"])
         if config["sglang"].get("source") is not None:
             options["source"] = str(config["sglang"]["source"])
-        return options
-    return {}
+    return options
+
+
+def artefacts_of(builders):
+    """The artefacts (ARTEFACTS' names) the builders load."""
+    return {
+        artefact
+        for builder in builders
+        for _, artefact in catalog.BUILDERS[builder].libraries
+    }
 
 
 include: "probes.smk"
@@ -131,18 +153,18 @@ include: "probes.smk"
 
 # Builders that cannot run here get one "unavailable" row with the reason instead of their timing jobs.
 UNAVAILABLE = {}
-if "sglang" in BUILDERS:
-    UNAVAILABLE["sglang"] = sglang_reason()
-if "gpu" in BUILDERS:
-    UNAVAILABLE["gpu"] = GPU_REASON
+if catalog.SGLANG in BUILDERS:
+    UNAVAILABLE[catalog.SGLANG] = sglang_reason()
+for builder in GPU_BUILDERS:
+    if builder in BUILDERS:
+        UNAVAILABLE[builder] = GPU_REASON
 UNAVAILABLE = {builder: reason for builder, reason in UNAVAILABLE.items() if reason}
 TIMED_BUILDERS = [b for b in BUILDERS if b not in UNAVAILABLE]
-CHECKED_BUILDERS = [b for b in TIMED_BUILDERS if b != "reference"]
 # The kernel compiles wherever nvcc is (CI included), even where no GPU runs it.
 BUILD_FATBIN = (
-    "gpu" in BUILDERS
+    "tree_build" in artefacts_of(BUILDERS)
     and config["gpu"] != "off"
-    and ("gpu" in TIMED_BUILDERS or nvcc_path() is not None)
+    and (any(b in TIMED_BUILDERS for b in GPU_BUILDERS) or nvcc_path() is not None)
 )
 
 
@@ -185,8 +207,8 @@ def bench_path(builder, distribution, depth, budget, batch, job=1):
 
 
 def bench_jobs(builder):
-    """The independent timing jobs of each configuration of ``builder`` (timing.jobs; gpu: one)."""
-    return 1 if builder == "gpu" else TIMING_JOBS
+    """The independent timing jobs of each configuration of ``builder`` (timing.jobs; GPU builders: one)."""
+    return 1 if builder in GPU_BUILDERS else TIMING_JOBS
 
 
 def unavailable_path(builder):
@@ -222,7 +244,7 @@ def shape_outputs():
 def build_outputs(wildcards=None):
     """The compiled artefacts the run records (and the CUDA kernels, compiled even where no GPU runs them)."""
     outputs = {}
-    if {"native", "native-mt"} & set(BUILDERS):
+    if "native" in artefacts_of(BUILDERS):
         outputs["native"] = NATIVE_LIBRARY
     if BUILD_FATBIN:
         outputs["fatbin"] = FATBIN
@@ -233,16 +255,7 @@ def build_outputs(wildcards=None):
 
 def builder_gpus(wildcards):
     """The GPUs a check or timing job of the builder takes (the gpu builder: one; the others: no gpu resource)."""
-    return 1 if wildcards.builder == "gpu" else None
-
-
-def library_input(builder):
-    """The compiled library a builder loads (empty for the Python builders)."""
-    if builder in ("native", "native-mt"):
-        return {"library": NATIVE_LIBRARY}
-    if builder == "gpu":
-        return {"library": FATBIN, "util_library": UTIL_FATBIN}
-    return {}
+    return 1 if wildcards.builder in GPU_BUILDERS else None
 
 
 def check_inputs(wildcards):
@@ -258,7 +271,7 @@ def bench_inputs(wildcards):
         "trace": trace_path(wildcards.distribution, wildcards.depth),
         **library_input(wildcards.builder),
     }
-    if wildcards.builder != "reference":
+    if wildcards.builder != catalog.REFERENCE:
         inputs["check"] = check_path(
             wildcards.builder, wildcards.distribution, wildcards.depth, wildcards.budget
         )
@@ -281,9 +294,9 @@ def published_step_summaries():
 
 # Every step job runs on the GPU; where none is usable (or gpu: off), each stage gives one file of rows
 # saying why (rule step_unavailable) instead of its jobs.
-STEP_STAGES = ("attention", "accept", "peaks", "model", "draft", "allreduce", "round")
+STEP_STAGES = catalog.STEP_STAGES
 # the rest of the round's stages, each with its switch (step.model, step.draft, step.allreduce)
-ROUND = {stage: STEP[stage] for stage in ("model", "draft", "allreduce", "round")}
+ROUND = {stage: STEP[stage] for stage in catalog.ROUND_STAGES}
 
 
 STEP_ATTENTION = f"{RESULTS}/step/attention/{{distribution}}-L{{depth}}-N{{budget}}-B{{batch}}-S{{prefix}}-H{{heads}}.parquet"

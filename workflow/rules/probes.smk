@@ -51,7 +51,12 @@ def sglang_reason():
 
 
 # Probed once, and only where a GPU job is configured (the gpu builder, the step stages).
-GPU_REASON = gpu_reason() if "gpu" in BUILDERS or STEP["enabled"] else None
+GPU_REASON = (
+    gpu_reason()
+    if any(b in BUILDERS for b in catalog.builders_where(runner=catalog.GPU))
+    or STEP["enabled"]
+    else None
+)
 
 
 def in_situ_reason():

@@ -1,12 +1,19 @@
-"""Tree builders by name: ``get_builder(name).build(top_log_probs, top_token_ids, budget) -> TreeBatch``."""
+"""Tree builders by name: ``get_builder(name).build(top_log_probs, top_token_ids, budget) -> TreeBatch``. The
+names, their classes and their default options are the catalog's (``catalog.BUILDERS``)."""
 
 from __future__ import annotations
 
+import importlib
 import inspect
 
+from ddtree_bench import catalog
 from ddtree_bench.builders.base import Builder, BuilderUnavailable
 
-BUILDER_NAMES = ("sglang", "reference", "native", "native-mt", "gpu")
+
+def __getattr__(name: str):
+    if name == "BUILDER_NAMES":  # read at each use: the catalog's builders
+        return catalog.builder_names()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _make(name: str, cls, options: dict) -> Builder:
@@ -26,28 +33,20 @@ def _make(name: str, cls, options: dict) -> Builder:
     return cls(**options)
 
 
+def builder_class(name: str):
+    """The class of the builder called ``name`` (imported on first use)."""
+    entry = catalog.BUILDERS.get(name)
+    if entry is None:
+        raise ValueError(f"unknown builder {name!r}; known builders: {', '.join(catalog.BUILDERS)}")
+    module, _, attribute = entry.impl.partition(":")
+    return getattr(importlib.import_module(module), attribute)
+
+
 def get_builder(name: str, **options) -> Builder:
-    """The builder called ``name``; options go to its constructor (e.g. ``threads`` for native). An option
-    the builder does not take is a one-line ValueError."""
-    if name == "reference":
-        from ddtree_bench.builders.reference import ReferenceBuilder  # noqa: PLC0415
-
-        return _make(name, ReferenceBuilder, options)
-    if name == "sglang":
-        from ddtree_bench.builders.sglang import SGLangBuilder  # noqa: PLC0415
-
-        return _make(name, SGLangBuilder, options)
-    if name in ("native", "native-mt"):
-        from ddtree_bench.builders.native import NativeBuilder  # noqa: PLC0415
-
-        if name == "native-mt":
-            options.setdefault("threads", 0)
-        return _make(name, NativeBuilder, options)
-    if name == "gpu":
-        from ddtree_bench.builders.gpu import GpuBuilder  # noqa: PLC0415
-
-        return _make(name, GpuBuilder, options)
-    raise ValueError(f"unknown builder {name!r}; known builders: {', '.join(BUILDER_NAMES)}")
+    """The builder called ``name``; options go to its constructor over the catalog's defaults (e.g.
+    ``threads`` for native). An option the builder does not take is a one-line ValueError."""
+    cls = builder_class(name)
+    return _make(name, cls, {**catalog.BUILDERS[name].options, **options})
 
 
-__all__ = ["BUILDER_NAMES", "Builder", "BuilderUnavailable", "get_builder"]
+__all__ = ["BUILDER_NAMES", "Builder", "BuilderUnavailable", "builder_class", "get_builder"]

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ddtree_bench import native_build
+from ddtree_bench import catalog, native_build
 from ddtree_bench.builders.base import Builder, BuilderUnavailable
 from ddtree_bench.tree import FIELD_DTYPES, TREE_FIELDS, TreeBatch
 from ddtree_bench.validation import check_budget
@@ -171,7 +171,7 @@ class NativeBuilder(Builder):
         self._args_address: int | None = None
         self._last_inputs: tuple = (None, None)  # the previous call's arrays, whose addresses are in _args
         self._last_out: tuple = ()
-        self.name = "native" if threads == 1 else "native-mt"
+        self.name = catalog.NATIVE if threads == 1 else catalog.NATIVE_MT
         if threads == 1:
             self.label = "native C++ (1 thread)"
         elif threads == 0:

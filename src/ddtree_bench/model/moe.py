@@ -64,8 +64,9 @@ import types
 from dataclasses import dataclass, field
 from pathlib import Path
 
-MARLIN, TRITON, BF16 = "marlin-w4a16", "triton-w4a16", "bf16-grouped-mm"
-MOE_IMPLS = (MARLIN, TRITON, BF16)
+from ddtree_bench.catalog import MOE_IMPLS
+
+MARLIN, TRITON, BF16 = MOE_IMPLS
 TOP_K = 8
 GROUP_SIZE = 32
 #: the value 4-bit codes are stored with (symmetric ``uint4b8``: weight = (q - 8) * scale)

@@ -23,12 +23,13 @@ from __future__ import annotations
 
 import numpy as np
 
+from ddtree_bench import catalog
 from ddtree_bench.stages.insitu import _sglang_call
 
-#: Builders whose round is one CUDA graph; the others split it around the host build.
-FUSED_BUILDERS = ("gpu",)
-TORCH_COPY_BUILDERS = ("sglang", "reference")
-PINNED_COPY_BUILDERS = ("native", "native-mt")
+#: Builders whose round is one CUDA graph; the others split it around the host build (the catalog's copies).
+FUSED_BUILDERS = catalog.builders_where(copies=catalog.DEVICE)
+TORCH_COPY_BUILDERS = catalog.builders_where(copies=catalog.PAGEABLE)
+PINNED_COPY_BUILDERS = catalog.builders_where(copies=catalog.PINNED)
 ROUND_BUILDERS = FUSED_BUILDERS + TORCH_COPY_BUILDERS + PINNED_COPY_BUILDERS
 
 

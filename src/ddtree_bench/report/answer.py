@@ -13,17 +13,14 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
+from ddtree_bench.catalog import BUILDERS, CPU, builders_where
 from ddtree_bench.report.step import fmt_us
 from ddtree_bench.throughput import tau_per_budget
 
 #: The in-situ build labels of the step breakdown (``step.BUILD_LABELS``), in column order, with the
 #: builder each one is and the column name of the answer's tables.
-IN_SITU_COLUMNS = (
-    ("sglang in-situ", "sglang", "SGLang's function"),
-    ("reference in-situ", "reference", "reference (ours, Python)"),
-    ("native in-situ", "native", "native (C++, 1 thread)"),
-    ("native-mt in-situ", "native-mt", "native-mt (C++, all cores)"),
-    ("gpu in-situ (graph replay)", "gpu", "gpu (our CUDA kernel)"),
+IN_SITU_COLUMNS = tuple(
+    (s.step, b.name, b.column_name) for b in BUILDERS.values() for s in b.in_situ if s.step
 )
 #: The verdict's threshold: a build whose share of the round stays below this is "negligible".
 SHARE_LIMIT = 0.01
@@ -256,7 +253,7 @@ def _round_verdict(batch: int, rows: pd.DataFrame, section) -> str:
 
     if "sglang" in best.index:
         parts.append(f"Does moving the build from SGLang's function to the GPU pay? {versus('sglang')}.")
-    cpu = [b for b in best.index if b in ("native", "native-mt", "reference", "sglang")]
+    cpu = [b for b in best.index if b in builders_where(runner=CPU)]
     if cpu:
         top = max(cpu, key=lambda b: best.loc[b, "tokens_per_s"])
         parts.append(f"Is the GPU kernel better than the best CPU builder ({top})? {versus(top)}.")

@@ -6,6 +6,7 @@ import warnings
 
 import pandas as pd
 
+from ddtree_bench.catalog import IN_SITU
 from ddtree_bench.report.load import (
     BASELINE_NAMES,
     SERIES_COLORS,
@@ -224,12 +225,12 @@ def figure_speedup(data, path, depth, distribution) -> str:
         _empty_figure(path, "no speedups: neither sglang nor reference was measured")
         return "no speedups"
     bases = sorted({BASELINE_NAMES[b] for b in sp["baseline"]})
-    what = "in-situ: what the decode round pays" if (sp["mode"] == "in-situ").all() else "same inputs"
+    what = "in-situ: what the decode round pays" if (sp["mode"] == IN_SITU).all() else "same inputs"
     if sp["mode"].nunique() > 1:
         what = "in-situ where measured, else wall clock"
     note = _others(sel, distribution)
     title = f"Speedup over {' / '.join(bases)} ({what}; L = {depth}, {distribution} trace{note})"
-    mode = sp["mode"].map({"in-situ": " (in-situ)", "wall": " (wall clock)"}).fillna("")
+    mode = sp["mode"].map({IN_SITU: f" ({IN_SITU})", "wall": " (wall clock)"}).fillna("")
     sp = sp.assign(machine=sp["machine"] + mode)
     _grid(
         sp,

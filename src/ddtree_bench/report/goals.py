@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
+from ddtree_bench import catalog
 from ddtree_bench.report import acceptance as acceptance_report
 from ddtree_bench.report import round_goals
 from ddtree_bench.report import step as step_report
@@ -205,12 +206,12 @@ def sglang_function_targets(machines: list[Machine]) -> list[TargetResult]:
 
 
 IN_SITU_SOURCE = "decode round (in-situ)"
-CPU_BUILDERS = ("sglang", "reference", "native", "native-mt")
+CPU_BUILDERS = catalog.builders_where(runner=catalog.CPU)
 
 
 def _in_situ_medians(ok: pd.DataFrame, builder: str) -> pd.DataFrame:
     keys = ["budget", "batch", "depth", "distribution"]
-    sel = ok[(ok["builder"] == builder) & (ok["timing"] == "in-situ")] if not ok.empty else ok
+    sel = ok[(ok["builder"] == builder) & (ok["timing"] == catalog.IN_SITU)] if not ok.empty else ok
     return sel[keys + ["median_s"]] if len(sel) else pd.DataFrame(columns=keys + ["median_s"])
 
 
@@ -250,12 +251,12 @@ def in_situ_targets(ok: pd.DataFrame) -> list[tuple[str, str, str]]:
         return _ratio_pairs(other, sel, "median_s")
 
     target = "in-situ, batch 64: gpu >= 10x native-mt at every budget >= 64, and >= 5x below"
-    pairs = versus(_in_situ_medians(ok, "native-mt"), 64, lambda b: b > 0)
+    pairs = versus(_in_situ_medians(ok, catalog.NATIVE_MT), 64, lambda b: b > 0)
     if pairs.empty:
         why = nodata if gpu.empty else "needs native-mt in-situ timings at batch 64"
         out.append((target, "no data", why))
     else:
-        out.append((target, *_factor_target(pairs, lambda n: 10.0 if n >= 64 else 5.0, "native-mt")))
+        out.append((target, *_factor_target(pairs, lambda n: 10.0 if n >= 64 else 5.0, catalog.NATIVE_MT)))
 
     target = "in-situ, batch 64: gpu >= 1000x sglang (SGLang's function) at every budget >= 32"
     pairs = versus(_in_situ_medians(ok, "sglang"), 64, lambda b: b >= 32)

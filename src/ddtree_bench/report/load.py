@@ -9,44 +9,21 @@ from pathlib import Path
 
 import pandas as pd
 
-FIGURE_NAMES = ("time_vs_budget", "time_vs_batch", "speedup", "tree_shape", "step_share", "which_budget")
-#: The figures of the tree build (drawn from summary.parquet); step_share is the step-time breakdown's.
-BUILD_FIGURES = ("time_vs_budget", "time_vs_batch", "speedup", "tree_shape")
-# the acceptance section's figures (acceptance_report: tau per budget beside the paper, P(tau >= k))
-FIGURE_NAMES = (*FIGURE_NAMES, "acceptance_tau", "acceptance_histogram")
-# the "Which budget?" section's round, part by part (throughput_report.figure_round_parts)
-FIGURE_NAMES = (*FIGURE_NAMES, "round_parts")
+from ddtree_bench import catalog
+
+#: Every figure, in the report's order (``catalog.FIGURES``).
+FIGURE_NAMES = catalog.figure_names()
+#: The figures of the tree build (drawn from summary.parquet and tree_shape.parquet).
+BUILD_FIGURES = tuple(f.name for f in catalog.FIGURES.values() if f.section == "build")
 
 #: How each (builder, timing) is named in figures and tables. ``reference`` is ours, never SGLang.
-SERIES_NAMES = {
-    ("sglang", "wall"): "sglang (SGLang's CPU builder)",
-    ("reference", "wall"): "reference (ours, Python)",
-    ("native", "wall"): "native (C++, 1 thread)",
-    ("native-mt", "wall"): "native-mt (C++, all cores)",
-    ("gpu", "kernel-events"): "gpu kernel (CUDA events)",
-    ("gpu", "graph-replay"): "gpu CUDA-graph replay",
-    ("gpu", "host-inclusive"): "gpu host-inclusive (secondary: copies in + out)",
-    ("gpu", "wall"): "gpu (wall)",
-    ("gpu", "kernel-events-packed"): "gpu kernel, packed bits only (CUDA events)",
-    # in-situ (insitu_bench): from the drafter's top-K on the GPU to the padded tree on the GPU
-    ("sglang", "in-situ"): "sglang in-situ (pageable copies)",
-    ("reference", "in-situ"): "reference in-situ (pageable copies)",
-    ("native", "in-situ"): "native in-situ (pinned copies)",
-    ("native-mt", "in-situ"): "native-mt in-situ (pinned copies)",
-    ("gpu", "in-situ"): "gpu in-situ (graph replay, bool mask)",
-    ("gpu", "in-situ-packed"): "gpu in-situ (graph replay, packed bits)",
-    ("gpu", "in-situ-launch-sync"): "gpu launch + sync wall (secondary, bool mask)",
-    ("gpu", "in-situ-launch-sync-packed"): "gpu launch + sync wall (secondary, packed bits)",
-}
+SERIES_NAMES = {key: series.name for key, series in catalog.all_series().items()}
 BASELINE_NAMES = {"sglang": "SGLang's CPU builder", "reference": "reference (ours)"}
 SERIES_ORDER = list(SERIES_NAMES.values())
-_PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#d62728", "#8c564b", "#e377c2", "#17becf")
-_PALETTE += ("#aec7e8", "#ffbb78", "#98df8a", "#c5b0d5", "#ff9896", "#c49c94", "#f7b6d2", "#9edae5")
-_PALETTE += ("#7f7f7f",)
 #: One colour per series in every figure and on every machine.
-SERIES_COLORS = dict(zip(SERIES_ORDER, _PALETTE, strict=True))
+SERIES_COLORS = {series.name: series.color for series in catalog.all_series().values()}
 #: The timing values of the in-situ rows (what the decode round pays; ``insitu_bench``).
-IN_SITU_TIMINGS = ("in-situ", "in-situ-packed", "in-situ-launch-sync", "in-situ-launch-sync-packed")
+IN_SITU_TIMINGS = catalog.in_situ_timings()
 
 # The public Triton builder as measured on our H200 (batch 64, L = 16, K = N), in µs; 1024 does not build.
 TRITON_US = {32: 28.0, 64: 52.0, 256: 214.0, 512: 547.0}
@@ -175,8 +152,9 @@ def speedups(data: pd.DataFrame, headline: bool = False) -> pd.DataFrame:
         if base is None:
             continue
         in_situ = df["timing"].isin(IN_SITU_TIMINGS)
-        has_in_situ = ((df["builder"] == base) & (df["timing"] == "in-situ")).any()
-        for mode, ref_timing, series in (("wall", "wall", df[~in_situ]), ("in-situ", "in-situ", df[in_situ])):
+        has_in_situ = ((df["builder"] == base) & (df["timing"] == catalog.IN_SITU)).any()
+        modes = (("wall", "wall", df[~in_situ]), (catalog.IN_SITU, catalog.IN_SITU, df[in_situ]))
+        for mode, ref_timing, series in modes:
             if headline and has_in_situ and mode == "wall":
                 continue
             ref = df[(df["builder"] == base) & (df["timing"] == ref_timing)][keys + ["median_s"]]
@@ -188,7 +166,7 @@ def speedups(data: pd.DataFrame, headline: bool = False) -> pd.DataFrame:
             merged["speedup"] = merged["baseline_s"] / merged["median_s"]
             merged["baseline"] = base
             merged["mode"] = mode
-            suffix = ", in-situ (what the decode round pays)" if mode == "in-situ" else ""
+            suffix = ", in-situ (what the decode round pays)" if mode == catalog.IN_SITU else ""
             merged["panel"] = f"{machine}: vs {BASELINE_NAMES[base]}{suffix}"
             frames.append(merged)
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()

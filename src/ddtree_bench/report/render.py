@@ -9,17 +9,12 @@ from pathlib import Path
 
 import pandas as pd
 
+from ddtree_bench import catalog
 from ddtree_bench.report import acceptance as acceptance_report
 from ddtree_bench.report import answer as answer_module
 from ddtree_bench.report import step as step_report
 from ddtree_bench.report import throughput as throughput_report
-from ddtree_bench.report.figures import (
-    _empty_figure,
-    figure_speedup,
-    figure_time_vs_batch,
-    figure_time_vs_budget,
-    figure_tree_shape,
-)
+from ddtree_bench.report.figures import _empty_figure
 from ddtree_bench.report.goals import (
     REF_VS_SGLANG_NOTE,
     REF_VS_SGLANG_TITLE,
@@ -29,8 +24,6 @@ from ddtree_bench.report.goals import (
 )
 from ddtree_bench.report.load import (
     BASELINE_NAMES,
-    BUILD_FIGURES,
-    FIGURE_NAMES,
     IN_SITU_TIMINGS,
     Machine,
     baseline_of,
@@ -109,7 +102,7 @@ def render_report(
     html_path.parent.mkdir(parents=True, exist_ok=True)
     md_path.parent.mkdir(parents=True, exist_ok=True)
     if figures is None:
-        figures = [html_path.parent / "figures" / f"{name}.png" for name in FIGURE_NAMES]
+        figures = [html_path.parent / "figures" / f"{name}.png" for name in catalog.FIGURES]
     figure_paths = {Path(p).stem: Path(p) for p in figures}
     for path in figure_paths.values():
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -130,25 +123,22 @@ def render_report(
     )
     data = timings(machines)
     titles = {}
-    makers = {
-        "time_vs_budget": lambda p: figure_time_vs_budget(data, p, depth, distribution),
-        "time_vs_batch": lambda p: figure_time_vs_batch(data, p, depth, distribution),
-        "speedup": lambda p: figure_speedup(data, p, depth, distribution),
-        "tree_shape": lambda p: figure_tree_shape(machines, p, depth),
-        "step_share": lambda p: step_report.figure_step_share(breakdowns, p),
-        "which_budget": lambda p: throughput_report.figure(budget_sections, p, throughput_options),
-        "round_parts": lambda p: throughput_report.figure_round_parts(budget_sections, p),
+    inputs = {
+        "data": data,
+        "machines": machines,
+        "breakdowns": breakdowns,
+        "found": budget_sections,
+        "options": throughput_options,
+        "depth": depth,
+        "distribution": distribution,
     }
-    makers["acceptance_tau"] = lambda p: acceptance_report.figure_tau(machines, p)
-    makers["acceptance_histogram"] = lambda p: acceptance_report.figure_histogram(
-        machines, p, distribution, depth
-    )
     for name, path in figure_paths.items():
-        if data.empty and name in BUILD_FIGURES and name != "tree_shape":
+        entry = catalog.FIGURES[name]
+        if data.empty and entry.timings:
             _empty_figure(path, "no timings")
             titles[name] = "no timings"
         else:
-            titles[name] = makers[name](path)
+            titles[name] = _drawer(entry)(path=path, **{key: inputs[key] for key in entry.inputs})
 
     target_results = evaluate_targets(machines)
     target_results += [
@@ -202,12 +192,8 @@ def render_report(
     answer = answer_module.answer(machines, breakdowns, settings, budget_sections)
     compact_headings = {label: heading for label, (_, heading) in compact.items()}
     compact = {label: table for label, (table, _) in compact.items()}
-    figure_order = [
-        n
-        for n in (*BUILD_FIGURES, *acceptance_report.FIGURES, "which_budget", "round_parts", "step_share")
-        if n in figure_paths
-    ]
-    key_figure = "step_share" if "step_share" in figure_paths else None
+    figure_order = [n for n in catalog.FIGURES if n in figure_paths]
+    key_figure = next((n for n in figure_order if catalog.FIGURES[n].key), None)
     other_figures = [n for n in figure_order if n != key_figure]
 
     # Markdown
@@ -314,6 +300,14 @@ def render_report(
     ]
     with atomic_output(html_path) as tmp:
         Path(tmp).write_text("\n".join(parts))
+
+
+def _drawer(entry: catalog.Figure):
+    """The function that draws a catalog figure (``entry.draw``: "module:function")."""
+    import importlib  # noqa: PLC0415
+
+    module, _, function = entry.draw.partition(":")
+    return getattr(importlib.import_module(module), function)
 
 
 LEAD = (

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pandas as pd
 
+from ddtree_bench import catalog
 from ddtree_bench.report.step import fmt_us
 
 SOURCE = "rest of the round"
@@ -109,7 +110,7 @@ def _round_targets(step: pd.DataFrame) -> list[tuple[str, str, str, str]]:
     rounds = _ok(step, "round")
     wall = rounds[rounds["timing"] == "wall"]
     gpu = wall[(wall["impl"] == "gpu") & (wall["batch"] == 1)].set_index(["budget", "prefix"])["median_s"]
-    cpu = wall[(wall["impl"] == "native-mt") & (wall["batch"] == 1)].set_index(["budget", "prefix"])[
+    cpu = wall[(wall["impl"] == catalog.NATIVE_MT) & (wall["batch"] == 1)].set_index(["budget", "prefix"])[
         "median_s"
     ]
     common = gpu.index.intersection(cpu.index)

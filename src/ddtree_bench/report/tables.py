@@ -8,6 +8,7 @@ from html import escape
 import numpy as np
 import pandas as pd
 
+from ddtree_bench.catalog import IN_SITU
 from ddtree_bench.environment import ENVIRONMENT_COLUMNS
 from ddtree_bench.report import step as step_report
 from ddtree_bench.report.load import (
@@ -107,7 +108,7 @@ def in_situ_tables(data: pd.DataFrame, machines: list[Machine], depth, distribut
         if table.empty:
             failed = machine.summary
             if not failed.empty:
-                failed = failed[(failed["timing"] == "in-situ") & (failed["status"] != "ok")]
+                failed = failed[(failed["timing"] == IN_SITU) & (failed["status"] != "ok")]
             reasons = sorted({str(r) for r in failed["status_reason"].dropna()}) if len(failed) else []
             why = "; ".join(reasons) or "timing.in_situ off, or results from before the mode existed"
             table = f"no in-situ rows ({why})"

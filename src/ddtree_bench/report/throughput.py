@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from ddtree_bench import catalog
 from ddtree_bench.report.figures import budget_axis
 from ddtree_bench.throughput import (
     ASSUMPTIONS,
@@ -46,13 +47,7 @@ INTRO = (
     "the one that grows the most from the best budget to the next; the gain is the GPU builder's tokens/s "
     "at its best budget over the baseline's at the baseline's best."
 )
-_STYLES = {  # builder: (colour, marker, line style); one per builder in every panel
-    "sglang": ("#1f77b4", "o", "-"),
-    "reference": ("#ff7f0e", "s", "--"),
-    "native": ("#2ca02c", "^", "-."),
-    "native-mt": ("#9467bd", "D", ":"),
-    "gpu": ("#d62728", "v", "-"),
-}
+_STYLES = {b.name: b.style for b in catalog.BUILDERS.values()}  # (colour, marker, line style) per builder
 
 
 @dataclass

@@ -33,7 +33,7 @@ import numpy as np
 import pandas as pd
 
 from ddtree_bench.builders import get_builder
-from ddtree_bench.config import ATTENTION_IMPLS, STREAM_IMPL
+from ddtree_bench.catalog import ATTENTION_IMPLS, STREAM_IMPL
 from ddtree_bench.environment import ENVIRONMENT_COLUMNS, collect_environment
 from ddtree_bench.ops.attention import (
     HEAD_DIM,

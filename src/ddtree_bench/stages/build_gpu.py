@@ -39,6 +39,7 @@ import pandas as pd
 from ddtree_bench.builders import get_builder
 from ddtree_bench.builders.gpu import STAT_NAMES, DeviceTrees, GpuBuilder, device_layout, device_views
 from ddtree_bench.builders.gpu_device import DeviceTreeBuilder
+from ddtree_bench.catalog import IN_SITU
 from ddtree_bench.stages.build import frame, start_run
 from ddtree_bench.timing.gpu import EVENT_CLOCK, EventTimer, pinned
 from ddtree_bench.tree import first_difference
@@ -156,7 +157,7 @@ def run_gpu_benchmark(
     ]
     if in_situ:
         kinds += [
-            ("in-situ", "warm", lambda: event_time(replay, False)),
+            (IN_SITU, "warm", lambda: event_time(replay, False)),
             ("in-situ-packed", "warm", lambda: event_time(replay_packed, False)),
             ("in-situ-launch-sync", "n/a", lambda: launch_sync(False)),
             ("in-situ-launch-sync-packed", "n/a", lambda: launch_sync(True)),

@@ -31,6 +31,7 @@ import time
 import numpy as np
 import pandas as pd
 
+from ddtree_bench import catalog
 from ddtree_bench.builders import get_builder
 from ddtree_bench.builders.gpu import device_layout, device_views
 from ddtree_bench.environment import ENVIRONMENT_COLUMNS
@@ -38,9 +39,9 @@ from ddtree_bench.stages.build import frame, prechecked_budget, start_run, unava
 from ddtree_bench.timing.gpu import pinned
 from ddtree_bench.tree import FIELD_DTYPES, TreeBatch
 
-IN_SITU = "in-situ"
+IN_SITU = catalog.IN_SITU
 #: The timing values of the in-situ rows (the gpu builder's variants: packed bits, launch + sync wall).
-IN_SITU_TIMINGS = (IN_SITU, "in-situ-packed", "in-situ-launch-sync", "in-situ-launch-sync-packed")
+IN_SITU_TIMINGS = catalog.in_situ_timings()
 #: What the verify needs back on the device, in this order (one contiguous range for the native copies).
 VERIFY_FIELDS = (
     "visibility",
@@ -49,8 +50,8 @@ VERIFY_FIELDS = (
     "node_token_ids",
     "node_depths",
 )
-TORCH_BUILDERS = ("sglang", "reference")
-PINNED_BUILDERS = ("native", "native-mt")
+TORCH_BUILDERS = catalog.builders_where(copies=catalog.PAGEABLE)
+PINNED_BUILDERS = catalog.builders_where(copies=catalog.PINNED)
 
 
 def torch_cuda_reason() -> str | None:
@@ -74,7 +75,7 @@ def in_situ_unavailable_reason(builder: str) -> str | None:
     if builder in TORCH_BUILDERS:
         reason = torch_cuda_reason()
         return None if reason is None else f"in-situ timing needs torch with a CUDA device: {reason}"
-    if builder in PINNED_BUILDERS or builder == "gpu":
+    if builder in PINNED_BUILDERS or builder in catalog.builders_where(copies=catalog.DEVICE):
         reason = gpu_unavailable_reason()
         return None if reason is None else f"in-situ timing needs a CUDA GPU: {reason}"
     raise ValueError(f"in-situ timing: unknown builder {builder!r}")

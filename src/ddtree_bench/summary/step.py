@@ -24,7 +24,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ddtree_bench.config import ATTENTION_IMPLS
+from ddtree_bench import catalog
+from ddtree_bench.catalog import ATTENTION_IMPLS
 from ddtree_bench.environment import ENVIRONMENT_COLUMNS, collect_environment
 from ddtree_bench.io import write_frame
 from ddtree_bench.model.moe import MOE_IMPLS
@@ -106,22 +107,13 @@ LEFT_OUT = (
 )
 
 #: The tree builds the breakdown shows: (builder, timing, cache states, label), from ``summary.parquet``.
-BUILD_SERIES = (
-    ("sglang", "wall", ("n/a", "warm"), "sglang (SGLang's CPU builder)"),
-    ("reference", "wall", ("n/a", "warm"), "reference (ours, Python)"),
-    ("native", "wall", ("n/a", "warm"), "native (C++, 1 thread)"),
-    ("native-mt", "wall", ("n/a", "warm"), "native-mt (C++, all cores)"),
-    ("gpu", "kernel-events", ("warm",), "gpu kernel"),
-    ("gpu", "host-inclusive", ("n/a", "warm"), "gpu host-inclusive"),
+BUILD_SERIES = tuple(
+    (b.name, s.timing, s.caches, s.step) for b in catalog.BUILDERS.values() for s in b.series if s.step
 )
 #: The in-situ builds (``stages.insitu``: from the drafter's top-K on the GPU to the padded tree on the GPU,
 #: the copies each builder needs included): where a builder has them, the breakdown shows them instead.
-IN_SITU_BUILD_SERIES = (
-    ("sglang", "in-situ", ("n/a",), "sglang in-situ"),
-    ("reference", "in-situ", ("n/a",), "reference in-situ"),
-    ("native", "in-situ", ("n/a",), "native in-situ"),
-    ("native-mt", "in-situ", ("n/a",), "native-mt in-situ"),
-    ("gpu", "in-situ", ("warm",), "gpu in-situ (graph replay)"),
+IN_SITU_BUILD_SERIES = tuple(
+    (b.name, s.timing, s.caches, s.step) for b in catalog.BUILDERS.values() for s in b.in_situ if s.step
 )
 #: Every build label the breakdown may show, in its order.
 BUILD_LABELS = tuple(label for *_, label in IN_SITU_BUILD_SERIES + BUILD_SERIES)
@@ -488,7 +480,7 @@ def step_breakdown(
             & (summary["depth"] == depth)
             & (summary["distribution"] == distribution)
         ]
-        in_situ = set(ok.loc[ok["timing"] == "in-situ", "builder"])  # prefer in-situ where measured
+        in_situ = set(ok.loc[ok["timing"] == catalog.IN_SITU, "builder"])  # prefer in-situ where measured
         chosen = [x for x in IN_SITU_BUILD_SERIES if x[0] in in_situ]
         chosen += [x for x in BUILD_SERIES if x[0] not in in_situ]
         for builder, timing, caches, label in chosen:
