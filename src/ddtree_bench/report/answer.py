@@ -13,18 +13,10 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from ddtree_bench.report.step import fmt_us
+from ddtree_bench.report.fmt import fmt_us, regime
+from ddtree_bench.report.names import IN_SITU_COLUMNS
 from ddtree_bench.throughput import tau_per_budget
 
-#: The in-situ build labels of the step breakdown (``step.BUILD_LABELS``), in column order, with the
-#: builder each one is and the column name of the answer's tables.
-IN_SITU_COLUMNS = (
-    ("sglang in-situ", "sglang", "SGLang's function"),
-    ("reference in-situ", "reference", "reference (ours, Python)"),
-    ("native in-situ", "native", "native (C++, 1 thread)"),
-    ("native-mt in-situ", "native-mt", "native-mt (C++, all cores)"),
-    ("gpu in-situ (graph replay)", "gpu", "gpu (our CUDA kernel)"),
-)
 #: The verdict's threshold: a build whose share of the round stays below this is "negligible".
 SHARE_LIMIT = 0.01
 #: A tokens/s ratio within this of 1 is no answer either way: the builders' whole rounds are timed one block
@@ -55,8 +47,12 @@ class Answer:
     def heading(self, batch: int) -> str:
         return (
             f"Batch {batch}: {self.machine}, S = {self.prefix} prefix tokens, {self.heads} heads, "
-            f"L = {self.depth}, {self.distribution} trees"
+            f"{self.distribution} trees ({regime(self.depth, self._budgets(batch))})"
         )
+
+    def _budgets(self, batch: int) -> list[int]:
+        table = self.tables.get(batch)
+        return [] if table is None or "N" not in table else [int(n) for n in table["N"]]
 
     def intro(self) -> str:
         other = ", ".join(str(p) for p in self.other_prefixes)

@@ -1,5 +1,6 @@
-"""The machines side by side: each machine's summaries (parquet, json) loaded, the timing rows named by
-series, the baseline of each machine and the speedups over it."""
+"""The machines side by side: each machine's summaries (parquet, json) loaded once, the timing rows named by
+series, the baseline of each machine and the speedups over it, and the row selections the tables, figures and
+goals share."""
 
 from __future__ import annotations
 
@@ -9,48 +10,8 @@ from pathlib import Path
 
 import pandas as pd
 
-FIGURE_NAMES = ("time_vs_budget", "time_vs_batch", "speedup", "tree_shape", "step_share", "which_budget")
-#: The figures of the tree build (drawn from summary.parquet); step_share is the step-time breakdown's.
-BUILD_FIGURES = ("time_vs_budget", "time_vs_batch", "speedup", "tree_shape")
-# the acceptance section's figures (acceptance_report: tau per budget beside the paper, P(tau >= k))
-FIGURE_NAMES = (*FIGURE_NAMES, "acceptance_tau", "acceptance_histogram")
-# the "Which budget?" section's round, part by part (throughput_report.figure_round_parts)
-FIGURE_NAMES = (*FIGURE_NAMES, "round_parts")
-
-#: How each (builder, timing) is named in figures and tables. ``reference`` is ours, never SGLang.
-SERIES_NAMES = {
-    ("sglang", "wall"): "sglang (SGLang's CPU builder)",
-    ("reference", "wall"): "reference (ours, Python)",
-    ("native", "wall"): "native (C++, 1 thread)",
-    ("native-mt", "wall"): "native-mt (C++, all cores)",
-    ("gpu", "kernel-events"): "gpu kernel (CUDA events)",
-    ("gpu", "graph-replay"): "gpu CUDA-graph replay",
-    ("gpu", "host-inclusive"): "gpu host-inclusive (secondary: copies in + out)",
-    ("gpu", "wall"): "gpu (wall)",
-    ("gpu", "kernel-events-packed"): "gpu kernel, packed bits only (CUDA events)",
-    # in-situ (insitu_bench): from the drafter's top-K on the GPU to the padded tree on the GPU
-    ("sglang", "in-situ"): "sglang in-situ (pageable copies)",
-    ("reference", "in-situ"): "reference in-situ (pageable copies)",
-    ("native", "in-situ"): "native in-situ (pinned copies)",
-    ("native-mt", "in-situ"): "native-mt in-situ (pinned copies)",
-    ("gpu", "in-situ"): "gpu in-situ (graph replay, bool mask)",
-    ("gpu", "in-situ-packed"): "gpu in-situ (graph replay, packed bits)",
-    ("gpu", "in-situ-launch-sync"): "gpu launch + sync wall (secondary, bool mask)",
-    ("gpu", "in-situ-launch-sync-packed"): "gpu launch + sync wall (secondary, packed bits)",
-}
-BASELINE_NAMES = {"sglang": "SGLang's CPU builder", "reference": "reference (ours)"}
-SERIES_ORDER = list(SERIES_NAMES.values())
-_PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#d62728", "#8c564b", "#e377c2", "#17becf")
-_PALETTE += ("#aec7e8", "#ffbb78", "#98df8a", "#c5b0d5", "#ff9896", "#c49c94", "#f7b6d2", "#9edae5")
-_PALETTE += ("#7f7f7f",)
-#: One colour per series in every figure and on every machine.
-SERIES_COLORS = dict(zip(SERIES_ORDER, _PALETTE, strict=True))
-#: The timing values of the in-situ rows (what the decode round pays; ``insitu_bench``).
-IN_SITU_TIMINGS = ("in-situ", "in-situ-packed", "in-situ-launch-sync", "in-situ-launch-sync-packed")
-
-# The public Triton builder as measured on our H200 (batch 64, L = 16, K = N), in µs; 1024 does not build.
-TRITON_US = {32: 28.0, 64: 52.0, 256: 214.0, 512: 547.0}
-
+from ddtree_bench.report.fmt import regime
+from ddtree_bench.report.names import BASELINE_NAMES, IN_SITU_TIMINGS, SERIES_NAMES
 
 # ----------------------------------------------------------------------------------------- loading
 
@@ -68,14 +29,14 @@ class Machine:
     step_missing: str = "no step data"
 
 
-def _read_json(path) -> dict:
+def read_json(path) -> dict:
     path = Path(path)
     if not path.is_file():
         return {}
     return json.loads(path.read_text())
 
 
-def _read_parquet(path) -> pd.DataFrame:
+def read_parquet(path) -> pd.DataFrame:
     path = Path(path)
     return pd.read_parquet(path) if path.is_file() else pd.DataFrame()
 
@@ -88,10 +49,10 @@ def load_machine(
     summary_path = Path(summary_path)
     folder = summary_path.parent
     summary = pd.read_parquet(summary_path)
-    shapes = _read_parquet(shapes_path or folder / "tree_shape.parquet")
-    environment = _read_json(environment_path or folder / "environment.json")
+    shapes = read_parquet(shapes_path or folder / "tree_shape.parquet")
+    environment = read_json(environment_path or folder / "environment.json")
     step_path = Path(step_path or folder / "step_summary.parquet")
-    step = _read_parquet(step_path)
+    step = read_parquet(step_path)
     label = environment.get("machine")
     if not label and len(summary) and "machine" in summary:
         label = str(summary["machine"].dropna().iloc[0]) if summary["machine"].notna().any() else None
@@ -194,7 +155,7 @@ def speedups(data: pd.DataFrame, headline: bool = False) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 
-def _select(data: pd.DataFrame, depth, distribution) -> tuple[pd.DataFrame, int | None, str | None]:
+def select_rows(data: pd.DataFrame, depth, distribution) -> tuple[pd.DataFrame, int | None, str | None]:
     """The rows at the report's depth and distribution (or the first present, where those are absent); warm
     caches only (cold-L2 GPU samples are in the tables)."""
     if data.empty:
@@ -208,19 +169,19 @@ def _select(data: pd.DataFrame, depth, distribution) -> tuple[pd.DataFrame, int 
     return data[data["distribution"] == distribution], depth, distribution
 
 
-def _medians(df: pd.DataFrame, builder: str, timing: str = "wall", cache=("warm", "n/a")) -> pd.DataFrame:
+def medians_of(df: pd.DataFrame, builder: str, timing: str = "wall", cache=("warm", "n/a")) -> pd.DataFrame:
     sel = df[(df["builder"] == builder) & (df["timing"] == timing) & (df["cache"].isin(cache))]
     return sel
 
 
-def _ratio_pairs(num: pd.DataFrame, den: pd.DataFrame, column: str) -> pd.DataFrame:
+def ratio_pairs(num: pd.DataFrame, den: pd.DataFrame, column: str) -> pd.DataFrame:
     keys = ["budget", "batch", "depth", "distribution"]
     merged = num[keys + [column]].merge(den[keys + [column]], on=keys, suffixes=("_num", "_den"))
     merged["ratio"] = merged[f"{column}_num"] / merged[f"{column}_den"]
     return merged
 
 
-def _sglang_rows(df: pd.DataFrame) -> pd.DataFrame:
+def sglang_rows(df: pd.DataFrame) -> pd.DataFrame:
     """The rows where SGLang's own function ran (builder sglang, status ok, timed calls)."""
     if df.empty:
         return df
@@ -229,10 +190,11 @@ def _sglang_rows(df: pd.DataFrame) -> pd.DataFrame:
 
 def selection_heading(rows: pd.DataFrame, machine: str, depth, distribution) -> str:
     """The heading of one machine's rows at the report's depth and distribution, built from the rows
-    ``_select`` keeps: where the requested depth or distribution is absent, it says so and names what is
+    ``select_rows`` keeps: where the requested depth or distribution is absent, it says so and names what is
     shown instead."""
-    _, used_depth, used_distribution = _select(rows, depth, distribution)
-    heading = f"{machine} (L = {used_depth}, {used_distribution}; per call, p10-p90)"
+    shown, used_depth, used_distribution = select_rows(rows, depth, distribution)
+    budgets = shown["budget"] if not shown.empty else ()
+    heading = f"{machine} ({regime(used_depth, budgets)}; {used_distribution}; per call, p10-p90)"
     absent = []
     if depth is not None and used_depth != depth:
         absent.append(f"L = {depth}")
