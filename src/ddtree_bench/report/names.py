@@ -148,7 +148,7 @@ FIGURES = (
     ),
     FigureSpec(
         "acceptance_tau",
-        "Acceptance per budget",
+        "tau per budget beside the DDTree paper",
         "tau (tokens per verify round, bonus included): expected (lines), simulated (x, 2 s.e.), beside the "
         "DDTree paper's Fig. 3.",
         "acceptance:figure_tau_for_report",

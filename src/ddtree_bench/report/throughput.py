@@ -417,7 +417,7 @@ def figure(found: list[BudgetSection], path, options: dict | None = None) -> str
                 line = sel[sel["builder"] == builder].sort_values("budget")
                 builder_line(ax, builder, line["budget"], line["tokens_per_s"], label=label)
                 best = line.loc[line["tokens_per_s"].idxmax()]
-                dodge = 2 ** (0.09 * (k - (len(present) - 1) / 2))  # side by side on the log-2 axis
+                dodge = 2 ** (0.15 * (k - (len(present) - 1) / 2))  # side by side on the log-2 axis
                 ax.plot(
                     [best["budget"] * dodge],
                     [best["tokens_per_s"]],
