@@ -663,7 +663,7 @@ def report_sections(machines, breakdowns: dict, settings: dict) -> list[Section]
             peaks.append(f"{label}: {peaks_line(machine.step)}")
             line = backends_line(machine.step)
             if line:
-                backends.append(f"**How each impl ran ({label}):** {line}")
+                backends.append(f"How each impl ran ({label}): {line}")
             table = breakdown_table(breakdowns[label], label, layers)
             budgets = table["N"] if not table.empty else ()
             where = f"{regime(depth, budgets)}, {distribution} trees" if depth else str(distribution or "")
@@ -677,7 +677,7 @@ def report_sections(machines, breakdowns: dict, settings: dict) -> list[Section]
     verify = Section("Verify attention").add(
         Text(STEP_INTRO),
         missing,
-        Text(f"**GPU peaks:** {'; '.join(peaks) or 'no data'}"),
+        Text(f"GPU peaks: {'; '.join(peaks) or 'no data'}"),
         *(Text(line) for line in backends),
         Table(_concat(attention), collapsed=True, empty=no_data),
     )
