@@ -108,15 +108,15 @@ config = read_config_file("config/smoke.yaml")
 config["builders"] = ["reference", "toy"]
 assert check_config(config)["builders"] == ["reference", "toy"]
 
-from ddtree_bench.report import answer, goals, load, throughput as report_throughput
+from ddtree_bench.report import names
 from ddtree_bench.summary import step
 from ddtree_bench import throughput
 
-assert load.SERIES_NAMES[("toy", "wall")] == "toy (wall)" and load.SERIES_COLORS["toy in-situ"] == "#020202"
+assert names.SERIES_NAMES[("toy", "wall")] == "toy (wall)" and names.SERIES_COLORS["toy in-situ"] == "#020202"
 assert ("toy", "toy (a test's builder)", "wall", "wall clock") in throughput.BUILDERS
-assert "toy" in throughput.CPU_BUILDERS and "toy" in goals.CPU_BUILDERS
-assert report_throughput._STYLES["toy"] == ("#000000", "x", "-")
-assert ("toy in-situ", "toy", "toy (a test's builder)") in answer.IN_SITU_COLUMNS
+assert "toy" in throughput.CPU_BUILDERS and "toy" in names.CPU_BUILDERS
+assert names.BUILDER_STYLES["toy"] == ("#000000", "x", "-") and names.PER_CALL_TIMING["toy"] == "wall"
+assert ("toy in-situ", "toy", "toy (a test's builder)") in names.IN_SITU_COLUMNS
 assert ("toy", "wall", ("n/a", "warm"), "toy (wall)") in step.BUILD_SERIES
 print("toy ok")
 """
@@ -161,22 +161,22 @@ def test_a_toy_builder_is_one_catalog_entry_plus_its_module(tmp_path):
 
 def test_a_toy_figure_is_drawn_and_shown(tmp_path, monkeypatch):
     from ddtree_bench.report import render_report  # noqa: PLC0415
-    from ddtree_bench.report.figures import _empty_figure  # noqa: PLC0415
+    from ddtree_bench.report.figures import empty_figure  # noqa: PLC0415
     from ddtree_bench.stages.build import unavailable_frame  # noqa: PLC0415
     from ddtree_bench.summary.build import summarize  # noqa: PLC0415
 
     drawn = []
 
-    def draw(machines, path):
-        drawn.append([m.label for m in machines])
-        _empty_figure(path, "a toy")
-        return "A toy figure of every machine"
+    def draw(inputs, path):
+        drawn.append([m.label for m in inputs.machines])
+        empty_figure(path, "a toy")
+        return "Drawn for every machine."
 
     module = types.ModuleType("toy_figure")
     module.draw = draw
     monkeypatch.setitem(sys.modules, "toy_figure", module)
     monkeypatch.setitem(
-        catalog.FIGURES, "toy", catalog.Figure("toy", "toy_figure:draw", ("machines",), "toy")
+        catalog.FIGURES, "toy", catalog.Figure("toy", "A toy figure", "One panel.", "toy_figure:draw")
     )
 
     folder = tmp_path / "m"
@@ -189,6 +189,7 @@ def test_a_toy_figure_is_drawn_and_shown(tmp_path, monkeypatch):
     assert drawn == [["m"]]
     assert (out / "figures" / "toy.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     markdown = (out / "summary.md").read_text()
-    assert "### A toy figure of every machine\n\n![toy](figures/toy.png)" in markdown
+    assert "A toy figure" in markdown and "![toy](figures/toy.png)" in markdown
+    assert "One panel. Drawn for every machine." in markdown
     page = (out / "index.html").read_text()
     assert '<img alt="toy"' in page and page.count("data:image/png;base64,") == len(catalog.FIGURES)

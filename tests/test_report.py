@@ -540,9 +540,10 @@ def test_published_report_opens_with_the_answer_and_collapses_the_detail(tmp_pat
         assert before.count("<details>") > before.count("</details>"), detail[max(0, start - 300) : start]
     # a heading names what its rows hold: h200-sglang has no drafter rows, so its medians are peaked, said so
     assert (
-        "Medians on h200-sglang (L = 16, peaked; per call, p10-p90); drafter trees not measured" in markdown
+        "Medians on h200-sglang (L = 16 fixed, not SGLang's L = N; peaked; per call, p10-p90); drafter trees "
+        "not measured" in markdown
     )
-    assert "Medians on h200-sglang (L = 16, drafter" not in markdown
+    assert "Medians on h200-sglang (L = 16 fixed, not SGLang's L = N; drafter" not in markdown
 
 
 def test_one_time_unit_per_column():
@@ -565,23 +566,207 @@ def test_selection_heading_says_what_is_absent(tmp_path):
     from ddtree_bench.report.load import selection_heading  # noqa: PLC0415
 
     data = timings(load_machines(write_machine(tmp_path / "m", "m")))
-    assert selection_heading(data, "m", 16, "uniform") == "m (L = 16, uniform; per call, p10-p90)"
+    assert (
+        selection_heading(data, "m", 16, "uniform")
+        == "m (L = 16 fixed, not SGLang's L = N; uniform; per call, p10-p90)"
+    )
     heading = selection_heading(data, "m", 16, "drafter")
-    assert heading.startswith("m (L = 16, ") and heading.endswith("; drafter trees not measured on m")
+    assert heading.startswith("m (L = 16 fixed, ") and heading.endswith("; drafter trees not measured on m")
     assert "drafter;" not in heading
 
 
 def test_figures_show_every_machine_naming_what_a_machine_lacks(tmp_path):
-    from ddtree_bench.report.figures import _others, _select_each  # noqa: PLC0415
+    from ddtree_bench.report.figures import others_note, select_each  # noqa: PLC0415
 
     data = timings(
         load_machines(PUBLISHED_H200 / "summary.parquet", published=[PUBLISHED_SGLANG / "summary.parquet"])
     )
-    sel, depth, distribution = _select_each(data, 16, "drafter")
+    sel, depth, distribution = select_each(data, 16, "drafter")
     assert (depth, distribution) == (16, "drafter")
     assert set(sel["machine"]) == {"h200", "h200-sglang: peaked, L = 16"}  # its own rows, named
     assert (
-        _others(sel, distribution)
+        others_note(sel, distribution)
         == "; machines without these rows at their own: h200-sglang (peaked, L = 16)"
     )
     assert "gpu kernel, packed bits only (CUDA events)" in set(sel["series"])
+
+
+# -- the report's structure: one model, two writers; the figures' panels; the first screen ----------------
+
+REPORT_PACKAGE = Path(__file__).resolve().parents[1] / "src" / "ddtree_bench" / "report"
+
+
+def _published_model(figure_folder):
+    from ddtree_bench.report import ReportOptions, build_model  # noqa: PLC0415
+    from ddtree_bench.report.names import FIGURE_NAMES as NAMES  # noqa: PLC0415
+
+    machines = load_machines(
+        PUBLISHED_H200 / "summary.parquet", published=[PUBLISHED_SGLANG / "summary.parquet"]
+    )
+    options = ReportOptions(
+        depth=16,
+        distribution="drafter",
+        step_depth=16,
+        step_distribution="drafter",
+        distributions=["drafter"],
+    )
+    figure_folder.mkdir(parents=True, exist_ok=True)
+    return build_model(machines, options, {name: figure_folder / f"{name}.png" for name in NAMES})
+
+
+@pytest.fixture(scope="module")
+def published_model(tmp_path_factory):
+    """The published report's model, with every figure kept open to inspect."""
+    import matplotlib  # noqa: PLC0415
+
+    from ddtree_bench.report.figures import collect_figures  # noqa: PLC0415
+
+    matplotlib.use("Agg")
+    with collect_figures() as figures:
+        model = _published_model(tmp_path_factory.mktemp("figures"))
+        yield model, dict(figures)
+
+
+def _check_panels(name, fig):
+    """Every panel has data (an empty one is removed); in the main figures, at most one line per builder."""
+    from ddtree_bench.report.names import BUILDER_STYLES, PER_BUILDER_FIGURES  # noqa: PLC0415
+
+    for ax in fig.axes:
+        assert ax.has_data(), f"{name}: an empty panel ({ax.get_title()!r})"
+        if name not in PER_BUILDER_FIGURES:
+            continue
+        labelled = [line for line in ax.get_lines() if not line.get_label().startswith("_")]
+        builders = [line.get_gid() for line in labelled]
+        assert None not in builders, f"{name}: a series that is not a builder's in {ax.get_title()!r}"
+        assert set(builders) <= set(BUILDER_STYLES), (name, builders)
+        assert len(builders) == len(set(builders)), f"{name}: a builder twice in {ax.get_title()!r}"
+
+
+def test_main_figures_draw_one_line_per_builder_and_no_empty_panel(published_model):
+    from ddtree_bench.report.names import PER_BUILDER_FIGURES  # noqa: PLC0415
+
+    model, figures = published_model
+    assert set(figures) == set(FIGURE_NAMES)
+    for name, fig in figures.items():
+        assert fig.axes, f"{name}: no panel"
+        _check_panels(name, fig)
+    for name in PER_BUILDER_FIGURES:  # the per-builder figures hold more than one builder here
+        gids = {line.get_gid() for ax in figures[name].axes for line in ax.get_lines()}
+        assert {"gpu", "native-mt"} <= gids, name
+    # the per-call variants are in their own figure, collapsed
+    variants = next(f for f in model.figures() if f.name == "timing_variants")
+    assert variants.collapsed and len(figures["timing_variants"].axes) > 4
+
+
+def test_a_small_report_has_no_empty_panels(tmp_path):
+    import matplotlib  # noqa: PLC0415
+
+    from ddtree_bench.report import ReportOptions, build_model  # noqa: PLC0415
+    from ddtree_bench.report.figures import collect_figures  # noqa: PLC0415
+
+    matplotlib.use("Agg")
+    ours = write_machine(tmp_path / "laptop", "laptop")
+    other = write_machine(tmp_path / "h200", "h200", sglang=True, gpu=True)
+    machines = load_machines(ours, published=[other])
+    paths = {name: tmp_path / f"{name}.png" for name in FIGURE_NAMES}
+    with collect_figures() as figures:
+        build_model(machines, ReportOptions(distribution="uniform"), paths)
+        for name, fig in figures:
+            _check_panels(name, fig)
+    assert all(path.stat().st_size > 1000 for path in paths.values())
+
+
+def test_markdown_and_html_are_written_from_one_model(published_model):
+    from html import escape  # noqa: PLC0415
+
+    from ddtree_bench.report import to_html, to_markdown  # noqa: PLC0415
+    from ddtree_bench.report.tables import one_unit_per_column  # noqa: PLC0415
+
+    model, _ = published_model
+    markdown, page = to_markdown(model), to_html(model)
+    answer = model.answer
+    assert answer.machine == "h200" and set(answer.tables) == {1, 64}
+    for batch, table in answer.tables.items():
+        assert answer.heading(batch) in markdown and escape(answer.heading(batch)) in page
+        shown = one_unit_per_column(table.astype(str))  # as both writers write it
+        for value in shown.to_numpy().ravel():  # every number of the answer, in both
+            assert f"| {value} |" in markdown and f">{escape(value)}</td>" in page, value
+    for line in answer.verdict:
+        assert line in markdown
+        assert escape(line.split(":** ", 1)[1]) in page
+    # the same figures, captions and headings in both; each figure's title once, as its heading
+    for figure in model.figures():
+        assert figure.caption in markdown and escape(figure.caption).split("`")[0] in page
+        assert markdown.count(f"### {figure.title}\n") == (0 if figure.collapsed else 1)
+    for section in model.sections:
+        assert f"## {section.title}" in markdown and f"<h2>{escape(section.title)}</h2>" in page
+
+
+def test_a_cpu_only_report_opens_with_a_line_saying_whose_answer_it_shows(tmp_path):
+    ours = write_machine(tmp_path / "results" / "laptop", "laptop")  # no GPU rows, no step stages
+    out = tmp_path / "r"
+    render_report(
+        summary=ours,
+        published=[PUBLISHED_H200 / "summary.parquet"],
+        html=out / "index.html",
+        markdown=out / "summary.md",
+        distribution="uniform",
+        step_enabled=False,
+    )
+    markdown, page = (out / "summary.md").read_text(), (out / "index.html").read_text()
+    first = markdown.split("\n\n")[1]  # the first screen after the title
+    assert first.startswith("**This machine (laptop) has no GPU rows"), first
+    assert "the answer below is h200's (published results)" in first
+    answer = markdown[markdown.index("## Answer") : markdown.index("## Figures")]
+    assert "### Batch 1: h200," in answer and "| N | tau |" in answer  # the published rows
+    body = page[page.index("</h1>") + len("</h1>") :]
+    assert body.lstrip().startswith("<p class='banner'>This machine (laptop) has no GPU rows")
+
+
+def test_a_report_of_this_machines_own_gpu_rows_has_no_banner(published_model):
+    model, _ = published_model
+    assert model.banner is None
+
+
+def test_no_private_name_crosses_the_report_modules():
+    import ast  # noqa: PLC0415
+
+    crossings = []
+    for path in sorted(REPORT_PACKAGE.glob("*.py")):
+        tree = ast.parse(path.read_text())
+        modules = set()  # names bound to a report module here
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("ddtree_bench.report"):
+                for alias in node.names:
+                    if alias.name.startswith("_"):
+                        crossings.append(f"{path.name}: from {node.module} import {alias.name}")
+                    if node.module == "ddtree_bench.report":
+                        modules.add(alias.asname or alias.name)
+            if isinstance(node, ast.Import):
+                for alias in node.names:
+                    if alias.name.startswith("ddtree_bench.report"):
+                        modules.add(alias.asname or alias.name)
+        for node in ast.walk(tree):
+            if (
+                isinstance(node, ast.Attribute)
+                and node.attr.startswith("_")
+                and not node.attr.startswith("__")
+                and isinstance(node.value, ast.Name)
+                and node.value.id in modules
+            ):
+                crossings.append(f"{path.name}: {node.value.id}.{node.attr}")
+    assert not crossings, crossings
+
+
+def test_every_table_names_its_depth_regime(published_model):
+    from ddtree_bench.report.fmt import regime  # noqa: PLC0415
+
+    assert regime(16, [8, 16, 1024]) == "L = 16 fixed, not SGLang's L = N"
+    assert regime(64, [64]) == "L = N = 64: SGLang's regime"
+    model, _ = published_model
+    from ddtree_bench.report import to_markdown  # noqa: PLC0415
+
+    markdown = to_markdown(model)
+    headings = [line for line in markdown.splitlines() if line.startswith(("### Batch", "#### Medians on"))]
+    headings += [line for line in markdown.splitlines() if line.startswith("### Medians on")]
+    assert headings and all("SGLang's L = N" in line for line in headings), headings

@@ -217,41 +217,109 @@ ROUND_STAGES = ("model", "draft", "allreduce", "round")
 
 @dataclass(frozen=True)
 class Figure:
-    """A report figure: ``draw`` ("module:function") is called with ``path=`` and the named ``inputs`` (from
-    the report's data: ``data``, ``machines``, ``breakdowns``, ``found``, ``options``, ``depth``,
-    ``distribution``) and returns its title. ``section``: what it shows ("build": the tree build's timings
-    and shapes; "acceptance", "throughput", "step"). ``timings``: drawn empty ("no timings") where no
-    tree-build timings exist. ``key``: the answer's figure (shown first, not among the others)."""
+    """A report figure: its file name, the heading above it, what it shows (the caption's first sentence),
+    the function that draws it (``draw``: "module:function", called with the report model's inputs and the
+    PNG's path; it returns the rest of the caption), and where it goes: "answer" (under the answer's tables),
+    "figures", or "collapsed" (in a <details>). ``section``: what it is drawn from ("build": the tree
+    build's timings and shapes; "acceptance", "throughput", "step"). ``per_builder``: at most one line per
+    builder in each panel."""
 
     name: str
+    title: str
+    caption: str
     draw: str
-    inputs: tuple[str, ...]
-    section: str
-    timings: bool = False
-    key: bool = False
+    place: str = "figures"
+    section: str = "build"
+    per_builder: bool = False
 
 
-_FIGURES = "ddtree_bench.report.figures:"
-_BUILD_INPUTS = ("data", "depth", "distribution")
+_REPORT = "ddtree_bench.report."
 
-#: Every figure, in the report's order.
+#: Every figure, in the report's page order. One question each.
 FIGURES: dict[str, Figure] = {
     f.name: f
     for f in (
-        Figure("time_vs_budget", _FIGURES + "figure_time_vs_budget", _BUILD_INPUTS, "build", timings=True),
-        Figure("time_vs_batch", _FIGURES + "figure_time_vs_batch", _BUILD_INPUTS, "build", timings=True),
-        Figure("speedup", _FIGURES + "figure_speedup", _BUILD_INPUTS, "build", timings=True),
-        Figure("tree_shape", _FIGURES + "figure_tree_shape", ("machines", "depth"), "build"),
-        Figure("acceptance_tau", "ddtree_bench.report.acceptance:figure_tau", ("machines",), "acceptance"),
+        Figure(
+            "step_share",
+            "The tree build's share of the round's measured part",
+            "Tree build (in-situ) as a % of build + verify attention (all layers) + accept, a line per "
+            "builder; the drafter, MoE/MLP and LM head are not in this sum.",
+            _REPORT + "step:figure_for_report",
+            "answer",
+            "step",
+            per_builder=True,
+        ),
+        Figure(
+            "time_vs_budget",
+            "What each builder's tree build costs, per budget",
+            "Median per call, p10-p90 band, one line per builder: in-situ (what the decode round pays: "
+            "from the drafter's top-K on the GPU to the padded tree on the GPU) where the machine measured "
+            "it, else per call (CPU builders by wall clock, gpu by CUDA events).",
+            _REPORT + "figures:figure_time_vs_budget",
+            per_builder=True,
+        ),
+        Figure(
+            "speedup",
+            "Speedup over SGLang's builder",
+            "Each builder's median over the baseline's (same budget, batch, trace), one line per builder; "
+            "the dashed line is 1x.",
+            _REPORT + "figures:figure_speedup",
+            per_builder=True,
+        ),
+        Figure(
+            "time_vs_batch",
+            "Does batching amortise the build?",
+            "Per-tree time at the larger batch over per-tree time at batch 1, one line per builder: below "
+            "1, a batch builds each tree cheaper than one request at a time.",
+            _REPORT + "figures:figure_time_vs_batch",
+            per_builder=True,
+        ),
+        Figure(
+            "timing_variants",
+            "Timing variants",
+            "Every timing of every builder (kernel only, CUDA-graph replay, host-inclusive, packed bits, "
+            "launch + synchronise, wall clock, in-situ): a panel per builder, a line per timing.",
+            _REPORT + "figures:figure_timing_variants",
+            "collapsed",
+        ),
+        Figure(
+            "which_budget",
+            "Which budget? Modelled tokens/s",
+            "Modelled tokens/s = B x tau(N) / round per builder (star: each builder's best budget).",
+            _REPORT + "throughput:figure_for_report",
+            section="throughput",
+            per_builder=True,
+        ),
+        Figure(
+            "round_parts",
+            "The round's parts per budget",
+            "Draft, tree build, verify attention, MoE, dense, LM head, communication and accept, stacked; "
+            "bars: gpu | fastest other CPU builder | sglang; hatched parts are estimated or entered, not "
+            "measured.",
+            _REPORT + "throughput:figure_round_parts_for_report",
+            section="throughput",
+        ),
+        Figure(
+            "tree_shape",
+            "Tree shape",
+            "Nodes per depth of reference's trees (mean over all requests of each trace), a line per budget.",
+            _REPORT + "figures:figure_tree_shape_for_report",
+        ),
+        Figure(
+            "acceptance_tau",
+            "tau per budget beside the DDTree paper",
+            "tau (tokens per verify round, bonus included): expected (lines), simulated (x, 2 s.e.), beside "
+            "the DDTree paper's Fig. 3.",
+            _REPORT + "acceptance:figure_tau_for_report",
+            section="acceptance",
+        ),
         Figure(
             "acceptance_histogram",
-            "ddtree_bench.report.acceptance:figure_histogram",
-            ("machines", "distribution", "depth"),
-            "acceptance",
+            "Per-round acceptance",
+            "P(tau >= k) of the simulated rounds (drafter equals target) beside the paper's Fig. 4.",
+            _REPORT + "acceptance:figure_histogram_for_report",
+            section="acceptance",
         ),
-        Figure("which_budget", "ddtree_bench.report.throughput:figure", ("found", "options"), "throughput"),
-        Figure("round_parts", "ddtree_bench.report.throughput:figure_round_parts", ("found",), "throughput"),
-        Figure("step_share", "ddtree_bench.report.step:figure_step_share", ("breakdowns",), "step", key=True),
     )
 }
 

@@ -465,14 +465,13 @@ def cmd_report(args) -> int:
     distribution = args.distribution or grid["distributions"][0]
     out = args.output
     _writable(out, folder=True)
-<<<<<<< HEAD
     with _heartbeat(f"report: rendering {out} from {folder}"):
         render_report(
             summary=summary,
             published=published,
             html=out / "index.html",
             markdown=out / "summary.md",
-            figures=[out / "figures" / f"{name}.png" for name in FIGURE_NAMES],
+            figures=[out / "figures" / f"{name}.png" for name in catalog.FIGURES],
             depth=depth,
             distribution=distribution,
             step_layers=int(step.get("layers") or 61),
@@ -481,22 +480,6 @@ def cmd_report(args) -> int:
             step_enabled=bool(step.get("enabled", True)),
             grid=grid,
         )
-=======
-    render_report(
-        summary=summary,
-        published=published,
-        html=out / "index.html",
-        markdown=out / "summary.md",
-        figures=[out / "figures" / f"{name}.png" for name in catalog.FIGURES],
-        depth=depth,
-        distribution=distribution,
-        step_layers=int(step.get("layers") or 61),
-        step_depth=step.get("depth") or depth,
-        step_distribution=step.get("distribution") or distribution,
-        step_enabled=bool(step.get("enabled", True)),
-        grid=grid,
-    )
->>>>>>> catalog
     print(f"{PROG}: report: {out / 'index.html'} (and {out / 'summary.md'}, {out / 'figures'}/)")
     return 0
 

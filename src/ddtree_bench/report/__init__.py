@@ -3,14 +3,15 @@
 
 It reads this machine's summary (``results/<machine>/summary.parquet``, its ``tree_shape.parquet``,
 ``environment.json`` and ``step_summary.parquet``) and every published summary
-(``results/published/<machine>/``),
-and opens with the answer: what the tree build costs the decode round per builder and budget, and its share of
-the round. Then the figures, the detail tables (collapsed), the environment, and the project's goals.
+(``results/published/<machine>/``), and opens with the answer: what the tree build costs the decode round
+per builder and budget, and its share of the round. Then the figures, the detail tables (collapsed), the
+environment, and the project's goals.
 
-Modules, by role: ``load`` (machines, parquet/json), ``figures``, ``tables`` (frames and the one Markdown and
-HTML table writer), ``goals`` (targets), ``answer`` (the first screen), ``render`` (the pages); and the
-sections of the decode step (``step``), the "Which budget?" model (``throughput``) and the acceptance
-(``acceptance``).
+One pass: ``load`` (machines, parquet/json, once) -> ``model`` (``build_model``: the answer, the tables,
+the figures' files, as sections of ``document`` blocks) -> ``render`` (Markdown and HTML, two writers of that
+one model). ``names`` declares the series, builders and figures once; ``fmt`` writes numbers; ``figures``,
+``tables``, ``goals``, ``answer`` and the sections ``step``, ``throughput``, ``acceptance`` compute the
+model's parts.
 """
 
 from ddtree_bench.report.goals import (
@@ -20,9 +21,6 @@ from ddtree_bench.report.goals import (
     sglang_function_targets,
 )
 from ddtree_bench.report.load import (
-    BUILD_FIGURES,
-    FIGURE_NAMES,
-    SERIES_NAMES,
     Machine,
     baseline_of,
     load_machine,
@@ -31,7 +29,9 @@ from ddtree_bench.report.load import (
     speedups,
     timings,
 )
-from ddtree_bench.report.render import render_report
+from ddtree_bench.report.model import ReportModel, ReportOptions, build_model
+from ddtree_bench.report.names import BUILD_FIGURES, FIGURE_NAMES, FIGURES, SERIES_NAMES
+from ddtree_bench.report.render import render_report, to_html, to_markdown
 from ddtree_bench.report.tables import (
     compact_table,
     html_table,
@@ -44,12 +44,16 @@ from ddtree_bench.report.tables import (
 
 __all__ = [
     "BUILD_FIGURES",
+    "FIGURES",
     "FIGURE_NAMES",
     "SERIES_NAMES",
     "SGLANG_FUNCTION_TARGET",
     "Machine",
+    "ReportModel",
+    "ReportOptions",
     "TargetResult",
     "baseline_of",
+    "build_model",
     "compact_table",
     "evaluate_targets",
     "html_table",
@@ -65,4 +69,6 @@ __all__ = [
     "sglang_source_table",
     "speedups",
     "timings",
+    "to_html",
+    "to_markdown",
 ]

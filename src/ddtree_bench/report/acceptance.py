@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 
 from ddtree_bench.calibrate import PAPER_CHAIN, PAPER_DEPTH, PAPER_TAU
-from ddtree_bench.report.figures import budget_axis
+from ddtree_bench.report.figures import WIDTH, budget_axis, save_figure
 
 #: The paper's Fig. 4 (Qwen3-8B, MATH-500, block 16): P(tau >= k) for k = 1 .. 16.
 PAPER_CHAIN_SURVIVAL = (1.0, 0.897, 0.779, 0.679, 0.597, 0.527, 0.472, 0.427, 0.386, 0.350, 0.317, 0.287)
@@ -90,7 +90,7 @@ def figure_tau(machines, path) -> str:
     import matplotlib.pyplot as plt  # noqa: PLC0415
 
     rows = per_budget(next((m.shapes for m in machines if not m.shapes.empty), pd.DataFrame()))
-    fig, ax = plt.subplots(figsize=(7.5, 4.5))
+    fig, ax = plt.subplots(figsize=(WIDTH, 4.6), layout="constrained")
     budgets = sorted(PAPER_TAU)
     ax.plot(budgets, [PAPER_TAU[n] for n in budgets], "ks-", lw=2, label="DDTree paper, Fig. 3 (block 16)")
     ax.axhline(PAPER_CHAIN, color="k", ls=":", lw=1, label=f"paper's top-1 chain (DFlash), {PAPER_CHAIN}")
@@ -127,13 +127,9 @@ def figure_tau(machines, path) -> str:
     ax.set_xlabel("budget N (nodes per tree)")
     ax.set_ylabel("tau: tokens per verify round (bonus included)")
     ax.grid(alpha=0.3)
-    title = "Acceptance per budget: expected (lines), simulated (x, 2 s.e.), beside the DDTree paper"
-    ax.set_title(title, fontsize=9)
-    fig.tight_layout()
-    fig.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=2, frameon=False)
-    fig.savefig(path, dpi=110, bbox_inches="tight")
-    plt.close(fig)
-    return title
+    fig.legend(fontsize=9, loc="outside right center", frameon=False)
+    save_figure(fig, path)
+    return "Expected (lines), simulated (x, 2 s.e.), beside the DDTree paper's Fig. 3 (Qwen3-8B, block 16)."
 
 
 def survival(hist) -> np.ndarray:
@@ -152,11 +148,11 @@ def figure_histogram(machines, path, distribution=None, depth=None) -> str:
     import matplotlib.pyplot as plt  # noqa: PLC0415
 
     rows = per_budget(next((m.shapes for m in machines if not m.shapes.empty), pd.DataFrame()))
-    fig, ax = plt.subplots(figsize=(7.5, 4.5))
+    fig, ax = plt.subplots(figsize=(WIDTH, 4.6), layout="constrained")
     k = np.arange(1, 17)
     ax.plot(k, PAPER_CHAIN_SURVIVAL, "k:", lw=2, label="paper: top-1 chain (DFlash)")
     ax.plot(k, PAPER_TREE512_SURVIVAL, "k-", lw=2, label="paper: DDTree, N = 512")
-    title = "Per-round acceptance P(tau >= k): simulated rounds beside the paper's Fig. 4"
+    title = "Simulated rounds beside the paper's Fig. 4 (Qwen3-8B, block 16)."
     if not rows.empty and "simulated_accept_hist" in rows:
         if distribution not in set(rows["distribution"]):
             distribution = rows["distribution"].iloc[0]
@@ -178,19 +174,22 @@ def figure_histogram(machines, path, distribution=None, depth=None) -> str:
                 ms=3,
                 label=f"{distribution}, L = {depth}, N = {row['budget']}",
             )
-        title = (
-            f"Per-round acceptance P(tau >= k): {distribution} trees (L = {depth}) beside the paper's Fig. 4"
-        )
+        title = f"{distribution} trees (L = {depth}) beside the paper's Fig. 4 (Qwen3-8B, block 16)."
     ax.set_xlabel("k (tokens committed in a round, bonus included)")
     ax.set_ylabel("P(tau >= k)")
     ax.set_ylim(0, 1.02)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
-    ax.set_title(title, fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    fig.legend(fontsize=9, loc="outside right center", frameon=False)
+    save_figure(fig, path)
     return title
+
+
+def figure_tau_for_report(inputs, path) -> str:
+    return figure_tau(inputs.machines, path)
+
+
+def figure_histogram_for_report(inputs, path) -> str:
+    return figure_histogram(inputs.machines, path, inputs.distribution, inputs.depth)
 
 
 INTRO = (

@@ -13,15 +13,10 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from ddtree_bench.catalog import BUILDERS, CPU, builders_where
-from ddtree_bench.report.step import fmt_us
+from ddtree_bench.report.fmt import fmt_us, regime
+from ddtree_bench.report.names import CPU_BUILDERS, IN_SITU_COLUMNS
 from ddtree_bench.throughput import tau_per_budget
 
-#: The in-situ build labels of the step breakdown (``step.BUILD_LABELS``), in column order, with the
-#: builder each one is and the column name of the answer's tables.
-IN_SITU_COLUMNS = tuple(
-    (s.step, b.name, b.column_name) for b in BUILDERS.values() for s in b.in_situ if s.step
-)
 #: The verdict's threshold: a build whose share of the round stays below this is "negligible".
 SHARE_LIMIT = 0.01
 #: A tokens/s ratio within this of 1 is no answer either way: the builders' whole rounds are timed one block
@@ -52,8 +47,12 @@ class Answer:
     def heading(self, batch: int) -> str:
         return (
             f"Batch {batch}: {self.machine}, S = {self.prefix} prefix tokens, {self.heads} heads, "
-            f"L = {self.depth}, {self.distribution} trees"
+            f"{self.distribution} trees ({regime(self.depth, self._budgets(batch))})"
         )
+
+    def _budgets(self, batch: int) -> list[int]:
+        table = self.tables.get(batch)
+        return [] if table is None or "N" not in table else [int(n) for n in table["N"]]
 
     def intro(self) -> str:
         other = ", ".join(str(p) for p in self.other_prefixes)
@@ -253,7 +252,7 @@ def _round_verdict(batch: int, rows: pd.DataFrame, section) -> str:
 
     if "sglang" in best.index:
         parts.append(f"Does moving the build from SGLang's function to the GPU pay? {versus('sglang')}.")
-    cpu = [b for b in best.index if b in builders_where(runner=CPU)]
+    cpu = [b for b in best.index if b in CPU_BUILDERS]
     if cpu:
         top = max(cpu, key=lambda b: best.loc[b, "tokens_per_s"])
         parts.append(f"Is the GPU kernel better than the best CPU builder ({top})? {versus(top)}.")

@@ -10,17 +10,15 @@ from ddtree_bench import catalog
 from ddtree_bench.report import acceptance as acceptance_report
 from ddtree_bench.report import round_goals
 from ddtree_bench.report import step as step_report
-from ddtree_bench.report.load import (
-    TRITON_US,
-    Machine,
-    _medians,
-    _ratio_pairs,
-    _sglang_rows,
-)
-from ddtree_bench.report.tables import _fmt_x, _us, _where
+from ddtree_bench.report.fmt import fmt_us, fmt_x, where
+from ddtree_bench.report.load import Machine, medians_of, ratio_pairs, sglang_rows
+from ddtree_bench.report.names import CPU_BUILDERS
 from ddtree_bench.timing.records import ROUND_STAGES
 
 # ----------------------------------------------------------------------------------------- targets
+
+# The public Triton builder as measured on our H200 (batch 64, L = 16, K = N), in µs; 1024 does not build.
+TRITON_US = {32: 28.0, 64: 52.0, 256: 214.0, 512: 547.0}
 
 
 @dataclass
@@ -35,7 +33,7 @@ class TargetResult:
 def _status_minimum(pairs: pd.DataFrame, threshold: float) -> tuple[str, str]:
     worst = pairs.loc[pairs["ratio"].idxmin()]
     status = "met" if worst["ratio"] >= threshold else "not met"
-    return status, f"min {_fmt_x(worst['ratio'])} ({_where(worst)}) over {len(pairs)} configurations"
+    return status, f"min {fmt_x(worst['ratio'])} ({where(worst)}) over {len(pairs)} configurations"
 
 
 def evaluate_targets(machines: list[Machine]) -> list[TargetResult]:
@@ -86,7 +84,7 @@ def _build_targets(machines: list[Machine]) -> list[TargetResult]:
             add("any timing", "-", "no data", "no timings on this machine")
             continue
         # the kernel's own time (CUDA events, warm L2), on every distribution and depth measured
-        kernel = _medians(ok, "gpu", "kernel-events")
+        kernel = medians_of(ok, "gpu", "kernel-events")
         nodata = "no gpu kernel timings at batch 64"
 
         sel = kernel[(kernel["batch"] == 64) & (kernel["budget"] == 1024)]
@@ -95,7 +93,7 @@ def _build_targets(machines: list[Machine]) -> list[TargetResult]:
         else:
             worst = sel.loc[sel["median_s"].idxmax()]
             limit_us, worst_us = 150.0, worst["median_s"] * 1e6
-            text = f"{worst_us:.1f} µs (worst: {_where(worst)}) over {len(sel)} configurations"
+            text = f"{worst_us:.1f} µs (worst: {where(worst)}) over {len(sel)} configurations"
             if worst_us > limit_us:
                 text += f", {worst_us - limit_us:.1f} µs over"
             add(GPU_1024_TARGET, BUILD_SOURCE, "met" if worst_us <= limit_us else "not met", text)
@@ -116,8 +114,8 @@ def _build_targets(machines: list[Machine]) -> list[TargetResult]:
                 continue
             worst = at.loc[at["median_s"].idxmax()]
             ratio = TRITON_US[budget] / (worst["median_s"] * 1e6)
-            short = f", {(1 - ratio / factor) * 100:.0f}% short of {_fmt_x(factor)}" if ratio < factor else ""
-            notes.append(f"N={budget}: {_fmt_x(ratio)} (worst: {worst['distribution']}){short}")
+            short = f", {(1 - ratio / factor) * 100:.0f}% short of {fmt_x(factor)}" if ratio < factor else ""
+            notes.append(f"N={budget}: {fmt_x(ratio)} (worst: {worst['distribution']}){short}")
             if ratio < factor:
                 status = "not met"
         if (sel["budget"] == 1024).any():
@@ -150,19 +148,19 @@ def sglang_function_targets(machines: list[Machine]) -> list[TargetResult]:
     events (warm)."""
     results = []
     source = SGLANG_SOURCE
-    measured_on = [m.label for m in machines if not _sglang_rows(m.summary).empty]
+    measured_on = [m.label for m in machines if not sglang_rows(m.summary).empty]
     for machine in machines:
         df = machine.summary
-        sglang = _sglang_rows(df)
+        sglang = sglang_rows(df)
         if sglang.empty:
             elsewhere = f" (measured on {', '.join(measured_on)})" if measured_on else ""
             why = f"SGLang's function did not run on this machine{elsewhere}"
             results.append(TargetResult(machine.label, SGLANG_FUNCTION_TARGET, source, "no data", why))
             continue
         ok = df[(df["status"] == "ok") & (df["n"] > 0)]
-        kernel = _medians(ok, "gpu", "kernel-events")
+        kernel = medians_of(ok, "gpu", "kernel-events")
         kernel = kernel[kernel["batch"] == 64]  # every distribution, depth and trace width measured
-        pairs = _ratio_pairs(sglang, kernel, "median_s") if len(kernel) else pd.DataFrame()
+        pairs = ratio_pairs(sglang, kernel, "median_s") if len(kernel) else pd.DataFrame()
         if pairs.empty:
             results.append(
                 TargetResult(
@@ -181,11 +179,11 @@ def sglang_function_targets(machines: list[Machine]) -> list[TargetResult]:
                 continue
             checked += len(sel)
             worst = sel.loc[sel["ratio"].idxmin()]
-            notes.append(f"min {_fmt_x(worst['ratio'])} where {_fmt_x(factor)} is asked ({_where(worst)})")
+            notes.append(f"min {fmt_x(worst['ratio'])} where {fmt_x(factor)} is asked ({where(worst)})")
             for _, row in sel[sel["ratio"] < factor].sort_values(["budget", "distribution"]).iterrows():
                 need_us = row["median_s_num"] / factor * 1e6
                 short.append(
-                    f"{_where(row)}: {_fmt_x(row['ratio'])}, {(1 - row['ratio'] / factor) * 100:.0f}% short "
+                    f"{where(row)}: {fmt_x(row['ratio'])}, {(1 - row['ratio'] / factor) * 100:.0f}% short "
                     f"(the kernel took {row['median_s_den'] * 1e6:.1f} µs; {factor:.0f}x needs "
                     f"<= {need_us:.1f} µs)"
                 )
@@ -206,7 +204,6 @@ def sglang_function_targets(machines: list[Machine]) -> list[TargetResult]:
 
 
 IN_SITU_SOURCE = "decode round (in-situ)"
-CPU_BUILDERS = catalog.builders_where(runner=catalog.CPU)
 
 
 def _in_situ_medians(ok: pd.DataFrame, builder: str) -> pd.DataFrame:
@@ -223,15 +220,15 @@ def _factor_target(pairs: pd.DataFrame, need, other: str) -> tuple[str, str]:
     pairs = pairs.assign(margin=pairs["ratio"] / pairs["need"])
     worst = pairs.loc[pairs["margin"].idxmin()]
     text = (
-        f"min {_fmt_x(worst['ratio'])} against {_fmt_x(worst['need'])} needed ({_where(worst)}) over "
+        f"min {fmt_x(worst['ratio'])} against {fmt_x(worst['need'])} needed ({where(worst)}) over "
         f"{len(pairs)} configurations"
     )
     short = pairs[pairs["margin"] < 1.0].sort_values(["batch", "budget", "distribution"])
     if short.empty:
         return "met", text
     each = "; ".join(
-        f"N={int(r['budget'])} {r['distribution']}: {_fmt_x(r['ratio'])} of {_fmt_x(r['need'])}, gpu "
-        f"{_us(r['median_s_den'])} where {_us(r['median_s_num'] / r['need'])} is needed"
+        f"N={int(r['budget'])} {r['distribution']}: {fmt_x(r['ratio'])} of {fmt_x(r['need'])}, gpu "
+        f"{fmt_us(r['median_s_den'])} where {fmt_us(r['median_s_num'] / r['need'])} is needed"
         for _, r in short.iterrows()
     )
     return "not met", f"{text}; short at {len(short)}: {each} (against {other})"
@@ -248,7 +245,7 @@ def in_situ_targets(ok: pd.DataFrame) -> list[tuple[str, str, str]]:
         sel = gpu[(gpu["batch"] == batch) & budgets(gpu["budget"])]
         if sel.empty or other.empty:
             return pd.DataFrame()
-        return _ratio_pairs(other, sel, "median_s")
+        return ratio_pairs(other, sel, "median_s")
 
     target = "in-situ, batch 64: gpu >= 10x native-mt at every budget >= 64, and >= 5x below"
     pairs = versus(_in_situ_medians(ok, catalog.NATIVE_MT), 64, lambda b: b > 0)
@@ -264,7 +261,7 @@ def in_situ_targets(ok: pd.DataFrame) -> list[tuple[str, str, str]]:
         why = nodata if gpu.empty else "needs sglang in-situ timings at batch 64, budgets >= 32"
         ref = versus(_in_situ_medians(ok, "reference"), 64, lambda b: b >= 32)
         if len(ref):
-            why += f"; gpu vs reference (ours) in-situ: min {_fmt_x(ref['ratio'].min())} (not SGLang)"
+            why += f"; gpu vs reference (ours) in-situ: min {fmt_x(ref['ratio'].min())} (not SGLang)"
         out.append((target, "no data", why))
     else:
         out.append((target, *_factor_target(pairs, lambda n: 1000.0, "sglang")))
@@ -287,7 +284,7 @@ def in_situ_targets(ok: pd.DataFrame) -> list[tuple[str, str, str]]:
     return out
 
 
-def _target_frame(results: list[TargetResult]) -> pd.DataFrame:
+def target_frame(results: list[TargetResult]) -> pd.DataFrame:
     return pd.DataFrame(
         [
             {

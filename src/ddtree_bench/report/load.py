@@ -1,5 +1,6 @@
-"""The machines side by side: each machine's summaries (parquet, json) loaded, the timing rows named by
-series, the baseline of each machine and the speedups over it."""
+"""The machines side by side: each machine's summaries (parquet, json) loaded once, the timing rows named by
+series, the baseline of each machine and the speedups over it, and the row selections the tables, figures and
+goals share."""
 
 from __future__ import annotations
 
@@ -9,25 +10,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from ddtree_bench import catalog
-
-#: Every figure, in the report's order (``catalog.FIGURES``).
-FIGURE_NAMES = catalog.figure_names()
-#: The figures of the tree build (drawn from summary.parquet and tree_shape.parquet).
-BUILD_FIGURES = tuple(f.name for f in catalog.FIGURES.values() if f.section == "build")
-
-#: How each (builder, timing) is named in figures and tables. ``reference`` is ours, never SGLang.
-SERIES_NAMES = {key: series.name for key, series in catalog.all_series().items()}
-BASELINE_NAMES = {"sglang": "SGLang's CPU builder", "reference": "reference (ours)"}
-SERIES_ORDER = list(SERIES_NAMES.values())
-#: One colour per series in every figure and on every machine.
-SERIES_COLORS = {series.name: series.color for series in catalog.all_series().values()}
-#: The timing values of the in-situ rows (what the decode round pays; ``insitu_bench``).
-IN_SITU_TIMINGS = catalog.in_situ_timings()
-
-# The public Triton builder as measured on our H200 (batch 64, L = 16, K = N), in µs; 1024 does not build.
-TRITON_US = {32: 28.0, 64: 52.0, 256: 214.0, 512: 547.0}
-
+from ddtree_bench.catalog import IN_SITU
+from ddtree_bench.report.fmt import regime
+from ddtree_bench.report.names import BASELINE_NAMES, IN_SITU_TIMINGS, SERIES_NAMES
 
 # ----------------------------------------------------------------------------------------- loading
 
@@ -45,14 +30,14 @@ class Machine:
     step_missing: str = "no step data"
 
 
-def _read_json(path) -> dict:
+def read_json(path) -> dict:
     path = Path(path)
     if not path.is_file():
         return {}
     return json.loads(path.read_text())
 
 
-def _read_parquet(path) -> pd.DataFrame:
+def read_parquet(path) -> pd.DataFrame:
     path = Path(path)
     return pd.read_parquet(path) if path.is_file() else pd.DataFrame()
 
@@ -65,10 +50,10 @@ def load_machine(
     summary_path = Path(summary_path)
     folder = summary_path.parent
     summary = pd.read_parquet(summary_path)
-    shapes = _read_parquet(shapes_path or folder / "tree_shape.parquet")
-    environment = _read_json(environment_path or folder / "environment.json")
+    shapes = read_parquet(shapes_path or folder / "tree_shape.parquet")
+    environment = read_json(environment_path or folder / "environment.json")
     step_path = Path(step_path or folder / "step_summary.parquet")
-    step = _read_parquet(step_path)
+    step = read_parquet(step_path)
     label = environment.get("machine")
     if not label and len(summary) and "machine" in summary:
         label = str(summary["machine"].dropna().iloc[0]) if summary["machine"].notna().any() else None
@@ -152,9 +137,8 @@ def speedups(data: pd.DataFrame, headline: bool = False) -> pd.DataFrame:
         if base is None:
             continue
         in_situ = df["timing"].isin(IN_SITU_TIMINGS)
-        has_in_situ = ((df["builder"] == base) & (df["timing"] == catalog.IN_SITU)).any()
-        modes = (("wall", "wall", df[~in_situ]), (catalog.IN_SITU, catalog.IN_SITU, df[in_situ]))
-        for mode, ref_timing, series in modes:
+        has_in_situ = ((df["builder"] == base) & (df["timing"] == IN_SITU)).any()
+        for mode, ref_timing, series in (("wall", "wall", df[~in_situ]), (IN_SITU, IN_SITU, df[in_situ])):
             if headline and has_in_situ and mode == "wall":
                 continue
             ref = df[(df["builder"] == base) & (df["timing"] == ref_timing)][keys + ["median_s"]]
@@ -166,13 +150,13 @@ def speedups(data: pd.DataFrame, headline: bool = False) -> pd.DataFrame:
             merged["speedup"] = merged["baseline_s"] / merged["median_s"]
             merged["baseline"] = base
             merged["mode"] = mode
-            suffix = ", in-situ (what the decode round pays)" if mode == catalog.IN_SITU else ""
+            suffix = ", in-situ (what the decode round pays)" if mode == IN_SITU else ""
             merged["panel"] = f"{machine}: vs {BASELINE_NAMES[base]}{suffix}"
             frames.append(merged)
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 
-def _select(data: pd.DataFrame, depth, distribution) -> tuple[pd.DataFrame, int | None, str | None]:
+def select_rows(data: pd.DataFrame, depth, distribution) -> tuple[pd.DataFrame, int | None, str | None]:
     """The rows at the report's depth and distribution (or the first present, where those are absent); warm
     caches only (cold-L2 GPU samples are in the tables)."""
     if data.empty:
@@ -186,19 +170,19 @@ def _select(data: pd.DataFrame, depth, distribution) -> tuple[pd.DataFrame, int 
     return data[data["distribution"] == distribution], depth, distribution
 
 
-def _medians(df: pd.DataFrame, builder: str, timing: str = "wall", cache=("warm", "n/a")) -> pd.DataFrame:
+def medians_of(df: pd.DataFrame, builder: str, timing: str = "wall", cache=("warm", "n/a")) -> pd.DataFrame:
     sel = df[(df["builder"] == builder) & (df["timing"] == timing) & (df["cache"].isin(cache))]
     return sel
 
 
-def _ratio_pairs(num: pd.DataFrame, den: pd.DataFrame, column: str) -> pd.DataFrame:
+def ratio_pairs(num: pd.DataFrame, den: pd.DataFrame, column: str) -> pd.DataFrame:
     keys = ["budget", "batch", "depth", "distribution"]
     merged = num[keys + [column]].merge(den[keys + [column]], on=keys, suffixes=("_num", "_den"))
     merged["ratio"] = merged[f"{column}_num"] / merged[f"{column}_den"]
     return merged
 
 
-def _sglang_rows(df: pd.DataFrame) -> pd.DataFrame:
+def sglang_rows(df: pd.DataFrame) -> pd.DataFrame:
     """The rows where SGLang's own function ran (builder sglang, status ok, timed calls)."""
     if df.empty:
         return df
@@ -207,10 +191,11 @@ def _sglang_rows(df: pd.DataFrame) -> pd.DataFrame:
 
 def selection_heading(rows: pd.DataFrame, machine: str, depth, distribution) -> str:
     """The heading of one machine's rows at the report's depth and distribution, built from the rows
-    ``_select`` keeps: where the requested depth or distribution is absent, it says so and names what is
+    ``select_rows`` keeps: where the requested depth or distribution is absent, it says so and names what is
     shown instead."""
-    _, used_depth, used_distribution = _select(rows, depth, distribution)
-    heading = f"{machine} (L = {used_depth}, {used_distribution}; per call, p10-p90)"
+    shown, used_depth, used_distribution = select_rows(rows, depth, distribution)
+    budgets = shown["budget"] if not shown.empty else ()
+    heading = f"{machine} ({regime(used_depth, budgets)}; {used_distribution}; per call, p10-p90)"
     absent = []
     if depth is not None and used_depth != depth:
         absent.append(f"L = {depth}")

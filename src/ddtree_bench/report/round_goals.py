@@ -7,7 +7,7 @@ from __future__ import annotations
 import pandas as pd
 
 from ddtree_bench import catalog
-from ddtree_bench.report.step import fmt_us
+from ddtree_bench.report.fmt import fmt_us
 
 SOURCE = "rest of the round"
 MOE_FULL = "moe where nearly all experts are touched (>= 380 a layer): >= 70% of the device-copy peak"

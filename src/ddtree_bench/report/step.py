@@ -8,14 +8,21 @@ e.g. a publication from before the step stages) and gives DataFrames or text; ``
 
 from __future__ import annotations
 
-import math
-
-import numpy as np
 import pandas as pd
 
 from ddtree_bench.config import STREAM_IMPL
-from ddtree_bench.report.figures import budget_axis
-from ddtree_bench.summary.step import BUILD_LABELS, LEFT_OUT, expected_acceptance, preferred, step_breakdown
+from ddtree_bench.report.document import Bullets, Section, Table, Text
+from ddtree_bench.report.figures import budget_axis, builder_line, empty_figure, finish, panels
+from ddtree_bench.report.fmt import fmt_us, missing, regime
+from ddtree_bench.summary.step import (
+    BUILD_LABELS,
+    BUILD_SERIES,
+    IN_SITU_BUILD_SERIES,
+    LEFT_OUT,
+    expected_acceptance,
+    preferred,
+    step_breakdown,
+)
 
 __all__ = [
     "LEFT_OUT",
@@ -61,38 +68,20 @@ PEER_TARGETS = (TARGET_VS_FLASHMLA, TARGET_COMPUTE_700, TARGET_STREAM_85, TARGET
 # ----------------------------------------------------------------------------------------------- format
 
 
-def _missing(value) -> bool:
-    return value is None or value is pd.NA or (isinstance(value, float) and math.isnan(value))
-
-
-def fmt_us(value) -> str:
-    """Seconds as µs (ms from 10 ms on), "-" for a missing value."""
-    if _missing(value):
-        return "-"
-    us = float(value) * 1e6
-    if us >= 1e5:
-        return f"{us / 1e3:,.0f} ms"
-    if us >= 1e4:
-        return f"{us / 1e3:,.1f} ms"
-    if us >= 100:
-        return f"{us:,.0f} µs"
-    return f"{us:.1f} µs"
-
-
 def _band(median, p10, p90) -> str:
-    if _missing(median):
+    if missing(median):
         return "-"
     return f"{fmt_us(median)} [{fmt_us(p10)}-{fmt_us(p90)}]"
 
 
 def _num(value, digits: int = 1, suffix: str = "") -> str:
-    if _missing(value):
+    if missing(value):
         return "-"
     return f"{float(value):,.{digits}f}{suffix}"
 
 
 def _pct(value) -> str:
-    if _missing(value):
+    if missing(value):
         return "-"
     value = float(value)
     return f"{value:.1f}%" if value >= 1 else f"{value:.2g}%"
@@ -100,7 +89,7 @@ def _pct(value) -> str:
 
 def _all(value) -> str:
     """Grid values of an "every configuration" row (0 or null) as "all"."""
-    if _missing(value) or value == 0:
+    if missing(value) or value == 0:
         return "all"
     return str(int(value))
 
@@ -110,7 +99,7 @@ BACKEND_PREFIX = "backend: "
 
 def _backends(reason) -> list[str]:
     """The backends a status reason records: its "backend: ..." parts (aggregates join reasons with "; ")."""
-    if _missing(reason):
+    if missing(reason):
         return []
     return [r[len(BACKEND_PREFIX) :] for r in str(reason).split("; ") if r.startswith(BACKEND_PREFIX)]
 
@@ -125,9 +114,9 @@ def _backend(row) -> str:
 def _status(row) -> str:
     if row["status"] == "ok":
         correct = row.get("correct")
-        return "ok, output WRONG" if not _missing(correct) and not bool(correct) else "ok"
+        return "ok, output WRONG" if not missing(correct) and not bool(correct) else "ok"
     reason = row.get("status_reason")
-    return f"{row['status']}: {reason}" if not _missing(reason) else str(row["status"])
+    return f"{row['status']}: {reason}" if not missing(reason) else str(row["status"])
 
 
 # ----------------------------------------------------------------------------------------------- tables
@@ -200,12 +189,12 @@ def attention_table(step: pd.DataFrame, machine: str) -> pd.DataFrame:
             "% copy peak": rows["pct_copy_peak"].map(_pct),
             "vs flexattention": [
                 "-"
-                if impl in ("flexattention", STREAM_IMPL) or _missing(f) or _missing(m)
+                if impl in ("flexattention", STREAM_IMPL) or missing(f) or missing(m)
                 else f"{f / m:.2f}x"
                 for impl, f, m in zip(rows["impl"], rows["flex_s"], rows["median_s"], strict=True)
             ],
             "% of read stream": [
-                "-" if impl == STREAM_IMPL or _missing(r) or _missing(m) else _pct(100.0 * r / m)
+                "-" if impl == STREAM_IMPL or missing(r) or missing(m) else _pct(100.0 * r / m)
                 for impl, r, m in zip(rows["impl"], rows["stream_s"], rows["median_s"], strict=True)
             ],
             "mask": [_mask(row) for _, row in rows.iterrows()],
@@ -222,7 +211,7 @@ def _mask(row) -> str:
     """The mask an attention row's impl applies: its recorded ``mask``, or for a summary from before the
     column was kept, the impl's (every impl then applied the tree mask; the read stream none)."""
     value = row.get("mask")
-    if not _missing(value):
+    if not missing(value):
         return str(value)
     if row["impl"] == STREAM_IMPL:
         return "-"
@@ -235,7 +224,7 @@ def _ours_over(rows: pd.DataFrame, peer_column: str) -> list[str]:
     """On our kernel's rows: the peer's median time over ours (how many times faster ours is; > 1: ours is
     faster); "-" on other rows and where either did not run."""
     return [
-        f"{p / m:.2f}x" if impl in OUR_IMPLS and not _missing(p) and not _missing(m) and m > 0 else "-"
+        f"{p / m:.2f}x" if impl in OUR_IMPLS and not missing(p) and not missing(m) and m > 0 else "-"
         for impl, p, m in zip(rows["impl"], rows[peer_column], rows["median_s"], strict=True)
     ]
 
@@ -277,7 +266,7 @@ def accept_table(step: pd.DataFrame, machine: str) -> pd.DataFrame:
                 _band(m, a, b) for m, a, b in zip(rows["median_s"], rows["p10_s"], rows["p90_s"], strict=True)
             ],
             "x floor": [
-                f"{m / f:.2f}x" if impl == "gpu-kernel" and not _missing(m) and not _missing(f) else "-"
+                f"{m / f:.2f}x" if impl == "gpu-kernel" and not missing(m) and not missing(f) else "-"
                 for impl, m, f in zip(rows["impl"], rows["median_s"], rows["floor_s"], strict=True)
             ],
             "accepted (mean)": rows["accept_length_mean"].map(lambda v: _num(v, 2)),
@@ -366,7 +355,7 @@ def breakdown_table(breakdown: pd.DataFrame, machine: str, layers: int) -> pd.Da
         sel = breakdown[breakdown["builder"] == label].set_index(keys)
         sel = sel.reindex(first.index)
         table[f"{label}: build (share)"] = [
-            "-" if _missing(b) else f"{fmt_us(b)} ({_pct(100 * s)})" if not _missing(s) else fmt_us(b)
+            "-" if missing(b) else f"{fmt_us(b)} ({_pct(100 * s)})" if not missing(s) else fmt_us(b)
             for b, s in zip(sel["build_s"], sel["share"], strict=True)
         ]
     return table.reset_index(drop=True)
@@ -408,82 +397,47 @@ def breakdown_for(machine, *, layers: int, depth=None, distribution=None) -> pd.
 
 
 def figure_step_share(breakdowns: dict[str, pd.DataFrame], path) -> str:
-    """The tree build's share of build + attention + accept vs budget, a line per builder; a panel per
-    (machine, S) row and batch size column. ``breakdowns``: machine label -> ``step_breakdown``."""
-    import matplotlib.pyplot as plt  # noqa: PLC0415
-
+    """The tree build's share of build + attention + accept vs budget, one line per builder (its in-situ
+    build where measured); a panel per (machine, S) and batch size. ``breakdowns``: machine label ->
+    ``step_breakdown``."""
     frames = [df.assign(machine=label) for label, df in breakdowns.items() if not df.empty]
     data = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
     if not data.empty:
         data = data[data["share"].notna()]
     if data.empty:
-        fig, ax = plt.subplots(figsize=(6, 1.6))
-        ax.axis("off")
-        ax.text(0.5, 0.5, "no step data: no step-time breakdown", ha="center", va="center", fontsize=11)
-        fig.savefig(path, dpi=110, bbox_inches="tight")
-        plt.close(fig)
-        return "Step-time breakdown: no step data"
+        empty_figure(path, "no step data: no step-time breakdown")
+        return "No step data."
     heads = 8 if (data["heads"] == 8).any() else int(data["heads"].iloc[0])
     data = data[data["heads"] == heads]
-    panels = data[["machine", "prefix"]].drop_duplicates().to_records(index=False).tolist()
+    builder_of = {label: builder for builder, *_, label in IN_SITU_BUILD_SERIES + BUILD_SERIES}
+    data = data.assign(who=data["builder"].map(builder_of))
+    panel_keys = data[["machine", "prefix"]].drop_duplicates().to_records(index=False).tolist()
     batches = sorted(int(b) for b in data["batch"].unique())
-    fig, axes = plt.subplots(
-        len(panels),
-        len(batches),
-        figsize=(3.4 * len(batches), 2.7 * len(panels)),
-        squeeze=False,
-        sharey=True,
-    )
-    labels = list(BUILD_LABELS)
-    palette = ("#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#d62728", "#e377c2", "#8c564b", "#17becf")
-    palette += ("#bcbd22", "#7f7f7f", "#aec7e8")
-    colors = dict(zip(labels, palette, strict=True))
-    markers = dict(zip(labels, ("o", "s", "^", "D", "v", "P", "X", "<", ">", "h", "*"), strict=False))
-    lines = dict(zip(labels, ("-", "--", "-.", ":", "-", "--", "-.", ":", "-", "--", "-."), strict=False))
+    fig, axes = panels(len(panel_keys), len(batches), sharey=True)
     ticks = sorted(int(b) for b in data["budget"].unique())
-    for i, (machine, prefix) in enumerate(panels):
+    for i, (machine, prefix) in enumerate(panel_keys):
         for j, batch in enumerate(batches):
             ax = axes[i][j]
             sel = data[(data["machine"] == machine) & (data["prefix"] == prefix) & (data["batch"] == batch)]
-            for label in labels:
-                line = sel[sel["builder"] == label].sort_values("budget")
-                if len(line):
-                    ax.plot(
-                        line["budget"],
-                        100 * line["share"],
-                        marker=markers.get(label, "o"),
-                        markersize=4,
-                        linewidth=1.4,
-                        linestyle=lines.get(label, "-"),
-                        color=colors[label],
-                        label=label,
-                    )
+            for builder in dict.fromkeys(b for b in builder_of.values() if b in set(sel["who"])):
+                mine = sel[sel["who"] == builder]
+                label = next(x for x in BUILD_LABELS if x in set(mine["builder"]))  # in-situ first
+                line = mine[mine["builder"] == label].sort_values("budget")
+                builder_line(ax, builder, line["budget"], 100 * line["share"], label=label)
+            if sel.empty:
+                continue
             budget_axis(ax, ticks)
             ax.set_yscale("log")
             ax.grid(True, which="major", alpha=0.3)
-            ax.set_title(f"{machine}: S = {prefix}, B = {batch}", fontsize=9)
-            if i == len(panels) - 1:
-                ax.set_xlabel("budget N")
-            if j == 0:
-                ax.set_ylabel("tree build, % of build + verify\nattention x layers + accept", fontsize=8)
-    handles, names = [], []
-    for ax in np.ravel(axes):
-        for handle, name in zip(*ax.get_legend_handles_labels(), strict=True):
-            if name not in names:
-                handles.append(handle)
-                names.append(name)
-    title = (
-        f"Tree build's share of build + verify attention (all layers) + accept ({heads} heads; "
-        "drafter, MoE/MLP, LM head not included)"
-    )
-    fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    fig.legend(
-        handles, names, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=3, frameon=False, fontsize=8
-    )
-    fig.savefig(path, dpi=100, bbox_inches="tight")
-    plt.close(fig)
-    return title
+            ax.set_title(f"{machine}: S = {prefix}, B = {batch}", fontsize=10)
+            ax.set_xlabel("budget N (nodes per tree)")
+            ax.set_ylabel("tree build, % of build +\nverify attention x layers + accept", fontsize=9)
+    finish(fig, axes, path)
+    return f"{heads} heads."
+
+
+def figure_for_report(inputs, path) -> str:
+    return figure_step_share(inputs.breakdowns, path)
 
 
 # ----------------------------------------------------------------------------------------------- targets
@@ -491,9 +445,9 @@ def figure_step_share(breakdowns: dict[str, pd.DataFrame], path) -> str:
 
 def _where(row) -> str:
     parts = [f"N={int(row['budget'])}", f"B={int(row['batch'])}"]
-    if not _missing(row.get("prefix")):
+    if not missing(row.get("prefix")):
         parts.append(f"S={int(row['prefix'])}")
-    if not _missing(row.get("heads")):
+    if not missing(row.get("heads")):
         parts.append(f"H={int(row['heads'])}")
     return ", ".join(parts)
 
@@ -658,3 +612,86 @@ def peer_targets(step: pd.DataFrame) -> list[tuple[str, str, str, str]]:
         note="SGLang Triton's time / ours",
     )
     return results
+
+
+# ----------------------------------------------------------------------------------------------- the sections
+
+STEP_INTRO = (
+    "The decode step around the tree build, measured on the same GPU in the same run: the tree-verify "
+    "attention of one layer at Kimi K2.6's shapes (absorbed MLA: 576-wide latent keys, 512-wide values, one "
+    "shared latent KV head; every request's N+1 tree queries see its S prefix keys and their tree "
+    "ancestors), by our kernel and its peers (PyTorch's; FlashMLA, which has no tree mask and runs causal, "
+    "as its rows' mask says; SGLang's Triton tree kernel), timed by CUDA events (warm L2; cold-L2 samples "
+    "are in step_summary.parquet); the tree accept walk; and the GPU's peaks. TFLOP/s and TB/s are the work "
+    "of one call (FLOPs of the visible keys; bytes moved at least once) over its time, median over the "
+    "calls, and as % of the measured bf16 GEMM and device-copy peaks."
+)
+BREAKDOWN_INTRO = (
+    "Per (S, batch B, budget N): each builder's tree build (median per call; in-situ where measured: what "
+    "the decode round pays from the drafter's top-K on the GPU to the tree on the GPU; else CPU builders "
+    "by wall clock and the GPU builder both kernel-only and host-inclusive), our verify attention for all "
+    "layers (per-layer median x layers), and the accept (the GPU kernel); in brackets the build's share of "
+    "build + attention + accept. E[accepted] is the expected number of accepted draft tokens of the "
+    "budget's trees (the sum over nodes of the path probability under the drafter's distributions): what a "
+    "larger budget buys, beside what it costs."
+)
+ACCEPT_INTRO = (
+    "GPU kernel (CUDA events), host-inclusive (launch, copies out, sync), the CPU walk including the "
+    "device-to-host copy of the target's tokens, and the empty-kernel floor of the same run."
+)
+
+
+def _concat(frames) -> pd.DataFrame:
+    frames = [f for f in frames if not f.empty]
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
+
+def report_sections(machines, breakdowns: dict, settings: dict) -> list[Section]:
+    """The step part: verify attention (with the GPU's peaks and how each impl ran), tree accept, and the
+    step-time breakdown per machine with the expected acceptance per budget; a machine without step data
+    is named with why."""
+    attention, accept, acceptance, peaks, backends, breakdown = [], [], [], [], [], []
+    missing_lines = []
+    for machine in machines:
+        label = machine.label
+        layers, depth, distribution = (settings[label][k] for k in ("layers", "depth", "distribution"))
+        if machine.step.empty:
+            missing_lines.append(f"{label}: no data ({machine.step_missing})")
+        else:
+            attention.append(attention_table(machine.step, label))
+            accept.append(accept_table(machine.step, label))
+            peaks.append(f"{label}: {peaks_line(machine.step)}")
+            line = backends_line(machine.step)
+            if line:
+                backends.append(f"How each impl ran ({label}): {line}")
+            table = breakdown_table(breakdowns[label], label, layers)
+            budgets = table["N"] if not table.empty else ()
+            where = f"{regime(depth, budgets)}, {distribution} trees" if depth else str(distribution or "")
+            breakdown.append((f"{label} ({layers} layers; {where})", table))
+        table = acceptance_table(machine.shapes, label, depth, distribution)
+        if table.empty and not machine.step.empty:  # shapes from before the expected acceptance was kept
+            table = acceptance_from_accept(machine.step, label)
+        acceptance.append(table)
+    missing = Bullets(missing_lines) if missing_lines else None
+    no_data = "no data"
+    verify = Section("Verify attention").add(
+        Text(STEP_INTRO),
+        missing,
+        Text(f"GPU peaks: {'; '.join(peaks) or 'no data'}"),
+        *(Text(line) for line in backends),
+        Table(_concat(attention), collapsed=True, empty=no_data),
+    )
+    accept_section = Section("Tree accept").add(
+        Text(ACCEPT_INTRO), Table(_concat(accept), collapsed=True, empty=no_data)
+    )
+    shares = Section("Step-time breakdown").add(
+        Text(BREAKDOWN_INTRO), Text(f"**Left out:** {LEFT_OUT}"), missing
+    )
+    for heading, table in breakdown:
+        shares.add(Section(heading).add(Table(table, collapsed=True, empty=no_data)))
+    shares.add(
+        Section("Expected acceptance per budget").add(
+            Table(_concat(acceptance), collapsed=True, empty=no_data)
+        )
+    )
+    return [verify, accept_section, shares]

@@ -10,31 +10,18 @@ import pandas as pd
 
 from ddtree_bench.catalog import IN_SITU
 from ddtree_bench.environment import ENVIRONMENT_COLUMNS
-from ddtree_bench.report import step as step_report
+from ddtree_bench.report.fmt import fmt_us, fmt_x
 from ddtree_bench.report.load import (
-    IN_SITU_TIMINGS,
-    SERIES_ORDER,
     Machine,
-    _medians,
-    _ratio_pairs,
-    _select,
-    _sglang_rows,
+    medians_of,
+    ratio_pairs,
+    select_rows,
+    sglang_rows,
     speedups,
 )
+from ddtree_bench.report.names import IN_SITU_TIMINGS, SERIES_ORDER
 
 # ----------------------------------------------------------------------------------------- tables
-
-
-def _fmt_x(value: float) -> str:
-    return f"{value:,.1f}x" if value < 100 else f"{value:,.0f}x"
-
-
-def _where(row) -> str:
-    return f"N={row['budget']}, B={row['batch']}, L={row['depth']}, {row['distribution']}"
-
-
-def _us(value) -> str:
-    return step_report.fmt_us(value)
 
 
 def medians_table(data: pd.DataFrame) -> pd.DataFrame:
@@ -60,23 +47,23 @@ def medians_table(data: pd.DataFrame) -> pd.DataFrame:
             "N": data["budget"],
             "B": data["batch"],
             "n": data["n"],
-            "median / call": data["median_s"].map(_us),
-            "p10": data["p10_s"].map(_us),
-            "p90": data["p90_s"].map(_us),
-            "median / tree": data["median_per_tree_s"].map(_us),
-            "speedup": data["speedup"].map(lambda v: "-" if pd.isna(v) else _fmt_x(v)),
+            "median / call": data["median_s"].map(fmt_us),
+            "p10": data["p10_s"].map(fmt_us),
+            "p90": data["p90_s"].map(fmt_us),
+            "median / tree": data["median_per_tree_s"].map(fmt_us),
+            "speedup": data["speedup"].map(lambda v: "-" if pd.isna(v) else fmt_x(v)),
         }
     )
 
 
 def compact_table(data: pd.DataFrame, machine: str, depth, distribution) -> pd.DataFrame:
     """One machine, one depth and distribution: rows (N, B), a column per builder, "median (p10-p90)"."""
-    sel, _, _ = _select(data[data["machine"] == machine], depth, distribution)
+    sel, _, _ = select_rows(data[data["machine"] == machine], depth, distribution)
     if sel.empty:
         return pd.DataFrame()
     sel = sel.assign(
         cell=[
-            f"{_us(m)} ({_us(a)}-{_us(b)})"
+            f"{fmt_us(m)} ({fmt_us(a)}-{fmt_us(b)})"
             for m, a, b in zip(sel["median_s"], sel["p10_s"], sel["p90_s"], strict=True)
         ]
     )
@@ -192,12 +179,12 @@ def reference_vs_sglang_table(machines: list[Machine]) -> pd.DataFrame:
     medians per call, and their ratio (< 1: the stand-in is faster than SGLang's function)."""
     rows = []
     for machine in machines:
-        sglang = _sglang_rows(machine.summary)
+        sglang = sglang_rows(machine.summary)
         if sglang.empty:
             continue
         ok = machine.summary[(machine.summary["status"] == "ok") & (machine.summary["n"] > 0)]
-        ref = _medians(ok, "reference")
-        pairs = _ratio_pairs(ref, sglang, "median_s") if len(ref) else pd.DataFrame()
+        ref = medians_of(ok, "reference")
+        pairs = ratio_pairs(ref, sglang, "median_s") if len(ref) else pd.DataFrame()
         for _, row in pairs.sort_values(["depth", "distribution", "budget", "batch"]).iterrows():
             rows.append(
                 {
@@ -206,8 +193,8 @@ def reference_vs_sglang_table(machines: list[Machine]) -> pd.DataFrame:
                     "L": int(row["depth"]),
                     "N": int(row["budget"]),
                     "B": int(row["batch"]),
-                    "reference (ours)": _us(row["median_s_num"]),
-                    "SGLang's function": _us(row["median_s_den"]),
+                    "reference (ours)": fmt_us(row["median_s_num"]),
+                    "SGLang's function": fmt_us(row["median_s_den"]),
                     "reference / SGLang": f"{row['ratio']:.2f}",
                 }
             )
@@ -218,7 +205,7 @@ def sglang_source_table(machines: list[Machine]) -> pd.DataFrame:
     """Where each machine's SGLang function came from (the provenance columns of its sglang rows)."""
     rows = []
     for machine in machines:
-        sglang = _sglang_rows(machine.summary)
+        sglang = sglang_rows(machine.summary)
         if sglang.empty:
             continue
 
@@ -315,6 +302,10 @@ def markdown_table(df: pd.DataFrame) -> str:
     return "\n".join([header, rule, *body]) + "\n"
 
 
+#: A cell up to this many characters is kept on one line (longer ones are prose and wrap).
+NOWRAP_CHARS = 40
+
+
 def html_table(df: pd.DataFrame, *, status_column: str | None = None) -> str:
     if df.empty:
         return "<p><em>(none)</em></p>"
@@ -324,9 +315,12 @@ def html_table(df: pd.DataFrame, *, status_column: str | None = None) -> str:
     for row in df.itertuples(index=False):
         cells = []
         for column, value in zip(df.columns, row, strict=True):
-            cls = ""
-            if column == status_column:
-                cls = f' class="{str(value).replace(" ", "-")}"'
-            cells.append(f"<td{cls}>{escape(str(value))}</td>")
+            text = str(value)
+            classes = [text.replace(" ", "-")] if column == status_column else []
+            if len(text) <= NOWRAP_CHARS:  # numbers and short labels stay on one line
+                classes.append("nw")
+            cls = f' class="{" ".join(classes)}"' if classes else ""
+            cells.append(f"<td{cls}>{escape(text)}</td>")
         rows.append("<tr>" + "".join(cells) + "</tr>")
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>"
+    table = f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>"
+    return f"<div class='scroll'>{table}</div>"

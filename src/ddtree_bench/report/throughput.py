@@ -13,11 +13,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-import numpy as np
 import pandas as pd
 
-from ddtree_bench import catalog
-from ddtree_bench.report.figures import budget_axis
+from ddtree_bench.report.document import Bullets, Section, Table, Text
+from ddtree_bench.report.figures import budget_axis, builder_line, empty_figure, finish, panels
+from ddtree_bench.report.fmt import fmt_us
+from ddtree_bench.report.names import BUILDER_STYLES
 from ddtree_bench.throughput import (
     ASSUMPTIONS,
     BUILDERS,
@@ -47,9 +48,6 @@ INTRO = (
     "the one that grows the most from the best budget to the next; the gain is the GPU builder's tokens/s "
     "at its best budget over the baseline's at the baseline's best."
 )
-_STYLES = {b.name: b.style for b in catalog.BUILDERS.values()}  # (colour, marker, line style) per builder
-
-
 @dataclass
 class BudgetSection:
     """One (machine, distribution) of the section: the model's result, or why there is none."""
@@ -204,12 +202,6 @@ def _first_depth(machine) -> int | None:
 # ----------------------------------------------------------------------------------------------- tables
 
 
-def _us(value) -> str:
-    from ddtree_bench.report.step import fmt_us  # noqa: PLC0415
-
-    return fmt_us(value)
-
-
 def _tps(value) -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "-"
@@ -222,7 +214,7 @@ def _set_by(row) -> str:
         return "- (the largest budget compared)"
     source = row["set_by_source"]
     where = "" if source in (MEASURED, SUM_OF_PARTS) else f", {source}"
-    growth = _us(row["set_by_growth_s"])
+    growth = fmt_us(row["set_by_growth_s"])
     return (
         f"{TERM_LABELS[row['set_by']]} (+{growth} to N = {int(row['next_budget'])}{where}; "
         f"round x{row['round_growth']:.2f} vs tau x{row['tau_gain']:.2f})"
@@ -242,7 +234,7 @@ def best_table(section: BudgetSection) -> pd.DataFrame:
             "best N": best["best_budget"],
             "tokens/s": best["tokens_per_s"].map(_tps),
             "tau": best["tau"].map(lambda v: f"{v:.2f}"),
-            "round": best["round_s"].map(_us),
+            "round": best["round_s"].map(fmt_us),
             "set by": [_set_by(row) for row in best.to_dict("records")],
             "budgets compared": best["budgets"].map(lambda b: ", ".join(str(x) for x in b)),
         }
@@ -289,8 +281,9 @@ def run_round_lines(section: BudgetSection) -> list[str]:
             budgets = ", ".join(str(n) for n in common)
             lines.append(
                 f"B = {batch}, gpu against {builder} (N = {budgets}): the run round "
-                f"is {_us(total)} shorter (median; negative: longer); the builds differ by {_us(build)}, the "
-                f"rest, {_us(total - build)}, is the round's shape (one graph against the split) or drift "
+                f"is {fmt_us(total)} shorter (median; negative: longer); the builds differ by "
+                f"{fmt_us(build)}, the rest, {fmt_us(total - build)}, is the round's shape (one graph "
+                "against the split) or drift "
                 "between the two builders' blocks of rounds (timed one after the other)."
             )
     return lines
@@ -326,7 +319,7 @@ def gains_table(section: BudgetSection) -> pd.DataFrame:
 def _term_cell(seconds, source) -> str:
     if seconds is None or (isinstance(seconds, float) and math.isnan(seconds)):
         return "-"
-    return _us(seconds) if source in (MEASURED, SUM_OF_PARTS) else f"{_us(seconds)} ({source})"
+    return fmt_us(seconds) if source in (MEASURED, SUM_OF_PARTS) else f"{fmt_us(seconds)} ({source})"
 
 
 def detail_table(section: BudgetSection) -> pd.DataFrame:
@@ -353,7 +346,7 @@ def detail_table(section: BudgetSection) -> pd.DataFrame:
         sel = table[table["builder"] == builder].set_index(keys).reindex(first.index)
         if sel["label"].notna().any():
             out[f"{builder}: build / tokens/s"] = [
-                "-" if pd.isna(b) else f"{_us(b)} / {_tps(t)}"
+                "-" if pd.isna(b) else f"{fmt_us(b)} / {_tps(t)}"
                 for b, t in zip(sel["build_s"], sel["tokens_per_s"], strict=True)
             ]
     return out
@@ -401,99 +394,62 @@ def budget_targets(found: list[BudgetSection], machines) -> list[tuple[str, str,
 
 def figure(found: list[BudgetSection], path, options: dict | None = None) -> str:
     """Modelled tokens/s vs budget: a row of panels per (machine, distribution) with data, a panel per batch
-    size, a line per builder (its best budget starred); x ticks at the modelled budgets; legend below."""
+    size, a line per builder with its best budget starred (stars of builders sharing a budget side by
+    side); x ticks at the modelled budgets; legend below. Returns the caption's sources sentence."""
     import matplotlib.pyplot as plt  # noqa: PLC0415
 
     rows = [s for s in found if s.result is not None and not s.result.table.empty]
     if not rows:
-        fig, ax = plt.subplots(figsize=(7, 1.6))
-        ax.axis("off")
-        ax.text(
-            0.5,
-            0.5,
-            "Which budget?: no data (needs the step stages' measured verify attention and accept)",
-            ha="center",
-            va="center",
-            fontsize=10,
-        )
-        fig.savefig(path, dpi=110, bbox_inches="tight")
-        plt.close(fig)
-        return f"{TITLE} no data"
+        empty_figure(path, "Which budget?: no data (needs the step stages' verify attention and accept)")
+        return "No data: the model needs the step stages' measured verify attention and accept."
     batches = sorted({int(b) for s in rows for b in s.result.table["batch"]})
-    fig, axes = plt.subplots(
-        len(rows), len(batches), figsize=(3.6 * len(batches), 2.9 * len(rows) + 0.6), squeeze=False
-    )
+    fig, axes = panels(len(rows), len(batches), height=3.2)
+    builders = [b for b, *_ in BUILDERS]
     for i, section in enumerate(rows):
         table = section.result.table
         for j, batch in enumerate(batches):
             ax = axes[i][j]
             sel = table[table["batch"] == batch]
             if sel.empty:
-                ax.axis("off")
-                ax.text(0.5, 0.5, f"B = {batch}: not modelled", ha="center", va="center", fontsize=8)
                 continue
-            for builder, label, *_ in BUILDERS:
+            present = [b for b in builders if b in set(sel["builder"])]
+            for k, (builder, label, *_) in enumerate(b for b in BUILDERS if b[0] in present):
                 line = sel[sel["builder"] == builder].sort_values("budget")
-                if line.empty:
-                    continue
-                color, marker, style = _STYLES[builder]
-                ax.plot(
-                    line["budget"],
-                    line["tokens_per_s"],
-                    color=color,
-                    marker=marker,
-                    linestyle=style,
-                    markersize=4.5,
-                    linewidth=1.4,
-                    label=label,
-                )
+                builder_line(ax, builder, line["budget"], line["tokens_per_s"], label=label)
                 best = line.loc[line["tokens_per_s"].idxmax()]
+                dodge = 2 ** (0.15 * (k - (len(present) - 1) / 2))  # side by side on the log-2 axis
                 ax.plot(
-                    [best["budget"]],
+                    [best["budget"] * dodge],
                     [best["tokens_per_s"]],
                     marker="*",
-                    markersize=12,
-                    color=color,
+                    markersize=11,
+                    color=BUILDER_STYLES[builder][0],
                     markeredgecolor="black",
                     markeredgewidth=0.5,
                     linestyle="none",
                 )
-            budgets = sorted(int(b) for b in sel["budget"].unique())
-            budget_axis(ax, budgets, fontsize=8)
+            budget_axis(ax, sorted(int(b) for b in sel["budget"].unique()))
             ax.set_ylim(bottom=0)
             ax.grid(True, alpha=0.3)
-            ax.set_title(f"{section.machine}, {section.distribution} trees: B = {batch}", fontsize=9)
-            if i == len(rows) - 1:
-                ax.set_xlabel("budget N (nodes per tree)")
-            if j == 0:
-                ax.set_ylabel("tokens/s (model)\nB·tau / round", fontsize=8)
-    handles, names = [], []
-    for ax in np.ravel(axes):
-        for handle, name in zip(*ax.get_legend_handles_labels(), strict=True):
-            if name not in names:
-                handles.append(handle)
-                names.append(name)
-    names = [*names, "best budget (each builder's)"]
+            ax.set_title(f"{section.machine}, {section.distribution} trees: B = {batch}", fontsize=10)
+            ax.set_xlabel("budget N (nodes per tree)")
+            ax.set_ylabel(
+                "tokens/s (model) = B x tau / round\n(draft + build + forward + comm. + accept)", fontsize=9
+            )
     star = plt.Line2D(
         [], [], marker="*", markersize=11, color="0.5", markeredgecolor="black", linestyle="none"
     )
-    handles = [*handles, star]
-    fig.legend(handles, names, loc="lower center", ncol=min(len(names), 3), frameon=False, fontsize=8)
-    options = options or {}
+    finish(fig, axes, path, ncol=3, extra=[(star, "best budget (each builder's)")])
     sources = "; ".join(
         f"{row.term}: {', '.join(part.split(' (')[0] for part in row.sources.split('), '))}"
         for row in term_sources(rows[0].result.table).itertuples(index=False)
         if row.term in ("draft", "target forward", "communication")
     )
-    title = f"{TITLE} Modelled tokens/s vs budget ({sources}; build, accept measured)"
-    import textwrap  # noqa: PLC0415
+    return f"Terms: {sources}; build and accept measured."
 
-    fig.suptitle("\n".join(textwrap.wrap(title, width=max(60, 55 * len(batches)))), fontsize=10)
-    legend_rows = math.ceil(len(names) / 3)
-    fig.tight_layout(rect=(0, 0.05 + 0.035 * legend_rows / max(1, len(rows)), 1, 0.97))
-    fig.savefig(path, dpi=100, bbox_inches="tight")
-    plt.close(fig)
-    return title
+
+def figure_for_report(inputs, path) -> str:
+    return figure(inputs.budget_sections, path, inputs.throughput_options)
 
 
 ROUND_FIGURE = "round_parts"
@@ -539,22 +495,15 @@ def figure_round_parts(found: list[BudgetSection], path) -> str:
     """The round's parts per budget at batch 1 and 64 (else the smallest and largest modelled), stacked:
     a bar each for the gpu builder, the fastest other CPU builder and sglang; parts not measured are hatched
     and their legend entry says their source."""
-    import matplotlib.pyplot as plt  # noqa: PLC0415
     from matplotlib.patches import Patch  # noqa: PLC0415
 
     rows = [s for s in found if s.result is not None and not s.result.table.empty]
     if not rows:
-        fig, ax = plt.subplots(figsize=(7, 1.6))
-        ax.axis("off")
-        ax.text(0.5, 0.5, "The round's parts: no data (needs the step stages)", ha="center", va="center")
-        fig.savefig(path, dpi=110, bbox_inches="tight")
-        plt.close(fig)
-        return "The round's parts: no data"
+        empty_figure(path, "The round's parts: no data (needs the step stages)")
+        return "No data: the model needs the step stages."
     modelled = sorted({int(b) for s in rows for b in s.result.table["batch"]})
     batches = [b for b in (1, 64) if b in modelled] or sorted({modelled[0], modelled[-1]})
-    fig, axes = plt.subplots(
-        len(rows), len(batches), figsize=(6.2 * len(batches), 3.4 * len(rows) + 0.9), squeeze=False
-    )
+    fig, axes = panels(len(rows), len(batches), height=3.4)
     legend = {}
     width = 0.27
     for i, section in enumerate(rows):
@@ -562,8 +511,6 @@ def figure_round_parts(found: list[BudgetSection], path) -> str:
             ax = axes[i][j]
             bars = _bar_rows(section.result.table, batch)
             if not bars:
-                ax.axis("off")
-                ax.text(0.5, 0.5, f"B = {batch}: not modelled", ha="center", va="center", fontsize=8)
                 continue
             budgets = sorted(bars)
             for x, budget in enumerate(budgets):
@@ -596,114 +543,59 @@ def figure_round_parts(found: list[BudgetSection], path) -> str:
                             ),
                         )
                         bottom += seconds
-                    ax.text(left, bottom, name, ha="center", va="bottom", fontsize=5, rotation=90)
+                    ax.text(left, bottom, name, ha="center", va="bottom", fontsize=6, rotation=90)
             ax.set_xticks(range(len(budgets)), [str(b) for b in budgets], fontsize=8)
-            ax.set_ylim(top=ax.get_ylim()[1] * 1.12)
+            ax.set_ylim(top=ax.get_ylim()[1] * 1.15)
             ax.grid(False, axis="x")
             ax.grid(True, axis="y", alpha=0.3)
-            ax.set_title(f"{section.machine}, {section.distribution} trees: B = {batch}", fontsize=9)
-            if i == len(rows) - 1:
-                ax.set_xlabel("budget N (bars: gpu | fastest other CPU builder | sglang)", fontsize=8)
-            if j == 0:
-                ax.set_ylabel("round (ms)", fontsize=8)
+            ax.set_title(f"{section.machine}, {section.distribution} trees: B = {batch}", fontsize=10)
+            ax.set_xlabel("budget N (bars: gpu | fastest other CPU builder | sglang)", fontsize=9)
+            ax.set_ylabel("round (ms)", fontsize=9)
     order = [TERM_LABELS[p] for p in _PART_COLOURS]
     names = sorted(legend, key=lambda n: (next((k for k, o in enumerate(order) if n.startswith(o)), 99), n))
-    fig.legend(
-        [legend[n] for n in names],
-        names,
-        loc="lower center",
-        ncol=min(len(names), 5),
-        frameon=False,
-        fontsize=8,
+    finish(fig, axes, path, extra=[(legend[n], n) for n in names])
+    return ""
+
+
+def figure_round_parts_for_report(inputs, path) -> str:
+    return figure_round_parts(inputs.budget_sections, path)
+
+
+# ----------------------------------------------------------------------------------------------- the section
+
+
+def report_section(found: list[BudgetSection], options) -> Section:
+    """The section: the model, its assumptions, and per (machine, distribution) where each term comes from,
+    the best budget per builder, the GPU builder's gain and every modelled budget."""
+    out = Section(TITLE).add(
+        Text(INTRO),
+        Text(model_line(options)),
+        Text("**The model's assumptions:**"),
+        Bullets(list(ASSUMPTIONS), ordered=True),
     )
-    title = (
-        "The round's parts per budget (draft, tree build, verify attention, MoE, dense, LM head, "
-        "communication, accept; hatched: estimated or entered, not measured)"
-    )
-    import textwrap  # noqa: PLC0415
-
-    fig.suptitle("\n".join(textwrap.wrap(title, width=max(60, 90 * len(batches)))), fontsize=10)
-    fig.tight_layout(rect=(0, 0.06 + 0.03 * math.ceil(len(names) / 5) / max(1, len(rows)), 1, 0.95))
-    fig.savefig(path, dpi=100, bbox_inches="tight")
-    plt.close(fig)
-    return title
-
-
-# ----------------------------------------------------------------------------------------------- rendering
-
-
-def markdown(found: list[BudgetSection], options, figure_path, title, table) -> list[str]:
-    """The section in Markdown. ``table``: the report's DataFrame-to-Markdown function."""
-    md = [f"## {TITLE}\n\n{INTRO}\n\n{model_line(options)}\n"]
-    md.append("**The model's assumptions:**\n\n" + "\n".join(f"1. {line}" for line in ASSUMPTIONS) + "\n")
     for section in found:
-        md.append(f"### {section.heading()}\n")
+        part = Section(section.heading())
+        out.add(part)
         if section.note and section.result is not None:
-            md.append(f"_{section.note}_\n")
+            part.add(Text(section.note, "em"))
         if section.missing:
-            md.append(f"_no data: {section.missing}_\n")
+            part.add(Text(f"no data: {section.missing}", "em"))
             continue
-        md.append(
-            f"Where each term comes from (what-if bandwidth {section.result.bandwidth}):\n\n"
-            + table(sources_table(section))
+        part.add(
+            Text(f"Where each term comes from (what-if bandwidth {section.result.bandwidth}):"),
+            Table(sources_table(section), collapsed=True),
         )
-        md += [line + "\n" for line in run_round_lines(section)]
+        part.add(*(Text(line) for line in run_round_lines(section)))
         lines = unmodelled_lines(section)
         if lines:
-            md.append("Not modelled (a term missing):\n\n" + "\n".join(f"- {line}" for line in lines) + "\n")
-        md.append("Best budget per builder:\n\n" + table(best_table(section)))
+            part.add(Text("Not modelled (a term missing):"), Bullets(lines))
         gains = gains_table(section)
-        md.append(
-            "GPU builder's gain at each one's own best budget:\n\n"
-            + (table(gains) if not gains.empty else "_no GPU builder or baseline rows_\n")
+        part.add(
+            Text("Best budget per builder:"),
+            Table(best_table(section), collapsed=True),
+            Text("GPU builder's gain at each one's own best budget:"),
+            Table(gains, collapsed=True) if len(gains) else Text("no GPU builder or baseline rows", "em"),
+            Text("Every modelled budget:"),
+            Table(detail_table(section), collapsed=True),
         )
-        md.append("Every modelled budget:\n\n" + table(detail_table(section)))
-    if figure_path is not None:
-        md.append(f"### {title}\n\n![{FIGURE}](figures/{figure_path.name})\n")
-    return md
-
-
-def html(found: list[BudgetSection], options, image: str, title, table) -> list[str]:
-    """The section in HTML. ``table``: the report's DataFrame-to-HTML function; ``image``: the figure's
-    ``<img>``."""
-    from html import escape  # noqa: PLC0415
-
-    parts = [
-        f"<h2>{escape(TITLE)}</h2>",
-        f"<p>{escape(INTRO)}</p>",
-        f"<p>{escape(model_line(options))}</p>",
-        "<p><b>The model's assumptions:</b></p><ol>",
-        *(f"<li>{escape(line)}</li>" for line in ASSUMPTIONS),
-        "</ol>",
-    ]
-    for section in found:
-        parts.append(f"<h3>{escape(section.heading())}</h3>")
-        if section.note and section.result is not None:
-            parts.append(f"<p class='note'>{escape(section.note)}</p>")
-        if section.missing:
-            parts.append(f"<p><em>no data: {escape(section.missing)}</em></p>")
-            continue
-        gains = gains_table(section)
-        lines = unmodelled_lines(section)
-        parts += [
-            f"<p>Where each term comes from (what-if bandwidth {escape(section.result.bandwidth)}):</p>",
-            table(sources_table(section)),
-        ]
-        parts += [f"<p>{escape(line)}</p>" for line in run_round_lines(section)]
-        if lines:
-            parts += [
-                "<p>Not modelled (a term missing):</p><ul>",
-                *(f"<li>{escape(line)}</li>" for line in lines),
-                "</ul>",
-            ]
-        parts += [
-            "<p>Best budget per builder:</p>",
-            table(best_table(section)),
-            "<p>GPU builder's gain at each one's own best budget:</p>",
-            table(gains) if not gains.empty else "<p><em>no GPU builder or baseline rows</em></p>",
-            "<p>Every modelled budget:</p>",
-            table(detail_table(section)),
-        ]
-    if image:
-        parts += [f"<h3>{escape(str(title))}</h3>", image]
-    return parts
+    return out
