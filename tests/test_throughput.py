@@ -584,11 +584,12 @@ def test_section_names_best_budgets_on_the_published_h200_data(tmp_path):
     )
     # every term's source, stated: the forward and the drafter measured, the communication estimated (one GPU)
     assert "| term | sources |" in section
-    assert "| draft | measured (64 of 64) |" in section
-    assert "| target forward | measured (59 of 64), estimated (5 of 64) |" in section
-    assert "| communication | estimated (64 of 64) |" in section
+    assert "| draft | measured (47 of 47) |" in section
+    # measured wherever modelled: the budgets whose forward did not fit (B = 64, N = 1024) are no candidates
+    assert "| target forward | measured (47 of 47) |" in section
+    assert "| communication | estimated (47 of 47) |" in section
     # at batch 1 the rounds were run (gpu, native-mt, sglang); builders without one are named, not mixed in
-    assert "Rounds run on the GPU (the round stage" in section and "24 of 64 modelled" in section
+    assert "Rounds run on the GPU (the round stage" in section and "42 of 47 modelled" in section
     assert "B = 1, N = 8: round: the other builders' rounds here were run" in section
     assert "![round_parts](figures/round_parts.png)" in markdown
     assert (out / "figures" / "round_parts.png").stat().st_size > 10_000
@@ -599,7 +600,7 @@ def test_section_names_best_budgets_on_the_published_h200_data(tmp_path):
     assert "![which_budget](figures/which_budget.png)" in markdown  # in the figures, above the detail
     assert (out / "figures" / "which_budget.png").stat().st_size > 10_000
     target = next(line for line in markdown.splitlines() if TARGET in line)
-    assert "| met |" in target and "gpu 16" in target  # the W4A16 round (estimated forward) at B = 1 and 64
+    assert "| met |" in target and "gpu 16" in target  # the measured W4A16 round at B = 1 and 64
     page = (out / "index.html").read_text()
     assert page.count('src="data:image/png;base64,') == len(FIGURE_NAMES)
     assert "<h3>Which budget?</h3>" in page
@@ -740,10 +741,10 @@ def test_cli_budget_takes_a_config_fragment_and_refuses_bad_values(tmp_path):
     assert "Model: draft 2 ms where not measured; what-if forward:" in done.stdout
     assert "at 3 TB/s" in done.stdout
     assert "| B | builder | build cost from | best N |" in done.stdout
-    # the published set measured the drafter (draft_ms applies where it is not measured) and all but the
-    # forwards that did not fit, which take the entered what-if
-    assert "| draft | measured (64 of 64) |" in done.stdout
-    assert "| target forward | measured (59 of 64), entered (5 of 64) |" in done.stdout
+    # the published set measured the drafter (draft_ms applies where it is not measured) and every forward
+    # that fits; budgets whose forward did not fit are no candidates, not entered what-ifs
+    assert "| draft | measured (47 of 47) |" in done.stdout
+    assert "| target forward | measured (47 of 47) |" in done.stdout
     fragment.write_text("throughput:\n  what_if: {expert_slice_mb: -3}\n")
     bad = run_cli(PUBLISHED, "--configfile", fragment)
     assert bad.returncode == 2
@@ -755,3 +756,23 @@ def test_cli_budget_takes_a_config_fragment_and_refuses_bad_values(tmp_path):
     missing = run_cli(tmp_path / "nowhere")
     assert missing.returncode == 2 and len(missing.stderr.strip().splitlines()) == 1
     assert "no summary.parquet" in missing.stderr
+
+
+def test_a_budget_whose_forward_does_not_fit_is_no_candidate_not_a_what_if():
+    """Where the forward did not fit on the GPU, the round is not modelled (the what-if would price a round
+    that cannot run), and the reason is named; a measured forward of another impl at that budget wins."""
+    step = hand_made_step(forward={8: 10e-3, 64: 11e-3})
+    unfit = stage_row("forward", "triton-w4a16", 1, 256, None, prefix=4096, heads=8, status="unavailable")
+    unfit["status_reason"] = "does not fit: needs about 150.0 GB, 120.0 GB free"
+    step = pd.concat([step, pd.DataFrame([unfit])], ignore_index=True)
+    summary, shapes = summary_rows(HAND_SUMMARY), shape_rows(HAND_TAU)
+    result = throughput(summary, step, shapes, RoundModel(), distribution="d", depth=16)
+    assert sorted(result.table["budget"].unique()) == [8, 64]
+    missing = result.unmodelled[result.unmodelled["budget"] == 256]["missing"]
+    assert len(missing) and all("the forward does not fit: needs about 150.0 GB" in m for m in missing)
+    fits = pd.concat(
+        [step, pd.DataFrame([stage_row("forward", "marlin-w4a16", 1, 256, 30e-3, prefix=4096, heads=8)])],
+        ignore_index=True,
+    )
+    modelled = throughput(summary, fits, shapes, RoundModel(), distribution="d", depth=16)
+    assert 256 in set(modelled.table["budget"])

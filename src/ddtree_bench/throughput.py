@@ -351,7 +351,12 @@ def round_terms(
         "lm_head": (_value(costs, "lm_head_s"), "torch"),
     }
     forward = _value(costs, "forward_s")
-    if forward is not None:
+    unfit = costs.get("forward_unfit")
+    if forward is None and isinstance(unfit, str) and unfit:
+        terms["forward"] = _missing(f"the forward {unfit} (one GPU)")
+        for part in measured_parts:
+            terms[part] = _missing("not measured")
+    elif forward is not None:
         terms["forward"] = Term(forward, MEASURED, f"one graph, MoE {costs.get('forward_impl')}")
         for part, (seconds, impl) in measured_parts.items():
             terms[part] = Term(seconds, MEASURED, impl) if seconds is not None else _missing("not measured")
@@ -510,7 +515,10 @@ COST_COLUMNS = (
     "draft_s",
     "allreduce_s",
     "world_size",
+    "forward_unfit",
 )
+#: The reason a forward row gives where the shape does not fit on the GPU (``stages.model``).
+DOES_NOT_FIT = "does not fit"
 
 
 @dataclass
@@ -648,15 +656,37 @@ def stage_costs(
         if stage == "allreduce" and "world_size" in rows:
             keep["world_size"] = "world_size"
         frames.append(rows[["batch", "budget", *keep]].rename(columns=keep))
+    unfit = _unfit(step, depth, prefix)
+    if not unfit.empty:
+        frames.append(unfit)
     costs = frames[0]
     for frame in frames[1:]:
         costs = costs.merge(frame, on=["batch", "budget"], how="outer")
+    if "forward_unfit" in costs and "forward_s" in costs:  # a measured forward (another impl) wins
+        costs.loc[costs["forward_s"].notna(), "forward_unfit"] = None
     costs = costs.reindex(columns=list(COST_COLUMNS))
     costs = costs[(costs["batch"] > 0) & (costs["budget"] > 0)]
     costs = costs.astype({"batch": "int64", "budget": "int64"}).sort_values(["batch", "budget"])
     return StageCosts(
         costs.reset_index(drop=True), prefix, heads, trees, None, reasons, copy_tbps, run_rounds(step, prefix)
     )
+
+
+def _unfit(step: pd.DataFrame, depth: int, prefix: int | None) -> pd.DataFrame:
+    """(batch, budget, forward_unfit): where the forward at ``prefix`` did not fit on the GPU, its reason.
+    Such a budget is no candidate: its round is not modelled (a what-if would price a round that cannot
+    run)."""
+    if "status_reason" not in step or prefix is None:
+        return pd.DataFrame(columns=["batch", "budget", "forward_unfit"])
+    rows = step[
+        (step["stage"] == "forward")
+        & (step["status"] != "ok")
+        & step["status_reason"].fillna("").str.startswith(DOES_NOT_FIT)
+        & _matching(step, "prefix", prefix)
+        & _matching(step, "depth", depth)
+    ]
+    rows = rows.drop_duplicates(["batch", "budget"])
+    return rows[["batch", "budget", "status_reason"]].rename(columns={"status_reason": "forward_unfit"})
 
 
 def run_rounds(step: pd.DataFrame | None, prefix: int | None) -> dict:
