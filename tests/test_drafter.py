@@ -339,3 +339,7 @@ def test_acceptance_targets(tmp_path):
     old = combine_shapes([tmp_path / "s.json"]).drop(columns=["paper_depth_tau_mean", "simulated_tau_se"])
     assert [t[2] for t in acceptance_targets(old)] == ["no data", "no data", "no data"]
     assert acceptance_targets(old, "uniform")[0][2] == "no data"
+    # one request per trace (SGLang's regime runs batch 1): too few to set against the paper's means
+    single = combine_shapes([tmp_path / "s.json"]).assign(requests=1)
+    assert {t[2] for t in acceptance_targets(single)} == {"no data"}
+    assert "1 request(s) per trace: too few" in acceptance_targets(single)[0][3]

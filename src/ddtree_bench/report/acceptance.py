@@ -219,6 +219,10 @@ def gpu_agreement_line(machines) -> str | None:
     return "GPU accept kernel on the same draws as the CPU walk: " + "; ".join(flags) + "."
 
 
+#: The fewest requests a trace needs before its mean tau is set against the paper's.
+MIN_REQUESTS = 8
+
+
 def acceptance_targets(
     shapes: pd.DataFrame, distribution: str = "drafter"
 ) -> list[tuple[str, str, str, str]]:
@@ -232,8 +236,13 @@ def acceptance_targets(
     chain = f"{distribution} top-1 chain's tau within 3 % of DFlash's {PAPER_CHAIN} (first 15 positions)"
     simulated = f"{distribution} simulated tau within 2 standard errors of the expected, per budget"
     source = "acceptance"
-    if rows.empty:
-        why = f"no {distribution} tree shapes"
+    why = f"no {distribution} tree shapes" if rows.empty else None
+    if why is None and "requests" in rows and rows["requests"].min() < MIN_REQUESTS:
+        why = (
+            f"{int(rows['requests'].min())} request(s) per trace: too few to set against the paper's means "
+            f"(at least {MIN_REQUESTS})"
+        )
+    if why:
         return [
             (fig3, source, "no data", why),
             (chain, source, "no data", why),
