@@ -145,6 +145,13 @@ def select_each(data: pd.DataFrame, depth, distribution) -> tuple[pd.DataFrame, 
         return data, depth, distribution
     frames, shown = [], []
     for machine, rows in data.groupby("machine", sort=False):
+        if len(rows["budget"].unique()) > 1 and (rows["depth"] == rows["budget"]).all():
+            # SGLang's regime (depth_follows_budget): one depth per budget, L = N; every budget is shown
+            has = (rows["distribution"] == distribution).any()
+            used = distribution if has else rows["distribution"].iloc[0]
+            frames.append(rows[rows["distribution"] == used].assign(machine=f"{machine}: {used}, L = N"))
+            shown.append((depth, used))
+            continue
         sel, used_depth, used = select_rows(rows, depth, distribution)
         if (used_depth, used) != (depth, distribution):
             sel = sel.assign(machine=f"{machine}: {used}, L = {used_depth}")
