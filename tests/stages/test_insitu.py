@@ -208,11 +208,12 @@ def test_in_situ_targets_met(tmp_path):
             gpu_s={8: 5e-6, 64: 1e-5},
             native_mt_s={8: 3e-5, 64: 2e-4},  # 6x below 64 (5x needed), 20x at 64 (10x needed)
             sglang_s={8: 1e-3, 64: 2e-2},  # N = 8 is not judged (budgets >= 32); 2000x at 64
-            batch1_cpu_s=3e-5,
-            batch1_gpu_s=1e-5,  # 3.0x the fastest (native)
+            batch1_cpu_s=2.4e-5,
+            batch1_gpu_s=8e-6,  # 3.0x the fastest (native), and 8 µs at N = 64
         ),
     )
-    assert len(targets) == 3 and {r.status for r in targets.values()} == {"met"}
+    assert len(targets) == 4 and {r.status for r in targets.values()} == {"met"}
+    assert targets["in-situ, batch 1: gpu <= 8 µs at N = 64"].measured == "8.0 µs (N=64, B=1, L=16, peaked)"
     mt = targets["in-situ, batch 64: gpu >= 10x native-mt at every budget >= 64, and >= 5x below"]
     assert mt.measured.startswith("min 6.0x against 5.0x needed (N=8, B=64, L=16, peaked) over 2")
     one = targets["in-situ, batch 1: gpu >= 3x the fastest CPU builder at every budget"]
@@ -238,6 +239,8 @@ def test_in_situ_targets_not_met_say_by_how_much(tmp_path):
     assert "over 1 configurations" in sg.measured  # budget 8 is not judged by this target
     one = targets["in-situ, batch 1: gpu >= 3x the fastest CPU builder at every budget"]
     assert one.status == "not met" and "short at 2" in one.measured and "0.5x of 3.0x" in one.measured
+    n64 = targets["in-situ, batch 1: gpu <= 8 µs at N = 64"]
+    assert n64.status == "met" and n64.measured == "6.0 µs (N=64, B=1, L=16, peaked)"
 
 
 def test_in_situ_targets_without_rows_say_no_data(tmp_path):
