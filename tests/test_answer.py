@@ -133,16 +133,23 @@ def test_the_published_answer_reads_as_one_job_and_its_run_rounds_as_one_run():
 def test_speedups_carry_their_range_across_jobs():
     def row(builder, median, spread=None):
         out = dict(
-            machine="m", builder=builder, timing="wall", cache="n/a", status="ok", n=9, budget=8, batch=1,
-            depth=16, distribution="d", median_s=median,
+            machine="m",
+            builder=builder,
+            timing="wall",
+            cache="n/a",
+            status="ok",
+            n=9,
+            budget=8,
+            batch=1,
+            depth=16,
+            distribution="d",
+            median_s=median,
         )
         if spread:
             out |= dict(jobs=3, job_median_min_s=spread[0], job_median_max_s=spread[1])
         return out
 
-    data = pd.DataFrame(
-        [row("sglang", 2e-3, (1.8e-3, 2.2e-3)), row("native", 1e-3, (0.9e-3, 1.1e-3))]
-    )
+    data = pd.DataFrame([row("sglang", 2e-3, (1.8e-3, 2.2e-3)), row("native", 1e-3, (0.9e-3, 1.1e-3))])
     sp = speedups(timings_of(data)).set_index("builder")
     assert sp.loc["native", "speedup"] == pytest.approx(2.0)
     assert sp.loc["native", "speedup_low"] == pytest.approx(1.8 / 1.1)
@@ -161,3 +168,22 @@ def test_speedups_carry_their_range_across_jobs():
 def timings_of(summary: pd.DataFrame) -> pd.DataFrame:
     machine = Machine("m", "this run", summary, pd.DataFrame(), {})
     return timings([machine])
+
+
+def test_tau_and_e_accepted_are_explained_as_one_plus_the_other_where_each_sits():
+    from ddtree_bench.report.step import BREAKDOWN_INTRO  # noqa: PLC0415
+
+    summary = build_rows({8: 1e-3, 64: 1e-3})
+    result = throughput(summary, step_rows(), shapes(), RoundModel(), distribution="d", depth=16)
+    best = best_budgets(result.table)
+    section = BudgetSection("m", "d", 16, result, best=best, gains=gpu_gains(best))
+    out = answer_module.answer_from_round(section, {"layers": 61}, summary)
+    assert all("tau" in table.columns for table in out.tables.values())
+    assert "tau: the expected tokens per round (bonus included)" in out.intro()
+    assert "1 + E[accepted] (the expected accepted draft tokens of the step-time breakdown)" in out.intro()
+    # the breakdown's table has E[accepted]; its intro says what tau is beside it
+    assert "E[accepted] is the expected number of accepted draft tokens" in BREAKDOWN_INTRO
+    assert (
+        "tau, the tokens per round in the answer" in BREAKDOWN_INTRO
+        and "is 1 + E[accepted]" in BREAKDOWN_INTRO
+    )

@@ -65,7 +65,8 @@ class Answer:
             f"at the largest measured prefix length, S = {self.prefix}.{where} Left out of the round: the "
             "drafter's forward pass, the MoE/MLP and the rest of the target's layers besides the attention "
             "core, the LM head and sampling, so the real share is smaller. tau: the expected tokens per "
-            "round (bonus included) of the budget's trees over the whole trace."
+            "round (bonus included) of the budget's trees over the whole trace: 1 + E[accepted], the "
+            "expected accepted draft tokens of the step-time breakdown."
         )
 
 
@@ -171,7 +172,8 @@ class RoundAnswer(Answer):
             "build, the 61-layer verify forward of one GPU's share of Kimi K2.6 (random weights, INT4 routed "
             f"experts{self.moe}), tensor-parallel communication and accept, at S = {self.prefix}. "
             f"{self.sources} tau: the "
-            "expected tokens per round (bonus included) of the budget's trees over the whole trace; tokens/s "
+            "expected tokens per round (bonus included) of the budget's trees over the whole trace, 1 + "
+            "E[accepted] (the expected accepted draft tokens of the step-time breakdown); tokens/s "
             "= B x tau / round. A ratio's range: from the builds' independent timing jobs (the smallest "
             "and largest job median), in a round that is the sum of its terms; a round run on the GPU is "
             "one run, with no spread across jobs."

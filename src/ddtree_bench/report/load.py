@@ -73,10 +73,16 @@ def load_machine(
     return Machine(label, source, summary, shapes, environment, step, missing)
 
 
+def source_of(summary) -> str:
+    """"published" for a summary in a folder under ``published/`` (``results/published/<label>/``, the
+    committed results), else "this run"."""
+    return "published" if Path(summary).resolve().parent.parent.name == "published" else "this run"
+
+
 def load_machines(summary, shapes=None, environment=None, published=(), step=None) -> list[Machine]:
     """This run's machine first, then each published one (labelled "(published)" when a label repeats).
     ``step``: this run's step summary (default: ``step_summary.parquet`` beside ``summary``)."""
-    machines = [load_machine(summary, shapes, environment, step)]
+    machines = [load_machine(summary, shapes, environment, step, source=source_of(summary))]
     for path in published:
         other = load_machine(path, source="published")
         if other.label in {m.label for m in machines}:
