@@ -793,3 +793,50 @@ def test_workflow_runs_snakemake_and_snakemake_alone_does_not_name_the_file(tmp_
     )
     assert dry.returncode == 0, dry.stderr[-3000:]
     assert "rule bench:" in dry.stdout + dry.stderr and not (work / "results").exists()
+
+
+def test_sglang_asked_for_by_name_where_it_cannot_run_is_one_line_exit_2(tmp_path, trace_path, capsys):
+    reason = get_builder("sglang").unavailable_reason()
+    if reason is None:
+        pytest.skip("SGLang's DDTree builder can run here")
+    for argv in (
+        ["bench", "--builder", "sglang", "--batch", 2],
+        ["check", "--builder", "sglang"],
+        ["check", "--builder", "reference", "--against", "sglang"],
+    ):
+        out = tmp_path / "out" / "result"
+        code, stdout, err = run([*argv, "--trace", trace_path, "--budget", 8, "-o", out], capsys)
+        assert_one_line_error(code, err, "sglang is unavailable here", " ".join(reason.split())[:40])
+        assert not out.parent.exists() and stdout == ""
+
+
+# ----------------------------------------------------------------------------------------- the README
+
+
+README = (ROOT / "README.md").read_text()
+
+
+def test_the_readmes_render_command_shows_both_published_runs_labelled_published(tmp_path, capsys):
+    text = " ".join(README.split())
+    command = "ddtree-bench report --results results/published/h200 --published results/published/h200-sglang"
+    assert text.count(command) >= 2  # the prose and the command list
+    assert "ddtree-bench report --results results/published/h200 -o" not in text  # none without it
+    out = tmp_path / "report"
+    argv = [*command.split()[1:], "-o", out]
+    code, _, err = run([ROOT / a if str(a).startswith("results/") else a for a in argv], capsys)
+    assert code == 0, err
+    markdown = (out / "summary.md").read_text()
+    # a published folder is published, even as --results: never "this run"
+    assert "**Machines:** h200 (published), h200-sglang (published)." in markdown
+    assert "(this run)" not in markdown
+
+
+def test_the_readmes_first_screen_defines_its_words_in_a_sentence_each():
+    first = README[: README.index("| batch | N |")]  # up to the first table
+    for word, definition in (
+        ("N", "is the tree budget"),
+        ("in-situ", "is what the decode round pays for the build"),
+        ("round", "is one speculative step"),
+        ("accept", "is the greedy walk"),
+    ):
+        assert f"**{word}** {definition}" in " ".join(first.split()), word

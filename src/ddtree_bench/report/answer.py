@@ -11,11 +11,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
 import pandas as pd
 
 from ddtree_bench.report.fmt import fmt_us, regime
 from ddtree_bench.report.names import CPU_BUILDERS, IN_SITU_COLUMNS
-from ddtree_bench.throughput import tau_per_budget
+from ddtree_bench.summary.spread import RatioRange, job_range, ratio_range
+from ddtree_bench.throughput import RUN_ROUND, tau_per_budget
 
 #: The verdict's threshold: a build whose share of the round stays below this is "negligible".
 SHARE_LIMIT = 0.01
@@ -63,7 +65,8 @@ class Answer:
             f"at the largest measured prefix length, S = {self.prefix}.{where} Left out of the round: the "
             "drafter's forward pass, the MoE/MLP and the rest of the target's layers besides the attention "
             "core, the LM head and sampling, so the real share is smaller. tau: the expected tokens per "
-            "round (bonus included) of the budget's trees over the whole trace."
+            "round (bonus included) of the budget's trees over the whole trace: 1 + E[accepted], the "
+            "expected accepted draft tokens of the step-time breakdown."
         )
 
 
@@ -87,7 +90,7 @@ def answer(machines, breakdowns: dict, settings: dict, budget_sections=()) -> An
     for machine in machines:
         section = _modelled_section(budget_sections, machine.label)
         if section is not None:
-            return answer_from_round(section, settings.get(machine.label, {}))
+            return answer_from_round(section, settings.get(machine.label, {}), machine.summary)
         df = breakdowns.get(machine.label, pd.DataFrame())
         if df.empty:
             continue
@@ -169,16 +172,21 @@ class RoundAnswer(Answer):
             "build, the 61-layer verify forward of one GPU's share of Kimi K2.6 (random weights, INT4 routed "
             f"experts{self.moe}), tensor-parallel communication and accept, at S = {self.prefix}. "
             f"{self.sources} tau: the "
-            "expected tokens per round (bonus included) of the budget's trees over the whole trace; tokens/s "
-            "= B x tau / round."
+            "expected tokens per round (bonus included) of the budget's trees over the whole trace, 1 + "
+            "E[accepted] (the expected accepted draft tokens of the step-time breakdown); tokens/s "
+            "= B x tau / round. A ratio's range: from the builds' independent timing jobs (the smallest "
+            "and largest job median), in a round that is the sum of its terms; a round run on the GPU is "
+            "one run, with no spread across jobs."
         )
 
 
-def answer_from_round(section, setting: dict) -> Answer:
+def answer_from_round(section, setting: dict, summary: pd.DataFrame | None = None) -> Answer:
     """The answer from a "Which budget?" section's modelled rounds: per batch, tau, the GPU builder's round,
-    and every builder's in-situ build with its share of its own round; the verdict from the same rows."""
+    and every builder's in-situ build with its share of its own round; the verdict from the same rows.
+    ``summary``: the machine's build summary, for each build's spread across its timing jobs (without it,
+    or without spread columns, every build is one job)."""
     result = section.result
-    table = result.table
+    table = with_spread(result.table, summary, section.distribution, section.depth)
     out = RoundAnswer(
         section.machine,
         result.verify.prefix,
@@ -226,10 +234,119 @@ def answer_from_round(section, setting: dict) -> Answer:
     return out
 
 
+# ------------------------------------------------------------------------------ the spread across jobs
+
+
+def _build_row(summary, builder: str, batch: int, budget: int, distribution, depth, build_s: float):
+    """The summary row the model's build term was taken from (``throughput.build_costs``: its median)."""
+    if summary is None or summary.empty or not np.isfinite(build_s):
+        return None
+    sel = summary[
+        (summary["builder"] == builder)
+        & (summary["batch"] == batch)
+        & (summary["budget"] == budget)
+        & (summary["status"] == "ok")
+    ]
+    if distribution is not None and "distribution" in sel:
+        sel = sel[sel["distribution"] == distribution]
+    if depth is not None and "depth" in sel:
+        sel = sel[sel["depth"] == depth]
+    sel = sel[np.isclose(pd.to_numeric(sel["median_s"], errors="coerce"), build_s, rtol=1e-12, atol=0)]
+    return sel.iloc[0] if len(sel) else None
+
+
+def with_spread(table: pd.DataFrame, summary, distribution, depth) -> pd.DataFrame:
+    """The model's rows with each build's range across its timing jobs (``build_low``, ``build_high``,
+    ``build_jobs``: one job where the summary has no spread columns) and the round's range it gives
+    (``round_low``, ``round_high``): a round that is the sum of its terms moves with its build term; a round
+    run on the GPU (``RUN_ROUND``) is one run and does not."""
+    out = table.copy()
+    low, high, jobs = [], [], []
+    for builder, batch, budget, build_s in zip(
+        out["builder"], out["batch"], out["budget"], out["build_s"], strict=True
+    ):
+        row = _build_row(summary, builder, int(batch), int(budget), distribution, depth, float(build_s))
+        if row is None:
+            low.append(float(build_s)), high.append(float(build_s)), jobs.append(1)
+            continue
+        spread = job_range(row.to_frame().T).iloc[0]
+        low.append(float(spread["low"])), high.append(float(spread["high"])), jobs.append(int(spread["jobs"]))
+    out["build_low"], out["build_high"], out["build_jobs"] = low, high, jobs
+    fixed = out["round_from"] == RUN_ROUND if "round_from" in out else pd.Series(False, index=out.index)
+    rest = out["round_s"] - out["build_s"]
+    out["round_low"] = out["round_s"].where(fixed, rest + out["build_low"])
+    out["round_high"] = out["round_s"].where(fixed, rest + out["build_high"])
+    return out
+
+
+def build_ratio(rows: pd.DataFrame, numerator: str, denominator: str, budget: int) -> RatioRange | None:
+    """``numerator``'s build over ``denominator``'s at ``budget`` (rows of ``with_spread``) with its range
+    across jobs; None where either was not modelled there."""
+    by = rows.set_index(["builder", "budget"])
+    if (numerator, budget) not in by.index or (denominator, budget) not in by.index:
+        return None
+
+    def side(builder: str) -> dict:
+        row = by.loc[(builder, budget)]
+        return {
+            "median_s": row["build_s"],
+            "job_median_min_s": row["build_low"],
+            "job_median_max_s": row["build_high"],
+            "jobs": row["build_jobs"],
+        }
+
+    return ratio_range(side(numerator), side(denominator))
+
+
+def gain_range(rows: pd.DataFrame, gpu: pd.Series, other: pd.Series) -> tuple[float, float, bool]:
+    """The GPU builder's tokens/s over ``other``'s, each at its own best budget (rows of ``best_budgets``),
+    lowest and highest across the builds' jobs (rows of ``with_spread``), and whether any side moves at all
+    (False: every round one run or every build one job)."""
+    by = rows.set_index(["builder", "budget"])
+    g = by.loc[("gpu", int(gpu["best_budget"]))]
+    o = by.loc[(other.name, int(other["best_budget"]))]
+    low = (g["tau"] / g["round_high"]) / (o["tau"] / o["round_low"])
+    high = (g["tau"] / g["round_low"]) / (o["tau"] / o["round_high"])
+    moves = bool(g["round_low"] < g["round_high"] or o["round_low"] < o["round_high"])
+    return float(low), float(high), moves
+
+
+def _x(value: float) -> str:
+    return f"{value:.2f}x" if value < 10 else f"{value:.1f}x" if value < 100 else f"{value:,.0f}x"
+
+
+def ratio_text(ratio: RatioRange) -> str:
+    """``RatioRange.text`` with each factor to its own precision (0.80x beside 220x)."""
+    if not np.isfinite(ratio.ratio):
+        return "n/a"
+    if ratio.single_job:
+        return f"{_x(ratio.ratio)} (one job each: no spread measured)"
+    span = (
+        f"{_x(ratio.low)} to {_x(ratio.high)} across {ratio.numerator_jobs} and {ratio.denominator_jobs} jobs"
+    )
+    return f"{_x(ratio.ratio)} ({span}{'; the spread includes 1.0x' if ratio.includes_one else ''})"
+
+
+def _rounds_note(rows: pd.DataFrame, gpu: pd.Series, other: pd.Series) -> str:
+    by = rows.set_index(["builder", "budget"])
+    run = [
+        b
+        for b, n in (("gpu", gpu["best_budget"]), (other.name, other["best_budget"]))
+        if by.loc[(b, int(n)), "round_from"] == RUN_ROUND
+    ]
+    if len(run) == 2:
+        return "both rounds run on the GPU, one run each: no spread across jobs"
+    if run:
+        return f"{run[0]}'s round run on the GPU, one run"
+    return ""
+
+
 def _round_verdict(batch: int, rows: pd.DataFrame, section) -> str:
     """Three questions for a batch size, each answered yes or no with the numbers it rests on: does the GPU
     builder beat SGLang's function, does it beat the best CPU builder (both in tokens/s, each at its own best
-    budget), and does the best budget move between builders."""
+    budget), and does the best budget move between builders. Each gain carries its range across the builds'
+    timing jobs, and the builds' own ratio at the GPU builder's best budget its range; a range that includes
+    1.0x is said so and is no win."""
     best = section.best[section.best["batch"] == batch].set_index("builder")
     parts = [f"**B = {batch}:**"]
     if "gpu" not in best.index:
@@ -239,16 +356,32 @@ def _round_verdict(batch: int, rows: pd.DataFrame, section) -> str:
     def versus(builder: str) -> str:
         other = best.loc[builder]
         gain = gpu["tokens_per_s"] / other["tokens_per_s"]
+        low, high, moves = gain_range(rows, gpu, other)
+        build = build_ratio(rows, builder, "gpu", int(gpu["best_budget"]))
+        spans_one = (moves and low <= 1.0 <= high) or (build is not None and build.includes_one)
         if gain > 1 + SAME:
-            verdict = "yes"
+            verdict = "no win shown (the spread across timing jobs includes 1.0x)" if spans_one else "yes"
         elif gain < 1 - SAME:
             verdict = "no, slower"
         else:
             verdict = f"no, within {100 * SAME:.0f}%, too close to call"
         ours = f"{gpu['tokens_per_s']:,.0f} at N = {int(gpu['best_budget'])}"
-        return f"{verdict}: {gain:.3f}x the tokens/s ({ours} against {other['tokens_per_s']:,.0f} at N = " + (
-            f"{int(other['best_budget'])})"
-        )
+        notes = [f"{ours} against {other['tokens_per_s']:,.0f} at N = {int(other['best_budget'])}"]
+        if moves:
+            span = f"{low:.3f}x to {high:.3f}x across the builds' timing jobs"
+            notes.append(span + ("; the spread includes 1.0x" if low <= 1.0 <= high else ""))
+        rounds = _rounds_note(rows, gpu, other)
+        if rounds:
+            notes.append(rounds)
+        if not moves and not rounds.startswith("both"):
+            notes.append("one timing job per build: no spread measured")
+        text = f"{verdict}: {gain:.3f}x the tokens/s ({'; '.join(notes)})"
+        if build is not None:
+            text += (
+                f"; the build alone at N = {int(gpu['best_budget'])}: {builder}'s over the gpu builder's "
+                f"{ratio_text(build)}"
+            )
+        return text
 
     if "sglang" in best.index:
         parts.append(f"Does moving the build from SGLang's function to the GPU pay? {versus('sglang')}.")
@@ -264,9 +397,30 @@ def _round_verdict(batch: int, rows: pd.DataFrame, section) -> str:
         + ("yes: " if moved else "no: ")
         + ", ".join(f"{b} N = {n}" for b, n in budgets.items())
         + (f" (the GPU builder's is set by its {set_by})" if isinstance(set_by, str) and set_by else "")
+        + _budget_spread(rows, budgets)
         + "."
     )
     return " ".join(parts)
+
+
+def _budget_spread(rows: pd.DataFrame, budgets: dict[str, int]) -> str:
+    """Whether each builder's best budget holds with every build at its fastest and at its slowest job's
+    median (the rounds that are the sum of their terms move; a run round does not); "" without a spread."""
+    if not (rows["round_low"] < rows["round_high"]).any():
+        return ""
+    moved = []
+    for builder, group in rows.groupby("builder", sort=False):
+        if builder not in budgets:
+            continue
+        found = {
+            int(group.loc[(group["tau"] / group[column]).idxmax(), "budget"])
+            for column in ("round_low", "round_high")
+        } | {budgets[builder]}
+        if len(found) > 1:
+            moved.append(f"{builder} N = {' or '.join(str(n) for n in sorted(found))}")
+    if moved:
+        return "; across the builds' timing jobs the best budget is not settled: " + ", ".join(moved)
+    return "; the same with every build at its fastest or its slowest timing job"
 
 
 def _verdict(batch: int, rows: pd.DataFrame, budget_sections, label: str) -> str:

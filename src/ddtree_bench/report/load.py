@@ -13,6 +13,7 @@ import pandas as pd
 from ddtree_bench.catalog import IN_SITU
 from ddtree_bench.report.fmt import regime
 from ddtree_bench.report.names import BASELINE_NAMES, IN_SITU_TIMINGS, SERIES_NAMES
+from ddtree_bench.summary.spread import SPREAD_COLUMNS, ratio_ranges
 
 # ----------------------------------------------------------------------------------------- loading
 
@@ -72,10 +73,16 @@ def load_machine(
     return Machine(label, source, summary, shapes, environment, step, missing)
 
 
+def source_of(summary) -> str:
+    """"published" for a summary in a folder under ``published/`` (``results/published/<label>/``, the
+    committed results), else "this run"."""
+    return "published" if Path(summary).resolve().parent.parent.name == "published" else "this run"
+
+
 def load_machines(summary, shapes=None, environment=None, published=(), step=None) -> list[Machine]:
     """This run's machine first, then each published one (labelled "(published)" when a label repeats).
     ``step``: this run's step summary (default: ``step_summary.parquet`` beside ``summary``)."""
-    machines = [load_machine(summary, shapes, environment, step)]
+    machines = [load_machine(summary, shapes, environment, step, source=source_of(summary))]
     for path in published:
         other = load_machine(path, source="published")
         if other.label in {m.label for m in machines}:
@@ -124,12 +131,21 @@ def baseline_of(df: pd.DataFrame) -> str | None:
     return None
 
 
+#: The baseline's columns in ``speedups``' merge.
+BASE_SUFFIX = "_baseline"
+
+
 def speedups(data: pd.DataFrame, headline: bool = False) -> pd.DataFrame:
     """Per machine, every series' median time divided into the baseline's (same budget, batch, depth,
     distribution): ``speedup`` > 1 means faster than the baseline. ``baseline`` names it. In-situ series
     are set against the baseline's in-situ time, the others against its wall time (``mode`` says which).
     ``headline``: only the in-situ comparison where the baseline has in-situ rows on the machine (what the
-    decode round pays), else the wall-clock one."""
+    decode round pays), else the wall-clock one.
+
+    Each speedup carries its range across the timing jobs (``summary.spread.ratio_ranges``): ``speedup_low``
+    (the baseline's fastest job median over the series' slowest), ``speedup_high``, ``baseline_jobs``,
+    ``series_jobs`` and ``includes_one`` (the range includes 1.0x: the jobs do not agree on which is
+    faster). A summary without spread columns is one job per configuration: the range is the speedup."""
     frames = []
     keys = ["budget", "batch", "depth", "distribution"]
     for machine, df in data.groupby("machine", sort=False):
@@ -141,13 +157,22 @@ def speedups(data: pd.DataFrame, headline: bool = False) -> pd.DataFrame:
         for mode, ref_timing, series in (("wall", "wall", df[~in_situ]), (IN_SITU, IN_SITU, df[in_situ])):
             if headline and has_in_situ and mode == "wall":
                 continue
-            ref = df[(df["builder"] == base) & (df["timing"] == ref_timing)][keys + ["median_s"]]
+            spread = [c for c in SPREAD_COLUMNS if c in df]
+            ref = df[(df["builder"] == base) & (df["timing"] == ref_timing)][keys + ["median_s", *spread]]
             if ref.empty or series.empty:
                 continue
-            ref = ref.rename(columns={"median_s": "baseline_s"})
+            ref = ref.rename(columns={c: f"{c}{BASE_SUFFIX}" for c in ["median_s", *spread]})
             merged = series.merge(ref, on=keys, how="inner")
             merged = merged[merged["builder"] != base]
+            ranges = ratio_ranges(merged, BASE_SUFFIX)
+            merged["baseline_s"] = merged[f"median_s{BASE_SUFFIX}"]
+            merged = merged.drop(columns=[f"{c}{BASE_SUFFIX}" for c in ["median_s", *spread]])
             merged["speedup"] = merged["baseline_s"] / merged["median_s"]
+            merged["speedup_low"] = ranges["ratio_low"]
+            merged["speedup_high"] = ranges["ratio_high"]
+            merged["baseline_jobs"] = ranges["numerator_jobs"]
+            merged["series_jobs"] = ranges["denominator_jobs"]
+            merged["includes_one"] = ranges["includes_one"]
             merged["baseline"] = base
             merged["mode"] = mode
             suffix = ", in-situ (what the decode round pays)" if mode == IN_SITU else ""

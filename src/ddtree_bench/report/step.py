@@ -633,7 +633,8 @@ BREAKDOWN_INTRO = (
     "layers (per-layer median x layers), and the accept (the GPU kernel); in brackets the build's share of "
     "build + attention + accept. E[accepted] is the expected number of accepted draft tokens of the "
     "budget's trees (the sum over nodes of the path probability under the drafter's distributions): what a "
-    "larger budget buys, beside what it costs."
+    "larger budget buys, beside what it costs. tau, the tokens per round in the answer and in \"Which "
+    "budget?\", is 1 + E[accepted]: the accepted draft tokens plus the target's bonus token."
 )
 ACCEPT_INTRO = (
     "GPU kernel (CUDA events), host-inclusive (launch, copies out, sync), the CPU walk including the "

@@ -1,0 +1,189 @@
+"""The answer's gains and build ratios carry their spread across timing jobs: a range that includes 1.0x is
+said so and is no win; a summary without spread columns reads as one job and says so; a round run on the GPU
+is one run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from ddtree_bench.report import answer as answer_module
+from ddtree_bench.report.load import Machine, load_machines, speedups, timings
+from ddtree_bench.report.throughput import BudgetSection
+from ddtree_bench.throughput import RoundModel, best_budgets, gpu_gains, throughput
+
+PUBLISHED = Path(__file__).resolve().parents[1] / "results" / "published"
+BUDGETS = (8, 64)
+TAU = {8: 5.0, 64: 8.0}  # expected accepted tokens; tau = 1 + E[accepted]
+
+
+def build_rows(sglang_s, sglang_jobs=None):
+    """In-situ build rows at B = 1 (distribution d, L = 16): gpu 5 µs (one job); sglang ``sglang_s`` per
+    budget, and where ``sglang_jobs`` = (jobs, fastest, slowest job median) its spread columns."""
+    rows = []
+    for n in BUDGETS:
+        common = dict(batch=1, budget=n, status="ok", n=9, distribution="d", depth=16, timing="in-situ")
+        rows.append(dict(common, builder="gpu", cache="warm", median_s=5e-6))
+        row = dict(common, builder="sglang", cache="n/a", median_s=sglang_s[n])
+        if sglang_jobs is not None:
+            jobs, fastest, slowest = sglang_jobs[n]
+            row |= dict(jobs=jobs, job_median_min_s=fastest, job_median_max_s=slowest)
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def step_rows():
+    """Step rows at B = 1, S = 4096: attention, accept, the forward, the drafter (no run round)."""
+    rows = []
+    for n in BUDGETS:
+        common = dict(machine="m", batch=1, budget=n, timing="cuda-events", cache="warm", status="ok", n=3)
+        tree = dict(distribution="d", depth=16)
+        rows += [
+            dict(common, **tree, stage="verify-attention", impl="ours", heads=8, prefix=4096, median_s=1e-4),
+            dict(common, **tree, stage="accept", impl="gpu-kernel", median_s=4e-6),
+            dict(common, stage="forward", impl="marlin-w4a16", heads=8, prefix=4096, median_s=10e-3),
+            dict(common, stage="draft", impl="torch", prefix=4096, median_s=1e-3),
+            dict(common, stage="allreduce", impl="nccl", median_s=2e-3, world_size=8),
+        ]
+    return pd.DataFrame(rows)
+
+
+def shapes():
+    return pd.DataFrame(
+        [{"distribution": "d", "depth": 16, "budget": n, "expected_accept_mean": e} for n, e in TAU.items()]
+    )
+
+
+def answer_of(summary):
+    result = throughput(summary, step_rows(), shapes(), RoundModel(), distribution="d", depth=16)
+    assert result.missing is None, result.missing
+    best = best_budgets(result.table)
+    section = BudgetSection("m", "d", 16, result, best=best, gains=gpu_gains(best))
+    machine = Machine("m", "this run", summary, shapes(), {})
+    out = answer_module.answer([machine], {}, {"m": {"layers": 61}}, [section])
+    assert out.machine == "m" and len(out.verdict) == 1
+    return out.verdict[0]
+
+
+PAY = "Does moving the build from SGLang's function to the GPU pay? "
+
+
+def question(verdict: str) -> str:
+    return verdict[verdict.index(PAY) + len(PAY) : verdict.index("Is the GPU kernel")]
+
+
+def test_a_gain_whose_spread_across_jobs_includes_one_says_so_and_is_no_win():
+    # sglang's pooled median 1 ms (the modelled gain ~1.07x), but one of its three jobs ran at 4 µs, faster
+    # than the gpu builder's 5 µs: the jobs do not agree on which is faster
+    summary = build_rows({8: 1e-3, 64: 1e-3}, {8: (3, 4e-6, 1.1e-3), 64: (3, 4e-6, 1.1e-3)})
+    text = question(answer_of(summary))
+    gain = float(text.split("x the tokens/s")[0].rsplit(": ", 1)[1])
+    assert gain > 1 + answer_module.SAME  # would be a "yes" without the spread
+    assert text.startswith("no win shown (the spread across timing jobs includes 1.0x): ")
+    assert "yes" not in text
+    assert "across the builds' timing jobs; the spread includes 1.0x" in text
+    # the build alone: 1 ms / 5 µs = 200x, from 4 µs / 5 µs = 0.8x to 1.1 ms / 5 µs = 220x
+    build = "gpu builder's 200x (0.80x to 220x across 3 and 1 jobs; the spread includes 1.0x)"
+    assert build in text
+
+
+def test_a_gain_whose_spread_excludes_one_is_a_yes_with_its_range():
+    summary = build_rows({8: 1e-3, 64: 1e-3}, {8: (3, 0.9e-3, 1.2e-3), 64: (3, 0.9e-3, 1.2e-3)})
+    text = question(answer_of(summary))
+    assert text.startswith("yes: ")
+    assert "includes 1.0x" not in text and "one job" not in text
+    # the range: gpu's round (fixed: one job) over sglang's with its build at its fastest and slowest job
+    result = throughput(summary, step_rows(), shapes(), RoundModel(), distribution="d", depth=16)
+    table = result.table.set_index(["builder", "budget"])
+    best = best_budgets(result.table).set_index("builder")
+    g = table.loc[("gpu", int(best.loc["gpu", "best_budget"]))]
+    o = table.loc[("sglang", int(best.loc["sglang", "best_budget"]))]
+    low = (g["tau"] / g["round_s"]) / (o["tau"] / (o["round_s"] - 1e-3 + 0.9e-3))
+    high = (g["tau"] / g["round_s"]) / (o["tau"] / (o["round_s"] - 1e-3 + 1.2e-3))
+    assert f"{low:.3f}x to {high:.3f}x across the builds' timing jobs" in text
+    assert "sglang's over the gpu builder's 200x (180x to 240x across 3 and 1 jobs)" in text
+    assert "the same with every build at its fastest or its slowest timing job" in answer_of(summary)
+
+
+def test_a_summary_without_spread_columns_reads_as_one_job_and_says_so():
+    text = question(answer_of(build_rows({8: 1e-3, 64: 1e-3})))
+    assert text.startswith("yes: ")
+    assert "one timing job per build: no spread measured" in text
+    assert "sglang's over the gpu builder's 200x (one job each: no spread measured)" in text
+
+
+def test_the_published_answer_reads_as_one_job_and_its_run_rounds_as_one_run():
+    from ddtree_bench.report import throughput as throughput_report  # noqa: PLC0415
+
+    machines = load_machines(PUBLISHED / "h200" / "summary.parquet")
+    settings = {"h200": {"layers": 61, "depth": 16, "distribution": "drafter"}}
+    found = throughput_report.sections(machines, settings, None, distributions=["drafter"], depth=16)
+    out = answer_module.answer(machines, {}, settings, found)
+    assert out.machine == "h200" and len(out.verdict) == 2
+    for line in out.verdict:
+        assert "(one job each: no spread measured)" in line
+        assert "the spread includes 1.0x" not in line
+    # B = 1: the rounds at the best budget were run on the GPU: one run each, no invented range
+    assert "both rounds run on the GPU, one run each: no spread across jobs" in out.verdict[0]
+    assert "across the builds' timing jobs" not in " ".join(out.verdict)
+
+
+def test_speedups_carry_their_range_across_jobs():
+    def row(builder, median, spread=None):
+        out = dict(
+            machine="m",
+            builder=builder,
+            timing="wall",
+            cache="n/a",
+            status="ok",
+            n=9,
+            budget=8,
+            batch=1,
+            depth=16,
+            distribution="d",
+            median_s=median,
+        )
+        if spread:
+            out |= dict(jobs=3, job_median_min_s=spread[0], job_median_max_s=spread[1])
+        return out
+
+    data = pd.DataFrame([row("sglang", 2e-3, (1.8e-3, 2.2e-3)), row("native", 1e-3, (0.9e-3, 1.1e-3))])
+    sp = speedups(timings_of(data)).set_index("builder")
+    assert sp.loc["native", "speedup"] == pytest.approx(2.0)
+    assert sp.loc["native", "speedup_low"] == pytest.approx(1.8 / 1.1)
+    assert sp.loc["native", "speedup_high"] == pytest.approx(2.2 / 0.9)
+    assert sp.loc["native", "baseline_jobs"] == 3 and sp.loc["native", "series_jobs"] == 3
+    assert not sp.loc["native", "includes_one"]
+    # a spread that includes 1.0x
+    data = pd.DataFrame([row("sglang", 2e-3, (0.8e-3, 2.2e-3)), row("native", 1e-3, (0.9e-3, 1.1e-3))])
+    assert speedups(timings_of(data)).set_index("builder").loc["native", "includes_one"]
+    # no spread columns (a published summary): one job each, the range is the speedup
+    sp = speedups(timings_of(pd.DataFrame([row("sglang", 2e-3), row("native", 1e-3)]))).set_index("builder")
+    assert sp.loc["native", "speedup_low"] == sp.loc["native", "speedup_high"] == pytest.approx(2.0)
+    assert sp.loc["native", "baseline_jobs"] == 1 and sp.loc["native", "series_jobs"] == 1
+
+
+def timings_of(summary: pd.DataFrame) -> pd.DataFrame:
+    machine = Machine("m", "this run", summary, pd.DataFrame(), {})
+    return timings([machine])
+
+
+def test_tau_and_e_accepted_are_explained_as_one_plus_the_other_where_each_sits():
+    from ddtree_bench.report.step import BREAKDOWN_INTRO  # noqa: PLC0415
+
+    summary = build_rows({8: 1e-3, 64: 1e-3})
+    result = throughput(summary, step_rows(), shapes(), RoundModel(), distribution="d", depth=16)
+    best = best_budgets(result.table)
+    section = BudgetSection("m", "d", 16, result, best=best, gains=gpu_gains(best))
+    out = answer_module.answer_from_round(section, {"layers": 61}, summary)
+    assert all("tau" in table.columns for table in out.tables.values())
+    assert "tau: the expected tokens per round (bonus included)" in out.intro()
+    assert "1 + E[accepted] (the expected accepted draft tokens of the step-time breakdown)" in out.intro()
+    # the breakdown's table has E[accepted]; its intro says what tau is beside it
+    assert "E[accepted] is the expected number of accepted draft tokens" in BREAKDOWN_INTRO
+    assert (
+        "tau, the tokens per round in the answer" in BREAKDOWN_INTRO
+        and "is 1 + E[accepted]" in BREAKDOWN_INTRO
+    )
