@@ -187,3 +187,17 @@ def test_tau_and_e_accepted_are_explained_as_one_plus_the_other_where_each_sits(
         "tau, the tokens per round in the answer" in BREAKDOWN_INTRO
         and "is 1 + E[accepted]" in BREAKDOWN_INTRO
     )
+
+
+def test_a_builder_modelled_at_fewer_budgets_is_not_compared_for_the_best_budget(tmp_path):
+    """On the published H200 set, reference and native were modelled at batch 64 at N = 512 only: their
+    best budget is no answer to "does the best budget move?", and the verdict names them as not compared."""
+    from ddtree_bench.report import render_report  # noqa: PLC0415
+
+    out = Path(__file__).resolve().parent.parent / "results" / "published" / "h200"
+    target = tmp_path
+    render_report(summary=out / "summary.parquet", html=target / "index.html", markdown=target / "summary.md")
+    verdict = next(line for line in (target / "summary.md").read_text().splitlines() if "**B = 64:**" in line)
+    moves = verdict[verdict.index("Does the best budget move?") :]
+    assert moves.startswith("Does the best budget move? no: sglang N = 16, native-mt N = 16, gpu N = 16")
+    assert "not compared: reference, native (modelled at reference N = 512; native N = 512 only)" in moves

@@ -389,7 +389,10 @@ def _round_verdict(batch: int, rows: pd.DataFrame, section) -> str:
     if cpu:
         top = max(cpu, key=lambda b: best.loc[b, "tokens_per_s"])
         parts.append(f"Is the GPU kernel better than the best CPU builder ({top})? {versus(top)}.")
-    budgets = {b: int(best.loc[b, "best_budget"]) for b in best.index}
+    # a builder modelled over fewer budgets than the gpu builder has no comparable best budget
+    gpu_budgets = set(gpu["budgets"]) if "budgets" in best.columns else set()
+    partial = [b for b in best.index if gpu_budgets and not gpu_budgets <= set(best.loc[b, "budgets"])]
+    budgets = {b: int(best.loc[b, "best_budget"]) for b in best.index if b not in partial}
     moved = len(set(budgets.values())) > 1
     set_by = gpu.get("set_by") if "set_by" in best.columns else None
     parts.append(
@@ -398,6 +401,13 @@ def _round_verdict(batch: int, rows: pd.DataFrame, section) -> str:
         + ", ".join(f"{b} N = {n}" for b, n in budgets.items())
         + (f" (the GPU builder's is set by its {set_by})" if isinstance(set_by, str) and set_by else "")
         + _budget_spread(rows, budgets)
+        + (
+            f"; not compared: {', '.join(partial)} (modelled at "
+            + "; ".join(f"{b} N = {', '.join(str(n) for n in best.loc[b, 'budgets'])}" for b in partial)
+            + " only)"
+            if partial
+            else ""
+        )
         + "."
     )
     return " ".join(parts)
