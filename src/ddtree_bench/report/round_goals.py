@@ -32,6 +32,11 @@ def _best_moe(step: pd.DataFrame) -> pd.DataFrame:
     return moe.loc[moe.groupby(["batch", "budget"])["pct_copy_peak"].idxmax()]
 
 
+def _tokens(row) -> int:
+    """The tree tokens of a (batch, budget) row: B x (N + 1)."""
+    return int(row["batch"]) * (int(row["budget"]) + 1)
+
+
 def round_targets(step: pd.DataFrame | None, layers: int = 61) -> list[tuple[str, str, str, str]]:
     if step is None or step.empty:
         return [(t, SOURCE, "no data", "no step summary") for t in TARGETS]
@@ -42,13 +47,16 @@ def round_targets(step: pd.DataFrame | None, layers: int = 61) -> list[tuple[str
         out.append((MOE_FULL, SOURCE, "no data", "no moe rows touching >= 380 experts a layer"))
     else:
         worst = full.loc[full["pct_copy_peak"].idxmin()]
+        best = full.loc[full["pct_copy_peak"].idxmax()]
         out.append(
             (
                 MOE_FULL,
                 SOURCE,
                 "met" if worst["pct_copy_peak"] >= 70 else "not met",
                 f"min {worst['pct_copy_peak']:.0f}% ({worst['impl']}, B = {worst['batch']}, N = "
-                f"{worst['budget']}), max {full['pct_copy_peak'].max():.0f}% over {len(full)} configurations",
+                f"{worst['budget']}: T = {_tokens(worst):,} tokens), max {best['pct_copy_peak']:.0f}% "
+                f"({best['impl']}, B = {best['batch']}, N = {best['budget']}: T = {_tokens(best):,}) over "
+                f"{len(full)} configurations",
             )
         )
     small = moe[(moe["batch"] == 1) & (moe["budget"] == 8)] if not moe.empty else moe
