@@ -432,6 +432,7 @@ def _recorded_config(folder: Path) -> dict | None:
 
 def cmd_report(args) -> int:
     from ddtree_bench import catalog  # noqa: PLC0415
+    from ddtree_bench.config import schema_default  # noqa: PLC0415
     from ddtree_bench.consistency import configured_grid  # noqa: PLC0415
     from ddtree_bench.report import render_report  # noqa: PLC0415
     from ddtree_bench.settings import load_settings, merge_recorded  # noqa: PLC0415
@@ -476,10 +477,10 @@ def cmd_report(args) -> int:
             figures=[out / "figures" / f"{name}.png" for name in catalog.FIGURES],
             depth=depth,
             distribution=distribution,
-            step_layers=int(step.get("layers") or 61),
+            step_layers=int(step.get("layers") or schema_default("step.layers")),
             step_depth=step.get("depth") or depth,
             step_distribution=step.get("distribution") or distribution,
-            step_enabled=bool(step.get("enabled", True)),
+            step_enabled=bool(step.get("enabled", schema_default("step.enabled"))),
             grid=grid,
         )
     print(f"{PROG}: report: {out / 'index.html'} (and {out / 'summary.md'}, {out / 'figures'}/)")

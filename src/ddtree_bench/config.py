@@ -134,6 +134,16 @@ def _fill(instance: dict, schema: dict, root: dict) -> None:
             _fill(instance[key], sub, root)
 
 
+def schema_default(path: str, schema: dict | None = None):
+    """The schema's default of one setting, by its dotted path (``"step.layers"``): the one place a
+    default is declared. Raises ``KeyError`` for a setting without one."""
+    schema = schema or load_schema()
+    node = schema
+    for key in path.split("."):
+        node = _resolve(node["properties"][key], schema)
+    return copy.deepcopy(node["default"])
+
+
 # ----------------------------------------------------------------------------------------- numeric strings
 
 _INTEGER = re.compile(r"[+-]?\d+")
