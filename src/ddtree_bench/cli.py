@@ -632,8 +632,7 @@ def _timing_defaults() -> dict:
     pipeline job samples with)."""
     import yaml  # noqa: PLC0415
 
-    from ddtree_bench.config import REPO_ROOT, apply_defaults  # noqa: PLC0415
-    from ddtree_bench.settings import TIMING_KEYS  # noqa: PLC0415
+    from ddtree_bench.config import REPO_ROOT, TIMING_KEYS, apply_defaults  # noqa: PLC0415
 
     config = {}
     default = REPO_ROOT / "config" / "config.yaml"

@@ -19,9 +19,10 @@ import yaml
 from ddtree_bench import catalog
 from ddtree_bench.catalog import ATTENTION_IMPLS, DISTRIBUTIONS, MOE_IMPLS, STREAM_IMPL  # noqa: F401 (re-exported)
 from ddtree_bench.io import check_writable
-from ddtree_bench.settings import TIMING_KEYS  # noqa: F401 (re-exported)
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+#: The keys of a timing section that ``timing.policy.TimingPolicy`` (and ``stages.build.run_benchmark``) take.
+TIMING_KEYS = ("warmup", "repeats", "min_repeats", "max_repeats", "min_seconds", "max_seconds")
 SCHEMA_PATH = REPO_ROOT / "workflow" / "schemas" / "config.schema.yaml"
 
 #: The schema's enums that name catalog entries (a test checks the file's against the catalog; the checks

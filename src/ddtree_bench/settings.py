@@ -16,10 +16,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from types import MappingProxyType
 
+from ddtree_bench.config import TIMING_KEYS, check_config, read_config_file
 from ddtree_bench.model.shapes import DrafterShape, ModelShape
-
-#: The keys of a timing section that ``timing.policy.TimingPolicy`` (and ``stages.build.run_benchmark``) take.
-TIMING_KEYS = ("warmup", "repeats", "min_repeats", "max_repeats", "min_seconds", "max_seconds")
 
 
 def _frozen(value):
@@ -237,8 +235,6 @@ class Settings:
     def from_config(cls, config: dict, schema: dict | str | Path | None = None) -> Settings:
         """Check a configuration mapping (a copy: ``config`` is left as it is) and build the settings.
         Raises ``ValueError`` with one line naming the first bad setting."""
-        from ddtree_bench.config import check_config  # noqa: PLC0415 (config imports this module's keys)
-
         if not isinstance(config, dict):
             raise ValueError(f"config: must be a mapping, got {type(config).__name__}")
         checked = check_config(copy.deepcopy(config), schema)
@@ -430,6 +426,4 @@ def merge_recorded(groups) -> dict:
 
 def load_settings(path: str | Path) -> Settings:
     """The settings of a YAML config file (``config.read_config_file``, then ``Settings.from_config``)."""
-    from ddtree_bench.config import read_config_file  # noqa: PLC0415
-
     return Settings.from_config(read_config_file(path))
