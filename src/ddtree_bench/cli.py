@@ -347,8 +347,8 @@ def cmd_budget(args) -> int:
     from ddtree_bench.report import load_machine, markdown_table  # noqa: PLC0415
     from ddtree_bench.report import throughput as throughput_report  # noqa: PLC0415
 
-    config = _budget_settings(args)
-    options = config.throughput_options()
+    settings = _budget_settings(args)
+    options = settings.throughput_options()
     summary = Path(args.results) / "summary.parquet"
     if not summary.is_file():
         raise ValueError(f"{args.results}: no summary.parquet there (a results/<machine>/ folder has one)")
@@ -360,7 +360,7 @@ def cmd_budget(args) -> int:
                 f"--distribution {args.distribution!r}: {args.results} has no tree-build rows of it; "
                 f"choose one of {', '.join(present) or '(none: no timed rows there)'}"
             )
-    layers = {machine.label: {"layers": config.step.layers}}
+    layers = {machine.label: {"layers": settings.step.layers}}
     distributions = [args.distribution] if args.distribution else None
     found = throughput_report.sections([machine], layers, options, distributions=distributions)
     lines = [throughput_report.model_line(options), ""]
