@@ -1,5 +1,6 @@
 """Shared values and helpers of the workflow: result paths, the job grid, builder options and availability.
-Every setting comes from SETTINGS (settings.Settings, built and checked once by the Snakefile)."""
+Every setting comes from SETTINGS (settings.Settings, built and checked once by the Snakefile).
+"""
 
 import os
 import re
