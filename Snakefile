@@ -11,7 +11,8 @@ from pathlib import Path
 
 from snakemake.utils import min_version, validate
 
-from ddtree_bench.config import check_config, check_output_paths, read_config_file
+from ddtree_bench.config import check_output_paths, read_config_file
+from ddtree_bench.settings import Settings
 
 min_version("9.0")
 
@@ -35,14 +36,17 @@ configfile: "config/config.yaml"
 report: "workflow/report/workflow.rst"
 
 
-# One clear line for a bad configuration, before any job: the package's checks first (they name the problem),
-# then Snakemake's own validation against the same schema.
+# The settings, built and checked once (every rule reads them): one clear line for a bad configuration,
+# before any job: the package's checks first (they name the problem), then Snakemake's own validation of the
+# checked mapping (defaults filled) against the same schema.
 SCHEMA = "workflow/schemas/config.schema.yaml"
 try:
-    check_config(config, Path(workflow.basedir) / SCHEMA)
-    check_output_paths(config)
+    SETTINGS = Settings.from_config(config, Path(workflow.basedir) / SCHEMA)
+    check_output_paths(SETTINGS)
 except ValueError as error:
     bad_input(error)
+config.clear()
+config.update(SETTINGS.as_config())
 validate(config, SCHEMA)
 
 

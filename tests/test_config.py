@@ -16,21 +16,13 @@ from ddtree_bench.config import (
     ATTENTION_IMPLS,
     BUILDERS,
     DISTRIBUTIONS,
-    NOT_RECORDED,
-    RECORDED,
-    builder_input_columns,
     check_config,
     check_output_paths,
     load_config,
     load_schema,
-    merge_recorded,
-    recorded_settings,
-    step_options,
-    timing_options,
-    trace_columns,
-    trace_requests,
 )
 from ddtree_bench.cuda.loader import gpu_unavailable_reason
+from ddtree_bench.settings import NOT_RECORDED, RECORDED, Settings, merge_recorded
 from ddtree_bench.traces import DISTRIBUTIONS as TRACE_DISTRIBUTIONS
 from ddtree_bench.traces import save_trace
 
@@ -50,10 +42,11 @@ def test_default_config_is_valid_and_has_the_issue_defaults():
     assert config["gpu"] == "auto"
     assert config["topk"] == 1024
     assert config["trace_device"] == "cpu"  # the same traces on every machine
-    assert trace_columns(config) == 1024  # a fixed K: adding a budget never regrows the traces
-    assert builder_input_columns(config) == "topk"  # ... and each builder is handed its first min(N, K)
-    assert trace_requests(config) == 256
-    assert set(timing_options(config)) == {
+    settings = Settings.from_config(config)
+    assert settings.trace_columns == 1024  # a fixed K: adding a budget never regrows the traces
+    assert settings.builder_input_columns == "topk"  # ... and each builder is handed its first min(N, K)
+    assert settings.trace_requests == 256
+    assert set(settings.timing.options()) == {
         "warmup",
         "repeats",
         "min_repeats",
@@ -65,14 +58,15 @@ def test_default_config_is_valid_and_has_the_issue_defaults():
 
 def test_default_step_section_is_the_issues_grid():
     config = load_config(ROOT / "config" / "config.yaml")
-    step = step_options(config)
+    settings = Settings.from_config(config)
+    step = settings.step_options()
     assert step["enabled"] is True and step["layers"] == 61
     assert step["batch_sizes"] == [1, 8, 64]
     assert step["budgets"] == config["budgets"]  # null: every configured budget
     assert step["distribution"] == "drafter" and step["depth"] == 16  # null: the first configured
     assert step["heads"] == [8] and step["prefix_lengths"] == [4096, 32768]
     assert step["impls"] == list(ATTENTION_IMPLS)
-    assert step["timing"] == timing_options(config)  # accept and peaks sample like the tree build
+    assert step["timing"] == settings.timing.options()  # accept and peaks sample like the tree build
     assert step["attention_timing"]["max_seconds"] <= 1.0  # the largest attention calls take up to 1 s
 
 
@@ -86,7 +80,7 @@ def test_step_defaults_are_filled_in_without_a_step_section():
             "builders": ["reference"],
         }
     )
-    step = step_options(config)
+    step = Settings.from_config(config).step_options()
     assert step["budgets"] == [8, 16] and step["distribution"] == "bf16" and step["depth"] == 4
     with pytest.raises(ValueError, match=r"config: step.batch_sizes: 8 is more than the 1 requests"):
         check_config(
@@ -104,7 +98,7 @@ def test_step_defaults_are_filled_in_without_a_step_section():
 @pytest.mark.parametrize("name", ["smoke", "h200"])
 def test_step_sections_of_the_other_configs(name):
     config = load_config(ROOT / "config" / f"{name}.yaml")
-    step = step_options(config)
+    step = Settings.from_config(config).step_options()
     assert set(step["budgets"]) <= set(config["budgets"])
     if name == "h200":
         assert step["batch_sizes"] == [1, 8, 64] and step["prefix_lengths"] == [4096, 32768]
@@ -170,8 +164,9 @@ def test_yaml_on_off_for_gpu(value, expected):
 def test_fixed_topk():
     config = default_config()
     config["topk"] = 2048
-    assert trace_columns(check_config(config)) == 2048
-    assert builder_input_columns(check_config(config)) == "topk"  # every builder gets its first min(N, K)
+    settings = Settings.from_config(config)
+    assert settings.trace_columns == 2048
+    assert settings.builder_input_columns == "topk"  # every builder gets its first min(N, K)
 
 
 BAD = [
@@ -322,7 +317,7 @@ def test_bad_round_stage_config_is_one_clear_line(override, message):
 def test_round_stage_options_resolve_the_shapes():
     config = default_config()
     config["step"] = {**copy.deepcopy(config["step"]), "layers": 5, "draft": {"follow_budget": True}}
-    options = step_options(check_config(config))
+    options = Settings.from_config(config).step_options()
     assert options["model"]["shape"].layers == 5  # the target's layers are step.layers
     assert options["model"]["forward_impl"] == "marlin-w4a16" and options["model"]["routing"] == "uniform"
     assert options["draft"]["follow_budget"] is True and options["draft"]["block_size"] == 16
@@ -421,14 +416,14 @@ def test_gpu_on_without_a_gpu_fails_before_any_job(tmp_path):
 
 def test_flexattention_kernel_options_reach_the_attention_jobs():
     config = default_config()
-    assert step_options(check_config(config))["flex_kernel_options"] == {
+    assert Settings.from_config(config).step_options()["flex_kernel_options"] == {
         "BLOCK_M": 64,
         "BLOCK_N": 32,
         "num_stages": 1,
         "num_warps": 4,
     }
     config["step"]["attention"]["flexattention_kernel_options"] = None
-    assert step_options(check_config(config))["flex_kernel_options"] is None
+    assert Settings.from_config(config).step_options()["flex_kernel_options"] is None
     config["step"]["attention"]["flexattention_kernel_options"] = [64, 32]
     with pytest.raises(ValueError, match=r"^config: step.attention.flexattention_kernel_options: "):
         check_config(config)
@@ -528,9 +523,10 @@ def test_an_unwritable_report_dir_is_refused_when_the_config_is_loaded(tmp_path)
     blocker.write_text("a file")
     config = check_config({**default_config(), "report_dir": str(blocker / "report")})
     with pytest.raises(ValueError) as error:
-        check_output_paths(config)
+        check_output_paths(Settings.from_config(config))
     assert str(error.value) == f"config: report_dir: {blocker}/report: {blocker} is not a folder"
-    check_output_paths(check_config({**default_config(), "report_dir": str(tmp_path / "new" / "report")}))
+    new = str(tmp_path / "new" / "report")
+    check_output_paths(Settings.from_config({**default_config(), "report_dir": new}))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["blocker"]  # the check creates nothing
     (tmp_path / "w").mkdir()
     work = workdir_copy(tmp_path / "w")
@@ -563,7 +559,7 @@ def test_a_yaml_error_names_the_file_and_line(tmp_path):
 
 def test_environment_json_records_the_results_settings_not_the_reports():
     config = check_config(default_config())
-    groups = recorded_settings(config)
+    groups = Settings.from_config(config).recorded()
     assert set(groups) == {*RECORDED, "step"}
     merged = merge_recorded(groups)
     schema_keys = set(load_schema()["properties"])
@@ -578,18 +574,18 @@ def test_environment_json_records_the_results_settings_not_the_reports():
     changed["report_dir"] = "elsewhere"
     changed["throughput"]["draft_ms"] = 3.0
     changed["step"]["attention"]["heads"] = [64]
-    assert recorded_settings(changed) == groups  # nothing the aggregation records: it does not rerun
+    assert Settings.from_config(changed).recorded() == groups  # nothing the aggregation records: no rerun
 
 
 def test_depth_follows_budget_pairs_each_budget_with_its_own_depth():
-    from ddtree_bench.config import check_config, depth_budget_pairs  # noqa: PLC0415
+    from ddtree_bench.config import check_config  # noqa: PLC0415
     from ddtree_bench.consistency import check_shapes, configured_grid  # noqa: PLC0415
 
     config = check_config({"budgets": [8, 64], "batch_sizes": [1], "depth_follows_budget": True})
     assert config["depths"] == [8, 64]
-    assert depth_budget_pairs(config) == [(8, 8), (64, 64)]
+    assert Settings.from_config(config).depth_budget_pairs == [(8, 8), (64, 64)]
     plain = check_config({"budgets": [8, 64], "batch_sizes": [1], "depths": [16]})
-    assert depth_budget_pairs(plain) == [(16, 8), (16, 64)]
+    assert Settings.from_config(plain).depth_budget_pairs == [(16, 8), (16, 64)]
     import pandas as pd  # noqa: PLC0415
 
     shapes = pd.DataFrame({"distribution": ["peaked"] * 2, "depth": [8, 64], "budget": [8, 64]})
@@ -609,8 +605,8 @@ def test_depth_follows_budget_must_be_a_boolean():
 def test_h200_sglang_regime_config_loads():
     import yaml  # noqa: PLC0415
 
-    from ddtree_bench.config import check_config, depth_budget_pairs  # noqa: PLC0415
+    from ddtree_bench.config import check_config  # noqa: PLC0415
 
     config = check_config(yaml.safe_load(open(ROOT / "config/h200-sglang-regime.yaml")))
     assert config["batch_sizes"] == [1]
-    assert all(depth == budget for depth, budget in depth_budget_pairs(config))
+    assert all(depth == budget for depth, budget in Settings.from_config(config).depth_budget_pairs)

@@ -16,10 +16,11 @@ import yaml
 from test_report import write_machine
 from workflow_copy import ROOT
 
-from ddtree_bench.config import check_config, throughput_options
+from ddtree_bench.config import check_config
 from ddtree_bench.model import estimates as arithmetic
 from ddtree_bench.report import FIGURE_NAMES, load_machines, render_report
 from ddtree_bench.report.throughput import TARGET, budget_targets, sections
+from ddtree_bench.settings import Settings
 from ddtree_bench.summary.step import summarize_steps, unavailable_stage_frame
 from ddtree_bench.throughput import (
     PAPER_SPEEDUP,
@@ -104,7 +105,7 @@ def test_model_from_config_and_its_defaults():
     default = RoundModel.from_config(None, 61)
     assert default.draft_ms is None and default.what_if == WhatIf() and default.comm == Comm()
     assert default.what_if_source == "estimated"
-    options = throughput_options(check_config(default_config()))
+    options = Settings.from_config(default_config()).throughput_options()
     assert options == {
         "draft_ms": None,
         "forward_ms": None,

@@ -5,7 +5,6 @@ is."""
 
 from __future__ import annotations
 
-import copy
 import importlib.metadata
 import json
 import os
@@ -23,9 +22,9 @@ import yaml
 from packaging.requirements import Requirement
 from workflow_copy import BIN, ROOT, pretend_gpu, snakemake, workdir_copy
 
-from ddtree_bench.config import check_config, step_options
 from ddtree_bench.cuda.loader import gpu_unavailable_reason
 from ddtree_bench.report import FIGURE_NAMES
+from ddtree_bench.settings import Settings
 from ddtree_bench.traces import trace_sha256
 
 SNAKEFMT = shutil.which("snakefmt", path=str(BIN)) or "snakefmt"
@@ -439,7 +438,7 @@ def test_adding_a_budget_schedules_only_its_step_jobs(tmp_path):
         f"-N{new}-" in job["output"][0] or job["output"][0].endswith(f"-N{new}.json") for job in per_budget
     )
 
-    step = step_options(check_config(copy.deepcopy(config)))
+    step = Settings.from_config(config).step_options()
     batches = len(step["batch_sizes"])
     assert sum(job["rule"] == "step_accept" for job in jobs) == batches
     attention = batches * len(step["prefix_lengths"]) * len(step["heads"])

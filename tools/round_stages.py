@@ -18,8 +18,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from ddtree_bench.config import load_config, step_options, trace_columns
 from ddtree_bench.io import write_frame
+from ddtree_bench.settings import load_settings
 from ddtree_bench.traces import generate, save_trace
 
 STAGES = ("model", "draft", "round", "allreduce")
@@ -36,19 +36,19 @@ def main(argv=None) -> int:
     parser.add_argument("jobs", nargs="+")
     args = parser.parse_args(argv)
     try:
-        config = load_config(args.config)
+        settings = load_settings(args.config)
         jobs = [_job(text) for text in args.jobs]
     except ValueError as error:
         print(f"round_stages: {error}", file=sys.stderr)
         return 2
-    step = step_options(config)
+    step = settings.step_options()
     model, draft = step["model"], step["draft"]
     forward = args.forward_impl or model["forward_impl"]
     moe_impls = args.moe_impls.split(",") if args.moe_impls else model["moe_impls"]
     files = args.sglang_files or model["sglang_files"]
-    results = args.results or Path("results") / (config["machine"] or "local")
+    results = args.results or Path("results") / (settings.machine or "local")
     timing = step["attention_timing"]
-    topk = trace_columns(config)
+    topk = settings.trace_columns
 
     def write(stage, rows, name):
         for budget, frame in rows.items():
@@ -62,11 +62,11 @@ def main(argv=None) -> int:
             if not trace.is_file():
                 t = generate(
                     step["distribution"],
-                    max(config["batch_sizes"]),
+                    settings.trace_requests,
                     step["depth"],
                     topk,
-                    vocab_size=config["vocab_size"],
-                    seed=config["seed"],
+                    vocab_size=settings.vocab_size,
+                    seed=settings.seed,
                     device="cpu",
                 )
                 trace.parent.mkdir(parents=True, exist_ok=True)
@@ -84,7 +84,7 @@ def main(argv=None) -> int:
                 skew=model["skew"],
                 sglang_files=files,
                 timing=timing,
-                machine=config["machine"],
+                machine=settings.machine,
                 distribution=step["distribution"],
             )
             write(
@@ -105,13 +105,13 @@ def main(argv=None) -> int:
                 follow_budget=draft["follow_budget"],
                 topk=topk,
                 timing=timing,
-                machine=config["machine"],
+                machine=settings.machine,
             )
             write("draft", rows, f"N{{budget}}-B{batch}-S{prefix}.parquet")
         elif stage == "round":
             from ddtree_bench.stages.round import run_round_stage  # noqa: PLC0415
 
-            options = {"sglang": {"module_paths": config["sglang"]["module_paths"]}}
+            options = {"sglang": {"module_paths": list(settings.sglang.module_paths)}}
             if args.sglang_source:
                 options["sglang"]["source"] = args.sglang_source
             rows = run_round_stage(
@@ -130,7 +130,7 @@ def main(argv=None) -> int:
                 skew=model["skew"],
                 sglang_files=files,
                 timing=timing,
-                machine=config["machine"],
+                machine=settings.machine,
             )
             write("round", rows, f"N{{budget}}-B{batch}-S{prefix}.parquet")
         else:
@@ -145,7 +145,7 @@ def main(argv=None) -> int:
                 follow_budget=draft["follow_budget"],
                 topk=topk,
                 timing=timing,
-                machine=config["machine"],
+                machine=settings.machine,
             )
             write("allreduce", rows, f"N{{budget}}-B{batch}.parquet")
         print(f"{stage}:{batch}:{prefix}: done", flush=True)

@@ -304,11 +304,13 @@ def _deep_update(base: dict, extra: dict) -> dict:
     return base
 
 
-def _budget_config(args) -> dict:
-    """config/config.yaml with the --configfile fragments over it and the options over those, checked."""
+def _budget_settings(args):
+    """The settings of config/config.yaml with the --configfile fragments over it and the options over
+    those (``settings.Settings``, checked once)."""
     import yaml  # noqa: PLC0415
 
-    from ddtree_bench.config import REPO_ROOT, check_config  # noqa: PLC0415
+    from ddtree_bench.config import REPO_ROOT  # noqa: PLC0415
+    from ddtree_bench.settings import Settings  # noqa: PLC0415
 
     default = REPO_ROOT / "config" / "config.yaml"
     config = yaml.safe_load(default.read_text()) if default.is_file() else {}
@@ -337,17 +339,16 @@ def _budget_config(args) -> dict:
     ):
         if value is not None and isinstance(where, dict):
             where[key] = value
-    return check_config(config)
+    return Settings.from_config(config)
 
 
 def cmd_budget(args) -> int:
     """Which budget? The throughput model on one results folder, printed as Markdown tables."""
-    from ddtree_bench.config import throughput_options  # noqa: PLC0415
     from ddtree_bench.report import load_machine, markdown_table  # noqa: PLC0415
     from ddtree_bench.report import throughput as throughput_report  # noqa: PLC0415
 
-    config = _budget_config(args)
-    options = throughput_options(config)
+    settings = _budget_settings(args)
+    options = settings.throughput_options()
     summary = Path(args.results) / "summary.parquet"
     if not summary.is_file():
         raise ValueError(f"{args.results}: no summary.parquet there (a results/<machine>/ folder has one)")
@@ -359,9 +360,9 @@ def cmd_budget(args) -> int:
                 f"--distribution {args.distribution!r}: {args.results} has no tree-build rows of it; "
                 f"choose one of {', '.join(present) or '(none: no timed rows there)'}"
             )
-    settings = {machine.label: {"layers": config["step"]["layers"]}}
+    layers = {machine.label: {"layers": settings.step.layers}}
     distributions = [args.distribution] if args.distribution else None
-    found = throughput_report.sections([machine], settings, options, distributions=distributions)
+    found = throughput_report.sections([machine], layers, options, distributions=distributions)
     lines = [throughput_report.model_line(options), ""]
     for section in found:
         lines.append(f"## {section.heading()}\n")
@@ -431,15 +432,17 @@ def _recorded_config(folder: Path) -> dict | None:
 
 def cmd_report(args) -> int:
     from ddtree_bench import catalog  # noqa: PLC0415
-    from ddtree_bench.config import load_config  # noqa: PLC0415
+    from ddtree_bench.config import schema_default  # noqa: PLC0415
     from ddtree_bench.consistency import configured_grid  # noqa: PLC0415
     from ddtree_bench.report import render_report  # noqa: PLC0415
+    from ddtree_bench.settings import load_settings, merge_recorded  # noqa: PLC0415
 
     folder = args.results
     summary = _results_folder(folder)
     published = [_results_folder(other, "--published") for other in args.published or ()]
     if args.config is not None:
-        config, source = load_config(args.config), str(args.config)
+        # what a run records of its settings (environment.json's config): the same mapping either way
+        config, source = merge_recorded(load_settings(args.config).recorded()), str(args.config)
     else:
         config, source = _recorded_config(folder), f"{folder / 'environment.json'}"
     if config is None:
@@ -474,10 +477,10 @@ def cmd_report(args) -> int:
             figures=[out / "figures" / f"{name}.png" for name in catalog.FIGURES],
             depth=depth,
             distribution=distribution,
-            step_layers=int(step.get("layers") or 61),
+            step_layers=int(step.get("layers") or schema_default("step.layers")),
             step_depth=step.get("depth") or depth,
             step_distribution=step.get("distribution") or distribution,
-            step_enabled=bool(step.get("enabled", True)),
+            step_enabled=bool(step.get("enabled", schema_default("step.enabled"))),
             grid=grid,
         )
     print(f"{PROG}: report: {out / 'index.html'} (and {out / 'summary.md'}, {out / 'figures'}/)")
@@ -629,7 +632,7 @@ def _timing_defaults() -> dict:
     pipeline job samples with)."""
     import yaml  # noqa: PLC0415
 
-    from ddtree_bench.config import REPO_ROOT, apply_defaults, timing_options  # noqa: PLC0415
+    from ddtree_bench.config import REPO_ROOT, TIMING_KEYS, apply_defaults  # noqa: PLC0415
 
     config = {}
     default = REPO_ROOT / "config" / "config.yaml"
@@ -639,7 +642,8 @@ def _timing_defaults() -> dict:
             config["timing"] = dict(data["timing"])
     except (OSError, yaml.YAMLError):
         pass  # the schema's defaults (the same values)
-    return timing_options(apply_defaults(config))
+    timing = apply_defaults(config)["timing"]
+    return {key: timing[key] for key in TIMING_KEYS}
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,6 +1,7 @@
 """The workflow configuration: loading, defaults, schema validation and the checks a schema cannot say.
 
-``check_config(config)`` is what the Snakefile runs before anything else: it fills the schema's defaults,
+``check_config(config)`` is what ``settings.Settings.from_config`` runs (once; the Snakefile builds the
+settings before anything else): it fills the schema's defaults,
 normalises YAML's ``on``/``off`` booleans for ``gpu``, and raises ``ValueError`` with one line naming the
 first problem (``config: budgets: must hold integers >= 1, got 0``), so a bad configuration fails the run
 before any job starts.
@@ -20,9 +21,10 @@ from ddtree_bench.catalog import ATTENTION_IMPLS, DISTRIBUTIONS, MOE_IMPLS, STRE
 from ddtree_bench.io import check_writable
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+#: The keys of a timing section that ``timing.policy.TimingPolicy`` (and ``stages.build.run_benchmark``) take.
+TIMING_KEYS = ("warmup", "repeats", "min_repeats", "max_repeats", "min_seconds", "max_seconds")
 SCHEMA_PATH = REPO_ROOT / "workflow" / "schemas" / "config.schema.yaml"
 
-TIMING_KEYS = ("warmup", "repeats", "min_repeats", "max_repeats", "min_seconds", "max_seconds")
 #: The schema's enums that name catalog entries (a test checks the file's against the catalog; the checks
 #: take the catalog's): a path of keys to the ``enum``, and the names.
 CATALOG_ENUMS = (
@@ -131,6 +133,16 @@ def _fill(instance: dict, schema: dict, root: dict) -> None:
             instance[key] = copy.deepcopy(sub["default"])
         if isinstance(instance.get(key), dict) and sub.get("type") == "object":
             _fill(instance[key], sub, root)
+
+
+def schema_default(path: str, schema: dict | None = None):
+    """The schema's default of one setting, by its dotted path (``"step.layers"``): the one place a
+    default is declared. Raises ``KeyError`` for a setting without one."""
+    schema = schema or load_schema()
+    node = schema
+    for key in path.split("."):
+        node = _resolve(node["properties"][key], schema)
+    return copy.deepcopy(node["default"])
 
 
 # ----------------------------------------------------------------------------------------- numeric strings
@@ -275,7 +287,7 @@ def check_config(config: dict, schema: dict | str | Path | None = None) -> dict:
     _throughput_fields(config)
     _sglang_triton_source(config["step"]["attention"])
     _round_shapes(config["step"], batch_sizes)
-    columns = trace_columns(config)
+    columns = int(config["topk"])  # K, the traces' top-K columns
     if config["vocab_size"] < columns:
         _fail("vocab_size", f"{config['vocab_size']} is smaller than the {columns} top-K columns needed")
     _budgets_within_topk(budgets, columns)
@@ -303,20 +315,12 @@ def _sort_keys(config: dict) -> None:
 def _depth_follows_budget(config: dict, budgets: list[int]) -> None:
     """SGLang's regime: with ``depth_follows_budget`` every budget N runs on traces of L = N positions
     (SGLang's DDTree worker drafts a block of N + 1 tokens for budget N), so ``depths`` becomes the budgets
-    and the grid pairs each budget with its own depth (``depth_budget_pairs``)."""
+    and the grid pairs each budget with its own depth (``Settings.depth_budget_pairs``)."""
     follows = config.get("depth_follows_budget", False)
     if not isinstance(follows, bool):
         _fail("depth_follows_budget", f"must be true or false, got {follows!r}")
     if follows:
         config["depths"] = sorted(set(budgets))
-
-
-def depth_budget_pairs(config: dict) -> list[tuple[int, int]]:
-    """The (depth L, budget N) points of the grid: every depth with every budget, or in SGLang's regime
-    (``depth_follows_budget``) each budget with L = N."""
-    if config.get("depth_follows_budget", False):
-        return [(int(n), int(n)) for n in config["budgets"]]
-    return [(int(d), int(n)) for d in config["depths"] for n in config["budgets"]]
 
 
 def _sglang_source(config: dict) -> None:
@@ -375,7 +379,7 @@ def _input_paths(config: dict, columns: int) -> None:
     except ValueError as error:
         _fail("recorded_trace", str(error))
     needs = (
-        ("requests", trace_requests(config), "the largest of batch_sizes"),
+        ("requests", max(config["batch_sizes"]), "the largest of batch_sizes"),
         ("positions", max(config["depths"]), "the largest of depths"),
         ("top-K columns", columns, "topk"),
     )
@@ -584,162 +588,9 @@ def _sglang_triton_source(attention: dict) -> None:
     attention["sglang_triton_source"] = str(path.resolve())
 
 
-def check_output_paths(config: dict, results: str | Path = "results") -> None:
-    """The folders a run writes (``report_dir``, and ``results`` under the working directory) can be created
-    and written, checked when the workflow loads its configuration: an unwritable one is one line
+def check_output_paths(settings, results: str | Path = "results") -> None:
+    """The folders a run writes (``settings.report_dir``, and ``results`` under the working directory) can
+    be created and written, checked when the workflow loads its settings: an unwritable one is one line
     (``ValueError``) before any job, not a failure of the last job. Creates nothing."""
-    for field, path in (("report_dir", config["report_dir"]), ("results", results)):
+    for field, path in (("report_dir", settings.report_dir), ("results", results)):
         check_writable(path, f"config: {field}:", folder=True)
-
-
-# ----------------------------------------------------------------------------------------- derived values
-# ----------------------------------------------------------------------------------------- derived values
-
-
-DEFAULT_TOPK = 1024
-
-
-def trace_columns(config: dict) -> int:
-    """K, the top-K columns every trace holds: the configured ``topk`` (an integer, default 1024); fixed, so
-    adding a budget never regenerates the traces."""
-    return int(config.get("topk", DEFAULT_TOPK))
-
-
-def builder_input_columns(config: dict) -> str:
-    """Which columns the timing jobs hand each builder (``stages.build.prepare_run``): the first min(N, K)
-    ("topk"), as a drafter emitting top-N would give them."""
-    return "topk"
-
-
-def trace_requests(config: dict) -> int:
-    """R, the requests every trace holds: the largest batch size."""
-    return max(config["batch_sizes"])
-
-
-def timing_options(config: dict, section: dict | None = None) -> dict:
-    """The ``timing`` section (or another section with the same keys) as keyword arguments of
-    ``stages.build.run_benchmark``."""
-    section = config["timing"] if section is None else section
-    return {key: section[key] for key in TIMING_KEYS}
-
-
-def step_options(config: dict) -> dict:
-    """The step section with its nulls resolved: ``enabled``, ``layers``, ``batch_sizes`` and ``budgets`` (the
-    configured ones for null), ``distribution`` and ``depth`` (the first configured for null), ``heads``,
-    ``prefix_lengths``, ``impls``, ``flex_kernel_options`` (FlexAttention's kernel_options or None),
-    ``sglang_triton_source`` (where sglang-triton finds SGLang's files; None: the installed sglang), and the
-    timing dicts ``timing`` (accept and peaks: the top-level section)
-    and ``attention_timing``."""
-    step = config["step"]
-    attention = step["attention"]
-    flex_options = attention["flexattention_kernel_options"]
-    return {
-        "enabled": bool(step["enabled"]),
-        "layers": int(step["layers"]),
-        "batch_sizes": list(
-            step["batch_sizes"] if step["batch_sizes"] is not None else config["batch_sizes"]
-        ),
-        "budgets": list(step["budgets"] if step["budgets"] is not None else config["budgets"]),
-        "distribution": step["distribution"] or config["distributions"][0],
-        "depth": int(step["depth"] if step["depth"] is not None else config["depths"][0]),
-        "heads": list(attention["heads"]),
-        "prefix_lengths": list(attention["prefix_lengths"]),
-        "impls": list(attention["impls"]),
-        "flex_kernel_options": None if flex_options is None else dict(flex_options),
-        "sglang_triton_source": attention.get("sglang_triton_source"),
-        "timing": timing_options(config),
-        "attention_timing": timing_options(config, attention["timing"]),
-        **round_options(config),
-    }
-
-
-def round_options(config: dict) -> dict:
-    """The rest of the round's stages (step.model, step.draft, step.allreduce), resolved: ``model``,
-    ``draft`` and ``allreduce`` dicts with ``enabled`` and their settings; ``model["shape"]`` and
-    ``draft["shape"]`` as ``model.shapes`` objects (the target's layers are step.layers)."""
-    from ddtree_bench.model.shapes import DrafterShape, ModelShape  # noqa: PLC0415
-
-    step = config["step"]
-    model, draft, allreduce, round_ = step["model"], step["draft"], step["allreduce"], step["round"]
-    return {
-        "model": {
-            "enabled": bool(step["enabled"] and model["enabled"]),
-            "moe_impls": list(model["moe_impls"]),
-            "forward_impl": model["forward_impl"],
-            "routing": model["routing"],
-            "skew": float(model["skew"]),
-            "sglang_files": model["sglang_files"],
-            "shape": ModelShape.from_config({**model["shape"], "layers": int(step["layers"])}),
-        },
-        "draft": {
-            "enabled": bool(step["enabled"] and draft["enabled"]),
-            "block_size": int(draft["block_size"]),
-            "follow_budget": bool(draft["follow_budget"]),
-            "shape": DrafterShape.from_config(draft["shape"]),
-        },
-        "allreduce": {"enabled": bool(step["enabled"] and allreduce["enabled"])},
-        "round": {
-            "enabled": bool(step["enabled"] and round_["enabled"]),
-            "builders": [b for b in round_["builders"] if b in config["builders"]],
-            "batch_sizes": list(
-                round_["batch_sizes"] if round_["batch_sizes"] is not None else _step_batch_sizes(config)
-            ),
-        },
-    }
-
-
-def _step_batch_sizes(config: dict) -> list[int]:
-    step = config["step"]
-    return list(step["batch_sizes"] if step["batch_sizes"] is not None else config["batch_sizes"])
-
-
-def throughput_options(config: dict) -> dict:
-    """The throughput section as the report takes it (``throughput.RoundModel.from_config``'s input):
-    ``draft_ms`` (None: measured, else estimated), ``what_if`` and ``allreduce`` (dicts of the schema's
-    keys), ``prefix_length`` (None: the largest measured) and ``topk`` (the traces' K)."""
-    section = config["throughput"]
-    what_if = dict(section["what_if"])
-    return {
-        "draft_ms": None if section["draft_ms"] is None else float(section["draft_ms"]),
-        "forward_ms": None if section.get("forward_ms") is None else float(section["forward_ms"]),
-        "what_if": {key: (None if value is None else float(value)) for key, value in what_if.items()},
-        "allreduce": {
-            "world_size": int(config["step"]["model"]["shape"]["tp"]),
-            "bus_bandwidth_gbps": float(section["allreduce"]["bus_bandwidth_gbps"]),
-            "latency_us": float(section["allreduce"]["latency_us"]),
-        },
-        "prefix_length": None if section["prefix_length"] is None else int(section["prefix_length"]),
-        "topk": trace_columns(config),
-    }
-
-
-#: What ``recorded_settings`` records of the configuration, by group (``aggregate``'s params, one per group,
-#: so a change reruns it only where it changes a result, and its rerun reason names only that group). The
-#: step group holds only what the report reads back from a published ``environment.json``.
-RECORDED = {
-    "grid": ("distributions", "depths", "depth_follows_budget", "budgets", "batch_sizes", "builders"),
-    "traces": ("vocab_size", "seed", "topk", "trace_device", "recorded_trace", "drafter"),
-    "builds": ("machine", "gpu", "cuda_archs", "sglang"),
-    "timing": ("timing",),
-}
-RECORDED_STEP = ("enabled", "layers", "depth", "distribution")
-#: Not recorded: the report's own settings (the report rule takes them; they change no result).
-NOT_RECORDED = ("report_dir", "throughput")
-
-
-def recorded_settings(config: dict) -> dict:
-    """The settings a run's ``environment.json`` records (its ``config``), grouped as ``RECORDED`` plus
-    ``step`` (``RECORDED_STEP``): what the results depend on, and what the report reads back (the grid, the
-    step's layers, depth and distribution). ``merge_recorded`` joins the groups again."""
-    groups = {name: {key: copy.deepcopy(config.get(key)) for key in keys} for name, keys in RECORDED.items()}
-    step = config.get("step") or {}
-    groups["step"] = {"step": {key: copy.deepcopy(step.get(key)) for key in RECORDED_STEP}}
-    return groups
-
-
-def merge_recorded(groups) -> dict:
-    """``recorded_settings``' groups as one configuration mapping (keys in the schema's order)."""
-    merged = {}
-    for group in groups.values() if isinstance(groups, dict) else groups:
-        merged.update(group)
-    return merged

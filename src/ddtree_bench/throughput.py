@@ -233,7 +233,7 @@ class RoundModel:
 
     @classmethod
     def from_options(cls, options: dict | None, layers: int) -> RoundModel:
-        """From ``config.throughput_options`` (None: the defaults)."""
+        """From ``settings.Settings.throughput_options()`` (None: the defaults)."""
         options = options or {}
         keys = ("draft_ms", "forward_ms", "what_if", "allreduce")
         section = {key: options[key] for key in keys if key in options}

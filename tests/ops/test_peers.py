@@ -18,7 +18,7 @@ import yaml
 from test_step import attention_rows, peak_rows, target_status
 from workflow_copy import ROOT, snakemake, workdir_copy
 
-from ddtree_bench.config import ATTENTION_IMPLS, check_config, load_schema, step_options
+from ddtree_bench.config import ATTENTION_IMPLS, check_config, load_schema
 from ddtree_bench.ops import attention_peers
 from ddtree_bench.ops.attention_peers import (
     CAUSAL_MASK,
@@ -45,6 +45,7 @@ from ddtree_bench.report.step import (
     attention_table,
     step_targets,
 )
+from ddtree_bench.settings import Settings
 from ddtree_bench.stages.attention import run_attention_benchmark
 from ddtree_bench.summary.step import STEP_SUMMARY_COLUMNS, summarize_steps
 from ddtree_bench.timing.records import STAGE_COLUMNS, stage_frame
@@ -205,10 +206,10 @@ def test_config_takes_an_sglang_path_and_refuses_a_bad_one(tmp_path, monkeypatch
     root = fake_sglang(tmp_path / "files")
     monkeypatch.chdir(tmp_path)
     config = default_config()
-    assert step_options(check_config(copy.deepcopy(config)))["sglang_triton_source"] is None
+    assert Settings.from_config(config).step_options()["sglang_triton_source"] is None
     good = copy.deepcopy(config)
     good["step"]["attention"]["sglang_triton_source"] = "files"  # relative: from the working directory
-    assert step_options(check_config(good))["sglang_triton_source"] == str(root.resolve())
+    assert Settings.from_config(good).step_options()["sglang_triton_source"] == str(root.resolve())
     for value, message in (
         ("nowhere", "config: step.attention.sglang_triton_source: nowhere is not a directory"),
         (".", "config: step.attention.sglang_triton_source: no SGLang Triton extend-attention file under ."),

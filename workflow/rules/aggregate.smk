@@ -1,6 +1,3 @@
-from ddtree_bench.config import recorded_settings
-
-
 rule aggregate:
     """Median, p10, p90 and n of every configuration's timed calls; the trees' shape; this machine's setup."""
     input:
@@ -26,9 +23,9 @@ rule aggregate:
     conda:
         "../envs/ddtree-bench.yaml"
     params:
-        # the settings environment.json records, one param per group (config.RECORDED): a change of the
+        # the settings environment.json records, one param per group (settings.RECORDED): a change of the
         # report's own settings (report_dir, throughput) reruns nothing here
-        **recorded_settings(config),
+        **SETTINGS.recorded(),
         machine=MACHINE,
         unavailable=UNAVAILABLE,
         nvcc=nvcc_path(),

@@ -28,6 +28,6 @@ rule build_fatbin:
     conda:
         "../envs/ddtree-bench.yaml"
     params:
-        archs=config["cuda_archs"],
+        archs=list(SETTINGS.cuda_archs),
     script:
         "../scripts/build_fatbin.py"

@@ -1,4 +1,6 @@
-"""Shared values and helpers of the workflow: result paths, the job grid, builder options and availability."""
+"""Shared values and helpers of the workflow: result paths, the job grid, builder options and availability.
+Every setting comes from SETTINGS (settings.Settings, built and checked once by the Snakefile).
+"""
 
 import os
 import re
@@ -6,43 +8,36 @@ import shutil
 from pathlib import Path
 
 from ddtree_bench import catalog
-from ddtree_bench.config import (
-    builder_input_columns,
-    depth_budget_pairs,
-    step_options,
-    throughput_options,
-    timing_options,
-    trace_columns,
-    trace_requests,
-)
 from ddtree_bench.consistency import GRID_KEYS
 from ddtree_bench.environment import default_machine_label
 from ddtree_bench.summary.spread import job_suffix
 
-MACHINE = config["machine"] or default_machine_label()
+MACHINE = SETTINGS.machine or default_machine_label()
 RESULTS = f"results/{MACHINE}"
 LOGS = f"{RESULTS}/logs"
 
-BUDGETS = config["budgets"]
-BATCH_SIZES = config["batch_sizes"]
-DEPTHS = config["depths"]
+BUDGETS = list(SETTINGS.budgets)
+BATCH_SIZES = list(SETTINGS.batch_sizes)
+DEPTHS = list(SETTINGS.depths)
 # the (depth, budget) points: every pair, or each budget with L = N (depth_follows_budget: SGLang's regime)
-DEPTH_BUDGETS = depth_budget_pairs(config)
-DISTRIBUTIONS = config["distributions"]
-BUILDERS = config["builders"]
-TRACE_REQUESTS = trace_requests(config)
-TRACE_COLUMNS = trace_columns(config)
+DEPTH_BUDGETS = SETTINGS.depth_budget_pairs
+DISTRIBUTIONS = list(SETTINGS.distributions)
+BUILDERS = list(SETTINGS.builders)
+TRACE_REQUESTS = SETTINGS.trace_requests
+TRACE_COLUMNS = SETTINGS.trace_columns
 # The columns each timing job hands the builders: the first min(N, K) under `topk: budget` (K = N).
-INPUT_COLUMNS = builder_input_columns(config)
-TIMING = timing_options(config)
+INPUT_COLUMNS = SETTINGS.builder_input_columns
+TIMING = SETTINGS.timing.options()
 # Independent timing jobs per CPU builder configuration (timing.jobs); a GPU builder's take one.
-TIMING_JOBS = int(config["timing"]["jobs"])
+TIMING_JOBS = int(SETTINGS.timing.jobs)
 # The in-situ timing mode (GPU machines; elsewhere its rows say why): every timing job adds it.
-IN_SITU = bool(config["timing"]["in_situ"])
+IN_SITU = bool(SETTINGS.timing.in_situ)
+# The drafter distributions' parameters (the trace rule's, for those distributions).
+DRAFTER = SETTINGS.drafter.as_dict()
 # The step stages (verify attention, tree accept, peaks): nulls resolved (budgets, distribution, depth).
-STEP = step_options(config)
+STEP = SETTINGS.step_options()
 # The report's "Which budget?" model (draft, rest of the target's forward, prefix length S).
-THROUGHPUT = throughput_options(config)
+THROUGHPUT = SETTINGS.throughput_options()
 
 # A timing job takes every core Snakemake may use here (Snakemake scales this down to --cores), so no trace,
 # check or other job runs beside it; and the timing_slot resource (one globally) keeps timing jobs apart
@@ -83,13 +78,13 @@ SHAPES = f"{RESULTS}/tree_shape.parquet"
 STEP_SUMMARY = f"{RESULTS}/step_summary.parquet"
 PEAKS = f"{RESULTS}/step/peaks.parquet"
 ENVIRONMENT = f"{RESULTS}/environment.json"
-REPORT_DIR = config["report_dir"].rstrip("/")
+REPORT_DIR = SETTINGS.report_dir.rstrip("/")
 REPORT_HTML = f"{REPORT_DIR}/index.html"
 REPORT_MD = f"{REPORT_DIR}/summary.md"
 # the report's figures (catalog.FIGURES), in its order
 FIGURES = catalog.figure_names()
 # The lists that decide the tree-build grid (consistency.GRID_KEYS): what the summary must hold exactly.
-GRID = {key: list(config[key]) for key in GRID_KEYS}
+GRID = SETTINGS.grid(GRID_KEYS)
 
 
 def names_pattern(names):
@@ -131,12 +126,7 @@ def library_input(builder):
 
 def builder_options(builder):
     """Keyword options for get_builder(builder): the libraries this workflow built, SGLang's module paths."""
-    options = library_input(builder)
-    if builder == catalog.SGLANG:
-        options["module_paths"] = list(config["sglang"]["module_paths"])
-        if config["sglang"].get("source") is not None:
-            options["source"] = str(config["sglang"]["source"])
-    return options
+    return {**library_input(builder), **SETTINGS.builder_options(builder)}
 
 
 def artefacts_of(builders):
@@ -163,7 +153,7 @@ TIMED_BUILDERS = [b for b in BUILDERS if b not in UNAVAILABLE]
 # The kernel compiles wherever nvcc is (CI included), even where no GPU runs it.
 BUILD_FATBIN = (
     "tree_build" in artefacts_of(BUILDERS)
-    and config["gpu"] != "off"
+    and SETTINGS.gpu != "off"
     and (any(b in TIMED_BUILDERS for b in GPU_BUILDERS) or nvcc_path() is not None)
 )
 
@@ -408,7 +398,7 @@ def round_inputs():
 # The step stages' kernels, compiled wherever nvcc is (like the tree builder's), even where no GPU runs
 # them; without a GPU only those whose source is in the tree (with one, the step jobs need them all).
 STEP_BUILDS = {}
-if STEP["enabled"] and config["gpu"] != "off":
+if STEP["enabled"] and SETTINGS.gpu != "off":
     if GPU_REASON is None or nvcc_path() is not None:
         for key, path in (
             ("attention_fatbin", ATTENTION_FATBIN),

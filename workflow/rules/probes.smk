@@ -14,7 +14,7 @@ def nvcc_path():
 
 def gpu_reason():
     """Why the GPU jobs are left out here (None: they run). `gpu: on` without a GPU stops the run."""
-    if config["gpu"] == "off":
+    if SETTINGS.gpu == "off":
         return "gpu: off in the configuration"
     try:
         from ddtree_bench.cuda.loader import gpu_unavailable_reason
@@ -22,7 +22,7 @@ def gpu_reason():
         reason = f"ddtree_bench.cuda.loader cannot be imported ({error})"
     else:
         reason = gpu_unavailable_reason()
-    if reason is not None and config["gpu"] == "on":
+    if reason is not None and SETTINGS.gpu == "on":
         bad_input(f"config: gpu: on, but no usable GPU here: {reason}")
     return reason
 
@@ -31,7 +31,7 @@ def sglang_reason():
     """Why SGLang's builder cannot run here (None: it can); probed once, when the workflow is parsed.
     With sglang.source set, a failure stops the run with one line instead (the user asked for that file).
     """
-    if config["sglang"].get("source") is not None:
+    if SETTINGS.sglang.source is not None:
         from ddtree_bench.builders import get_builder
 
         try:
@@ -63,7 +63,7 @@ def in_situ_reason():
     """Why the in-situ mode cannot run here (None: it can, or it is off); probed once, when parsed."""
     if not IN_SITU:
         return None
-    if config["gpu"] == "off":
+    if SETTINGS.gpu == "off":
         return "gpu: off in the configuration"
     try:
         from ddtree_bench.cuda.loader import gpu_unavailable_reason

@@ -12,12 +12,12 @@ rule trace:
     params:
         requests=TRACE_REQUESTS,
         topk=TRACE_COLUMNS,
-        vocab_size=config["vocab_size"],
-        seed=config["seed"],
-        device=config["trace_device"],
+        vocab_size=SETTINGS.vocab_size,
+        seed=SETTINGS.seed,
+        device=SETTINGS.trace_device,
         # the drafter distributions' parameters (None for the others: changing them reruns only these)
         drafter=lambda wildcards: (
-            config["drafter"] if wildcards.distribution.startswith("drafter") else None
+            DRAFTER if wildcards.distribution.startswith("drafter") else None
         ),
     script:
         "../scripts/trace.py"
@@ -26,7 +26,7 @@ rule trace:
 rule trace_recorded:
     """The user's recorded trace, validated and cut to R requests, the depth and K columns."""
     input:
-        recorded=config["recorded_trace"] or [],
+        recorded=SETTINGS.recorded_trace or [],
     output:
         trace=TRACE.replace("{distribution}", "recorded"),
     log:

@@ -1,7 +1,7 @@
 from _job import logged
 
-from ddtree_bench.config import RECORDED, merge_recorded
 from ddtree_bench.environment import collect_environment
+from ddtree_bench.settings import RECORDED, merge_recorded
 from ddtree_bench.summary.build import aggregate
 
 snakemake = snakemake  # noqa: F821 (the job object Snakemake's script preamble defines)

@@ -110,7 +110,7 @@ def sections(
     """The model per machine on the configured first distribution and on ``recorded`` where configured
     (``distributions``: this run's configuration; default: the first machine's own), each machine's
     substitute named where it lacks one. ``settings``: per machine label, its step ``layers`` (and ``depth``);
-    ``options``: ``config.throughput_options`` (None: the defaults)."""
+    ``options``: ``settings.Settings.throughput_options()`` (None: the defaults)."""
     options = options or {}
     if not machines:
         return []
