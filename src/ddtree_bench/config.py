@@ -63,16 +63,17 @@ def load_schema(path: str | Path | None = None) -> dict:
 
 
 def with_catalog_enums(schema: dict) -> dict:
-    """``schema`` (in place) with each of ``CATALOG_ENUMS`` holding the catalog's names, where the schema has
-    it: the file's names the catalog has, in the file's order, then the catalog's others."""
+    """``schema`` (in place) with each of ``CATALOG_ENUMS`` holding the catalog's names: the file's names the
+    catalog has, in the file's order, then the catalog's others. The builders' nodes have no enum in the
+    file (a builder is one catalog entry); the others' file enums are checked against the catalog by a
+    test."""
     for path, names in CATALOG_ENUMS:
         try:
             node = schema_enum(schema, path)
         except (KeyError, IndexError, TypeError):
             continue
-        if "enum" in node:
-            names, known = names(), node["enum"]
-            node["enum"] = [n for n in known if n in names] + [n for n in names if n not in known]
+        names, known = names(), node.get("enum", [])
+        node["enum"] = [n for n in known if n in names] + [n for n in names if n not in known]
     return schema
 
 
