@@ -11,9 +11,8 @@ import pytest
 
 from ddtree_bench.native_build import DEFAULT_SOURCE, build_native_library, compiler_unavailable_reason
 
-# The tests' helpers (input generators, the emulator host programs, the workflow copy) live in
-# tests/support/; tests/ itself is on the path too (pytest puts this file's folder there), so the row
-# builders of the top-level tests are shared by the tests in the subfolders.
+# The tests' helpers (input generators, synthetic rows, the emulator host programs, the workflow copy) live
+# in tests/support/, on the path for every test; test modules never import each other.
 sys.path.insert(0, str(Path(__file__).resolve().parent / "support"))
 
 TOPK_KINDS = ("uniform", "peaked", "bf16", "equal", "tied")

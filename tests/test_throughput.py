@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import yaml
-from test_report import write_machine
+from report_rows import write_machine
 from workflow_copy import ROOT
 
 from ddtree_bench.config import check_config

@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import yaml
-from test_step import attention_rows, peak_rows, target_status
+from step_rows import attention_rows, peak_rows, target_status
 from workflow_copy import ROOT, snakemake, workdir_copy
 
 from ddtree_bench.config import ATTENTION_IMPLS, check_config, load_schema

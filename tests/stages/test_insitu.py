@@ -7,8 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
-from test_report import rows_for, write_machine
-from test_step import shapes_frame, synthetic_step
+from report_rows import rows_for, write_machine
+from step_rows import shapes_frame, synthetic_step
 
 from ddtree_bench.builders import get_builder
 from ddtree_bench.builders.gpu import DeviceTrees, device_layout

@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from report_rows import rows_for, write_machine
 
 from ddtree_bench.builders import get_builder
 from ddtree_bench.report import (
@@ -22,51 +23,9 @@ from ddtree_bench.report import (
     speedups,
     timings,
 )
-from ddtree_bench.stages.build import COLUMNS, frame, unavailable_frame
+from ddtree_bench.stages.build import COLUMNS, unavailable_frame
 from ddtree_bench.summary.build import SUMMARY_COLUMNS, aggregate, combine_shapes, summarize, tree_shape
 from ddtree_bench.traces import generate_trace, save_trace
-
-
-def rows_for(
-    builder,
-    seconds,
-    *,
-    warmup=(),
-    batch=2,
-    budget=8,
-    machine="m",
-    distribution="uniform",
-    depth=16,
-    timing="wall",
-    cache="n/a",
-):
-    base = dict(
-        builder=builder,
-        label=builder,
-        budget=budget,
-        batch=batch,
-        depth=depth,
-        topk=budget,
-        distribution=distribution,
-        timing=timing,
-        cache=cache,
-        status="ok",
-        status_reason=None,
-        correct=True,
-        nodes_mean=float(budget),
-        device_memory_bytes=np.nan,
-        threads=1,
-        machine=machine,
-    )
-    rows = [
-        dict(base, phase="warmup", repetition=i, seconds=s, per_tree_seconds=s / batch)
-        for i, s in enumerate(warmup)
-    ]
-    rows += [
-        dict(base, phase="timed", repetition=i, seconds=s, per_tree_seconds=s / batch)
-        for i, s in enumerate(seconds)
-    ]
-    return frame(rows)
 
 
 def test_summary_statistics_on_known_samples():
@@ -159,95 +118,6 @@ def test_tree_shape_counts_nodes_per_depth(tmp_path):
     assert records[0]["nodes_mean"] == pytest.approx(depth1)
     assert all(r["topk"] == 6 and r["requests"] == 5 for r in records)
     assert len(combine_shapes([])) == 0
-
-
-def synthetic_summary(machine, *, sglang=False, native_speedup=100.0, gpu=False):
-    frames = []
-    for budget in (8, 64):
-        for batch in (1, 64):
-            ref = 1e-4 * budget * batch
-            frames.append(
-                rows_for(
-                    "reference",
-                    [ref * f for f in (0.9, 1.0, 1.1)],
-                    budget=budget,
-                    batch=batch,
-                    machine=machine,
-                )
-            )
-            frames.append(
-                rows_for(
-                    "native",
-                    [ref / native_speedup * f for f in (0.9, 1.0, 1.1)],
-                    budget=budget,
-                    batch=batch,
-                    machine=machine,
-                )
-            )
-            if sglang:
-                frames.append(rows_for("sglang", [ref * 1.1], budget=budget, batch=batch, machine=machine))
-            if gpu:
-                frames.append(
-                    rows_for(
-                        "gpu",
-                        [2e-5],
-                        budget=budget,
-                        batch=batch,
-                        machine=machine,
-                        timing="kernel-events",
-                        cache="warm",
-                    )
-                )
-                frames.append(
-                    rows_for(
-                        "gpu",
-                        [1e-5],
-                        budget=budget,
-                        batch=batch,
-                        machine=machine,
-                        timing="floor",
-                        cache="warm",
-                    )
-                )
-    if not sglang:
-        frames.append(unavailable_frame("sglang", "SGLang has no DDTree module", machine=machine))
-    if not gpu:
-        frames.append(unavailable_frame("gpu", "no CUDA device", machine=machine))
-    return summarize(pd.concat(frames, ignore_index=True))
-
-
-def write_machine(folder, machine, **kwargs):
-    folder.mkdir(parents=True, exist_ok=True)
-    synthetic_summary(machine, **kwargs).to_parquet(folder / "summary.parquet")
-    shapes = [
-        {
-            "distribution": d,
-            "depth": 16,
-            "budget": b,
-            "topk": b,
-            "requests": 4,
-            "tree_nodes_mean": b,
-            "tree_depth": t,
-            "nodes_mean": b / 16,
-            "nodes_p10": 1.0,
-            "nodes_p90": 2.0,
-        }
-        for d in ("uniform", "bf16")
-        for b in (8, 64)
-        for t in range(1, 17)
-    ]
-    pd.DataFrame(shapes).to_parquet(folder / "tree_shape.parquet")
-    environment = {
-        "machine": machine,
-        "cpu_model": "Test CPU",
-        "cpu_count": 2,
-        "gpu_name": None,
-        "config": {"builders": ["sglang", "reference", "native", "gpu"]},
-        "builds": {},
-        "nvcc": None,
-    }
-    (folder / "environment.json").write_text(json.dumps(environment))
-    return folder / "summary.parquet"
 
 
 RETIRED = (
@@ -414,7 +284,7 @@ def test_goals_are_named_by_what_they_measure_never_by_an_issue(tmp_path):
 
 # -- SGLang's measured function: the published run, the target, the stand-in's ratio, the provenance ---------
 
-PUBLISHED_SGLANG = Path(__file__).resolve().parents[1] / "results" / "published" / "h200-sglang"
+PUBLISHED_SGLANG = Path(__file__).resolve().parents[2] / "results" / "published" / "h200-sglang"
 
 
 def test_published_h200_sglang_run_loads_and_its_sglang_target_is_evaluated():
@@ -495,7 +365,7 @@ def test_sglang_function_target_met_not_met_and_by_how_much(tmp_path):
 
 # -- the page's layout: the answer first, detail collapsed, headings from the rows ------------------------
 
-PUBLISHED_H200 = Path(__file__).resolve().parents[1] / "results" / "published" / "h200"
+PUBLISHED_H200 = Path(__file__).resolve().parents[2] / "results" / "published" / "h200"
 
 
 def test_published_report_opens_with_the_answer_and_collapses_the_detail(tmp_path):
@@ -593,7 +463,7 @@ def test_figures_show_every_machine_naming_what_a_machine_lacks(tmp_path):
 
 # -- the report's structure: one model, two writers; the figures' panels; the first screen ----------------
 
-REPORT_PACKAGE = Path(__file__).resolve().parents[1] / "src" / "ddtree_bench" / "report"
+REPORT_PACKAGE = Path(__file__).resolve().parents[2] / "src" / "ddtree_bench" / "report"
 
 
 def _published_model(figure_folder):

@@ -14,7 +14,7 @@ from ddtree_bench.report.load import Machine, load_machines, speedups, timings
 from ddtree_bench.report.throughput import BudgetSection
 from ddtree_bench.throughput import RoundModel, best_budgets, gpu_gains, throughput
 
-PUBLISHED = Path(__file__).resolve().parents[1] / "results" / "published"
+PUBLISHED = Path(__file__).resolve().parents[2] / "results" / "published"
 BUDGETS = (8, 64)
 TAU = {8: 5.0, 64: 8.0}  # expected accepted tokens; tau = 1 + E[accepted]
 
@@ -194,7 +194,7 @@ def test_a_builder_modelled_at_fewer_budgets_is_not_compared_for_the_best_budget
     best budget is no answer to "does the best budget move?", and the verdict names them as not compared."""
     from ddtree_bench.report import render_report  # noqa: PLC0415
 
-    out = Path(__file__).resolve().parent.parent / "results" / "published" / "h200"
+    out = Path(__file__).resolve().parents[2] / "results" / "published" / "h200"
     target = tmp_path
     render_report(summary=out / "summary.parquet", html=target / "index.html", markdown=target / "summary.md")
     verdict = next(line for line in (target / "summary.md").read_text().splitlines() if "**B = 64:**" in line)
