@@ -352,10 +352,21 @@ def test_cli_sglang_profile_writes_the_fragment_and_refuses_bad_input(tmp_path, 
 
 
 def test_cli_budget_takes_the_fragment(tmp_path):
-    """The fragment on the published H200 results: the draft and the forward are entered terms."""
-    published = ROOT / "results" / "published" / "h200"
-    if not (published / "summary.parquet").is_file():
-        pytest.skip(f"{published} has no summary.parquet")
+    """The fragment on the published H200 results without their forward rows: the forward is the entered
+    term (the published set measured every forward that fits, so there the measured ones come first)."""
+    import shutil  # noqa: PLC0415
+
+    import pandas as pd  # noqa: PLC0415
+
+    source = ROOT / "results" / "published" / "h200"
+    if not (source / "summary.parquet").is_file():
+        pytest.skip(f"{source} has no summary.parquet")
+    published = tmp_path / "h200"
+    published.mkdir()
+    for name in ("summary.parquet", "tree_shape.parquet", "environment.json"):
+        shutil.copy(source / name, published / name)
+    step = pd.read_parquet(source / "step_summary.parquet")
+    step[step["stage"] != "forward"].to_parquet(published / "step_summary.parquet")
     log = tmp_path / "server.log"
     write_log(log, windows())
     fragment = tmp_path / "fragment.yaml"
@@ -370,4 +381,4 @@ def test_cli_budget_takes_the_fragment(tmp_path):
     )
     assert done.returncode == 0, done.stderr
     assert "forward 22 ms where not measured (communication in it)" in done.stdout
-    assert "| target forward | " in done.stdout and "entered" in done.stdout
+    assert "| target forward | entered" in done.stdout
