@@ -201,3 +201,14 @@ def test_a_builder_modelled_at_fewer_budgets_is_not_compared_for_the_best_budget
     moves = verdict[verdict.index("Does the best budget move?") :]
     assert moves.startswith("Does the best budget move? no: sglang N = 16, native-mt N = 16, gpu N = 16")
     assert "not compared: reference, native (modelled at reference N = 512; native N = 512 only)" in moves
+
+
+def test_a_machine_without_gpu_rows_says_why_its_verdict_answers_nothing():
+    """A CPU-only run's own answer: the batch's verdict says there are no gpu rows, why, and where the
+    questions are answered, instead of a bare "no rows"."""
+    from types import SimpleNamespace  # noqa: PLC0415
+
+    best = pd.DataFrame({"batch": [1, 1], "builder": ["native", "native-mt"], "best_budget": [16, 16]})
+    verdict = answer_module._round_verdict(1, pd.DataFrame(), SimpleNamespace(best=best))
+    assert verdict == f"**B = 1:** {answer_module.NO_GPU_ROWS}"
+    assert "needs a CUDA GPU" in verdict and "results/published/" in verdict

@@ -341,6 +341,13 @@ def _rounds_note(rows: pd.DataFrame, gpu: pd.Series, other: pd.Series) -> str:
     return ""
 
 
+#: The verdict where the answer's machine has no gpu builder rows (a CPU-only run).
+NO_GPU_ROWS = (
+    "no GPU builder rows on this machine (the gpu builder needs a CUDA GPU), so none of the three questions "
+    "is answered here; a published machine's report (results/published/) answers them."
+)
+
+
 def _round_verdict(batch: int, rows: pd.DataFrame, section) -> str:
     """Three questions for a batch size, each answered yes or no with the numbers it rests on: does the GPU
     builder beat SGLang's function, does it beat the best CPU builder (both in tokens/s, each at its own best
@@ -350,7 +357,7 @@ def _round_verdict(batch: int, rows: pd.DataFrame, section) -> str:
     best = section.best[section.best["batch"] == batch].set_index("builder")
     parts = [f"**B = {batch}:**"]
     if "gpu" not in best.index:
-        return " ".join(parts + ["no GPU builder rows."])
+        return " ".join(parts + [NO_GPU_ROWS])
     gpu = best.loc["gpu"]
 
     def versus(builder: str) -> str:
