@@ -300,6 +300,8 @@ ROUND_BAD = [
     ({"allreduce": {"world_size": 8}}, "config: step.allreduce: Additional properties are not allowed"),
     ({"round": {"builders": ["cuda"]}}, "config: step.round.builders.0: 'cuda' is not one of"),
     ({"round": {"batch_sizes": [8, 2]}}, "config: step.round.batch_sizes: 2 is not one of the step's"),
+    ({"round": {"stacks": ["sglang-cuda"]}}, "config: step.round.stacks.0: 'sglang-cuda' is not one of"),
+    ({"round": {"max_round_seconds": 0}}, "config: step.round.max_round_seconds: 0 is less than or equal"),
 ]
 
 
@@ -326,6 +328,8 @@ def test_round_stage_options_resolve_the_shapes():
         "enabled": True,
         "builders": ["gpu", "native-mt", "sglang"],
         "batch_sizes": [1, 8, 64],
+        "stacks": [],
+        "max_round_seconds": 2.0,
     }
 
 

@@ -27,20 +27,31 @@ STAGES = ("model", "draft", "round", "allreduce")
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--config", type=Path, required=True)
+    parser.add_argument(
+        "--config", type=Path, nargs="+", required=True, help="config files, later ones merged over earlier"
+    )
     parser.add_argument("--results", type=Path, help="default: results/<machine>")
     parser.add_argument("--sglang-source", help="SGLang's DDTree file or checkout (the sglang round builder)")
     parser.add_argument("--sglang-files", help="the sglang wheel's extracted files (the MoE kernels)")
     parser.add_argument("--forward-impl")
     parser.add_argument("--moe-impls", help="comma-separated")
+    parser.add_argument(
+        "--sglang-jit", help="a folder of SGLang JIT modules built ahead (tools/prebuild_sglang_jit.py)"
+    )
     parser.add_argument("jobs", nargs="+")
     args = parser.parse_args(argv)
     try:
-        settings = load_settings(args.config)
+        settings = load_settings(*args.config)
         jobs = [_job(text) for text in args.jobs]
     except ValueError as error:
         print(f"round_stages: {error}", file=sys.stderr)
         return 2
+    if args.sglang_jit:
+        import os  # noqa: PLC0415
+
+        from ddtree_bench.model.sglang_jit import PREBUILT_ENV  # noqa: PLC0415
+
+        os.environ[PREBUILT_ENV] = str(Path(args.sglang_jit).resolve())
     step = settings.step_options()
     model, draft = step["model"], step["draft"]
     forward = args.forward_impl or model["forward_impl"]
@@ -114,6 +125,11 @@ def main(argv=None) -> int:
             options = {"sglang": {"module_paths": list(settings.sglang.module_paths)}}
             if args.sglang_source:
                 options["sglang"]["source"] = args.sglang_source
+            stacks = {
+                "stacks": step["round"]["stacks"],
+                "max_seconds": step["round"]["max_round_seconds"],
+                "attention_files": args.sglang_files or step["sglang_triton_source"],
+            }
             rows = run_round_stage(
                 batch=batch,
                 prefix=prefix,
@@ -131,6 +147,7 @@ def main(argv=None) -> int:
                 sglang_files=files,
                 timing=timing,
                 machine=settings.machine,
+                stacks=stacks,
             )
             write("round", rows, f"N{{budget}}-B{batch}-S{prefix}.parquet")
         else:

@@ -212,6 +212,92 @@ STEP_STAGES = ("attention", "accept", "peaks", "model", "draft", "allreduce", "r
 ROUND_STAGES = ("model", "draft", "allreduce", "round")
 
 
+# ----------------------------------------------------------------------------------------- round stacks
+
+#: The kernels a stack's round runs (``model.stack``). Tree build: SGLang's function per request with its
+#: copies, or our GPU kernel. Verify attention: ours (packed-bit mask), SGLang's Triton
+#: ``extend_attention_fwd`` (its per-request bool mask), or FA3 two-pass as SGLang's DDTree fork runs it
+#: (the same bool mask). Accept: ours, or SGLang's Triton accept kernel.
+OURS = "ours"
+SGLANG_TRITON_ATTENTION, SGLANG_FA3_ATTENTION = "sglang-triton", "sglang-fa3"
+SGLANG_ACCEPT = "sglang-triton"
+STACK_KERNELS = ("build", "attention", "accept")
+
+
+@dataclass(frozen=True)
+class Stack:
+    """A whole decode round's three kernels (``STACK_KERNELS``): ``build`` (a builder name: ``SGLANG`` or
+    ``GPU_BUILDER``), ``attention`` (``OURS``, ``SGLANG_TRITON_ATTENTION``, ``SGLANG_FA3_ATTENTION``) and
+    ``accept`` (``OURS`` or ``SGLANG_ACCEPT``). ``base``: the SGLang stack a one-kernel swap starts from
+    (None for a whole stack); ``swap``: the kernel it swaps for ours. ``label``: its name in the report;
+    ``color``: its colour there."""
+
+    name: str
+    label: str
+    build: str
+    attention: str
+    accept: str
+    color: str
+    base: str | None = None
+    swap: str | None = None
+
+    @property
+    def sglang_mask(self) -> bool:
+        """Whether the round builds SGLang's per-request bool verify mask (SGLang's attention reads it)."""
+        return self.attention != OURS
+
+
+def _sglang_stack(name, attention, label, color):
+    return Stack(name, label, SGLANG, attention, SGLANG_ACCEPT, color)
+
+
+def _swap(base: Stack, kernel: str, color: str) -> Stack:
+    ours = {"build": GPU_BUILDER, "attention": OURS, "accept": OURS}
+    fields = {"build": base.build, "attention": base.attention, "accept": base.accept, kernel: ours[kernel]}
+    return Stack(
+        f"{base.name}+{kernel}",
+        f"{base.name} with our {kernel}",
+        color=color,
+        base=base.name,
+        swap=kernel,
+        **fields,
+    )
+
+
+_SGLANG_FA3 = _sglang_stack(
+    "sglang-fa3", SGLANG_FA3_ATTENTION, "SGLang as the H200 runs it (FA3 tree verify)", "#1f77b4"
+)
+_SGLANG_TRITON = _sglang_stack(
+    "sglang-triton", SGLANG_TRITON_ATTENTION, "SGLang as sm_120 runs it (Triton tree verify)", "#ff7f0e"
+)
+#: Every stack, in the report's order: SGLang as it runs (H200, then sm_120), ours, then the swaps.
+STACKS: dict[str, Stack] = {
+    s.name: s
+    for s in (
+        _SGLANG_FA3,
+        _SGLANG_TRITON,
+        Stack(
+            OURS,
+            "ours (GPU build, our attention and accept, one CUDA graph)",
+            GPU_BUILDER,
+            OURS,
+            OURS,
+            "#d62728",
+        ),
+        _swap(_SGLANG_FA3, "build", "#aec7e8"),
+        _swap(_SGLANG_FA3, "attention", "#9467bd"),
+        _swap(_SGLANG_FA3, "accept", "#17becf"),
+        _swap(_SGLANG_TRITON, "build", "#ffbb78"),
+        _swap(_SGLANG_TRITON, "attention", "#8c564b"),
+        _swap(_SGLANG_TRITON, "accept", "#bcbd22"),
+    )
+}
+
+
+def stack_names() -> tuple[str, ...]:
+    return tuple(STACKS)
+
+
 # ----------------------------------------------------------------------------------------- report figures
 
 

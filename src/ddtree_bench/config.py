@@ -30,6 +30,7 @@ SCHEMA_PATH = REPO_ROOT / "workflow" / "schemas" / "config.schema.yaml"
 CATALOG_ENUMS = (
     (("properties", "builders", "items"), catalog.builder_names),
     (("properties", "step", "properties", "round", "properties", "builders", "items"), catalog.builder_names),
+    (("properties", "step", "properties", "round", "properties", "stacks", "items"), catalog.stack_names),
     (("properties", "distributions", "items"), lambda: DISTRIBUTIONS),
     (("properties", "step", "properties", "distribution", "oneOf", 1), lambda: DISTRIBUTIONS),
     (

@@ -31,9 +31,7 @@ def _frozen(value):
 
 def _section(cls, mapping: dict, **nested):
     """``cls`` from a checked section: each field its key's (frozen) value, or ``nested``'s object."""
-    values = {
-        f.name: nested[f.name] if f.name in nested else _frozen(mapping[f.name]) for f in fields(cls)
-    }
+    values = {f.name: nested[f.name] if f.name in nested else _frozen(mapping[f.name]) for f in fields(cls)}
     return cls(**values)
 
 
@@ -131,6 +129,8 @@ class RoundSettings:
     enabled: bool
     builders: tuple[str, ...]
     batch_sizes: tuple[int, ...] | None
+    stacks: tuple[str, ...] = ()
+    max_round_seconds: float = 2.0
 
 
 @dataclass(frozen=True)
@@ -370,6 +370,8 @@ class Settings:
                 "batch_sizes": list(
                     round_.batch_sizes if round_.batch_sizes is not None else self.step_batch_sizes
                 ),
+                "stacks": list(round_.stacks),
+                "max_round_seconds": float(round_.max_round_seconds),
             },
         }
 
@@ -424,6 +426,19 @@ def merge_recorded(groups) -> dict:
     return merged
 
 
-def load_settings(path: str | Path) -> Settings:
-    """The settings of a YAML config file (``config.read_config_file``, then ``Settings.from_config``)."""
-    return Settings.from_config(read_config_file(path))
+def load_settings(*paths: str | Path) -> Settings:
+    """The settings of YAML config files (``config.read_config_file``), each later one merged over the
+    earlier ones key by key as Snakemake merges its ``--configfile`` files, then ``Settings.from_config``."""
+    merged: dict = {}
+    for path in paths:
+        merged = _merge(merged, read_config_file(path))
+    return Settings.from_config(merged)
+
+
+def _merge(base: dict, over: dict) -> dict:
+    out = dict(base)
+    for key, value in over.items():
+        out[key] = (
+            _merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+        )
+    return out

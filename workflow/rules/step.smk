@@ -169,7 +169,16 @@ rule step_round:
     params:
         budgets=STEP["budgets"],
         builders=ROUND["round"]["builders"],
-        builder_options={b: builder_options(b) for b in ROUND["round"]["builders"]},
+        builder_options={
+            b: builder_options(b)
+            for b in {*ROUND["round"]["builders"], catalog.SGLANG}
+            if b in catalog.BUILDERS
+        },
+        stacks={
+            "stacks": ROUND["round"]["stacks"],
+            "max_seconds": ROUND["round"]["max_round_seconds"],
+            "attention_files": STEP["sglang_triton_source"],
+        },
         model=ROUND["model"] | {"shape": ROUND["model"]["shape"].as_dict()},
         draft=ROUND["draft"] | {"shape": ROUND["draft"]["shape"].as_dict()},
         topk=TRACE_COLUMNS,

@@ -31,6 +31,7 @@ with logged(snakemake):
         machine=params.machine,
         attention_fatbin=snakemake.input.attention,
         accept_fatbin=snakemake.input.accept,
+        stacks=dict(params.stacks),
     )
     for budget, path in zip(budgets, snakemake.output.rows, strict=True):
         print(f"N = {budget}: {describe_rows(rows[budget])}")

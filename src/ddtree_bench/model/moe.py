@@ -65,6 +65,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ddtree_bench.catalog import MOE_IMPLS
+from ddtree_bench.model import sglang_jit
 
 MARLIN, TRITON, BF16 = MOE_IMPLS
 TOP_K = 8
@@ -580,6 +581,17 @@ def _install_finder(root: Path) -> None:
     finder = _SglangFiles(root, _stubs())
     sys.meta_path.insert(0, finder)
     _LOADER.update(root=root, finder=finder)
+    prebuilt = os.environ.get(sglang_jit.PREBUILT_ENV)
+    if prebuilt:  # SGLang's JIT modules built ahead of time: loaded, never compiled here
+        sglang_jit.use_prebuilt(prebuilt)
+
+
+def install_sglang_files(sglang_files=None) -> Path:
+    """Put SGLang's files (``sglang_moe_root``) on this process's import path, as the MoE impls load them;
+    returns their root."""
+    root = sglang_moe_root(sglang_files)
+    _install_finder(root)
+    return root
 
 
 def load_sglang_moe(impl: str, sglang_files=None):

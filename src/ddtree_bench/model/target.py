@@ -211,7 +211,17 @@ class TargetShard:
         self.freqs = torch.polar(torch.ones_like(angles), angles)  # [T, rope / 2] complex
         self.logits = torch.empty((t, s.vocab_shard), device=self.device, dtype=bf16)
         lengths = np.full(batch, prefix, np.int64)
+        self.lengths = lengths
         self.prepared = [attention.prepare(self.q, kv, lengths, mask_bits, self.attn_out) for kv in self.kv]
+        self.attentions = {None: self.prepared}
+        self.active = self.prepared
+
+    def add_attention(self, name: str, attention, mask, **options) -> None:
+        """Prepare another verify attention (``ops.sglang_verify``'s adapters) on every layer's cache with
+        its own ``mask``; ``forward(attention=name)`` runs it."""
+        self.attentions[name] = [
+            attention.prepare(self.q, kv, self.lengths, mask, self.attn_out, **options) for kv in self.kv
+        ]
 
     # --------------------------------------------------------------------------------------------- parts
     def _stream(self):
@@ -237,7 +247,7 @@ class TargetShard:
         rows[..., : s.kv_lora_rank].copy_(latent.view(self.batch, self.budget + 1, -1))
         rows[..., s.kv_lora_rank :].copy_(k_rope.view(self.batch, self.budget + 1, -1))
         if attention:
-            self.prepared[layer].launch(self._stream())
+            self.active[layer].launch(self._stream())
         out = self.attn_out.view(t, heads, s.kv_lora_rank).transpose(0, 1)
         o = torch.bmm(out, w["w_uv"]).transpose(0, 1).reshape(t, heads * s.v_head_dim)
         return x + o @ w["o_proj"]
@@ -264,8 +274,10 @@ class TargetShard:
         )
         return routed + self._mlp(w["shared_gate_up"], w["shared_down"], h)
 
-    def forward(self):
-        """The whole verify forward of the tree tokens: every layer, the final norm, the LM-head shard."""
+    def forward(self, attention: str | None = None):
+        """The whole verify forward of the tree tokens: every layer, the final norm, the LM-head shard;
+        ``attention``: a verify attention added with ``add_attention`` (default: the one given at start)."""
+        self.active = self.attentions[attention]
         x = self.x
         for layer in range(self.shape.layers):
             x = self._projections(layer, x, attention=True)

@@ -74,7 +74,7 @@ def load_machine(
 
 
 def source_of(summary) -> str:
-    """"published" for a summary in a folder under ``published/`` (``results/published/<label>/``, the
+    """ "published" for a summary in a folder under ``published/`` (``results/published/<label>/``, the
     committed results), else "this run"."""
     return "published" if Path(summary).resolve().parent.parent.name == "published" else "this run"
 

@@ -188,9 +188,7 @@ def attention_table(step: pd.DataFrame, machine: str) -> pd.DataFrame:
             "% GEMM peak": rows["pct_gemm_peak"].map(_pct),
             "% copy peak": rows["pct_copy_peak"].map(_pct),
             "vs flexattention": [
-                "-"
-                if impl in ("flexattention", STREAM_IMPL) or missing(f) or missing(m)
-                else f"{f / m:.2f}x"
+                "-" if impl in ("flexattention", STREAM_IMPL) or missing(f) or missing(m) else f"{f / m:.2f}x"
                 for impl, f, m in zip(rows["impl"], rows["flex_s"], rows["median_s"], strict=True)
             ],
             "% of read stream": [
@@ -633,7 +631,7 @@ BREAKDOWN_INTRO = (
     "layers (per-layer median x layers), and the accept (the GPU kernel); in brackets the build's share of "
     "build + attention + accept. E[accepted] is the expected number of accepted draft tokens of the "
     "budget's trees (the sum over nodes of the path probability under the drafter's distributions): what a "
-    "larger budget buys, beside what it costs. tau, the tokens per round in the answer and in \"Which "
+    'larger budget buys, beside what it costs. tau, the tokens per round in the answer and in "Which '
     "budget?\", is 1 + E[accepted]: the accepted draft tokens plus the target's bonus token."
 )
 ACCEPT_INTRO = (

@@ -48,6 +48,8 @@ INTRO = (
     "the one that grows the most from the best budget to the next; the gain is the GPU builder's tokens/s "
     "at its best budget over the baseline's at the baseline's best."
 )
+
+
 @dataclass
 class BudgetSection:
     """One (machine, distribution) of the section: the model's result, or why there is none."""

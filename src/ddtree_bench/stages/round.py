@@ -21,6 +21,7 @@ import time
 
 import pandas as pd
 
+from ddtree_bench import catalog
 from ddtree_bench.environment import ENVIRONMENT_COLUMNS, collect_environment
 from ddtree_bench.model import moe as moe_ops
 from ddtree_bench.model.round import FUSED_BUILDERS, ROUND_BUILDERS
@@ -53,7 +54,11 @@ def run_round_stage(
     attention_fatbin=None,
     accept_fatbin=None,
     seed: int = 0,
+    stacks: dict | None = None,
 ) -> dict[int, pd.DataFrame]:
+    """Whole rounds per builder (module docstring), then, where ``stacks`` names some (``{"stacks": names,
+    "max_seconds": limit, "attention_files": SGLang's Triton attention files}``), per stack
+    (``run_stack_rounds``) in the same job, on the same weights."""
     budgets = [int(b) for b in budgets]
     builders = list(builders)
     unknown = [b for b in builders if b not in ROUND_BUILDERS]
@@ -83,10 +88,17 @@ def run_round_stage(
         return unavailable_row(base(builder, budget, "wall"), reason, status)
 
     rows: dict[int, list[dict]] = {budget: [] for budget in budgets}
+    stack_names = list(stacks["stacks"]) if stacks else []
+
+    def unavailable_all(budget, reason):
+        return [unavailable(builder, budget, reason) for builder in builders] + [
+            {**unavailable(name, budget, reason), "stage": "stack", "note": None} for name in stack_names
+        ]
+
     reason = gpu_reason() or moe_ops.moe_unavailable_reason(forward_impl, sglang_files)
     if reason is not None:
         for budget in budgets:
-            rows[budget] += [unavailable(builder, budget, reason) for builder in builders]
+            rows[budget] += unavailable_all(budget, reason)
         return {budget: stage_frame(r) for budget, r in rows.items()}
 
     import torch  # noqa: PLC0415
@@ -102,19 +114,43 @@ def run_round_stage(
     need = weights_bytes(shape, forward_impl)
     if need > free * (1 - HEADROOM):
         for budget in budgets:
-            rows[budget] += [
-                unavailable(
-                    builder,
-                    budget,
-                    f"does not fit: needs about {need / 1e9:.1f} GB, {free / 1e9:.1f} GB free",
-                )
-                for builder in builders
-            ]
+            rows[budget] += unavailable_all(
+                budget, f"does not fit: needs about {need / 1e9:.1f} GB, {free / 1e9:.1f} GB free"
+            )
         return {budget: stage_frame(r) for budget, r in rows.items()}
     weights = TargetWeights(shape, moe_impl=forward_impl, sglang_files=sglang_files, seed=seed)
     attention = VerifyAttention(attention_fatbin)
     accept = GpuAccept(accept_fatbin)
     clock = time.perf_counter_ns
+    inputs = {
+        "batch": batch,
+        "prefix": prefix,
+        "block_size": block_size,
+        "follow_budget": follow_budget,
+        "topk": topk,
+        "attention": attention,
+        "accept": accept,
+        "routing": routing,
+        "skew": skew,
+        "seed": seed,
+    }
+    if stacks and stacks.get("stacks"):
+        stack_rows = run_stack_rounds(
+            weights,
+            drafter_shape,
+            budgets=budgets,
+            inputs=inputs,
+            stacks=stacks,
+            sglang_builder=builder_options.get(catalog.SGLANG, {}),
+            policy=policy,
+            base=lambda stack, budget, timing_name: {
+                **base(stack, budget, timing_name),
+                "stage": "stack",
+                "note": None,
+            },
+        )
+        for budget in budgets:
+            rows[budget] += stack_rows[budget]
     for budget in budgets:
         for builder in builders:
             torch.cuda.synchronize()
@@ -202,3 +238,132 @@ def run_round_stage(
                 ]
             del runner, parts
     return {budget: stage_frame(r) for budget, r in rows.items()}
+
+
+def _stack_fits(torch, shape, drafter_shape, inputs: dict, budget: int, need: float) -> str | None:
+    from ddtree_bench.model.draft import draft_bytes  # noqa: PLC0415
+    from ddtree_bench.model.target import state_bytes  # noqa: PLC0415
+
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    free = float(torch.cuda.mem_get_info()[0])
+    batch, prefix = inputs["batch"], inputs["prefix"]
+    block = budget + 1 if inputs["follow_budget"] else inputs["block_size"]
+    # the round's state plus SGLang's mask (q x (S + q) bools a request) and FA3's scratch
+    needed = (
+        state_bytes(shape, batch, budget, prefix)
+        + draft_bytes(drafter_shape, batch, block, prefix, shape.vocab_shard)
+        + batch * (budget + 1) * (prefix + budget + 1)
+        + 2 * batch * (budget + 1) * shape.local_heads * 512 * 4 * 2
+    )
+    if needed > free * (1 - HEADROOM):
+        return f"does not fit: needs about {(needed + need) / 1e9:.1f} GB, {(free + need) / 1e9:.1f} GB free"
+    return None
+
+
+def run_stack_rounds(
+    weights, drafter_shape, *, budgets, inputs: dict, stacks: dict, sglang_builder: dict, policy, base
+) -> dict[int, list[dict]]:
+    """Per budget and stack (``catalog.STACKS``): whole rounds (``model.stack.StackRound``) timed as
+    ``wall`` (one round, host-inclusive) and its parts (``part-draft`` ... ``part-accept``, each waited for,
+    and their ``sum-of-parts``), call by call; ``correct``: the accepted paths equal the CPU walk. A stack
+    whose forward or round exceeds ``stacks["max_seconds"]`` gets a row saying so, untimed."""
+    import torch  # noqa: PLC0415
+
+    from ddtree_bench.model.stack import StackRound  # noqa: PLC0415
+    from ddtree_bench.model.target import weights_bytes  # noqa: PLC0415
+
+    names = list(stacks["stacks"])
+    sglang = {
+        "builder": dict(sglang_builder),
+        "accept": sglang_builder.get("source"),
+        "attention_files": stacks.get("attention_files"),
+    }
+    clock = time.perf_counter_ns
+    need = weights_bytes(weights.shape, weights.moe_impl)
+    rows: dict[int, list[dict]] = {budget: [] for budget in budgets}
+    for budget in budgets:
+        reason = _stack_fits(torch, weights.shape, drafter_shape, inputs, budget, need)
+        if reason is not None:
+            rows[budget] += [unavailable_row(base(n, budget, "wall"), reason) for n in names]
+            continue
+        try:
+            runner = StackRound(
+                weights,
+                drafter_shape,
+                stacks=names,
+                sglang=sglang,
+                max_seconds=stacks["max_seconds"],
+                budget=budget,
+                **inputs,
+            )
+            runner.capture()
+        except Exception as exc:  # noqa: BLE001 (every stack of this budget: recorded)
+            rows[budget] += [
+                unavailable_row(base(n, budget, "wall"), _describe(exc), "failed") for n in names
+            ]
+            continue
+        for stack in runner.stacks:
+            rows[budget] += _time_stack(
+                runner, stack, policy, clock, lambda t, s=stack, n=budget: base(s.name, n, t)
+            )
+        del runner
+    return rows
+
+
+def _time_stack(runner, stack, policy, clock, base) -> list[dict]:
+    import torch  # noqa: PLC0415
+
+    from ddtree_bench.model.stack import TooSlow  # noqa: PLC0415
+
+    try:
+        runner.prepare_stack(stack)
+        t0 = clock()
+        runner.run_stack(stack)  # warm, and the limit checked on a whole round
+        if (clock() - t0) / 1e9 > runner.max_seconds:
+            raise TooSlow(
+                f"one round took {(clock() - t0) / 1e9:.2f} s, over the limit of {runner.max_seconds:g} s"
+            )
+        parts = runner.parts_of(stack)
+        samples = {"wall": [], "sum-of-parts": [], **{f"part-{name}": [] for name in parts}}
+
+        def both():
+            t0 = clock()
+            runner.run_stack(stack)
+            samples["wall"].append((clock() - t0) / 1e9)
+            total = 0.0
+            for name, part in parts.items():
+                t0 = clock()
+                part()
+                torch.cuda.current_stream().synchronize()
+                seconds = (clock() - t0) / 1e9
+                samples[f"part-{name}"].append(seconds)
+                total += seconds
+            samples["sum-of-parts"].append(total)
+            return samples["wall"][-1] + total
+
+        calls = policy.samples(both)
+        runner.run_stack(stack)
+        correct = runner.check(stack)
+        note = runner.note(stack)
+    except TooSlow as exc:
+        return [unavailable_row(base("wall"), f"not timed: {exc}")]
+    except Exception as exc:  # noqa: BLE001 (a stack failing: recorded, the others still run)
+        torch.cuda.synchronize()
+        return [unavailable_row(base("wall"), _describe(exc), status="failed")]
+    out = []
+    for name, values in samples.items():
+        out += [
+            {
+                **base(name),
+                "phase": phase,
+                "repetition": rep,
+                "seconds": seconds,
+                "status": "ok",
+                "correct": correct,
+                "note": note,
+                "experts_touched": runner.target.experts_touched,
+            }
+            for (phase, rep, _), seconds in zip(calls, values, strict=True)
+        ]
+    return out

@@ -52,6 +52,7 @@ STAGE_IMPLS = {
     "draft": ("torch",),
     "allreduce": ("nccl",),
     "round": ROUND_BUILDERS,
+    "stack": catalog.stack_names(),
 }
 
 STEP_KEYS = (
@@ -132,7 +133,7 @@ TIMING_PREFERENCE = (
 
 
 #: The record stages each workflow stage's job writes (the others write the record stage of their name).
-WORKFLOW_STAGES = {"model": ("forward", "moe", "dense", "lm-head")}
+WORKFLOW_STAGES = {"model": ("forward", "moe", "dense", "lm-head"), "round": ("round", "stack")}
 
 
 def unavailable_stage_frame(

@@ -55,7 +55,7 @@ import pandas as pd
 from ddtree_bench.environment import ENVIRONMENT_COLUMNS
 
 #: The rest of the round's stages (``stages.model``, ``stages.draft``, ``stages.allreduce``).
-ROUND_STAGES = ("forward", "moe", "dense", "lm-head", "draft", "allreduce", "round")
+ROUND_STAGES = ("forward", "moe", "dense", "lm-head", "draft", "allreduce", "round", "stack")
 STAGES = ("verify-attention", "accept", "peak", *ROUND_STAGES)
 STAGE_COLUMNS = (
     "stage",

@@ -1,0 +1,206 @@
+"""The round's stacks: each one-kernel swap differs from its SGLang stack in that kernel only; SGLang's verify
+mask has its worker's layout; SGLang's accept file is found beside its DDTree file; on the GPU (skipped here)
+SGLang's Triton accept equals the CPU walk, SGLang's Triton and FA3 tree attention equal the float32
+reference, and every stack's whole round is exact and accepts what the CPU walk accepts."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import make_topk
+from model_shapes import SMALL_DRAFTER, SMALL_TARGET
+
+from ddtree_bench import catalog
+from ddtree_bench.builders import get_builder
+from ddtree_bench.cuda.loader import gpu_unavailable_reason
+from ddtree_bench.ops import sglang_verify
+
+GPU_REASON = gpu_unavailable_reason()
+REPO = Path(__file__).resolve().parents[2]
+#: SGLang's DDTree fork files (its utils file, triton_ops/ddtree.py beside it): config/h200-sources.yaml
+SGLANG_SOURCE = Path(os.environ.get("DDTREE_SGLANG_SOURCE", REPO / ".sglang"))
+SGLANG_FILES = Path(os.environ.get("DDTREE_SGLANG_FILES", REPO / ".peers" / "sglang_files"))
+needs_gpu = pytest.mark.skipif(GPU_REASON is not None, reason=f"needs a CUDA GPU: {GPU_REASON}")
+
+
+def _have_fork() -> bool:
+    try:
+        sglang_verify.find_accept_file(SGLANG_SOURCE)
+    except ValueError:
+        return False
+    return True
+
+
+needs_fork = pytest.mark.skipif(not _have_fork(), reason=f"SGLang's DDTree fork files not at {SGLANG_SOURCE}")
+
+
+def test_every_swap_differs_from_its_base_in_its_kernel_only():
+    stacks = catalog.STACKS
+    ours = {"build": catalog.GPU_BUILDER, "attention": catalog.OURS, "accept": catalog.OURS}
+    assert {s.name for s in stacks.values() if s.base is None} == {"sglang-fa3", "sglang-triton", "ours"}
+    for stack in stacks.values():
+        if stack.base is None:
+            continue
+        base = stacks[stack.base]
+        for kernel in catalog.STACK_KERNELS:
+            want = ours[kernel] if kernel == stack.swap else getattr(base, kernel)
+            assert getattr(stack, kernel) == want, (stack.name, kernel)
+    assert all(getattr(stacks["ours"], k) == v for k, v in ours.items())
+    assert not stacks["ours"].sglang_mask and stacks["sglang-fa3+attention"].sglang_mask is False
+    assert stacks["sglang-triton+build"].sglang_mask
+
+
+def test_sglang_verify_mask_has_the_workers_layout():
+    torch = pytest.importorskip("torch", reason="the mask is torch ops (PyTorch not installed)")
+    lp, ids = make_topk("bf16", 3, 6, 16, seed=4)
+    trees = get_builder("reference").build(lp, ids, 9)
+    prefix = [0, 5, 12]
+    mask = sglang_verify.VerifyMask(prefix, 10, "cpu")
+    mask.buffer.fill_(False)
+    mask.build(torch.from_numpy(trees.visibility))
+    flat = mask.buffer.numpy()
+    for b, s in enumerate(prefix):
+        block = flat[int(mask.indptr[b]) : int(mask.indptr[b + 1])].reshape(10, s + 10)
+        assert block[:, :s].all()
+        assert np.array_equal(block[:, s:], trees.visibility[b])
+        assert np.array_equal(mask.tree_part()[b].numpy(), trees.visibility[b])
+    assert int(mask.indptr[-1]) == sum(10 * (s + 10) for s in prefix) == flat.size
+
+
+def test_the_accept_file_is_found_beside_the_ddtree_file(tmp_path):
+    utils = tmp_path / "python/sglang/srt/speculative/dflash_ddtree_utils.py"
+    utils.parent.mkdir(parents=True)
+    utils.write_text("def build_ddtree_tree_from_topk(a, b, c):\n    pass\n")
+    with pytest.raises(ValueError, match="no triton_ops/ddtree.py beside it"):
+        sglang_verify.find_accept_file(tmp_path)
+    (utils.parent / "triton_ops").mkdir()
+    (utils.parent / "triton_ops" / "ddtree.py").write_text("")
+    assert sglang_verify.find_accept_file(tmp_path) == (utils.parent / "triton_ops" / "ddtree.py").resolve()
+
+
+# --------------------------------------------------------------------------------------------------- GPU
+
+
+def _device_trees(torch, budget, batch=3, depth=6, seed=0):
+    lp, ids = make_topk("bf16", batch, depth, 32, seed=seed)
+    trees = get_builder("reference").build(lp, ids, budget)
+    return trees, {
+        name: torch.as_tensor(np.ascontiguousarray(getattr(trees, name)), device="cuda")
+        for name in ("node_token_ids", "retrieve_next_token", "retrieve_next_sibling", "visibility")
+    }
+
+
+@needs_gpu
+@needs_fork
+@pytest.mark.parametrize("budget", [1, 8, 63, 200])
+def test_sglang_triton_accept_equals_the_cpu_walk(budget):
+    import torch  # noqa: PLC0415
+
+    from ddtree_bench.ops.accept import accept_cpu  # noqa: PLC0415
+
+    trees, dev = _device_trees(torch, budget, seed=budget)
+    rng = np.random.default_rng(budget)
+    # targets that follow the tree for a while: each node's target is one of its children's tokens, or not
+    target = rng.integers(0, 1000, size=(3, budget + 1))
+    for b in range(3):
+        for child in range(1, int(trees.node_count[b]) + 1):
+            parent = int(trees.parents[b, child])
+            if rng.random() < 0.6:
+                target[b, parent] = trees.node_token_ids[b, child - 1]
+    accept = sglang_verify.TritonAccept(SGLANG_SOURCE, 3, budget, "cuda")
+    accept.launch(
+        dev["node_token_ids"],
+        torch.as_tensor(target, device="cuda"),
+        dev["retrieve_next_token"],
+        dev["retrieve_next_sibling"],
+    )
+    got = accept.result()
+    want = accept_cpu(trees, target)
+    for a, b in zip(got, want, strict=True):
+        assert np.array_equal(a, b)
+    assert (got[1] > 1).any()
+
+
+def _attention_inputs(torch, budget, prefix):
+    trees, dev = _device_trees(torch, budget, seed=budget + 7)
+    batch, heads = 3, 8
+    gen = torch.Generator(device="cuda").manual_seed(budget)
+    q = torch.randn((batch, budget + 1, heads, 576), generator=gen, device="cuda").to(torch.bfloat16)
+    kv = torch.randn((batch, max(prefix) + budget + 1, 576), generator=gen, device="cuda").to(torch.bfloat16)
+    out = torch.zeros((batch, budget + 1, heads, 512), device="cuda", dtype=torch.bfloat16)
+    mask = sglang_verify.VerifyMask(prefix, budget + 1, "cuda")
+    mask.build(dev["visibility"])
+    return trees, q, kv, out, mask
+
+
+@needs_gpu
+@pytest.mark.parametrize("impl", ["triton", "fa3"])
+@pytest.mark.parametrize("budget", [8, 63])
+def test_sglang_tree_attention_equals_the_reference(impl, budget):
+    import torch  # noqa: PLC0415
+
+    from ddtree_bench.ops.attention import reference_attention  # noqa: PLC0415
+
+    prefix = np.array([300, 300, 300])
+    trees, q, kv, out, mask = _attention_inputs(torch, budget, prefix)
+    try:
+        if impl == "triton":
+            attention = sglang_verify.TritonAttention(SGLANG_FILES)
+            prepared = attention.prepare(q, kv, prefix, mask, out)
+        else:
+            attention = sglang_verify.Fa3Attention()
+            width = int(trees.node_depths.max()) + 1
+            prepared = attention.prepare(q, kv, prefix, mask, out, width=width)
+    except sglang_verify.SglangUnavailable as exc:
+        pytest.skip(str(exc))
+    prepared.launch()
+    torch.cuda.synchronize()
+    want = reference_attention(q, kv, prefix, trees.visibility)
+    error = float((out.float() - want).norm() / want.norm())
+    assert error < 1e-2, error
+
+
+@needs_gpu
+@needs_fork
+def test_every_stack_round_is_exact_and_accepts_as_the_cpu_walk():
+    from ddtree_bench.model.stack import StackRound  # noqa: PLC0415
+    from ddtree_bench.model.target import TargetWeights  # noqa: PLC0415
+    from ddtree_bench.ops.accept import GpuAccept  # noqa: PLC0415
+    from ddtree_bench.ops.attention import VerifyAttention  # noqa: PLC0415
+
+    weights = TargetWeights(SMALL_TARGET, moe_impl="bf16-grouped-mm", seed=2)
+    runner = StackRound(
+        weights,
+        SMALL_DRAFTER,
+        stacks=catalog.stack_names(),
+        sglang={
+            "builder": {"source": str(SGLANG_SOURCE)},
+            "accept": str(SGLANG_SOURCE),
+            "attention_files": str(SGLANG_FILES),
+        },
+        max_seconds=30.0,
+        batch=2,
+        budget=24,
+        prefix=100,
+        block_size=8,
+        follow_budget=False,
+        topk=16,
+        attention=VerifyAttention(),
+        accept=GpuAccept(),
+    )
+    runner.capture()
+    lp, ids = (t.cpu().numpy() for t in (runner.drafter.top_log_probs, runner.drafter.top_token_ids))
+    want = get_builder("reference").build(lp, ids, 24)
+    for stack in runner.stacks:
+        runner.prepare_stack(stack)
+        runner.run_stack(stack)
+        assert runner.check(stack), stack.name
+        trees = runner.trees.to_host()
+        assert np.array_equal(trees.parents, want.parents), stack.name
+        assert np.array_equal(trees.node_token_ids, want.node_token_ids), stack.name
+        for part in runner.parts_of(stack).values():  # the same round part by part
+            part()
+        assert runner.check(stack), stack.name
