@@ -35,6 +35,7 @@ def main(argv=None) -> int:
     parser.add_argument("--sglang-files", help="the sglang wheel's extracted files (the MoE kernels)")
     parser.add_argument("--forward-impl")
     parser.add_argument("--moe-impls", help="comma-separated")
+    parser.add_argument("--budgets", help="comma-separated: these of the configuration's budgets only")
     parser.add_argument(
         "--sglang-jit", help="a folder of SGLang JIT modules built ahead (tools/prebuild_sglang_jit.py)"
     )
@@ -53,6 +54,8 @@ def main(argv=None) -> int:
 
         os.environ[PREBUILT_ENV] = str(Path(args.sglang_jit).resolve())
     step = settings.step_options()
+    if args.budgets:
+        step["budgets"] = [b for b in step["budgets"] if str(b) in args.budgets.split(",")]
     model, draft = step["model"], step["draft"]
     forward = args.forward_impl or model["forward_impl"]
     moe_impls = args.moe_impls.split(",") if args.moe_impls else model["moe_impls"]

@@ -229,7 +229,7 @@ class StackRound(RoundRunner):
                 part()
         self.torch.cuda.current_stream().synchronize()
 
-    def note(self, stack) -> str:
+    def describe(self, stack) -> str:
         forward = (
             "eager forward" if stack.attention in self.notes.get("eager", "") else "forward as a CUDA graph"
         )

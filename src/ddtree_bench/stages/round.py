@@ -304,11 +304,27 @@ def run_stack_rounds(
             ]
             continue
         for stack in runner.stacks:
+            t0 = time.perf_counter()
             rows[budget] += _time_stack(
                 runner, stack, policy, clock, lambda t, s=stack, n=budget: base(s.name, n, t)
             )
+            _progress(rows[budget], stack.name, budget, time.perf_counter() - t0)
         del runner
     return rows
+
+
+def _progress(rows: list[dict], name: str, budget: int, spent: float) -> None:
+    """One line on stderr per (stack, budget): its median whole round, or why it has none."""
+    import sys  # noqa: PLC0415
+
+    mine = [r for r in rows if r["impl"] == name]
+    walls = sorted(r["seconds"] for r in mine if r.get("timing") == "wall" and r.get("status") == "ok")
+    what = (
+        f"round {walls[len(walls) // 2] * 1e3:.2f} ms, correct {mine[-1].get('correct')}"
+        if walls
+        else f"{mine[-1].get('status')}: {mine[-1].get('status_reason')}"
+    )
+    print(f"stack {name} N={budget}: {what} ({spent:.1f} s)", file=sys.stderr, flush=True)
 
 
 def _time_stack(runner, stack, policy, clock, base) -> list[dict]:
@@ -345,7 +361,7 @@ def _time_stack(runner, stack, policy, clock, base) -> list[dict]:
         calls = policy.samples(both)
         runner.run_stack(stack)
         correct = runner.check(stack)
-        note = runner.note(stack)
+        note = runner.describe(stack)
     except TooSlow as exc:
         return [unavailable_row(base("wall"), f"not timed: {exc}")]
     except Exception as exc:  # noqa: BLE001 (a stack failing: recorded, the others still run)
