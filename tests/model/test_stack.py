@@ -204,3 +204,36 @@ def test_every_stack_round_is_exact_and_accepts_as_the_cpu_walk():
         for part in runner.parts_of(stack).values():  # the same round part by part
             part()
         assert runner.check(stack), stack.name
+
+
+@needs_gpu
+@needs_fork
+def test_the_round_stage_times_every_stack_and_says_it_is_exact():
+    from ddtree_bench.stages.round import run_round_stage  # noqa: PLC0415
+
+    names = list(catalog.stack_names())
+    rows = run_round_stage(
+        batch=2,
+        prefix=100,
+        budgets=[8],
+        builders=[],
+        builder_options={catalog.SGLANG: {"source": str(SGLANG_SOURCE)}},
+        shape=SMALL_TARGET,
+        drafter_shape=SMALL_DRAFTER,
+        forward_impl="bf16-grouped-mm",
+        block_size=8,
+        follow_budget=False,
+        topk=16,
+        routing="uniform",
+        skew=1.0,
+        sglang_files=None,
+        timing={"warmup": 0, "repeats": 2, "min_repeats": 2, "max_repeats": 2, "min_seconds": 0.0},
+        machine="m",
+        stacks={"stacks": names, "max_seconds": 30.0, "attention_files": str(SGLANG_FILES)},
+    )[8]
+    assert set(rows["stage"]) == {"stack"} and set(rows["status"]) == {"ok"}, rows["status_reason"].tolist()
+    assert set(rows["impl"]) == set(names) and rows["correct"].all()
+    for name in names:
+        timings = set(rows.loc[rows["impl"] == name, "timing"])
+        assert {"wall", "sum-of-parts", "part-draft", "part-build", "part-forward", "part-accept"} <= timings
+        assert rows.loc[rows["impl"] == name, "note"].str.len().min() > 0

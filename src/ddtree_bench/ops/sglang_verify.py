@@ -209,10 +209,7 @@ class Fa3Attention:
             "slots + LSE merge"
         )
         if not self.paged:
-            self.describe += (
-                "; tree rows gathered per query into a contiguous buffer (no paged KV), merged with "
-                "flash_attn_combine"
-            )
+            self.describe += "; tree rows gathered per query into a contiguous buffer (no paged KV)"
 
     def prepare(self, q, kv, prefix_lengths, mask: VerifyMask, out, width: int):
         """One layer's call on its cache ``kv``. The per-forward metadata is refreshed by the first layer
@@ -336,6 +333,7 @@ class _PreparedFa3:
             try:  # FA3's combine, where this build takes a 512-wide head; else the same merge in torch
                 self.merge(partial, lse.transpose(-1, -2), out=self.out)
                 shared["merge"] = self.merge
+                shared["merge_note"] = "merged with flash_attn_combine"
             except Exception as exc:  # noqa: BLE001 (said in the description)
                 shared["merge"] = _torch_merge
                 shared["merge_note"] = f"merged in torch ({_describe(exc, 100)})"
