@@ -306,8 +306,9 @@ class Figure:
     """A report figure: its file name, the heading above it, what it shows (the caption's first sentence),
     the function that draws it (``draw``: "module:function", called with the report model's inputs and the
     PNG's path; it returns the rest of the caption), and where it goes: "answer" (under the answer's tables),
-    "figures", or "collapsed" (in a <details>). ``section``: what it is drawn from ("build": the tree
-    build's timings and shapes; "acceptance", "throughput", "step"). ``per_builder``: at most one line per
+    "stacks" (in the section on what the three kernels are worth), "figures", or "collapsed" (in a
+    <details>). ``section``: what it is drawn from ("build": the tree build's timings and shapes;
+    "acceptance", "throughput", "step", "stacks"). ``per_builder``: at most one line per
     builder in each panel."""
 
     name: str
@@ -325,6 +326,14 @@ _REPORT = "ddtree_bench.report."
 FIGURES: dict[str, Figure] = {
     f.name: f
     for f in (
+        Figure(
+            "stacks",
+            "Tokens/s per stack and budget, and SGLang's round to ours",
+            "Whole K2.6 rounds per stack (SGLang's DDTree round as it runs, ours, one-kernel swaps).",
+            _REPORT + "stacks:figure_for_report",
+            "stacks",
+            "stacks",
+        ),
         Figure(
             "step_share",
             "The tree build's share of the round's measured part",

@@ -36,7 +36,23 @@ def configured_grid(config: dict) -> dict:
         raise ValueError(f"configuration: no {', '.join(missing)} list to check the summary against")
     grid = {key: list(config[key]) for key in GRID_KEYS}
     grid["depth_follows_budget"] = bool(config.get("depth_follows_budget", False))
+    given = config.get("stack_shapes")  # a grid made here already holds them
+    grid["stack_shapes"] = [tuple(p) for p in given] if given is not None else stack_shape_points(config)
     return grid
+
+
+def stack_shape_points(config: dict) -> list[tuple]:
+    """The tree shapes the stack rounds' tokens/s need beyond the grid's: where ``step.round.stacks`` names
+    some, (the step's distribution, its depth, each step budget), nulls resolved as ``Settings`` resolves
+    them (the first configured distribution and depth, the configured budgets)."""
+    step = config.get("step") if isinstance(config.get("step"), dict) else {}
+    round_ = step.get("round") if isinstance(step.get("round"), dict) else {}
+    if not round_.get("stacks") or step.get("enabled") is False:
+        return []
+    distribution = step.get("distribution") or (config.get("distributions") or [None])[0]
+    depth = step.get("depth") or (config.get("depths") or [None])[0]
+    budgets = step.get("budgets") or config.get("budgets") or []
+    return [(str(distribution), int(depth), int(n)) for n in budgets]
 
 
 def _depth_budgets(grid: dict) -> list[tuple]:
@@ -110,6 +126,7 @@ def check_shapes(shapes: pd.DataFrame, grid: dict, *, where: str = "tree shapes"
         for d, depth, n in zip(shapes["distribution"], shapes["depth"], shapes["budget"], strict=True)
     }
     want = {(str(d), depth, n) for d in grid["distributions"] for depth, n in _depth_budgets(grid)}
+    want |= {tuple(point) for point in grid.get("stack_shapes", ())}
     if have - want:
         d, depth, n = sorted(have - want, key=str)[0]
         raise ValueError(f"{where}: holds rows of {d} L={depth} N={n}, which the configuration does not name")

@@ -198,7 +198,7 @@ RECORDED = {
     "builds": ("machine", "gpu", "cuda_archs", "sglang"),
     "timing": ("timing",),
 }
-RECORDED_STEP = ("enabled", "layers", "depth", "distribution")
+RECORDED_STEP = ("enabled", "layers", "depth", "distribution", "budgets", "round")
 #: Not recorded: the report's own settings (the report rule takes them; they change no result).
 NOT_RECORDED = ("report_dir", "throughput")
 

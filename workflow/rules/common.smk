@@ -7,7 +7,7 @@ import re
 import shutil
 from pathlib import Path
 
-from ddtree_bench import catalog
+from ddtree_bench import catalog, consistency
 from ddtree_bench.consistency import GRID_KEYS
 from ddtree_bench.environment import default_machine_label
 from ddtree_bench.summary.spread import job_suffix
@@ -84,7 +84,9 @@ REPORT_MD = f"{REPORT_DIR}/summary.md"
 # the report's figures (catalog.FIGURES), in its order
 FIGURES = catalog.figure_names()
 # The lists that decide the tree-build grid (consistency.GRID_KEYS): what the summary must hold exactly.
-GRID = SETTINGS.grid(GRID_KEYS)
+# plus the tree shapes the stack rounds' tokens/s need (consistency.stack_shape_points)
+STACK_SHAPES = consistency.stack_shape_points(SETTINGS.as_config())
+GRID = SETTINGS.grid(GRID_KEYS) | {"stack_shapes": STACK_SHAPES}
 
 
 def names_pattern(names):
@@ -224,11 +226,14 @@ def bench_outputs():
 
 
 def shape_outputs():
-    return [
-        shape_path(distribution, depth, budget)
+    """The tree shapes of the grid, and those the stack rounds' tokens/s need (the step's budgets)."""
+    points = {
+        (distribution, depth, budget)
         for distribution in DISTRIBUTIONS
         for depth, budget in DEPTH_BUDGETS
-    ]
+    }
+    points |= {tuple(p) for p in STACK_SHAPES}
+    return [shape_path(*point) for point in sorted(points, key=str)]
 
 
 def build_outputs(wildcards=None):

@@ -14,6 +14,7 @@ import pandas as pd
 from ddtree_bench import catalog
 from ddtree_bench.report import acceptance as acceptance_report
 from ddtree_bench.report import answer as answer_module
+from ddtree_bench.report import stacks as stacks_report
 from ddtree_bench.report import step as step_report
 from ddtree_bench.report import throughput as throughput_report
 from ddtree_bench.report.document import Bullets, Figure, Section, Table, Text
@@ -177,7 +178,8 @@ def build_model(
     model = ReportModel(TITLE, LEAD, banner(machines, answer), answer)
     model.sections = [
         _answer_section(answer, [f for f in figures.values() if _place(f) == "answer"]),
-        Section("Figures").add(*(f for f in figures.values() if _place(f) != "answer")),
+        stacks_report.report_section(machines, [f for f in figures.values() if _place(f) == "stacks"]),
+        Section("Figures").add(*(f for f in figures.values() if _place(f) not in ("answer", "stacks"))),
         _detail_section(machines, data, options, breakdowns, settings, budget_sections),
         _environment_section(machines),
         _goals_section(machines, budget_sections),

@@ -26,6 +26,7 @@ from ddtree_bench.environment import ENVIRONMENT_COLUMNS, collect_environment
 from ddtree_bench.model import moe as moe_ops
 from ddtree_bench.model.round import FUSED_BUILDERS, ROUND_BUILDERS
 from ddtree_bench.model.shapes import DrafterShape, ModelShape
+from ddtree_bench.stages.draft import draft_block
 from ddtree_bench.stages.model import HEADROOM, _describe, gpu_reason
 from ddtree_bench.timing.policy import TimingPolicy
 from ddtree_bench.timing.records import stage_frame, unavailable_row
@@ -146,6 +147,7 @@ def run_round_stage(
             base=lambda stack, budget, timing_name: {
                 **base(stack, budget, timing_name),
                 "stage": "stack",
+                "depth": draft_block(budget, block_size, topk, follow_budget)[0] - 1,  # the trees' L
                 "note": None,
             },
         )

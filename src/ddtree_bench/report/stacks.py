@@ -1,0 +1,543 @@
+"""What the three kernels are worth: whole K2.6 rounds per stack (``catalog.STACKS``, the ``stack`` rows of
+the round stage), as tokens per second.
+
+- ``stack_table``: per (batch, prefix, depth, budget, stack) the whole round's median (p10-p90), its parts,
+  tau(N) and tokens/s = batch x tau / round; the rows that could not run, with why.
+- ``best_budgets``: each stack's best budget per (batch, prefix), and whether it sits on the grid's edge.
+- ``waterfall``: from an SGLang stack to ours at one budget (both run in the same job): each kernel's own
+  difference (its parts of the two rounds) and the rest (the whole rounds' difference less those); the
+  one-kernel swap stacks' whole rounds beside it as a cross-check.
+- ``run_to_run``: how far a repeated job moved the rounds' parts (``repeat:`` rows of one configuration run
+  again in a later job): the host part (SGLang's build, its mask loop) and the GPU part (the forward) each
+  as the largest relative change seen. A difference is shown only where it exceeds the two rounds' band:
+  their p10-p90 spreads plus those relative changes of their host and GPU parts; else no win shown.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from ddtree_bench import catalog
+from ddtree_bench.report.document import Bullets, Section, Table, Text
+from ddtree_bench.report.fmt import fmt_us
+from ddtree_bench.throughput import tau_per_budget
+
+TITLE = "What the three kernels are worth"
+#: tau's source: the drafter trees of depth 16 fitted to the DDTree paper's acceptance (the "paper" profile)
+TAU_DEPTH, TAU_DISTRIBUTION = 16, "drafter"
+BASES = tuple(s.name for s in catalog.STACKS.values() if s.base is None and s.name != catalog.OURS)
+INTRO = (
+    "Whole decode rounds on one GPU's share of Kimi K2.6 (rank 0 of tensor parallel 8, random weights, "
+    "SGLang's Marlin W4A16 MoE, the DFlash drafter), one per stack, in the same job on the same weights, "
+    "drafter output and trees. A stack is a tree build, a verify attention with its mask, and an accept: "
+    "`sglang-fa3` is SGLang's DDTree round as the H200 runs it (its function per request with its copies, "
+    "its per-request bool mask, FA3 two-pass tree verify, its Triton accept), `sglang-triton` the same with "
+    "its Triton tree attention (what sm_120 runs), `ours` our GPU build, attention and accept as one CUDA "
+    "graph, and `<stack>+<kernel>` SGLang's stack with that one kernel swapped for ours. The forward runs as "
+    "a CUDA graph in every stack, so the stacks differ only in those kernels and the mask (SGLang's DDTree "
+    "worker runs without CUDA graphs; its launches are not charged here). Tensor-parallel communication is "
+    "not in a one-GPU round."
+)
+
+
+def _ok(step: pd.DataFrame, timing: str) -> pd.DataFrame:
+    if step is None or step.empty or "stage" not in step:
+        return pd.DataFrame()
+    rows = step[(step["stage"] == "stack") & (step["status"] == "ok") & (step["timing"] == timing)]
+    return rows.copy()
+
+
+def stack_table(step: pd.DataFrame, shapes: pd.DataFrame | None) -> pd.DataFrame:
+    """One row per (batch, prefix, depth, budget, stack) that ran: ``round_s`` (median whole round),
+    ``p10_s``, ``p90_s``, each part's median (``build_s``, ``mask_s``, ``forward_s``, ``accept_s``,
+    ``draft_s``), ``tau``, ``tokens_per_s`` and ``correct``."""
+    whole = _ok(step, "wall")
+    if whole.empty:
+        return pd.DataFrame()
+    keys = ["batch", "prefix", "depth", "budget", "impl"]
+    out = whole[[*keys, "median_s", "p10_s", "p90_s", "n", "correct", "note"]].rename(
+        columns={"median_s": "round_s", "impl": "stack"}
+    )
+    out = out.rename(columns={"stack": "impl"})
+    for part in ("draft", "build", "mask", "forward", "accept"):
+        rows = _ok(step, f"part-{part}")[[*keys, "median_s"]].rename(columns={"median_s": f"{part}_s"})
+        out = out.merge(rows, on=keys, how="left")
+    out = out.rename(columns={"impl": "stack"})
+    tau = tau_per_budget(shapes, TAU_DISTRIBUTION, TAU_DEPTH)
+    out["tau"] = out["budget"].map(tau).astype("float64")
+    out["tokens_per_s"] = out["batch"] * out["tau"] / out["round_s"]
+    order = {name: i for i, name in enumerate(catalog.STACKS)}
+    out["order"] = out["stack"].map(order)
+    return (
+        out.sort_values(["batch", "prefix", "order", "budget"]).drop(columns="order").reset_index(drop=True)
+    )
+
+
+def unavailable(step: pd.DataFrame) -> pd.DataFrame:
+    """The stack configurations that have no timings, with why (one row per reason and stack)."""
+    if step is None or step.empty or "stage" not in step:
+        return pd.DataFrame()
+    rows = step[(step["stage"] == "stack") & (step["status"] != "ok")]
+    if rows.empty:
+        return pd.DataFrame()
+    grouped = rows.groupby(["batch", "prefix", "impl", "status_reason"], dropna=False)["budget"]
+    out = grouped.apply(lambda b: ", ".join(str(int(x)) for x in sorted(set(b)))).reset_index()
+    return out.rename(columns={"impl": "stack", "budget": "budgets", "status_reason": "why"})
+
+
+def best_budgets(table: pd.DataFrame, grid: list[int] | None = None) -> pd.DataFrame:
+    """Each stack's best budget (most tokens/s) per (batch, prefix): ``budget``, ``tokens_per_s``,
+    ``round_s``, and ``edge`` (the best budget is the smallest or largest that stack ran there)."""
+    if table.empty:
+        return pd.DataFrame()
+    rows = []
+    for (batch, prefix, stack), part in table.dropna(subset=["tokens_per_s"]).groupby(
+        ["batch", "prefix", "stack"], sort=False
+    ):
+        best = part.loc[part["tokens_per_s"].idxmax()]
+        budgets = sorted(part["budget"])
+        rows.append(
+            {
+                "batch": int(batch),
+                "prefix": int(prefix),
+                "stack": stack,
+                "budget": int(best["budget"]),
+                "tokens_per_s": float(best["tokens_per_s"]),
+                "round_s": float(best["round_s"]),
+                "edge": int(best["budget"]) in (budgets[0], budgets[-1]),
+                "budgets_run": f"{budgets[0]}-{budgets[-1]}",
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def _at(table: pd.DataFrame, batch: int, prefix: int, budget: int, stack: str):
+    rows = table[
+        (table["batch"] == batch)
+        & (table["prefix"] == prefix)
+        & (table["budget"] == budget)
+        & (table["stack"] == stack)
+    ]
+    return None if rows.empty else rows.iloc[0]
+
+
+#: where no repeat was run: nothing known of the run-to-run spread beyond the within-job one
+NO_REPEAT = {"host": 0.0, "gpu": 0.0, "where": None}
+
+
+def run_to_run(step: pd.DataFrame) -> dict:
+    """``{"host": r, "gpu": r, "where": text}``: the largest relative change between a job and its repeat
+    (``repeat:`` timings) of a host build part (stacks with SGLang's build) and of a forward part."""
+    if step is None or step.empty or "stage" not in step:
+        return dict(NO_REPEAT)
+    rows = step[(step["stage"] == "stack") & (step["status"] == "ok")]
+    repeat = rows[rows["timing"].astype(str).str.startswith("repeat:")]
+    if repeat.empty:
+        return dict(NO_REPEAT)
+    keys = ["batch", "prefix", "budget", "impl"]
+    out = {"where": None}
+    for name, part, builds in (("host", "part-build", True), ("gpu", "part-forward", False)):
+        first = rows[rows["timing"] == part].set_index(keys)["median_s"]
+        again = repeat[repeat["timing"] == f"repeat:{part}"].set_index(keys)["median_s"]
+        both = pd.concat([first.rename("a"), again.rename("b")], axis=1, join="inner")
+        if builds:
+            both = both[[catalog.STACKS[k[-1]].build == catalog.SGLANG for k in both.index]]
+        change = ((both["a"] - both["b"]).abs() / both[["a", "b"]].min(axis=1)).dropna()
+        out[name] = float(change.max()) if not change.empty else 0.0
+        if not both.empty:
+            b, s, n, _ = both.index[0]
+            out["where"] = f"B = {b}, S = {s}, N = {n}"
+    return out
+
+
+def _host_s(row) -> float:
+    if catalog.STACKS[row["stack"]].build != catalog.SGLANG:
+        return float(row.get("mask_s") or 0.0) if catalog.STACKS[row["stack"]].sglang_mask else 0.0
+    return float(row["build_s"]) + (float(row["mask_s"]) if pd.notna(row.get("mask_s")) else 0.0)
+
+
+def band(a, b, spread: dict) -> float:
+    """The difference between rounds ``a`` and ``b`` that their noise allows (module docstring)."""
+    within = float((a["p90_s"] - a["p10_s"]) + (b["p90_s"] - b["p10_s"]))
+    host = _host_s(a) + _host_s(b)
+    gpu = float(a["forward_s"]) + float(b["forward_s"])
+    return within + spread.get("host", 0.0) * host + spread.get("gpu", 0.0) * gpu
+
+
+#: each kernel's own part(s) of a round, and whether the part runs on the host (SGLang's build does)
+OWN_PARTS = {"build": ("build_s",), "attention": ("mask_s", "forward_s"), "accept": ("accept_s",)}
+
+
+def _parts(row, names) -> float:
+    return float(sum(float(row[n]) for n in names if pd.notna(row.get(n))))
+
+
+def _part_band(a, b, kernel: str, spread: dict) -> float:
+    """What run-to-run noise allows for the difference of one kernel's own parts of rounds ``a`` and ``b``."""
+    total = 0.0
+    for row in (a, b):
+        value = _parts(row, OWN_PARTS[kernel])
+        on_host = kernel == "build" and catalog.STACKS[row["stack"]].build == catalog.SGLANG
+        total += value * spread.get("host" if on_host else "gpu", 0.0)
+    return total
+
+
+def waterfall(
+    table: pd.DataFrame, base: str, batch: int, prefix: int, budget: int, spread: dict | None = None
+) -> pd.DataFrame:
+    """From ``base`` (an SGLang stack) to ``ours`` at one (batch, prefix, budget), both run in the same job: a
+    row per step with ``saved_s`` (what it takes off the round; negative: adds), ``round_s`` after it,
+    ``tokens_per_s`` after it and ``shown`` (beyond what run-to-run noise allows). The kernels' own
+    differences come from the rounds' parts (build; mask + forward; accept); the rest is the whole rounds'
+    difference less those (the drafter, the shape of the round); ``swap_s`` is what the kernel's one-kernel
+    swap stack took off ``base``'s whole round (a cross-check). Empty where a stack did not run there."""
+    spread = spread or NO_REPEAT
+    start = _at(table, batch, prefix, budget, base)
+    ours = _at(table, batch, prefix, budget, catalog.OURS)
+    if start is None or ours is None:
+        return pd.DataFrame()
+    tau = start["tau"]
+    rows = [
+        {"step": f"{base} (SGLang as it runs)", "saved_s": 0.0, "round_s": start["round_s"], "shown": True}
+    ]
+    current = float(start["round_s"])
+    for kernel, names in OWN_PARTS.items():
+        saved = _parts(start, names) - _parts(ours, names)
+        current -= saved
+        swap = _at(table, batch, prefix, budget, f"{base}+{kernel}")
+        rows.append(
+            {
+                "step": f"our {kernel}",
+                "saved_s": saved,
+                "round_s": current,
+                "shown": abs(saved) > _part_band(start, ours, kernel, spread),
+                "swap_s": None if swap is None else float(start["round_s"] - swap["round_s"]),
+            }
+        )
+    rest = current - float(ours["round_s"])
+    rows.append(
+        {
+            "step": "the rest of the round",
+            "saved_s": rest,
+            "round_s": float(ours["round_s"]),
+            "shown": abs(rest) > band(start, ours, spread),
+        }
+    )
+    out = pd.DataFrame(rows)
+    out["tokens_per_s"] = batch * tau / out["round_s"]
+    return out
+
+
+def carrying_kernel(steps: pd.DataFrame) -> str | None:
+    """The kernel whose swap takes the most off the round (None where no swap's gain is shown)."""
+    kernels = steps[steps["step"].str.startswith("our ") & steps["shown"] & (steps["saved_s"] > 0)]
+    if kernels.empty:
+        return None
+    return str(kernels.loc[kernels["saved_s"].idxmax(), "step"]).removeprefix("our ")
+
+
+# ----------------------------------------------------------------------------------------------- text
+
+
+def _ms(seconds: float) -> str:
+    return fmt_us(seconds)
+
+
+def verdict_lines(
+    table: pd.DataFrame, best: pd.DataFrame, base: str, spread: dict | None = None
+) -> list[str]:
+    """Per (batch, prefix): SGLang's stack ``base`` at its best budget against ours at ours, and what each
+    kernel's swap takes off ``base``'s round at ``base``'s best budget."""
+    lines = []
+    for (batch, prefix), part in best.groupby(["batch", "prefix"], sort=True):
+        mine = part[part["stack"] == base]
+        ours = part[part["stack"] == catalog.OURS]
+        if mine.empty or ours.empty:
+            continue
+        b, o = mine.iloc[0], ours.iloc[0]
+        steps = waterfall(table, base, int(batch), int(prefix), int(b["budget"]), spread)
+        whole = _at(table, int(batch), int(prefix), int(b["budget"]), base)
+        ours_there = _at(table, int(batch), int(prefix), int(b["budget"]), catalog.OURS)
+        total_shown = abs(whole["round_s"] - ours_there["round_s"]) > band(whole, ours_there, spread or {})
+        gains, rest = [], None
+        for _, step in steps.iterrows():
+            share = step["saved_s"] / b["round_s"] * 100
+            text = f"{_ms(step['saved_s'])} ({share:.0f}%)" + ("" if step["shown"] else ", no win shown")
+            if step["step"].startswith("our "):
+                gains.append(f"{step['step']} {text}")
+            elif step["step"].startswith("the rest"):
+                rest = text
+        carrier = carrying_kernel(steps) if not steps.empty else None
+        lines.append(
+            f"**B = {int(batch)}, S = {int(prefix)}.** {base}: best N = {int(b['budget'])}"
+            f"{' (grid edge)' if b['edge'] else ''}, {b['tokens_per_s']:.0f} tokens/s; ours: best N = "
+            f"{int(o['budget'])}{' (grid edge)' if o['edge'] else ''}, {o['tokens_per_s']:.0f} tokens/s "
+            f"({o['tokens_per_s'] / b['tokens_per_s']:.2f}x). Of {base}'s {_ms(b['round_s'])} round at "
+            f"N = {int(b['budget'])}: "
+            + "; ".join(gains)
+            + f"; the rest of the round {rest}"
+            + (f". The {carrier} carries the gain." if carrier else ". No kernel's gain is shown.")
+            + ("" if total_shown else " Ours against it at that budget: no win shown.")
+        )
+    return lines
+
+
+def display_table(table: pd.DataFrame) -> pd.DataFrame:
+    if table.empty:
+        return table
+    return pd.DataFrame(
+        {
+            "B": table["batch"],
+            "S": table["prefix"],
+            "L": table["depth"],
+            "N": table["budget"],
+            "stack": table["stack"],
+            "round (p10-p90)": [
+                f"{_ms(r)} ({_ms(a)}-{_ms(b)})"
+                for r, a, b in zip(table["round_s"], table["p10_s"], table["p90_s"], strict=True)
+            ],
+            "build": table["build_s"].map(_ms),
+            "mask": table["mask_s"].map(lambda v: "-" if pd.isna(v) else _ms(v)),
+            "forward": table["forward_s"].map(_ms),
+            "accept": table["accept_s"].map(_ms),
+            "tau": table["tau"].map(lambda v: f"{v:.2f}"),
+            "tokens/s": table["tokens_per_s"].map(lambda v: "-" if pd.isna(v) else f"{v:.0f}"),
+            "correct": table["correct"],
+        }
+    )
+
+
+def tokens_pivot(table: pd.DataFrame, batch: int, prefix: int) -> pd.DataFrame:
+    """tokens/s, a row per budget and a column per stack, at one (batch, prefix)."""
+    part = table[(table["batch"] == batch) & (table["prefix"] == prefix)]
+    pivot = part.pivot_table(index="budget", columns="stack", values="tokens_per_s", sort=False)
+    pivot = pivot[[s for s in catalog.STACKS if s in pivot.columns]]
+    return (
+        pivot.map(lambda v: "-" if pd.isna(v) else f"{v:.0f}").reset_index().rename(columns={"budget": "N"})
+    )
+
+
+# ----------------------------------------------------------------------------------------------- figures
+
+
+def figure(table: pd.DataFrame, best: pd.DataFrame, path: Path, spread: dict | None = None) -> str:
+    """Tokens/s per budget, a panel per (batch, prefix), a line per whole stack (swaps dashed); and a
+    waterfall panel per (batch, prefix) from sglang-fa3 to ours at sglang-fa3's best budget."""
+    import matplotlib  # noqa: PLC0415
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+
+    panels = sorted({(int(b), int(p)) for b, p in zip(table["batch"], table["prefix"], strict=True)})
+    fig, axes = plt.subplots(2, len(panels), figsize=(3.6 * len(panels), 6.4), squeeze=False)
+    for col, (batch, prefix) in enumerate(panels):
+        ax = axes[0][col]
+        part = table[(table["batch"] == batch) & (table["prefix"] == prefix)]
+        for name, stack in catalog.STACKS.items():
+            line = part[part["stack"] == name].sort_values("budget")
+            if line.empty:
+                continue
+            ax.plot(
+                line["budget"],
+                line["tokens_per_s"],
+                marker="o",
+                ms=3,
+                color=stack.color,
+                ls="--" if stack.base else "-",
+                lw=1.0 if stack.base else 1.8,
+                label=name,
+            )
+            top = best[(best["batch"] == batch) & (best["prefix"] == prefix) & (best["stack"] == name)]
+            if not top.empty and stack.base is None:
+                ax.plot(top["budget"], top["tokens_per_s"], marker="*", ms=11, color=stack.color, ls="")
+        ax.set_xscale("log", base=2)
+        ax.set_title(
+            f"B = {batch}, S = {prefix}, L = {int(part['depth'].iloc[0]) if batch != 1 else 'N'}", fontsize=9
+        )
+        ax.set_xlabel("budget N", fontsize=8)
+        if col == 0:
+            ax.set_ylabel("tokens/s (B x tau / round)", fontsize=8)
+        ax.tick_params(labelsize=7)
+        wax = axes[1][col]
+        base = BASES[0]
+        top = best[(best["batch"] == batch) & (best["prefix"] == prefix) & (best["stack"] == base)]
+        steps = (
+            pd.DataFrame()
+            if top.empty
+            else waterfall(table, base, batch, prefix, int(top["budget"].iloc[0]), spread)
+        )
+        if steps.empty:
+            wax.set_axis_off()
+            continue
+        level = [steps["round_s"].iloc[0] * 1e3]
+        for i, (_, step) in enumerate(steps.iterrows()):
+            if i == 0:
+                wax.bar(i, level[0], color=catalog.STACKS[base].color)
+                continue
+            low, high = sorted((step["round_s"] * 1e3, step["round_s"] * 1e3 + step["saved_s"] * 1e3))
+            wax.bar(
+                i,
+                high - low,
+                bottom=low,
+                color="#2ca02c" if step["saved_s"] > 0 else "#d62728",
+                hatch="" if step["shown"] else "//",
+                alpha=0.85,
+            )
+        wax.bar(len(steps), steps["round_s"].iloc[-1] * 1e3, color=catalog.STACKS[catalog.OURS].color)
+        names = ["SGLang", "build", "attention", "accept", "rest", "ours"]
+        wax.set_xticks(range(len(names)), names, rotation=30, fontsize=7)
+        wax.set_title(f"{base} -> ours at N = {int(top['budget'].iloc[0])}", fontsize=8)
+        if col == 0:
+            wax.set_ylabel("round (ms)", fontsize=8)
+        wax.tick_params(labelsize=7)
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=5, fontsize=7, frameon=False)
+    fig.tight_layout(rect=(0, 0.07, 1, 1))
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return (
+        "Top: tokens/s per budget (tau from the paper-fitted drafter trees of depth 16), whole stacks solid, "
+        "one-kernel swaps dashed, stars at each whole stack's best budget. Bottom: SGLang as the H200 runs "
+        "it (sglang-fa3) to ours at its best budget: each kernel's own difference (its parts of the two "
+        "rounds; green takes off, red adds) and the rest of the round; hatched: within the run-to-run "
+        "spread (no win shown)."
+    )
+
+
+# ----------------------------------------------------------------------------------------------- the section
+
+
+def machine_with_stacks(machines):
+    """The first machine whose step rows hold stack rounds, or None."""
+    for machine in machines:
+        if not stack_table(machine.step, machine.shapes).empty:
+            return machine
+    return None
+
+
+def figure_for_report(inputs, path) -> str:
+    machine = machine_with_stacks(inputs.machines)
+    if machine is None:
+        import matplotlib  # noqa: PLC0415
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt  # noqa: PLC0415
+
+        fig, ax = plt.subplots(figsize=(6, 1.2))
+        ax.set_axis_off()
+        ax.text(0.5, 0.5, "no stack rounds here (they need a GPU)", ha="center", va="center")
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        return "No machine here has stack rounds."
+    table = stack_table(machine.step, machine.shapes)
+    return f"{machine.label}. " + figure(table, best_budgets(table), path, run_to_run(machine.step))
+
+
+def correct_line(table: pd.DataFrame) -> str:
+    wrong = table[table["correct"] != True]  # noqa: E712 (nullable booleans)
+    if wrong.empty:
+        return f"In all {len(table)} stack configurations the rounds' accepted paths equal the CPU walk."
+    names = ", ".join(sorted(set(wrong["stack"])))
+    return (
+        f"In {len(wrong)} of {len(table)} stack configurations the accepted paths differ from the CPU walk "
+        f"({names})."
+    )
+
+
+def spread_line(spread: dict) -> str:
+    if spread.get("where") is None:
+        return (
+            "Run-to-run spread: no configuration was run twice, so only each job's own p10-p90 decides "
+            "whether a difference is shown."
+        )
+    return (
+        f"Run-to-run spread: one configuration ({spread['where']}) was run again in a later job; between the "
+        f"two, SGLang's host build part moved by up to {spread['host'] * 100:.0f}% and the forward by "
+        f"{spread['gpu'] * 100:.1f}%. A difference is shown only where it exceeds those shares of the parts "
+        "it compares (plus the rounds' p10-p90); else it says no win shown."
+    )
+
+
+def report_section(machines, figures) -> Section:
+    """The section: per machine with stack rounds, the verdict per SGLang stack, the best budgets, tokens/s
+    per budget, the waterfalls, every round and the rounds that could not run."""
+    section = Section(TITLE).add(Text(INTRO))
+    machine = machine_with_stacks(machines)
+    if machine is None:
+        return section.add(
+            Text(
+                "No machine here has stack rounds: they need a GPU, SGLang's DDTree files and its MoE "
+                "kernels (docs/round_stages.md). The published H200's are in results/published/h200/.",
+                "em",
+            )
+        )
+    table = stack_table(machine.step, machine.shapes)
+    best = best_budgets(table)
+    spread = run_to_run(machine.step)
+    section.add(
+        Text(
+            f"**{machine.label}** ({machine.source}). tau(N) = 1 + the expected accepted tokens of the "
+            f"{TAU_DISTRIBUTION} trees of depth {TAU_DEPTH} (fitted to the DDTree paper's Qwen3 acceptance), "
+            "the same for every stack: it scales tokens/s, never the order of the stacks at a budget. "
+            "Batch 1 runs SGLang's regime (L = N: its block is N + 1 tokens); batch 8 and 64 run the "
+            "drafter's block of 16 (L = 15)."
+        ),
+        Text(spread_line(spread), "note"),
+        Text(correct_line(table)),
+    )
+    for base in BASES:
+        lines = verdict_lines(table, best, base, spread)
+        if lines:
+            section.add(Text(f"**What {catalog.STACKS[base].label} gains from our kernels**"), Bullets(lines))
+    section.add(*figures)
+    shown = best.assign(
+        edge=best["edge"].map({True: "yes", False: "no"}),
+        tokens_per_s=best["tokens_per_s"].map(lambda v: f"{v:.0f}"),
+        round_s=best["round_s"].map(_ms),
+    ).rename(
+        columns={"tokens_per_s": "tokens/s", "round_s": "round", "budget": "best N", "edge": "grid edge"}
+    )
+    section.add(Section("Each stack's best budget").add(Table(shown, collapsed=True)))
+    per_budget = Section("Tokens/s per stack and budget")
+    for batch, prefix in sorted(
+        {(int(b), int(p)) for b, p in zip(table["batch"], table["prefix"], strict=True)}
+    ):
+        per_budget.add(
+            Text(f"B = {batch}, S = {prefix}"), Table(tokens_pivot(table, batch, prefix), collapsed=True)
+        )
+    section.add(per_budget)
+    falls = Section("Waterfalls at each SGLang stack's best budget")
+    for _, row in best[best["stack"].isin(BASES)].iterrows():
+        steps = waterfall(
+            table, row["stack"], int(row["batch"]), int(row["prefix"]), int(row["budget"]), spread
+        )
+        if steps.empty:
+            continue
+        shown_steps = pd.DataFrame(
+            {
+                "step": steps["step"],
+                "takes off": steps["saved_s"].map(_ms),
+                "round after": steps["round_s"].map(_ms),
+                "tokens/s after": steps["tokens_per_s"].map(lambda v: f"{v:.0f}"),
+                "shown": steps["shown"].map({True: "yes", False: "no win shown"}),
+                "its swap stack took off": steps.get("swap_s", pd.Series(dtype=float)).map(
+                    lambda v: "-" if pd.isna(v) else _ms(v)
+                ),
+            }
+        )
+        falls.add(
+            Text(
+                f"B = {int(row['batch'])}, S = {int(row['prefix'])}, N = {int(row['budget'])}: {row['stack']}"
+            ),
+            Table(shown_steps, collapsed=True),
+        )
+    section.add(falls)
+    section.add(
+        Section("Every stack round").add(
+            Table(display_table(table), collapsed=True, summary="median round and parts per configuration")
+        ),
+        Section("Stack rounds that could not run").add(Table(unavailable(machine.step), collapsed=True)),
+    )
+    return section
