@@ -614,3 +614,20 @@ def test_h200_sglang_regime_config_loads():
     config = check_config(yaml.safe_load(open(ROOT / "config/h200-sglang-regime.yaml")))
     assert config["batch_sizes"] == [1]
     assert all(depth == budget for depth, budget in Settings.from_config(config).depth_budget_pairs)
+
+
+def test_stack_rounds_add_the_tree_shapes_their_tau_needs():
+    import pandas as pd  # noqa: PLC0415
+
+    from ddtree_bench.consistency import check_shapes, configured_grid, stack_shape_points  # noqa: PLC0415
+
+    config = {**default_config(), "distributions": ["drafter"], "depths": [16], "budgets": [8, 16]}
+    assert stack_shape_points(config) == []
+    config["step"] = {**copy.deepcopy(config["step"]), "budgets": [2, 8], "round": {"stacks": ["ours"]}}
+    assert stack_shape_points(config) == [("drafter", 16, 2), ("drafter", 16, 8)]
+    shapes = pd.DataFrame({"distribution": "drafter", "depth": 16, "budget": [2, 8, 16]})
+    check_shapes(shapes, configured_grid(config))  # the stacks' budget 2 is named
+    with pytest.raises(ValueError, match="N=2, which the configuration does not name"):
+        check_shapes(shapes, configured_grid({**config, "step": {}}))
+    with pytest.raises(ValueError, match="lacks the configured drafter L=16 N=2"):
+        check_shapes(shapes[shapes["budget"] != 2], configured_grid(config))
