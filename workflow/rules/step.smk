@@ -171,7 +171,7 @@ rule step_round:
         builders=ROUND["round"]["builders"],
         builder_options={
             b: builder_options(b)
-            for b in {*ROUND["round"]["builders"], catalog.SGLANG}
+            for b in sorted({*ROUND["round"]["builders"], catalog.SGLANG})
             if b in catalog.BUILDERS
         },
         stacks={
