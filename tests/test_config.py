@@ -33,7 +33,8 @@ def default_config() -> dict:
 
 def test_default_config_is_valid_and_has_the_issue_defaults():
     config = load_config(ROOT / "config" / "config.yaml")
-    assert config["budgets"] == [8, 16, 32, 64, 128, 256, 512, 1024]
+    assert config["budgets"] == [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024]
+    assert config["acceptance_profiles"] == ["paper", "k2.6-reported"]
     assert config["batch_sizes"] == [1, 8, 64, 256]
     assert config["depths"] == [16, 8]
     assert config["distributions"] == ["drafter", "peaked", "bf16"]
@@ -242,7 +243,7 @@ STEP_BAD = [
     (
         {"distribution": "zipf"},
         "config: step.distribution: 'zipf' is not one of "
-        "['peaked', 'uniform', 'bf16', 'recorded', 'drafter', 'drafter-bf16']",
+        "['peaked', 'uniform', 'bf16', 'recorded', 'drafter', 'drafter-bf16', 'drafter-k2.6']",
     ),
     ({"depth": 12}, "config: step.depth: 12 is not one of the configured depths [16, 8]"),
     ({"depth": "sixteen"}, "config: step.depth: must be an integer or null, got 'sixteen'"),
@@ -619,14 +620,21 @@ def test_h200_sglang_regime_config_loads():
 def test_stack_rounds_add_the_tree_shapes_their_tau_needs():
     import pandas as pd  # noqa: PLC0415
 
-    from ddtree_bench.consistency import check_shapes, configured_grid, stack_shape_points  # noqa: PLC0415
+    from ddtree_bench.consistency import check_shapes, configured_grid, extra_shape_points  # noqa: PLC0415
 
     config = {**default_config(), "distributions": ["drafter"], "depths": [16], "budgets": [8, 16]}
-    assert stack_shape_points(config) == []
+    config["acceptance_profiles"] = ["paper"]
+    assert extra_shape_points(config) == []
     config["step"] = {**copy.deepcopy(config["step"]), "budgets": [2, 8], "round": {"stacks": ["ours"]}}
-    assert stack_shape_points(config) == [("drafter", 16, 2), ("drafter", 16, 8)]
+    assert extra_shape_points(config) == [("drafter", 16, 2)]  # N = 8 and 16 are the grid's own
     shapes = pd.DataFrame({"distribution": "drafter", "depth": 16, "budget": [2, 8, 16]})
     check_shapes(shapes, configured_grid(config))  # the stacks' budget 2 is named
+    k26 = {**config, "acceptance_profiles": ["paper", "k2.6-reported"]}
+    assert ("drafter-k2.6", 16, 2) in extra_shape_points(k26) and (
+        "drafter-k2.6",
+        16,
+        16,
+    ) in extra_shape_points(k26)
     with pytest.raises(ValueError, match="N=2, which the configuration does not name"):
         check_shapes(shapes, configured_grid({**config, "step": {}}))
     with pytest.raises(ValueError, match="lacks the configured drafter L=16 N=2"):

@@ -183,7 +183,15 @@ def test_bad_generation_arguments(kwargs, problem):
 
 
 def test_distributions_constant():
-    assert DISTRIBUTIONS == ("uniform", "peaked", "bf16", "recorded", "drafter", "drafter-bf16")
+    assert DISTRIBUTIONS == (
+        "uniform",
+        "peaked",
+        "bf16",
+        "recorded",
+        "drafter",
+        "drafter-bf16",
+        "drafter-k2.6",
+    )
 
 
 def _fake_cupy(monkeypatch, error):

@@ -194,10 +194,80 @@ def in_situ_timings() -> tuple[str, ...]:
     return tuple(dict.fromkeys(s.timing for b in BUILDERS.values() for s in b.in_situ))
 
 
+# ----------------------------------------------------------------------------------------- acceptance
+
+
+@dataclass(frozen=True)
+class AcceptanceProfile:
+    """Whose acceptance tau(N) is: the drafter distribution (``drafter.py``) with parameters fitted by
+    ``ddtree-bench calibrate`` to ``targets`` ((budget, tau) pairs, fitted at depth 15: block 16).
+    ``distribution``: the trace distribution whose trees give tau (tree shapes); ``params``: its drafter
+    parameters (None: the configured ``drafter:`` mapping, by default the paper's fit); ``label``: its name
+    beside every tau; ``source``: what the targets are and which budgets they were taken to belong to."""
+
+    name: str
+    label: str
+    distribution: str
+    source: str
+    targets: tuple[tuple[int, float], ...]
+    params: tuple[tuple[str, float], ...] | None = None
+
+
+PAPER_PROFILE, K26_PROFILE = "paper", "k2.6-reported"
+#: The acceptance profiles, the paper's first.
+ACCEPTANCE_PROFILES: dict[str, AcceptanceProfile] = {
+    p.name: p
+    for p in (
+        AcceptanceProfile(
+            PAPER_PROFILE,
+            "paper (DDTree paper, Qwen3-8B)",
+            "drafter",
+            "the DDTree paper's Fig. 3 (Qwen3-8B, MATH-500, block 16) and its DFlash chain, 7.79",
+            ((16, 8.61), (32, 9.27), (64, 9.75), (128, 10.20), (256, 10.43), (512, 10.73), (1024, 10.98)),
+        ),
+        AcceptanceProfile(
+            K26_PROFILE,
+            "k2.6-reported (a Kimi K2.6 DDTree service)",
+            "drafter-k2.6",
+            "a Kimi K2.6 DDTree service's reported acceptance, taken as 4.5 tokens a round at N = 8 (its "
+            "smallest budget tried) and 5.3 and 6.4 at N = 16 and 32 (the larger ones); budgets above 32 "
+            "are the fit's extrapolation",
+            ((8, 4.5), (16, 5.3), (32, 6.4)),
+            # ddtree-bench calibrate --tau 8:4.5 16:5.3 32:6.4 --requests 128 --iterations 150
+            # (docs/drafter.md)
+            (
+                ("confident_fraction", 0.000394),
+                ("confident_top1", 0.999999),
+                ("confident_decay", 0.000906),
+                ("uncertain_top1", 0.978508),
+                ("uncertain_decay", 0.709855),
+                ("top1_spread", 9.9659),
+                ("alt_mass", 0.940956),
+                ("alt_ratio", 0.296613),
+                ("alt_ranks", 8),
+            ),
+        ),
+    )
+}
+
+
+def profile_names() -> tuple[str, ...]:
+    return tuple(ACCEPTANCE_PROFILES)
+
+
+def profile_of_distribution(distribution: str) -> AcceptanceProfile | None:
+    """The profile whose own parameters make ``distribution``'s trees (None for the configured drafter)."""
+    for profile in ACCEPTANCE_PROFILES.values():
+        if profile.distribution == distribution and profile.params is not None:
+            return profile
+    return None
+
+
 # ----------------------------------------------------------------------------------------- other names
 
-#: The trace distributions (``traces``).
-DISTRIBUTIONS = ("uniform", "peaked", "bf16", "recorded", "drafter", "drafter-bf16")
+#: The trace distributions (``traces``); ``drafter-k2.6`` is the drafter with the k2.6-reported profile's
+#: parameters.
+DISTRIBUTIONS = ("uniform", "peaked", "bf16", "recorded", "drafter", "drafter-bf16", "drafter-k2.6")
 #: "read-stream" is no attention: a kernel that reads as many bytes as the call moves (its measured bound).
 STREAM_IMPL = "read-stream"
 #: The verify-attention impls; "flashmla" and "sglang-triton" are optional extras (rows saying why where they

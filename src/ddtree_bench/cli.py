@@ -656,7 +656,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("trace", help="make a trace file (.npz)", description="Generate or import a trace.")
-    p.add_argument("--distribution", help="uniform, peaked, bf16, drafter, drafter-bf16 or recorded")
+    p.add_argument(
+        "--distribution", help="uniform, peaked, bf16, drafter, drafter-bf16, drafter-k2.6 or recorded"
+    )
     p.add_argument("--requests", type=_integer, help="R, number of requests")
     p.add_argument("--depth", type=_integer, help="L, block positions per request")
     p.add_argument("--topk", type=_integer, help="K, top-k columns per position")

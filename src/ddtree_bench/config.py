@@ -32,6 +32,7 @@ CATALOG_ENUMS = (
     (("properties", "step", "properties", "round", "properties", "builders", "items"), catalog.builder_names),
     (("properties", "step", "properties", "round", "properties", "stacks", "items"), catalog.stack_names),
     (("properties", "distributions", "items"), lambda: DISTRIBUTIONS),
+    (("properties", "acceptance_profiles", "items"), catalog.profile_names),
     (("properties", "step", "properties", "distribution", "oneOf", 1), lambda: DISTRIBUTIONS),
     (
         ("properties", "step", "properties", "attention", "properties", "impls", "items"),

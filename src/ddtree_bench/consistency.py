@@ -36,23 +36,42 @@ def configured_grid(config: dict) -> dict:
         raise ValueError(f"configuration: no {', '.join(missing)} list to check the summary against")
     grid = {key: list(config[key]) for key in GRID_KEYS}
     grid["depth_follows_budget"] = bool(config.get("depth_follows_budget", False))
-    given = config.get("stack_shapes")  # a grid made here already holds them
-    grid["stack_shapes"] = [tuple(p) for p in given] if given is not None else stack_shape_points(config)
+    given = config.get("extra_shapes")  # a grid made here already holds them
+    grid["extra_shapes"] = [tuple(p) for p in given] if given is not None else extra_shape_points(config)
     return grid
 
 
-def stack_shape_points(config: dict) -> list[tuple]:
-    """The tree shapes the stack rounds' tokens/s need beyond the grid's: where ``step.round.stacks`` names
-    some, (the step's distribution, its depth, each step budget), nulls resolved as ``Settings`` resolves
-    them (the first configured distribution and depth, the configured budgets)."""
+def extra_shape_points(config: dict) -> list[tuple]:
+    """The tree shapes beyond the grid's that tau needs, sorted: where ``step.round.stacks`` names some,
+    (the step's distribution, its depth, each step budget), nulls resolved as ``Settings`` resolves them
+    (the first configured distribution and depth, the configured budgets); and for each acceptance profile
+    with its own drafter (``acceptance_profiles``), its distribution at the first configured depth (and the
+    step's) and every budget (and step budget)."""
+    from ddtree_bench import catalog  # noqa: PLC0415
+
     step = config.get("step") if isinstance(config.get("step"), dict) else {}
     round_ = step.get("round") if isinstance(step.get("round"), dict) else {}
-    if not round_.get("stacks") or step.get("enabled") is False:
-        return []
-    distribution = step.get("distribution") or (config.get("distributions") or [None])[0]
-    depth = step.get("depth") or (config.get("depths") or [None])[0]
-    budgets = step.get("budgets") or config.get("budgets") or []
-    return [(str(distribution), int(depth), int(n)) for n in budgets]
+    first_depth = (config.get("depths") or [None])[0]
+    depth = step.get("depth") or first_depth
+    budgets = [int(n) for n in config.get("budgets") or []]
+    step_budgets = [int(n) for n in step.get("budgets") or budgets]
+    points = set()
+    if round_.get("stacks") and step.get("enabled") is not False:
+        distribution = step.get("distribution") or (config.get("distributions") or [None])[0]
+        points |= {(str(distribution), int(depth), n) for n in step_budgets}
+    for name in config.get("acceptance_profiles") or ():
+        profile = catalog.ACCEPTANCE_PROFILES.get(name)
+        if profile is None or profile.params is None or first_depth is None:
+            continue
+        for d in dict.fromkeys([int(first_depth), int(depth)]):
+            points |= {(profile.distribution, d, n) for n in sorted(set(budgets) | set(step_budgets))}
+    grid_points = {
+        (str(d), int(dep), int(n))
+        for d in config.get("distributions") or ()
+        for dep in config.get("depths") or ()
+        for n in budgets
+    }
+    return sorted(points - grid_points, key=str)
 
 
 def _depth_budgets(grid: dict) -> list[tuple]:
@@ -126,7 +145,7 @@ def check_shapes(shapes: pd.DataFrame, grid: dict, *, where: str = "tree shapes"
         for d, depth, n in zip(shapes["distribution"], shapes["depth"], shapes["budget"], strict=True)
     }
     want = {(str(d), depth, n) for d in grid["distributions"] for depth, n in _depth_budgets(grid)}
-    want |= {tuple(point) for point in grid.get("stack_shapes", ())}
+    want |= {tuple(point) for point in grid.get("extra_shapes", ())}
     if have - want:
         d, depth, n = sorted(have - want, key=str)[0]
         raise ValueError(f"{where}: holds rows of {d} L={depth} N={n}, which the configuration does not name")

@@ -44,7 +44,7 @@ import numpy as np
 
 from ddtree_bench.bf16 import bf16_round
 
-DRAFTER_DISTRIBUTIONS = ("drafter", "drafter-bf16")
+DRAFTER_DISTRIBUTIONS = ("drafter", "drafter-bf16", "drafter-k2.6")
 TAIL_SLOPE = 1.0  # the tail's log-probability falls by this much from its first token to its last
 STREAM = 2  # the SeedSequence spawn_key stream of the drafter's draws (uniform/peaked use 0 and 1)
 

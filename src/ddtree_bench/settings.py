@@ -193,7 +193,15 @@ class ThroughputSettings:
 #: so a change reruns it only where it changes a result, and its rerun reason names only that group). The
 #: step group holds only what the report reads back from a published ``environment.json``.
 RECORDED = {
-    "grid": ("distributions", "depths", "depth_follows_budget", "budgets", "batch_sizes", "builders"),
+    "grid": (
+        "distributions",
+        "depths",
+        "depth_follows_budget",
+        "budgets",
+        "batch_sizes",
+        "builders",
+        "acceptance_profiles",
+    ),
     "traces": ("vocab_size", "seed", "topk", "trace_device", "recorded_trace", "drafter"),
     "builds": ("machine", "gpu", "cuda_archs", "sglang"),
     "timing": ("timing",),
@@ -214,6 +222,7 @@ class Settings:
     depths: tuple[int, ...]
     depth_follows_budget: bool
     distributions: tuple[str, ...]
+    acceptance_profiles: tuple[str, ...]
     vocab_size: int
     seed: int
     topk: int

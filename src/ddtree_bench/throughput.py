@@ -784,22 +784,24 @@ def throughput(
     distribution: str,
     depth: int,
     prefix: int | None = None,
+    tau_from: str | None = None,
 ) -> Throughput:
     """The modelled tokens per second of every builder at every (batch, budget) with a measured tree build
     and tau(N) where no term of the round is missing; the others are in ``unmodelled`` with the missing
-    terms named."""
+    terms named. ``tau_from``: the trees whose acceptance is tau (an acceptance profile's own drafter
+    distribution; default: ``distribution``'s own)."""
     costs = stage_costs(step, distribution, depth, prefix)
     empty = pd.DataFrame(columns=list(TABLE_COLUMNS))
     if costs.missing:
         return Throughput(empty, costs, distribution, depth, f"needs the step stages: {costs.missing}")
-    tau = tau_per_budget(shapes, distribution, depth)
+    tau = tau_per_budget(shapes, tau_from or distribution, depth)
     if tau.empty:
         return Throughput(
             empty,
             costs,
             distribution,
             depth,
-            f"no expected acceptance of the {distribution} trees (L = {depth})",
+            f"no expected acceptance of the {tau_from or distribution} trees (L = {depth})",
         )
     builds = build_costs(summary, distribution, depth)
     if builds.empty:

@@ -73,7 +73,7 @@ from ddtree_bench.io import atomic_output
 from ddtree_bench.validation import check_topk_arrays
 
 DISTRIBUTIONS = catalog.DISTRIBUTIONS
-GENERATED_DISTRIBUTIONS = ("uniform", "peaked", "bf16", "drafter", "drafter-bf16")
+GENERATED_DISTRIBUTIONS = ("uniform", "peaked", "bf16", "drafter", "drafter-bf16", "drafter-k2.6")
 DEVICES = ("auto", "cpu", "cuda")
 DEFAULT_VOCAB_SIZE = 163840
 GENERATOR_VERSION = 1
@@ -386,7 +386,8 @@ def generate(
 def _generate_drafter(distribution, requests, depth, topk, vocab_size, seed, device, drafter) -> Trace:
     """The ``drafter`` distributions (``ddtree_bench.drafter``): always on the CPU, whatever ``device``."""
     resolve_device(device)  # the device name is still checked
-    params = check_drafter_params(drafter)
+    profile = catalog.profile_of_distribution(distribution)
+    params = check_drafter_params(dict(profile.params) if profile is not None else drafter)
     lp, ids = generate_drafter(distribution, requests, depth, topk, vocab_size, seed, params)
     metadata = {
         "distribution": distribution,

@@ -84,9 +84,10 @@ REPORT_MD = f"{REPORT_DIR}/summary.md"
 # the report's figures (catalog.FIGURES), in its order
 FIGURES = catalog.figure_names()
 # The lists that decide the tree-build grid (consistency.GRID_KEYS): what the summary must hold exactly.
-# plus the tree shapes the stack rounds' tokens/s need (consistency.stack_shape_points)
-STACK_SHAPES = consistency.stack_shape_points(SETTINGS.as_config())
-GRID = SETTINGS.grid(GRID_KEYS) | {"stack_shapes": STACK_SHAPES}
+# plus the tree shapes tau needs beyond the grid's: the stack rounds' budgets, the acceptance profiles'
+# own drafters (consistency.extra_shape_points)
+EXTRA_SHAPES = consistency.extra_shape_points(SETTINGS.as_config())
+GRID = SETTINGS.grid(GRID_KEYS) | {"extra_shapes": EXTRA_SHAPES}
 
 
 def names_pattern(names):
@@ -104,7 +105,8 @@ GPU_BUILDERS = catalog.builders_where(runner=catalog.GPU)
 
 
 wildcard_constraints:
-    distribution="|".join(DISTRIBUTIONS),
+    # the configured ones, and an acceptance profile's own (its tree shapes: EXTRA_SHAPES)
+    distribution=names_pattern(sorted({*DISTRIBUTIONS, *(p[0] for p in EXTRA_SHAPES)})),
     depth=r"\d+",
     budget=r"\d+",
     batch=r"\d+",
@@ -226,13 +228,13 @@ def bench_outputs():
 
 
 def shape_outputs():
-    """The tree shapes of the grid, and those the stack rounds' tokens/s need (the step's budgets)."""
+    """The tree shapes of the grid, and those tau needs beyond it (``EXTRA_SHAPES``)."""
     points = {
         (distribution, depth, budget)
         for distribution in DISTRIBUTIONS
         for depth, budget in DEPTH_BUDGETS
     }
-    points |= {tuple(p) for p in STACK_SHAPES}
+    points |= {tuple(p) for p in EXTRA_SHAPES}
     return [shape_path(*point) for point in sorted(points, key=str)]
 
 

@@ -41,6 +41,7 @@ rule render_report:
         step=STEP,
         throughput=THROUGHPUT,
         distributions=DISTRIBUTIONS,
+        profiles=list(SETTINGS.acceptance_profiles),
         # the configured grid: the report refuses a summary that does not hold exactly it, and a change of
         # any of these lists reruns the report (as it reruns the aggregation, whose inputs are exactly
         # the configured jobs' files)

@@ -5,7 +5,7 @@ rule trace:
     log:
         log_of(TRACE),
     wildcard_constraints:
-        distribution="uniform|peaked|bf16|drafter|drafter-bf16",
+        distribution="uniform|peaked|bf16|drafter|drafter-bf16|drafter-k2.6",
     conda:
         "../envs/ddtree-bench.yaml"
     threads: TIMING_THREADS
@@ -15,9 +15,10 @@ rule trace:
         vocab_size=SETTINGS.vocab_size,
         seed=SETTINGS.seed,
         device=SETTINGS.trace_device,
-        # the drafter distributions' parameters (None for the others: changing them reruns only these)
+        # the configured drafter's parameters (None for the others, and for an acceptance profile's own
+        # drafter, whose parameters are the catalog's: changing them reruns only these)
         drafter=lambda wildcards: (
-            DRAFTER if wildcards.distribution.startswith("drafter") else None
+            DRAFTER if wildcards.distribution in ("drafter", "drafter-bf16") else None
         ),
     script:
         "../scripts/trace.py"

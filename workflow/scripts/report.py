@@ -23,5 +23,6 @@ with logged(snakemake):
         step_enabled=step["enabled"],
         throughput_options=dict(snakemake.params.throughput),
         distributions=list(snakemake.params.distributions),
+        profiles=list(snakemake.params.profiles),
         grid=snakemake.params.grid,
     )

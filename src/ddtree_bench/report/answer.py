@@ -16,6 +16,7 @@ import pandas as pd
 
 from ddtree_bench.report.fmt import fmt_us, regime
 from ddtree_bench.report.names import CPU_BUILDERS, IN_SITU_COLUMNS
+from ddtree_bench.report.throughput import profile_verdict
 from ddtree_bench.summary.spread import RatioRange, job_range, ratio_range
 from ddtree_bench.throughput import RUN_ROUND, tau_per_budget
 
@@ -90,7 +91,9 @@ def answer(machines, breakdowns: dict, settings: dict, budget_sections=()) -> An
     for machine in machines:
         section = _modelled_section(budget_sections, machine.label)
         if section is not None:
-            return answer_from_round(section, settings.get(machine.label, {}), machine.summary)
+            out = answer_from_round(section, settings.get(machine.label, {}), machine.summary)
+            out.verdict += profile_verdict(list(budget_sections), section)
+            return out
         df = breakdowns.get(machine.label, pd.DataFrame())
         if df.empty:
             continue

@@ -75,6 +75,7 @@ class ReportOptions:
     step_enabled: bool = True
     throughput_options: dict | None = None
     distributions: list[str] | None = None
+    profiles: list[str] | None = None  # the acceptance profiles (None: each machine's recorded ones)
 
 
 @dataclass
@@ -161,6 +162,7 @@ def build_model(
         options.throughput_options,
         distributions=options.distributions,
         depth=options.depth,
+        profiles=options.profiles,
     )
     data = timings(machines)
     inputs = FigureInputs(

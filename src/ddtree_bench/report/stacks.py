@@ -25,8 +25,8 @@ from ddtree_bench.report.fmt import fmt_us
 from ddtree_bench.throughput import tau_per_budget
 
 TITLE = "What the three kernels are worth"
-#: tau's source: the drafter trees of depth 16 fitted to the DDTree paper's acceptance (the "paper" profile)
-TAU_DEPTH, TAU_DISTRIBUTION = 16, "drafter"
+#: tau's trees: depth 16, each acceptance profile's own drafter distribution (``catalog.ACCEPTANCE_PROFILES``)
+TAU_DEPTH = 16
 BASES = tuple(s.name for s in catalog.STACKS.values() if s.base is None and s.name != catalog.OURS)
 INTRO = (
     "Whole decode rounds on one GPU's share of Kimi K2.6 (rank 0 of tensor parallel 8, random weights, "
@@ -49,7 +49,9 @@ def _ok(step: pd.DataFrame, timing: str) -> pd.DataFrame:
     return rows.copy()
 
 
-def stack_table(step: pd.DataFrame, shapes: pd.DataFrame | None) -> pd.DataFrame:
+def stack_table(
+    step: pd.DataFrame, shapes: pd.DataFrame | None, profile: str = catalog.PAPER_PROFILE
+) -> pd.DataFrame:
     """One row per (batch, prefix, depth, budget, stack) that ran: ``round_s`` (median whole round),
     ``p10_s``, ``p90_s``, each part's median (``build_s``, ``mask_s``, ``forward_s``, ``accept_s``,
     ``draft_s``), ``tau``, ``tokens_per_s`` and ``correct``."""
@@ -65,7 +67,7 @@ def stack_table(step: pd.DataFrame, shapes: pd.DataFrame | None) -> pd.DataFrame
         rows = _ok(step, f"part-{part}")[[*keys, "median_s"]].rename(columns={"median_s": f"{part}_s"})
         out = out.merge(rows, on=keys, how="left")
     out = out.rename(columns={"impl": "stack"})
-    tau = tau_per_budget(shapes, TAU_DISTRIBUTION, TAU_DEPTH)
+    tau = tau_per_budget(shapes, catalog.ACCEPTANCE_PROFILES[profile].distribution, TAU_DEPTH)
     out["tau"] = out["budget"].map(tau).astype("float64")
     out["tokens_per_s"] = out["batch"] * out["tau"] / out["round_s"]
     order = {name: i for i, name in enumerate(catalog.STACKS)}
@@ -476,21 +478,36 @@ def report_section(machines, figures) -> Section:
     table = stack_table(machine.step, machine.shapes)
     best = best_budgets(table)
     spread = run_to_run(machine.step)
+    profiles = profiles_with_tau(machine) or [catalog.PAPER_PROFILE]
     section.add(
         Text(
             f"**{machine.label}** ({machine.source}). tau(N) = 1 + the expected accepted tokens of the "
-            f"{TAU_DISTRIBUTION} trees of depth {TAU_DEPTH} (fitted to the DDTree paper's Qwen3 acceptance), "
-            "the same for every stack: it scales tokens/s, never the order of the stacks at a budget. "
-            "Batch 1 runs SGLang's regime (L = N: its block is N + 1 tokens); batch 8 and 64 run the "
+            f"trees of depth {TAU_DEPTH} of each acceptance profile's drafter, the same for every stack: it "
+            "scales tokens/s, never the order of the stacks at a budget. Profiles here: "
+            + "; ".join(
+                f"{catalog.ACCEPTANCE_PROFILES[p].label}: fitted to {catalog.ACCEPTANCE_PROFILES[p].source}"
+                for p in profiles
+            )
+            + ". Batch 1 runs SGLang's regime (L = N: its block is N + 1 tokens); batch 8 and 64 run the "
             "drafter's block of 16 (L = 15)."
         ),
         Text(spread_line(spread), "note"),
         Text(correct_line(table)),
     )
-    for base in BASES:
-        lines = verdict_lines(table, best, base, spread)
-        if lines:
-            section.add(Text(f"**What {catalog.STACKS[base].label} gains from our kernels**"), Bullets(lines))
+    same = sameness_line(machine, spread)
+    if same:
+        section.add(Text(f"**Is the answer the same under every acceptance profile?** {same}"))
+    for profile in profiles:
+        label = catalog.ACCEPTANCE_PROFILES[profile].label
+        t = stack_table(machine.step, machine.shapes, profile)
+        b = best_budgets(t)
+        for base in BASES if profile == profiles[0] else BASES[:1]:
+            lines = verdict_lines(t, b, base, spread)
+            if lines:
+                section.add(
+                    Text(f"**What {catalog.STACKS[base].label} gains from our kernels, tau: {label}**"),
+                    Bullets(lines),
+                )
     section.add(*figures)
     shown = best.assign(
         edge=best["edge"].map({True: "yes", False: "no"}),
@@ -541,3 +558,64 @@ def report_section(machines, figures) -> Section:
         Section("Stack rounds that could not run").add(Table(unavailable(machine.step), collapsed=True)),
     )
     return section
+
+
+def profiles_with_tau(machine) -> list[str]:
+    """The acceptance profiles whose tau this machine's tree shapes hold (the paper's first)."""
+    return [
+        name
+        for name, profile in catalog.ACCEPTANCE_PROFILES.items()
+        if not tau_per_budget(machine.shapes, profile.distribution, TAU_DEPTH).empty
+    ]
+
+
+def _range(per: dict) -> str:
+    values = [v[2] for v in per.values()]
+    return f"{min(values):.2f}-{max(values):.2f}x"
+
+
+def sameness_line(machine, spread: dict) -> str | None:
+    """Whether the answer is the same under every profile: ours against SGLang's FA3 stack at each one's best
+    budget, and whether the best budgets move."""
+    names = profiles_with_tau(machine)
+    if len(names) < 2:
+        return None
+    verdicts = {}
+    for name in names:
+        table = stack_table(machine.step, machine.shapes, name)
+        best = best_budgets(table)
+        per = {}
+        for (batch, prefix), part in best.groupby(["batch", "prefix"], sort=True):
+            mine = part[part["stack"] == BASES[0]]
+            ours = part[part["stack"] == catalog.OURS]
+            if mine.empty or ours.empty:
+                continue
+            per[(int(batch), int(prefix))] = (
+                int(mine["budget"].iloc[0]),
+                int(ours["budget"].iloc[0]),
+                float(ours["tokens_per_s"].iloc[0] / mine["tokens_per_s"].iloc[0]),
+            )
+        verdicts[name] = per
+    first, *others = names
+    parts = []
+    for other in others:
+        moved = [
+            f"B = {b}, S = {s}: N = {verdicts[first][(b, s)][0]} -> {verdicts[other][(b, s)][0]}"
+            for (b, s) in verdicts[first]
+            if (b, s) in verdicts[other] and verdicts[first][(b, s)][0] != verdicts[other][(b, s)][0]
+        ]
+        faster = all(v[2] > 1 for v in verdicts[other].values()) and all(
+            v[2] > 1 for v in verdicts[first].values()
+        )
+        ratios = [v[2] for v in verdicts[other].values()]
+        parts.append(
+            f"Under {other}: ours {'still beats' if faster else 'does not always beat'} SGLang's FA3 stack "
+            f"({min(ratios):.2f}-{max(ratios):.2f}x at each one's best budget, against "
+            f"{_range(verdicts[first])} under {first}); "
+            + (
+                "SGLang's best budget moves (" + "; ".join(moved) + ")."
+                if moved
+                else "SGLang's best budgets are the same."
+            )
+        )
+    return " ".join(parts)

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
+from ddtree_bench import catalog
 from ddtree_bench.report.document import Bullets, Section, Table, Text
 from ddtree_bench.report.figures import budget_axis, builder_line, empty_figure, finish, panels
 from ddtree_bench.report.fmt import fmt_us
@@ -61,6 +62,8 @@ class BudgetSection:
     note: str = ""  # e.g. that the configured distribution is absent and this one is shown instead
     best: pd.DataFrame = field(default_factory=pd.DataFrame)
     gains: pd.DataFrame = field(default_factory=pd.DataFrame)
+    #: whose acceptance tau is (``catalog.ACCEPTANCE_PROFILES``)
+    profile: str = catalog.PAPER_PROFILE
 
     @property
     def missing(self) -> str | None:
@@ -79,7 +82,8 @@ class BudgetSection:
                     f"verify attention and accept measured on the {verify.distribution} trees (the step "
                     f"stages' trees; the {self.distribution} trees' own were not measured)"
                 )
-        return f"{self.machine}: {self.distribution} trees ({'; '.join(parts)})"
+        label = catalog.ACCEPTANCE_PROFILES[self.profile].label
+        return f"{self.machine}: {self.distribution} trees, tau: {label} ({'; '.join(parts)})"
 
 
 # ----------------------------------------------------------------------------------------------- sections
@@ -108,6 +112,7 @@ def sections(
     *,
     distributions: list[str] | None = None,
     depth: int | None = None,
+    profiles: list[str] | None = None,
 ) -> list[BudgetSection]:
     """The model per machine on the configured first distribution and on ``recorded`` where configured
     (``distributions``: this run's configuration; default: the first machine's own), each machine's
@@ -167,24 +172,46 @@ def sections(
                         f"({donor.source}): {label} has no step stages (they need a GPU); tree builds and "
                         f"tau are {label}'s."
                     ).strip()
-            result = throughput(
-                machine.summary,
-                step,
-                machine.shapes,
-                model,
-                distribution=distribution,
-                depth=machine_depth,
-                prefix=options.get("prefix_length"),
-            )
-            if result.missing and machine.step.empty:
-                result.missing = f"needs the step stages (measured verify attention): {machine.step_missing}"
-            best = best_budgets(result.table)
-            out.append(
-                BudgetSection(
-                    label, distribution, machine_depth, result, note, best=best, gains=gpu_gains(best)
+            for profile in _profiles(machine, profiles, index):
+                own = catalog.ACCEPTANCE_PROFILES[profile]
+                result = throughput(
+                    machine.summary,
+                    step,
+                    machine.shapes,
+                    model,
+                    distribution=distribution,
+                    depth=machine_depth,
+                    prefix=options.get("prefix_length"),
+                    tau_from=own.distribution if own.params is not None else None,
                 )
-            )
+                if result.missing and machine.step.empty:
+                    result.missing = (
+                        f"needs the step stages (measured verify attention): {machine.step_missing}"
+                    )
+                best = best_budgets(result.table)
+                out.append(
+                    BudgetSection(
+                        label,
+                        distribution,
+                        machine_depth,
+                        result,
+                        note,
+                        best=best,
+                        gains=gpu_gains(best),
+                        profile=profile,
+                    )
+                )
     return out
+
+
+def _profiles(machine, profiles, index: int) -> list[str]:
+    """The acceptance profiles a machine's sections are modelled under: this run's configured ones for the
+    first machine, a published machine's recorded ones (its environment.json), else the paper's only."""
+    if index == 0 and profiles:
+        return list(profiles)
+    config = machine.environment.get("config") or {}
+    recorded = [p for p in config.get("acceptance_profiles") or () if p in catalog.ACCEPTANCE_PROFILES]
+    return recorded or [catalog.PAPER_PROFILE]
 
 
 def _measured_verify(step: pd.DataFrame) -> bool:
@@ -234,8 +261,9 @@ def best_table(section: BudgetSection) -> pd.DataFrame:
             "builder": best["label"],
             "build cost from": best["build_from"],
             "best N": best["best_budget"],
+            "grid edge": ["yes" if _edge(row) else "no" for row in best.to_dict("records")],
             "tokens/s": best["tokens_per_s"].map(_tps),
-            "tau": best["tau"].map(lambda v: f"{v:.2f}"),
+            f"tau ({section.profile})": best["tau"].map(lambda v: f"{v:.2f}"),
             "round": best["round_s"].map(fmt_us),
             "set by": [_set_by(row) for row in best.to_dict("records")],
             "budgets compared": best["budgets"].map(lambda b: ", ".join(str(x) for x in b)),
@@ -601,3 +629,65 @@ def report_section(found: list[BudgetSection], options) -> Section:
             Table(detail_table(section), collapsed=True),
         )
     return out
+
+
+# ----------------------------------------------------------------------------------------------- profiles
+
+
+def _edge(row) -> str:
+    budgets = row["budgets"]
+    return " (the grid's edge)" if budgets and int(row["best_budget"]) in (min(budgets), max(budgets)) else ""
+
+
+def _answers(section: BudgetSection) -> dict:
+    """Per batch: (the gpu builder's best budget, the baseline's, the gpu builder's gain over it)."""
+    out = {}
+    for batch, part in section.best.groupby("batch"):
+        gpu = part[part["builder"] == catalog.GPU_BUILDER]
+        gains = section.gains[section.gains["batch"] == batch] if not section.gains.empty else section.gains
+        if gpu.empty or gains.empty:
+            continue
+        g = gains.iloc[0]
+        out[int(batch)] = (int(gpu["best_budget"].iloc[0]), int(g["baseline_budget"]), float(g["gain"]))
+    return out
+
+
+def profile_verdict(found: list[BudgetSection], first: BudgetSection) -> list[str]:
+    """The verdict's lines on the other acceptance profiles of ``first``'s (machine, distribution): each
+    builder's best budget under each (and whether it sits on the grid's edge), the GPU builder's gain, and
+    whether the verdict (pays? moves the best budget?) is the same as under ``first``'s profile."""
+    others = [
+        s
+        for s in found
+        if s.machine == first.machine
+        and s.distribution == first.distribution
+        and s.profile != first.profile
+        and not s.missing
+        and not s.best.empty
+    ]
+    if not others:
+        return []
+    mine = _answers(first)
+    lines = []
+    for other in others:
+        theirs = _answers(other)
+        label = catalog.ACCEPTANCE_PROFILES[other.profile].label
+        parts, same = [], True
+        for batch in sorted(theirs):
+            gpu, base, gain = theirs[batch]
+            best = other.best[(other.best["batch"] == batch)]
+            edges = "; ".join(
+                f"{row['builder']} N = {int(row['best_budget'])}{_edge(row)}" for _, row in best.iterrows()
+            )
+            parts.append(f"B = {batch}: {edges}; the GPU builder's tokens/s {gain:.3f}x")
+            if batch in mine:
+                g0, b0, gain0 = mine[batch]
+                same &= ((gain > 1.02) == (gain0 > 1.02)) and ((gpu != base) == (g0 != b0))
+        verdict = "the same verdict" if same else "a different verdict"
+        lines.append(
+            f"**Under {label}'s tau** ({other.distribution} trees' builds, {other.profile} acceptance): "
+            + "; ".join(parts)
+            + f". Against tau {catalog.ACCEPTANCE_PROFILES[first.profile].label}: {verdict} "
+            "(does the GPU build pay, beyond 2%? does it move the best budget?)."
+        )
+    return lines
