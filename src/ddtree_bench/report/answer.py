@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from ddtree_bench import catalog
 from ddtree_bench.report.fmt import fmt_us, regime
 from ddtree_bench.report.names import CPU_BUILDERS, IN_SITU_COLUMNS
 from ddtree_bench.report.throughput import profile_verdict
@@ -203,9 +204,10 @@ def answer_from_round(section, setting: dict, summary: pd.DataFrame | None = Non
     out.moe = f" through {', '.join(impls)}" if impls else ""
     run = table["run_round_s"].notna() if "run_round_s" in table else pd.Series(False, index=table.index)
     comm = sorted(set(table["allreduce_source"].dropna()))
+    profile = catalog.ACCEPTANCE_PROFILES[section.profile].label
     out.sources = (
         f"Rounds: {int(run.sum())} of {len(table)} run on the GPU (the round stage) plus the communication "
-        f"term, the others the sum of their terms; communication {', '.join(comm)}."
+        f"term, the others the sum of their terms; communication {', '.join(comm)}. tau: {profile}."
     )
     for batch, rows in table.groupby("batch", sort=True):
         budgets = sorted(int(n) for n in rows["budget"].unique())
@@ -405,10 +407,11 @@ def _round_verdict(batch: int, rows: pd.DataFrame, section) -> str:
     budgets = {b: int(best.loc[b, "best_budget"]) for b in best.index if b not in partial}
     moved = len(set(budgets.values())) > 1
     set_by = gpu.get("set_by") if "set_by" in best.columns else None
+    edge = {b for b in budgets if budgets[b] in (min(best.loc[b, "budgets"]), max(best.loc[b, "budgets"]))}
     parts.append(
         "Does the best budget move? "
         + ("yes: " if moved else "no: ")
-        + ", ".join(f"{b} N = {n}" for b, n in budgets.items())
+        + ", ".join(f"{b} N = {n}" + (" (the grid's edge)" if b in edge else "") for b, n in budgets.items())
         + (f" (the GPU builder's is set by its {set_by})" if isinstance(set_by, str) and set_by else "")
         + _budget_spread(rows, budgets)
         + (

@@ -509,11 +509,18 @@ def report_section(machines, figures) -> Section:
                     Bullets(lines),
                 )
     section.add(*figures)
-    shown = best.assign(
-        edge=best["edge"].map({True: "yes", False: "no"}),
-        tokens_per_s=best["tokens_per_s"].map(lambda v: f"{v:.0f}"),
-        round_s=best["round_s"].map(_ms),
-    ).rename(
+    every = []
+    for profile in profiles:
+        b = best_budgets(stack_table(machine.step, machine.shapes, profile))
+        every.append(
+            b.assign(
+                tau=profile,
+                edge=b["edge"].map({True: "yes", False: "no"}),
+                tokens_per_s=b["tokens_per_s"].map(lambda v: f"{v:.0f}"),
+                round_s=b["round_s"].map(_ms),
+            )
+        )
+    shown = pd.concat(every, ignore_index=True).rename(
         columns={"tokens_per_s": "tokens/s", "round_s": "round", "budget": "best N", "edge": "grid edge"}
     )
     section.add(Section("Each stack's best budget").add(Table(shown, collapsed=True)))
