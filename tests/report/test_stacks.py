@@ -4,6 +4,8 @@ differences within the run-to-run spread are "no win shown", and a machine witho
 
 from __future__ import annotations
 
+import types
+
 import pandas as pd
 import pytest
 
@@ -105,3 +107,46 @@ def test_a_machine_without_stack_rows_says_so():
     assert "equal the CPU walk" in stacks.correct_line(table)
     wrong = table.assign(correct=[False] + [True] * (len(table) - 1))
     assert stacks.correct_line(wrong).startswith("In 1 of")
+
+
+def test_the_verdict_under_another_profile_names_edges_and_sameness():
+    from ddtree_bench.report.throughput import BudgetSection, best_table, profile_verdict  # noqa: PLC0415
+
+    def section(profile, gpu_budget, base_budget, gain):
+        best = pd.DataFrame(
+            [
+                {
+                    "batch": 1,
+                    "builder": "gpu",
+                    "label": "gpu",
+                    "build_from": "in-situ",
+                    "best_budget": gpu_budget,
+                    "tokens_per_s": 100.0 * gain,
+                    "tau": 5.0,
+                    "round_s": 0.02,
+                    "budgets": (8, 16, 32),
+                },
+                {
+                    "batch": 1,
+                    "builder": "sglang",
+                    "label": "sglang",
+                    "build_from": "in-situ",
+                    "best_budget": base_budget,
+                    "tokens_per_s": 100.0,
+                    "tau": 5.0,
+                    "round_s": 0.02,
+                    "budgets": (8, 16, 32),
+                },
+            ]
+        )
+        gains = pd.DataFrame([{"batch": 1, "baseline_budget": base_budget, "gain": gain}])
+        result = types.SimpleNamespace(missing=None)
+        return BudgetSection("m", "drafter", 16, result, best=best, gains=gains, profile=profile)
+
+    paper = section("paper", 16, 16, 1.10)
+    same = profile_verdict([paper, section("k2.6-reported", 8, 8, 1.12)], paper)
+    assert len(same) == 1 and "gpu N = 8 (the grid's edge)" in same[0] and "the same verdict" in same[0]
+    other = profile_verdict([paper, section("k2.6-reported", 8, 16, 1.0)], paper)
+    assert "a different verdict" in other[0]
+    table = best_table(section("k2.6-reported", 8, 16, 1.0))
+    assert list(table["grid edge"]) == ["yes", "no"] and "tau (k2.6-reported)" in table.columns
