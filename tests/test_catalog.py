@@ -43,13 +43,14 @@ def test_names_are_spelled_in_at_most_two_files():
 
 
 def test_the_schema_files_enums_hold_the_catalogs_names():
-    """The builders' nodes name no builder in the file (a builder is one catalog entry); every other catalog
-    enum in the file equals the catalog's, and the loaded schema holds the catalog's names everywhere."""
+    """The builders', stacks' and acceptance profiles' nodes name none in the file (each is one catalog
+    entry); every other catalog enum in the file equals the catalog's, and the loaded schema holds the
+    catalog's names everywhere."""
     schema = yaml.safe_load(SCHEMA_PATH.read_text())  # the file itself, not load_schema's
     loaded = load_schema()
     for path, names in CATALOG_ENUMS:
         node = schema_enum(schema, path)
-        if names is catalog.builder_names:
+        if names in (catalog.builder_names, catalog.stack_names, catalog.profile_names):
             assert "enum" not in node, path
         else:
             assert set(node["enum"]) == set(names()), path

@@ -573,7 +573,8 @@ def test_environment_json_records_the_results_settings_not_the_reports():
     # what the report reads back from a published environment.json
     grid = ("distributions", "depths", "budgets", "batch_sizes", "builders")
     assert {key: merged[key] for key in grid} == {key: config[key] for key in grid}
-    step = ("enabled", "layers", "depth", "distribution")
+    # the step's budgets and rounds too: the stacks' budgets name tree shapes (consistency.extra_shape_points)
+    step = ("enabled", "layers", "depth", "distribution", "budgets", "round")
     assert merged["step"] == {key: config["step"][key] for key in step}
     changed = copy.deepcopy(config)
     changed["report_dir"] = "elsewhere"
@@ -594,8 +595,12 @@ def test_depth_follows_budget_pairs_each_budget_with_its_own_depth():
     import pandas as pd  # noqa: PLC0415
 
     shapes = pd.DataFrame({"distribution": ["peaked"] * 2, "depth": [8, 64], "budget": [8, 64]})
-    grid = configured_grid({**config, "distributions": ["peaked"]})
+    grid = configured_grid({**config, "distributions": ["peaked"], "acceptance_profiles": ["paper"]})
     check_shapes(shapes, grid)  # exactly the regime's points
+    k26 = configured_grid({**config, "distributions": ["peaked"]})  # the k2.6 profile's trees, L = N too
+    assert ("drafter-k2.6", 64, 64) in k26["extra_shapes"] and ("drafter-k2.6", 16, 64) not in k26[
+        "extra_shapes"
+    ]
     with pytest.raises(ValueError, match="L=8 N=64"):
         check_shapes(pd.concat([shapes, shapes.assign(depth=8, budget=64).iloc[:1]]), grid)
 

@@ -577,11 +577,15 @@ def test_section_names_best_budgets_on_the_published_h200_data(tmp_path):
     markdown = (out / "summary.md").read_text()
     section = markdown[markdown.index("### Which budget?\n") : markdown.index("## Environment")]
     # the model's S: the largest with run rounds (the round stage ran at 4096)
-    assert "#### h200: drafter trees (L = 16; verify attention at S = 4096, 8 heads)" in section
+    assert (
+        "#### h200: drafter trees, tau: paper (DDTree paper, Qwen3-8B) (L = 16; verify attention at "
+        "S = 4096, 8 heads)" in section
+    )
+    assert "#### h200: drafter trees, tau: k2.6-reported (a Kimi K2.6 DDTree service) (L = 16;" in section
     assert section.count("The model's assumptions") == 1 and section.count("\n1. ") == 3
     assert (
-        "| B | builder | build cost from | best N | tokens/s | tau | round | set by | budgets compared |"
-        in section
+        "| B | builder | build cost from | best N | grid edge | tokens/s | tau (paper) | round | set by | "
+        "budgets compared |" in section
     )
     # every term's source, stated: the forward and the drafter measured, the communication estimated (one GPU)
     assert "| term | sources |" in section
@@ -610,6 +614,7 @@ def test_section_names_best_budgets_on_the_published_h200_data(tmp_path):
 def test_a_configured_distribution_the_machine_lacks_is_named_not_substituted_silently():
     machines = load_machines(PUBLISHED / "summary.parquet")
     found = sections(machines, {"h200": {"layers": 61}}, None, distributions=["peaked", "recorded"], depth=16)
+    found = [s for s in found if s.profile == "paper"]
     assert [s.distribution for s in found] == ["drafter", "recorded"]
     assert (
         found[0].note == "The configured peaked trees are absent on h200; shown instead: its drafter trees."
@@ -626,7 +631,7 @@ def test_section_on_a_cpu_only_run_says_it_needs_the_step_stages(tmp_path):
     render_report(summary=ours, html=out / "index.html", markdown=out / "summary.md", step_enabled=False)
     markdown = (out / "summary.md").read_text()
     section = markdown[markdown.index("### Which budget?\n") : markdown.index("## Environment")]
-    assert "#### laptop: uniform trees (L = 16)" in section
+    assert "#### laptop: uniform trees, tau: paper (DDTree paper, Qwen3-8B) (L = 16)" in section
     assert "_no data: needs the step stages (measured verify attention): step stages off" in section
     assert "| B | builder |" not in section
     target = next(line for line in markdown.splitlines() if TARGET in line)

@@ -28,7 +28,11 @@ STAGES = ("model", "draft", "round", "allreduce")
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
-        "--config", type=Path, nargs="+", required=True, help="config files, later ones merged over earlier"
+        "--config",
+        type=Path,
+        action="append",
+        required=True,
+        help="a config file; repeat it to merge later ones over earlier (as Snakemake's --configfile)",
     )
     parser.add_argument("--results", type=Path, help="default: results/<machine>")
     parser.add_argument("--sglang-source", help="SGLang's DDTree file or checkout (the sglang round builder)")

@@ -63,6 +63,9 @@ def extra_shape_points(config: dict) -> list[tuple]:
         profile = catalog.ACCEPTANCE_PROFILES.get(name)
         if profile is None or profile.params is None or first_depth is None:
             continue
+        if config.get("depth_follows_budget"):  # SGLang's regime: each budget its own depth, L = N
+            points |= {(profile.distribution, n, n) for n in budgets}
+            continue
         for d in dict.fromkeys([int(first_depth), int(depth)]):
             points |= {(profile.distribution, d, n) for n in sorted(set(budgets) | set(step_budgets))}
     grid_points = {

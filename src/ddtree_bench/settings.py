@@ -129,8 +129,8 @@ class RoundSettings:
     enabled: bool
     builders: tuple[str, ...]
     batch_sizes: tuple[int, ...] | None
-    stacks: tuple[str, ...] = ()
-    max_round_seconds: float = 2.0
+    stacks: tuple[str, ...]
+    max_round_seconds: float
 
 
 @dataclass(frozen=True)

@@ -104,7 +104,11 @@ def test_recorded_rounds_build_the_same_trees_with_every_cpu_builder(
     # the pipeline's route: the recorded_trace key, checked with the config, then imported per depth
     config = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
     config.update(
-        distributions=["recorded"], recorded_trace=str(path), budgets=[12], depths=[8], topk=12,
+        distributions=["recorded"],
+        recorded_trace=str(path),
+        budgets=[12],
+        depths=[8],
+        topk=12,
         batch_sizes=[1, 4],
     )
     config["step"].update(batch_sizes=None, budgets=None)

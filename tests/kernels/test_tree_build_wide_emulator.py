@@ -147,9 +147,19 @@ def test_wide_sglang_regime_large(emulator, budget, tmp_path):
     assert (stats == STAT_WIDE).all()
 
 
-@pytest.mark.parametrize("batch,depth,k,budget", [(3, 1, 5, 8), (2, 2, 3, 64), (2, 40, 2, 128),
-                                                  (2, 32, 200, 33), (5, 8, 1, 8), (1, 1, 1, 1),
-                                                  (3, 20, 3, 65), (1, 70, 70, 70)])
+@pytest.mark.parametrize(
+    "batch,depth,k,budget",
+    [
+        (3, 1, 5, 8),
+        (2, 2, 3, 64),
+        (2, 40, 2, 128),
+        (2, 32, 200, 33),
+        (5, 8, 1, 8),
+        (1, 1, 1, 1),
+        (3, 20, 3, 65),
+        (1, 70, 70, 70),
+    ],
+)
 def test_wide_shape_edges(emulator, batch, depth, k, budget, tmp_path):
     for kind in ("uniform", "bf16", "equal"):
         lp, ids = topk_inputs(kind, batch, depth, k, vocab=max(k, 64), seed=k + depth)

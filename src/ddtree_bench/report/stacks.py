@@ -327,14 +327,11 @@ def tokens_pivot(table: pd.DataFrame, batch: int, prefix: int) -> pd.DataFrame:
 def figure(table: pd.DataFrame, best: pd.DataFrame, path: Path, spread: dict | None = None) -> str:
     """Tokens/s per budget, a panel per (batch, prefix), a line per whole stack (swaps dashed); and a
     waterfall panel per (batch, prefix) from sglang-fa3 to ours at sglang-fa3's best budget."""
-    import matplotlib  # noqa: PLC0415
+    from ddtree_bench.report.figures import budget_axis, finish, panels  # noqa: PLC0415
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # noqa: PLC0415
-
-    panels = sorted({(int(b), int(p)) for b, p in zip(table["batch"], table["prefix"], strict=True)})
-    fig, axes = plt.subplots(2, len(panels), figsize=(3.6 * len(panels), 6.4), squeeze=False)
-    for col, (batch, prefix) in enumerate(panels):
+    shown = sorted({(int(b), int(p)) for b, p in zip(table["batch"], table["prefix"], strict=True)})
+    fig, axes = panels(2, len(shown), height=3.0)
+    for col, (batch, prefix) in enumerate(shown):
         ax = axes[0][col]
         part = table[(table["batch"] == batch) & (table["prefix"] == prefix)]
         for name, stack in catalog.STACKS.items():
@@ -354,7 +351,7 @@ def figure(table: pd.DataFrame, best: pd.DataFrame, path: Path, spread: dict | N
             top = best[(best["batch"] == batch) & (best["prefix"] == prefix) & (best["stack"] == name)]
             if not top.empty and stack.base is None:
                 ax.plot(top["budget"], top["tokens_per_s"], marker="*", ms=11, color=stack.color, ls="")
-        ax.set_xscale("log", base=2)
+        budget_axis(ax, sorted(int(n) for n in part["budget"].unique()), fontsize=6)
         ax.set_title(
             f"B = {batch}, S = {prefix}, L = {int(part['depth'].iloc[0]) if batch != 1 else 'N'}", fontsize=9
         )
@@ -394,11 +391,7 @@ def figure(table: pd.DataFrame, best: pd.DataFrame, path: Path, spread: dict | N
         if col == 0:
             wax.set_ylabel("round (ms)", fontsize=8)
         wax.tick_params(labelsize=7)
-    handles, labels = axes[0][0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="lower center", ncol=5, fontsize=7, frameon=False)
-    fig.tight_layout(rect=(0, 0.07, 1, 1))
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    finish(fig, axes, path)
     return (
         "Top: tokens/s per budget (tau from the paper-fitted drafter trees of depth 16), whole stacks solid, "
         "one-kernel swaps dashed, stars at each whole stack's best budget. Bottom: SGLang as the H200 runs "
@@ -422,16 +415,9 @@ def machine_with_stacks(machines):
 def figure_for_report(inputs, path) -> str:
     machine = machine_with_stacks(inputs.machines)
     if machine is None:
-        import matplotlib  # noqa: PLC0415
+        from ddtree_bench.report.figures import empty_figure  # noqa: PLC0415
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt  # noqa: PLC0415
-
-        fig, ax = plt.subplots(figsize=(6, 1.2))
-        ax.set_axis_off()
-        ax.text(0.5, 0.5, "no stack rounds here (they need a GPU)", ha="center", va="center")
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
+        empty_figure(path, "no stack rounds here (they need a GPU)")
         return "No machine here has stack rounds."
     table = stack_table(machine.step, machine.shapes)
     return f"{machine.label}. " + figure(table, best_budgets(table), path, run_to_run(machine.step))
@@ -473,7 +459,8 @@ def report_section(machines, figures) -> Section:
                 "No machine here has stack rounds: they need a GPU, SGLang's DDTree files and its MoE "
                 "kernels (docs/round_stages.md). The published H200's are in results/published/h200/.",
                 "em",
-            )
+            ),
+            *figures,
         )
     table = stack_table(machine.step, machine.shapes)
     best = best_budgets(table)

@@ -173,7 +173,7 @@ def sections(
                         f"tau are {label}'s."
                     ).strip()
             for profile in _profiles(machine, profiles, index):
-                own = catalog.ACCEPTANCE_PROFILES[profile]
+                acceptance = catalog.ACCEPTANCE_PROFILES[profile]
                 result = throughput(
                     machine.summary,
                     step,
@@ -182,7 +182,7 @@ def sections(
                     distribution=distribution,
                     depth=machine_depth,
                     prefix=options.get("prefix_length"),
-                    tau_from=own.distribution if own.params is not None else None,
+                    tau_from=acceptance.distribution if acceptance.params is not None else None,
                 )
                 if result.missing and machine.step.empty:
                     result.missing = (
@@ -685,7 +685,7 @@ def profile_verdict(found: list[BudgetSection], first: BudgetSection) -> list[st
                 same &= ((gain > 1.02) == (gain0 > 1.02)) and ((gpu != base) == (g0 != b0))
         verdict = "the same verdict" if same else "a different verdict"
         lines.append(
-            f"**Under {label}'s tau** ({other.distribution} trees' builds, {other.profile} acceptance): "
+            f"**Under {label}'s tau:** ({other.distribution} trees' builds, {other.profile} acceptance) "
             + "; ".join(parts)
             + f". Against tau {catalog.ACCEPTANCE_PROFILES[first.profile].label}: {verdict} "
             "(does the GPU build pay, beyond 2%? does it move the best budget?)."
