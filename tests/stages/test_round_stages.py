@@ -190,7 +190,7 @@ def test_step_summary_of_round_rows():
         }
     )
     summary = summarize_steps(stage_frame(rows))
-    assert set(summary["stage"]) == set(ROUND_STAGES) - {"round"}
+    assert set(summary["stage"]) == set(ROUND_STAGES) - {"round", "stack"}
     forward = summary[summary["stage"] == "forward"].iloc[0]
     assert forward["median_s"] == pytest.approx(0.02) and forward["n"] == 3
     assert (

@@ -224,20 +224,13 @@ def run_round_stage(
             except Exception as exc:  # noqa: BLE001 (a builder failing: recorded, the others still run)
                 rows[budget].append(unavailable(builder, budget, _describe(exc), status="failed"))
                 continue
-            for timing_name, values in samples.items():
-                rows[budget] += [
-                    {
-                        **base(builder, budget, timing_name),
-                        "phase": phase,
-                        "repetition": rep,
-                        "seconds": seconds,
-                        "status": "ok",
-                        "correct": correct,
-                        "note": note,
-                        "experts_touched": runner.target.experts_touched,
-                    }
-                    for phase, rep, seconds in values
-                ]
+            rows[budget] += timed_rows(
+                lambda t, b=builder, n=budget: base(b, n, t),
+                samples,
+                correct=correct,
+                note=note,
+                experts_touched=runner.target.experts_touched,
+            )
             del runner, parts
     return {budget: stage_frame(r) for budget, r in rows.items()}
 
@@ -369,19 +362,29 @@ def _time_stack(runner, stack, policy, clock, base) -> list[dict]:
     except Exception as exc:  # noqa: BLE001 (a stack failing: recorded, the others still run)
         torch.cuda.synchronize()
         return [unavailable_row(base("wall"), _describe(exc), status="failed")]
-    out = []
-    for name, values in samples.items():
-        out += [
-            {
-                **base(name),
-                "phase": phase,
-                "repetition": rep,
-                "seconds": seconds,
-                "status": "ok",
-                "correct": correct,
-                "note": note,
-                "experts_touched": runner.target.experts_touched,
-            }
-            for (phase, rep, _), seconds in zip(calls, values, strict=True)
-        ]
-    return out
+    samples = {
+        name: [(phase, rep, v) for (phase, rep, _), v in zip(calls, values, strict=True)]
+        for name, values in samples.items()
+    }
+    return timed_rows(
+        base, samples, correct=correct, note=note, experts_touched=runner.target.experts_touched
+    )
+
+
+def timed_rows(base, samples: dict, *, correct, note, experts_touched) -> list[dict]:
+    """A row per timed call: ``samples`` maps each timing to its ``(phase, repetition, seconds)``;
+    ``base(timing)`` gives the row's configuration."""
+    return [
+        {
+            **base(timing),
+            "phase": phase,
+            "repetition": rep,
+            "seconds": seconds,
+            "status": "ok",
+            "correct": correct,
+            "note": note,
+            "experts_touched": experts_touched,
+        }
+        for timing, values in samples.items()
+        for phase, rep, seconds in values
+    ]
