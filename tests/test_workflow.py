@@ -94,7 +94,7 @@ def test_dry_run_of_the_default_configuration(tmp_path):
     assert result.returncode == 0, result.stderr
     jobs = jobs_of(result.stdout + result.stderr)
     rules = [job["rule"] for job in jobs]
-    assert rules.count("trace") == 6  # one per (distribution, depth)
+    assert rules.count("trace") == 7  # one per (distribution, depth), and the k2.6 profile's at depth 16
     assert rules.count("build_native") == 1
     bench = [job for job in jobs if job["rule"] == "bench"]
     assert bench and all("timing_slot=1" in job["resources"] for job in bench)
@@ -106,7 +106,7 @@ def test_dry_run_of_the_default_configuration(tmp_path):
         builder = job["output"][0].split("/")[3]
         per_builder[builder] = per_builder.get(builder, 0) + 1
     # budgets x batch sizes x depths x distributions, each timed by timing.jobs (3) independent jobs
-    assert per_builder["reference"] == 8 * 4 * 2 * 3 * 3
+    assert per_builder["reference"] == 11 * 4 * 2 * 3 * 3
     names = {Path(job["output"][0]).name for job in bench if "/bench/reference/" in job["output"][0]}
     assert {f"drafter-L16-N8-B1{suffix}.parquet" for suffix in ("", "-r2", "-r3")} <= names
     assert rules.count("aggregate_step") == 1
@@ -127,7 +127,7 @@ def test_dry_run_plans_the_step_jobs_where_a_gpu_is(tmp_path):
     jobs = jobs_of(result.stdout + result.stderr)
     rules = [job["rule"] for job in jobs]
     step = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())["step"]
-    budgets, batches = 8, len(step["batch_sizes"])
+    budgets, batches = 11, len(step["batch_sizes"])
     grid = len(step["attention"]["prefix_lengths"]) * len(step["attention"]["heads"])
     assert rules.count("step_attention") == budgets * batches * grid
     assert rules.count("step_accept") == budgets * batches
@@ -223,6 +223,7 @@ def test_smoke_pipeline_end_to_end(smoke_run):
         "draft",
         "allreduce",
         "round",
+        "stack",
     }
 
     if gpu_unavailable_reason() is not None:
@@ -624,7 +625,7 @@ def test_the_reports_own_settings_rerun_no_aggregation(smoke_run):
     output = result.stdout + result.stderr
     assert "aggregate" in {job["rule"] for job in jobs_of(output)}
     reasons = [line for line in output.splitlines() if "Params have changed" in line]
-    assert reasons and all("report_dir" not in line and "budgets" not in line for line in reasons), reasons
+    assert reasons and all("report_dir" not in line and "'depths'" not in line for line in reasons), reasons
 
 
 def _tiny_config(**timing) -> dict:
