@@ -673,17 +673,24 @@ def profile_verdict(found: list[BudgetSection], first: BudgetSection) -> list[st
         theirs = _answers(other)
         label = catalog.ACCEPTANCE_PROFILES[other.profile].label
         parts, same = [], True
-        for batch in sorted(theirs):
-            gpu, base, gain = theirs[batch]
-            best = other.best[(other.best["batch"] == batch)]
+        for batch, best in other.best.groupby("batch", sort=True):
             edges = "; ".join(
                 f"{row['builder']} N = {int(row['best_budget'])}{_edge(row)}" for _, row in best.iterrows()
             )
-            parts.append(f"B = {batch}: {edges}; the GPU builder's tokens/s {gain:.3f}x")
-            if batch in mine:
-                g0, b0, gain0 = mine[batch]
+            if int(batch) not in theirs:
+                parts.append(f"B = {int(batch)}: best budget {edges}")
+                continue
+            gpu, base, gain = theirs[int(batch)]
+            parts.append(f"B = {int(batch)}: best budget {edges}; the GPU builder's tokens/s {gain:.3f}x")
+            if int(batch) in mine:
+                g0, b0, gain0 = mine[int(batch)]
                 same &= ((gain > 1.02) == (gain0 > 1.02)) and ((gpu != base) == (g0 != b0))
-        verdict = "the same verdict" if same else "a different verdict"
+        compared = bool(set(theirs) & set(mine))
+        verdict = (
+            ("the same verdict" if same else "a different verdict")
+            if compared
+            else "no verdict to compare (no GPU builder rows)"
+        )
         lines.append(
             f"**Under {label}'s tau:** ({other.distribution} trees' builds, {other.profile} acceptance) "
             + "; ".join(parts)
