@@ -52,7 +52,6 @@ class StackRound(RoundRunner):
         from ddtree_bench.stages.insitu import _sglang_call  # noqa: PLC0415
 
         super().__init__(weights, drafter_shape, builder=catalog.GPU_BUILDER, builder_options=None, **kwargs)
-        torch = self.torch
         self.stacks = [catalog.STACKS[name] for name in stacks]
         self.max_seconds = float(max_seconds)
         self.sglang_paths = sglang
@@ -75,7 +74,6 @@ class StackRound(RoundRunner):
         self.next_token = self._field_view("retrieve_next_token")
         self.next_sibling = self._field_view("retrieve_next_sibling")
         self.depths = self._field_view("node_depths")
-        del torch
 
     # ------------------------------------------------------------------------------------------- setup
     def _timed_eager(self, fn, what: str) -> float:

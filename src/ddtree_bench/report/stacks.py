@@ -60,9 +60,8 @@ def stack_table(
         return pd.DataFrame()
     keys = ["batch", "prefix", "depth", "budget", "impl"]
     out = whole[[*keys, "median_s", "p10_s", "p90_s", "n", "correct", "note"]].rename(
-        columns={"median_s": "round_s", "impl": "stack"}
+        columns={"median_s": "round_s"}
     )
-    out = out.rename(columns={"stack": "impl"})
     for part in ("draft", "build", "mask", "forward", "accept"):
         rows = _ok(step, f"part-{part}")[[*keys, "median_s"]].rename(columns={"median_s": f"{part}_s"})
         out = out.merge(rows, on=keys, how="left")
@@ -481,7 +480,7 @@ def report_section(machines, figures) -> Section:
         Text(spread_line(spread), "note"),
         Text(correct_line(table)),
     )
-    same = sameness_line(machine, spread)
+    same = sameness_line(machine)
     if same:
         section.add(Text(f"**Is the answer the same under every acceptance profile?** {same}"))
     for profile in profiles:
@@ -568,7 +567,7 @@ def _range(per: dict) -> str:
     return f"{min(values):.2f}-{max(values):.2f}x"
 
 
-def sameness_line(machine, spread: dict) -> str | None:
+def sameness_line(machine) -> str | None:
     """Whether the answer is the same under every profile: ours against SGLang's FA3 stack at each one's best
     budget, and whether the best budgets move."""
     names = profiles_with_tau(machine)
