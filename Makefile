@@ -42,7 +42,7 @@ setup-test: python-version $(VENV)/.installed-test
 report: setup
 	$(SNAKEMAKE) --cores $(CORES) $(SNAKEMAKE_ARGS) report
 
-# The tiny configuration: the whole pipeline in well under a minute (results/smoke/, report in results/smoke/report/).
+# The tiny configuration: the whole pipeline in about 2 minutes on 2 cores (results/smoke/, report in results/smoke/report/).
 smoke: setup
 	$(SNAKEMAKE) --cores 2 --configfile config/smoke.yaml $(SNAKEMAKE_ARGS) -- report
 
