@@ -7,7 +7,11 @@ padding past every request's keys filled with NaN), then timed (CUDA events queu
 warm, medians of 21, the variants taking turns call by call). TFLOP/s count the visible keys, as the
 pipeline does.
 
-    PYTHONPATH=src:tests/support python tools/attention_compare.py [--baseline DIR ...] [BxNxS ...]
+    PYTHONPATH=src:tests/support python tools/attention_compare.py [--trees KIND] [--baseline DIR ...] \
+        [BxNxS ...]
+
+--trees: the trees' inputs, "peaked" (default: confident early positions, deep chains) or "drafter" (the
+pipeline's drafter distribution, depth 16, as the step grid's trees).
 
 Each --baseline DIR adds the seesaw kernel built from another copy of kernels/verify_attn (e.g. an earlier
 revision's, from `git archive REV kernels/verify_attn`), on the same inputs: an A/B of a kernel change.
@@ -33,6 +37,7 @@ from ddtree_bench.ops.attention import (
 )
 from ddtree_bench.stages.attention import backend_name
 from ddtree_bench.timing.gpu import EventTimer
+from ddtree_bench.traces import generate
 from ddtree_bench.tree import packed_visibility
 
 HEADS = 8
@@ -62,6 +67,11 @@ def main(argv: list[str]) -> None:
     import torch  # noqa: PLC0415
 
     attention = {name: VerifyAttention(path="wgmma", **kw) for name, kw in VARIANTS.items()}
+    trees_kind = "peaked"
+    if argv[:1] == ["--trees"]:
+        if len(argv) < 2 or argv[1] not in ("peaked", "drafter"):
+            raise SystemExit("attention_compare: --trees takes peaked or drafter")
+        trees_kind, argv = argv[1], argv[2:]
     while argv[:1] == ["--baseline"]:
         if len(argv) < 2 or not (Path(argv[1]) / "verify_attn.cu").is_file():
             raise SystemExit("attention_compare: --baseline needs a folder with verify_attn.cu")
@@ -85,7 +95,11 @@ def main(argv: list[str]) -> None:
 
     for case in argv or DEFAULT:
         batch, budget, prefix = (int(x) for x in case.split("x"))
-        logits, ids = topk_inputs("peaked", batch, 16, budget, seed=1)
+        if trees_kind == "drafter":
+            trace = generate("drafter", batch, 16, min(budget, 1024), seed=0)
+            logits, ids = trace.top_log_probs, trace.top_token_ids
+        else:
+            logits, ids = topk_inputs("peaked", batch, 16, budget, seed=1)
         trees = get_builder("native").build(logits, ids, budget)
         bits_host = packed_visibility(trees.visibility)
         bits = torch.as_tensor(bits_host.view(np.int32), device="cuda")
@@ -95,7 +109,7 @@ def main(argv: list[str]) -> None:
         check = range(min(batch, 3))
         ref = reference_attention(q, kv, lengths, trees.visibility, requests=check)
         flops = attention_flops(visible_keys(lengths, bits_host), HEADS)
-        line = f"B={batch} N={budget} S={prefix}"
+        line = f"{trees_kind} B={batch} N={budget} S={prefix}"
         prepared, errors = {}, {}
         for name, att in attention.items():
             prepared[name] = att.prepare(q, kv, lengths, bits, out)

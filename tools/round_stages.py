@@ -6,7 +6,8 @@ settings taken from the configuration; one process per job, so each job has the 
     python tools/round_stages.py --config config/h200.yaml --sglang-source .sglang \\
         --sglang-files .peers/sglang_files round:1:4096 model:1:4096 draft:64:32768 allreduce:8
 
-A job is ``stage:batch:prefix`` (``allreduce:batch``); stages: model, draft, round, allreduce.
+A job is ``stage:batch:prefix`` (``allreduce:batch``); stages: attention (every step budget and head
+count at this batch and prefix: the verify-attention rule's jobs), model, draft, round, allreduce.
 ``--forward-impl`` and ``--moe-impls`` override step.model's (e.g. where a MoE kernel cannot be built in
 the time at hand). The trace the model jobs build their trees from is generated as the pipeline's trace rule
 generates it (the step's distribution and depth).
@@ -22,7 +23,7 @@ from ddtree_bench.io import write_frame
 from ddtree_bench.settings import load_settings
 from ddtree_bench.traces import generate, save_trace
 
-STAGES = ("model", "draft", "round", "allreduce")
+STAGES = ("attention", "model", "draft", "round", "allreduce")
 
 
 def main(argv=None) -> int:
@@ -72,23 +73,57 @@ def main(argv=None) -> int:
         for budget, frame in rows.items():
             write_frame(frame, results / "step" / stage / name.format(budget=budget))
 
+    def step_trace() -> Path:
+        trace = results / "traces" / f"{step['distribution']}-L{step['depth']}.npz"
+        if not trace.is_file():
+            t = generate(
+                step["distribution"],
+                settings.trace_requests,
+                step["depth"],
+                topk,
+                vocab_size=settings.vocab_size,
+                seed=settings.seed,
+                device="cpu",
+            )
+            trace.parent.mkdir(parents=True, exist_ok=True)
+            save_trace(trace, t.top_log_probs, t.top_token_ids, **t.metadata)
+        return trace
+
     for stage, batch, prefix in jobs:
-        if stage == "model":
+        if stage == "attention":
+            from ddtree_bench.cuda.loader import BENCH_UTIL_SOURCE, cached_fatbin, kernel_source  # noqa: PLC0415
+            from ddtree_bench.stages.attention import run_attention_benchmark  # noqa: PLC0415
+
+            trace = step_trace()
+            for heads in step["heads"]:
+                rows = {
+                    budget: run_attention_benchmark(
+                        trace,
+                        budget,
+                        batch,
+                        heads=heads,
+                        prefix=prefix,
+                        impls=step["impls"],
+                        flex_kernel_options=step["flex_kernel_options"],
+                        sglang_source=step["sglang_triton_source"],
+                        timing=timing,
+                        machine=settings.machine,
+                        distribution=step["distribution"],
+                        attention_fatbin=cached_fatbin(
+                            kernel_source("verify_attn"), tuple(settings.cuda_archs)
+                        ),
+                        util_fatbin=cached_fatbin(BENCH_UTIL_SOURCE),
+                    )
+                    for budget in step["budgets"]
+                }
+                name = (
+                    f"{step['distribution']}-L{step['depth']}-N{{budget}}-B{batch}-S{prefix}-H{heads}.parquet"
+                )
+                write("attention", rows, name)
+        elif stage == "model":
             from ddtree_bench.stages.model import run_model_stage  # noqa: PLC0415
 
-            trace = results / "traces" / f"{step['distribution']}-L{step['depth']}.npz"
-            if not trace.is_file():
-                t = generate(
-                    step["distribution"],
-                    settings.trace_requests,
-                    step["depth"],
-                    topk,
-                    vocab_size=settings.vocab_size,
-                    seed=settings.seed,
-                    device="cpu",
-                )
-                trace.parent.mkdir(parents=True, exist_ok=True)
-                save_trace(trace, t.top_log_probs, t.top_token_ids, **t.metadata)
+            trace = step_trace()
             rows = run_model_stage(
                 trace,
                 batch=batch,

@@ -22,6 +22,9 @@
 // max starts at -1e30 (finite), so a row with no visible key in a tile never forms inf - inf. The last
 // tile of a request may reach past its keys into padding (NaN in the tests): those rows of V are zeroed in
 // shared memory before the P V that reads them (P is 0 there, but 0 * NaN is NaN).
+// Key tiles that lie wholly in the tree and that no row of the block sees (the tree mask hides them from
+// all its tokens) are skipped: the prologue ORs each token's mask window of every such tile into a bitmap,
+// and the loop walks the kept tiles only (vs_tile maps the loop's tile index to the split's).
 // Shared memory: Q 72 KB, two key tiles 2 x 72 KB (buffer 1's rope block holds P1), P0 8 KB, row state 1 KB,
 // 18 mbarriers: 226 KB, one block per SM.
 
@@ -36,8 +39,12 @@
 #define VS_OFF_ROWS (VS_OFF_P0 + VS_BLOCK_BYTES)         // m[64], scale0[64], scale1[64], l[2][64] floats
 #define VS_OFF_BARS (VS_OFF_ROWS + 5 * 64 * 4)           // mbarriers [2 buffers][9 blocks]
 #define VS_OFF_BLK (VS_OFF_BARS + 2 * VS_DIM_BLOCKS * 8)  // VsBlock: the block's scalars
-#define VS_SMEM_BYTES (VS_OFF_BLK + 64)
+#define VS_OFF_TREE (VS_OFF_BLK + 128)                    // the kept tree tiles' indices, 64 bytes
+#define VS_SMEM_BYTES (VS_OFF_TREE + 64)
 #define VS_M_INIT (-1e30f)
+#ifndef VS_SKIP_TREE
+#define VS_SKIP_TREE 1  // skip the tree tiles no row of the block sees (0: every tile, for measurements)
+#endif
 
 // named barriers (0 is __syncthreads'): producer/consumer pairs between the warpgroups, and one a warpgroup
 #define VS_BAR_SCALE0 1  // warpgroup 0: m and scale0 of t0 written
@@ -86,10 +93,22 @@ struct VsBlock {
     int kv_row0;             // kv row (of the [B * T, 576] view) of the split's first key
     int key_begin, key_end, kv_len, prefix, mask_words, row0, heads, rows;
     float scale_log2;
+    int n_pre;                     // the split's first n_pre tiles are all kept
+    unsigned long long tree_tiles;  // bit i: the split's tile n_pre + i is kept (some row sees a key of it)
 };
+// the loop's tiles from n_pre on: the split's tile of each (VS_OFF_TREE, one byte a tile)
+static_assert(sizeof(VsBlock) <= 128, "VsBlock: VS_SMEM_BYTES leaves 128 bytes");
 extern __shared__ __align__(1024) unsigned char vs_smem[];
 __device__ __forceinline__ VsBlock& vs_blk() { return *reinterpret_cast<VsBlock*>(vs_smem + VS_OFF_BLK); }
 __device__ __forceinline__ float* vs_rowf(int which) { return reinterpret_cast<float*>(vs_smem + VS_OFF_ROWS) + 64 * which; }
+// the split's tile index of the loop's tile t
+__device__ __forceinline__ int vs_tile(int t) {
+    if (!VS_SKIP_TREE) return t;
+    const int n_pre = vs_blk().n_pre;
+    return t < n_pre ? t : n_pre + vs_smem[VS_OFF_TREE + t - n_pre];
+}
+// the first kv row (of the [B * T, 576] view) of the loop's tile t
+__device__ __forceinline__ int vs_tile_row(int t) { return vs_blk().kv_row0 + VS_BN * vs_tile(t); }
 // opaque to the compiler: the wgmma descriptors built from it are not hoisted out of the tile loop (where
 // holding them all would take more registers than there are)
 __device__ __forceinline__ unsigned vs_base() {
@@ -160,16 +179,26 @@ __device__ __forceinline__ void vs_issue_pv_regs(float (&acc)[128], const unsign
 
 // word w of a mask row, 0 past its words
 __device__ __forceinline__ unsigned vs_word(const unsigned* row, int w, int words) { return w < words ? row[w] : 0u; }
+// bits [rel, rel + 64) of a mask row (tree keys rel ..), rel >= 0
+__device__ __forceinline__ uint64_t vs_tree_window(const unsigned* row, int rel, int words) {
+    const int w = rel >> 5, sh = rel & 31;
+    uint64_t vis = (vs_word(row, w, words) | static_cast<uint64_t>(vs_word(row, w + 1, words)) << 32) >> sh;
+    if (sh) vis |= static_cast<uint64_t>(vs_word(row, w + 2, words)) << (64 - sh);
+    return vis;
+}
+// keys [0, lim) of a 64-key tile
+__device__ __forceinline__ uint64_t vs_first_keys(int lim) { return lim >= VS_BN ? ~0ull : lim <= 0 ? 0ull : (1ull << lim) - 1; }
 
 // The scores of tile `t` with keys outside the split or hidden by the tree mask at -inf. A row's visible
 // keys in the tile form one 64-bit word (bit k: key key0 + k), from at most three words of its mask row.
 __device__ __forceinline__ void vs_mask(float (&s)[32], int t) {
     const VsBlock& k = vs_blk();
-    const int key0 = k.key_begin + t * VS_BN;
-    if (key0 + VS_BN <= min(k.prefix, k.key_end)) return;  // all visible prefix keys
+    // all visible prefix keys (tested before the tile's index is looked up: it is on the softmax's path)
+    if (t < k.n_pre && k.key_begin + (t + 1) * VS_BN <= min(k.prefix, k.key_end)) return;
+    const int key0 = k.key_begin + vs_tile(t) * VS_BN;
     const int rel = key0 - k.prefix;                        // tree index of the tile's first key
     const int lim = k.key_end - key0;                       // keys of the tile inside the split
-    const uint64_t in_split = lim >= VS_BN ? ~0ull : lim <= 0 ? 0ull : (1ull << lim) - 1;
+    const uint64_t in_split = vs_first_keys(lim);
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
         const int row = k.row0 + vs_row(h);
@@ -181,9 +210,7 @@ __device__ __forceinline__ void vs_mask(float (&s)[32], int t) {
             const uint64_t tree = vs_word(mrow, 0, k.mask_words) | static_cast<uint64_t>(vs_word(mrow, 1, k.mask_words)) << 32;
             vis = (tree << -rel) | ((1ull << -rel) - 1);
         } else {
-            const int w = rel >> 5, sh = rel & 31;
-            vis = (vs_word(mrow, w, k.mask_words) | static_cast<uint64_t>(vs_word(mrow, w + 1, k.mask_words)) << 32) >> sh;
-            if (sh) vis |= static_cast<uint64_t>(vs_word(mrow, w + 2, k.mask_words)) << (64 - sh);
+            vis = vs_tree_window(mrow, rel, k.mask_words);
         }
         vis = (vis & in_split) >> vs_col0();
 #pragma unroll
@@ -260,7 +287,8 @@ __device__ __forceinline__ void vs_scale_acc(float (&acc)[128], const float (&f)
 // visible to the async proxy and to the warpgroup's other threads. Warpgroup-uniform.
 __device__ __forceinline__ void vs_zero_tail(int t, int blk0, int wg) {
     const VsBlock& k = vs_blk();
-    const int valid = k.kv_len - (k.key_begin + t * VS_BN);
+    if (t < k.n_pre && k.key_begin + (t + 1) * VS_BN <= k.kv_len) return;
+    const int valid = k.kv_len - (k.key_begin + vs_tile(t) * VS_BN);
     if (valid >= VS_BN) return;
     unsigned char* tile = vs_smem + VS_OFF_K + (t & 1) * VS_TILE_BYTES + blk0 * VS_BLOCK_BYTES;
     const int chunks = (VS_BN - valid) * 8;  // 16-byte chunks a block
@@ -299,6 +327,8 @@ __device__ __forceinline__ void vs_pair_wg0(int t0, float (&s)[32], float (&acc)
     unsigned p[16];
     const unsigned k0 = vs_base() + VS_K0, k1 = vs_base() + VS_K1;
     const unsigned parity_next = ((t0 + 2) >> 1) & 1;
+    // the next tiles' kv rows, looked up here, off the loads' path
+    const int row2 = NEXT0 ? vs_tile_row(t0 + 2) : 0, row3 = NEXT1 ? vs_tile_row(t0 + 3) : 0;
     // softmax of t0 against the running max
     vs_mask(s, t0);
     float mx[2], m_new[2], f0[2], sum[2];
@@ -317,7 +347,7 @@ __device__ __forceinline__ void vs_pair_wg0(int t0, float (&s)[32], float (&acc)
     wgmma_keep_regs(p);
     vw_bar_sync(VS_BAR_SCALE1);                  // warpgroup 1: t1's max is in
     if (NEXT0 && (threadIdx.x & 127) == 0)  // dims 0-255 of buffer 0: nobody reads them now
-        vs_load_blocks<0, 4>(k0, vs_base() + VS_BARS0, vs_blk().map, vs_blk().kv_row0 + (t0 + 2) * VS_BN);
+        vs_load_blocks<0, 4>(k0, vs_base() + VS_BARS0, vs_blk().map, row2);
     float f1[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) f1[h] = vs_rowf(VS_SCALE1)[vs_row(h)];
@@ -346,9 +376,8 @@ __device__ __forceinline__ void vs_pair_wg0(int t0, float (&s)[32], float (&acc)
     if (NEXT1) {
         wgmma_wait<NEXT0 ? 4 : 0>();  // O_L += P1 V1_L done: buffer 1's dims 0-255 and P1 (its rope block) free
         if ((threadIdx.x & 127) == 0) {
-            const int row = vs_blk().kv_row0 + (t0 + 3) * VS_BN;
-            vs_load_blocks<0, 4>(k1, vs_base() + VS_BARS1, vs_blk().map, row);
-            vs_load_blocks<VS_DIM_BLOCKS - 1, VS_DIM_BLOCKS>(k1, vs_base() + VS_BARS1, vs_blk().map, row);
+            vs_load_blocks<0, 4>(k1, vs_base() + VS_BARS1, vs_blk().map, row3);
+            vs_load_blocks<VS_DIM_BLOCKS - 1, VS_DIM_BLOCKS>(k1, vs_base() + VS_BARS1, vs_blk().map, row3);
         }
     }
     if (NEXT0) vs_issue_qk<4, VS_DIM_BLOCKS, false>(s, k0, vs_base() + VS_BARS0, parity_next);
@@ -364,6 +393,7 @@ __device__ __forceinline__ void vs_pair_wg1(int t0, float (&s)[32], float (&acc)
     unsigned p[16];
     const unsigned k0 = vs_base() + VS_K0, k1 = vs_base() + VS_K1;
     const unsigned parity_next = ((t0 + 2) >> 1) & 1;
+    const int row2 = NEXT0 ? vs_tile_row(t0 + 2) : 0, row3 = NEXT1 ? vs_tile_row(t0 + 3) : 0;
     vw_bar_sync(VS_BAR_SCALE0);  // t0's max and factor are in; warpgroup 0 is done with S of t0
     vs_zero_tail(t0, 4, 1);
     if (HAS1) vs_zero_tail(t0 + 1, 4, 1);
@@ -403,12 +433,12 @@ __device__ __forceinline__ void vs_pair_wg1(int t0, float (&s)[32], float (&acc)
     if (NEXT1) {
         wgmma_wait<1>();  // O_R += P1 V1_R done: buffer 1's dims 256-511 free
         if ((threadIdx.x & 127) == 0)
-            vs_load_blocks<4, VS_DIM_BLOCKS - 1>(k1, vs_base() + VS_BARS1, vs_blk().map, vs_blk().kv_row0 + (t0 + 3) * VS_BN);
+            vs_load_blocks<4, VS_DIM_BLOCKS - 1>(k1, vs_base() + VS_BARS1, vs_blk().map, row3);
     }
     if (NEXT0) {
         wgmma_wait<0>();  // O_R += P0 V0_R done: buffer 0's dims 256-575 free
         if ((threadIdx.x & 127) == 0)
-            vs_load_blocks<4, VS_DIM_BLOCKS>(k0, vs_base() + VS_BARS0, vs_blk().map, vs_blk().kv_row0 + (t0 + 2) * VS_BN);
+            vs_load_blocks<4, VS_DIM_BLOCKS>(k0, vs_base() + VS_BARS0, vs_blk().map, row2);
     }
     if (NEXT1) {  // S of t0 + 3, in the order its blocks are loaded
         vs_issue_qk<4, VS_DIM_BLOCKS - 1, true>(s, k1, vs_base() + VS_BARS1, parity_next);
@@ -433,8 +463,10 @@ extern "C" __global__ void __launch_bounds__(VS_THREADS, 1) ddtree_verify_attn_s
     const int prefix = prefix_lengths[b];
     const VwSplitKeys keys = vw_split_keys(prefix, tokens, split, tiles_per_split);
     static_assert(VS_BN == VW_BN, "the split plan counts 64-key tiles");
-    const int n = keys.n_tiles;
     const int kv_row0 = static_cast<int>(b * kv_rows) + keys.key_begin;
+    // the split's tiles wholly in the tree (from first_tree on) may be skipped; the bitmap covers the last 64
+    const int first_tree = min(keys.n_tiles, max(0, (prefix - keys.key_begin + VS_BN - 1) / VS_BN));
+    const int n_pre = VS_SKIP_TREE ? max(first_tree, keys.n_tiles - 64) : keys.n_tiles;
 
     if (tid == 0) {
         VsBlock& k = vs_blk();
@@ -450,14 +482,16 @@ extern "C" __global__ void __launch_bounds__(VS_THREADS, 1) ddtree_verify_attn_s
         k.heads = heads;
         k.rows = rows;
         k.scale_log2 = scale_log2;
+        k.n_pre = n_pre;
+        k.tree_tiles = 0;
         asm volatile("prefetch.tensormap [%0];\n" ::"l"(kv_map) : "memory");
         for (int i = 0; i < 2 * VS_DIM_BLOCKS; ++i) vs_mbar_init(vs_base() + VS_OFF_BARS + 8 * i);
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     __syncthreads();
-    if (tid == 0) {  // the first two key tiles
-        if (n > 0) vs_load_blocks<0, VS_DIM_BLOCKS>(vs_base() + VS_K0, vs_base() + VS_BARS0, kv_map, kv_row0);
-        if (n > 1) vs_load_blocks<0, VS_DIM_BLOCKS>(vs_base() + VS_K1, vs_base() + VS_BARS1, kv_map, kv_row0 + VS_BN);
+    if (tid == 0) {  // the first two key tiles, where they are kept whatever the mask
+        if (n_pre > 0) vs_load_blocks<0, VS_DIM_BLOCKS>(vs_base() + VS_K0, vs_base() + VS_BARS0, kv_map, kv_row0);
+        if (n_pre > 1) vs_load_blocks<0, VS_DIM_BLOCKS>(vs_base() + VS_K1, vs_base() + VS_BARS1, kv_map, kv_row0 + VS_BN);
     }
     // Q (rows past M zero-filled) by every thread; the row state
     const __nv_bfloat16* q_b = q + static_cast<long long>(b) * rows * VA_DIM;
@@ -469,9 +503,36 @@ extern "C" __global__ void __launch_bounds__(VS_THREADS, 1) ddtree_verify_attn_s
     }
     cp_async_commit();
     if (tid < VS_BM) vs_rowf(VS_M)[tid] = VS_M_INIT;
+    // the kept tree tiles: a tile is kept where a token of the block's rows sees one of its keys
+    if (n_pre < keys.n_tiles) {
+        const int tok0 = row0 / heads, toks = (min(row0 + VS_BM, rows) - 1) / heads - tok0 + 1;
+        const int cands = keys.n_tiles - n_pre;
+        const unsigned* mask_b = mask_bits + static_cast<long long>(b) * tokens * mask_words;
+        uint64_t kept = 0;
+        for (int i = tid; i < toks * cands; i += VS_THREADS) {
+            const int tok = tok0 + i / cands, c = i % cands;
+            const int key0 = keys.key_begin + (n_pre + c) * VS_BN;
+            const uint64_t vis = vs_tree_window(mask_b + static_cast<long long>(tok) * mask_words, key0 - prefix, mask_words) &
+                                 vs_first_keys(keys.key_end - key0);
+            if (vis) kept |= 1ull << c;
+        }
+        const unsigned lo = __reduce_or_sync(0xffffffffu, static_cast<unsigned>(kept));
+        const unsigned hi = __reduce_or_sync(0xffffffffu, static_cast<unsigned>(kept >> 32));
+        if ((tid & 31) == 0 && (lo | hi))
+            atomicOr(&vs_blk().tree_tiles, static_cast<unsigned long long>(hi) << 32 | lo);
+    }
     cp_async_wait<0>();
     fence_proxy_async();
     __syncthreads();
+    const uint64_t tree_tiles = vs_blk().tree_tiles;
+    const int n = n_pre + __popcll(tree_tiles);
+    if (tid < 64 && ((tree_tiles >> tid) & 1))  // the kept tree tiles in order
+        vs_smem[VS_OFF_TREE + __popcll(tree_tiles & ((1ull << tid) - 1))] = static_cast<unsigned char>(tid);
+    if (n > n_pre) __syncthreads();  // block-uniform
+    if (tid == 0) {  // the first two key tiles where they are tree tiles
+        if (n_pre == 0 && n > 0) vs_load_blocks<0, VS_DIM_BLOCKS>(vs_base() + VS_K0, vs_base() + VS_BARS0, kv_map, vs_tile_row(0));
+        if (n_pre <= 1 && n > 1) vs_load_blocks<0, VS_DIM_BLOCKS>(vs_base() + VS_K1, vs_base() + VS_BARS1, kv_map, vs_tile_row(1));
+    }
 
     float acc[128];
 #pragma unroll

@@ -272,7 +272,16 @@ DISTRIBUTIONS = ("uniform", "peaked", "bf16", "recorded", "drafter", "drafter-bf
 STREAM_IMPL = "read-stream"
 #: The verify-attention impls; "flashmla" and "sglang-triton" are optional extras (rows saying why where they
 #: do not load).
-ATTENTION_IMPLS = ("ours", "ours-mma", "flexattention", "sdpa", "flashmla", "sglang-triton", STREAM_IMPL)
+ATTENTION_IMPLS = (
+    "ours",
+    "ours-mma",
+    "flexattention",
+    "sdpa",
+    "flashmla",
+    "sglang-triton",
+    "sglang-fa3",
+    STREAM_IMPL,
+)
 
 #: The routed experts' kernels (``model.moe``), preferred first: SGLang's Marlin and Triton W4A16, BF16.
 MOE_IMPLS = ("marlin-w4a16", "triton-w4a16", "bf16-grouped-mm")

@@ -497,6 +497,55 @@ def test_the_seesaw_kernel_at_every_count_of_tiles_a_split(tiles_per_split, clim
     assert ((out.float() - out_previous.float()).abs() / ref.abs().clamp(min=1.0)).max().item() < 2e-2
 
 
+def hidden_tree_tiles(visibility, heads, prefix, tiles_per_split, keys=64, rows=64):
+    """(row tile, split tile) pairs of each request where no row of the row tile sees a key of a tile that
+    lies wholly in the tree: what the seesaw kernel skips. Counted on the host from the visibility."""
+    count = 0
+    for b, s in enumerate(prefix):
+        vis, nodes = visibility[b], visibility.shape[1]
+        tiles = math.ceil((s + nodes) / keys)
+        for row0 in range(0, nodes * heads, rows):
+            tokens = range(row0 // heads, (min(row0 + rows, nodes * heads) - 1) // heads + 1)
+            seen = vis[[t for t in tokens if t < nodes]].any(axis=0)
+            for t in range(tiles):
+                key0, split_end = (
+                    t * keys,
+                    min(s + nodes, (t // tiles_per_split + 1) * tiles_per_split * keys),
+                )
+                if key0 >= s and not seen[key0 - s : min(key0 + keys, split_end) - s].any():
+                    count += 1
+    return count
+
+
+@needs_gpu
+@pytest.mark.parametrize("tiles_per_split", [1, 3, 1000])
+def test_the_seesaw_kernel_skips_the_tree_tiles_no_row_of_a_block_sees(tiles_per_split):
+    # Budget 700 over 8 heads: a 64-row block holds 8 tokens, which see few of the tree's 11 tiles. Prefix
+    # lengths 0, 61, 64 and 300 put the tree at a tile's start, across tiles and late in a split; with one
+    # tile a split, whole splits hold only hidden tiles (their rows: no key, merged with weight 0).
+    attn = attention_on_path("wgmma")
+    kernels = attn.kernels
+    batch, budget, heads, prefix = 4, 700, 8, [0, 61, 64, 300]
+    trees = tree_mask(batch, budget, kind="uniform", seed=3)
+    assert hidden_tree_tiles(trees.visibility, heads, prefix, tiles_per_split) > 0, "nothing to skip"
+    bits = torch.as_tensor(packed_visibility(trees.visibility).view(np.int32), device="cuda")
+    q, kv, out = random_case(trees, heads, prefix, seed=5)
+    base = attn.prepare(q, kv, np.array(prefix), bits, out)
+    tiles = math.ceil((max(prefix) + budget + 1) / kernels.keys_per_tile)
+    per = min(tiles_per_split, tiles)
+    plan = AttentionPlan(
+        row_tiles=math.ceil((budget + 1) * heads / 64),
+        splits=math.ceil(tiles / per),
+        tiles_per_split=per,
+        seesaw=True,
+    )
+    PreparedAttention(kernels, base.shape, plan, base.views, base.prefix_lengths).launch()
+    torch.cuda.synchronize()
+    ref = reference_attention(q, kv, prefix, trees.visibility)
+    assert not torch.isnan(out.float()).any(), "NaN in the output"
+    assert relative_error(out, ref) < 2e-2
+
+
 @needs_gpu
 def test_the_mma_path_takes_the_small_tiles_where_the_gpu_allows_less_shared_memory(monkeypatch):
     import cupy as cp  # noqa: PLC0415

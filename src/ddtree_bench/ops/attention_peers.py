@@ -65,16 +65,23 @@ import numpy as np
 
 from ddtree_bench.ops.attention import HEAD_DIM, SOFTMAX_SCALE, VALUE_DIM, reference_attention
 
-FLASHMLA, SGLANG_TRITON = "flashmla", "sglang-triton"
-PEERS = ("flexattention", "sdpa", FLASHMLA, SGLANG_TRITON)
+FLASHMLA, SGLANG_TRITON, SGLANG_FA3 = "flashmla", "sglang-triton", "sglang-fa3"
+PEERS = ("flexattention", "sdpa", FLASHMLA, SGLANG_TRITON, SGLANG_FA3)
 #: what a peer's rows record as its mask: the exact tree mask, or FlashMLA's causal mask (no tree mask)
 TREE_MASK, CAUSAL_MASK = "tree", "causal (no tree mask)"
-PEER_MASKS = {"flexattention": TREE_MASK, "sdpa": TREE_MASK, FLASHMLA: CAUSAL_MASK, SGLANG_TRITON: TREE_MASK}
+PEER_MASKS = {
+    "flexattention": TREE_MASK,
+    "sdpa": TREE_MASK,
+    FLASHMLA: CAUSAL_MASK,
+    SGLANG_TRITON: TREE_MASK,
+    SGLANG_FA3: TREE_MASK,
+}
 __all__ = [
     "CAUSAL_MASK",
     "FLASHMLA",
     "PEERS",
     "PEER_MASKS",
+    "SGLANG_FA3",
     "SGLANG_TRITON",
     "TREE_MASK",
     "PeerUnavailable",
@@ -509,6 +516,37 @@ def _sglang_version(root: Path) -> str | None:
     return None
 
 
+def _build_sglang_fa3(torch, q, kv_used, prefix_lengths, visibility, scale):
+    """SGLang's FA3 tree verify as its DDTree fork's FA3 backend runs it (``ops.sglang_verify.Fa3Attention``:
+    a non-causal prefix pass, a pass of each query over its visible tree rows, the LSE merge). Each query's
+    visible tree slots are found once here, as a forward finds them once for all its layers; a call is one
+    layer's (the gather of the tree rows, both passes and the merge)."""
+    from ddtree_bench.ops import sglang_verify  # noqa: PLC0415
+
+    if scale != SOFTMAX_SCALE:
+        raise ValueError(f"{SGLANG_FA3} runs at the softmax scale {SOFTMAX_SCALE}, not {scale}")
+    try:
+        fa3 = sglang_verify.Fa3Attention()
+    except sglang_verify.SglangUnavailable as exc:
+        raise PeerUnavailable(f"{SGLANG_FA3}: {exc}") from exc
+    batch, nodes, heads, _ = q.shape
+    prefix = [int(s) for s in prefix_lengths.tolist()]
+    mask = sglang_verify.VerifyMask(prefix, nodes, q.device)
+    mask.build(visibility)
+    width = int(visibility.sum(-1).max())  # the deepest path + 1
+    out = torch.empty((batch, nodes, heads, VALUE_DIM), dtype=q.dtype, device=q.device)
+    prepared = fa3.prepare(q, kv_used, prefix, mask, out, width)
+    prepared.launch()  # the per-forward metadata, once
+    prepared.refresh = False
+
+    def call():
+        prepared.launch()
+        return out
+
+    call.backend = f"{fa3.describe}; {prepared.shared.get('merge_note', '')}".rstrip("; ")
+    return call
+
+
 def _build_sglang_triton(torch, q, kv_used, prefix_lengths, visibility, scale, heads: int, source):
     """SGLang's ``extend_attention_fwd`` as its Triton backend calls it for tree verify: the tree's queries
     and keys as the extend part, the prefix read from the cache through ``kv_indices`` (page size 1), and
@@ -634,6 +672,8 @@ def make_peer(
             call = _build_sdpa(torch, q_bhld, kv_used, mask, scale, heads)
         elif name == FLASHMLA:
             call = _build_flashmla(torch, q, kv_used, prefix_lengths, scale, heads)
+        elif name == SGLANG_FA3:
+            call = _build_sglang_fa3(torch, q, kv_used, prefix_lengths, visibility, scale)
         elif name == SGLANG_TRITON:
             call = _build_sglang_triton(
                 torch, q, kv_used, prefix_lengths, visibility, scale, heads, sglang_source

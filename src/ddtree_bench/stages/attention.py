@@ -7,9 +7,9 @@ For one grid point (trace, budget N, batch B, heads H, prefix length S):
   bool visibility the peers' mask. Every request has the same prefix length ``S``.
 - ``q [B, N+1, H, 576]`` and the latent cache ``kv [B, S+N+1, 576]`` are standard-normal bf16 (seeded); the
   values do not change the work, the tree does.
-- Each implementation (``ours``, ``ours-mma``, ``flexattention``, ``sdpa``, ``flashmla``, ``sglang-triton``)
-  is set up untimed (allocation, masks, compilation, one call), checked against the float32 reference with
-  the mask it applies on the first and the last request (max abs error, ``correct`` when below
+- Each implementation (``ours``, ``ours-mma``, ``flexattention``, ``sdpa``, ``flashmla``, ``sglang-triton``,
+  ``sglang-fa3``) is set up untimed (allocation, masks, compilation, one call), checked against the float32
+  reference with the mask it applies on the first and the last request (max abs error, ``correct`` when below
   ``TOLERANCE``; every impl applies the tree mask except FlashMLA, which has none and runs causal: its
   reference is causal attention over the same keys, ``ops.attention_peers.check_visibility``), then timed:
   CUDA events around one call queued behind a spin kernel (so the host's launch cost is hidden, as for the
@@ -56,7 +56,7 @@ from ddtree_bench.timing.records import stage_frame
 from ddtree_bench.traces import row_sha256
 from ddtree_bench.tree import packed_visibility
 
-IMPLS = ATTENTION_IMPLS  # ours, ours-mma, flexattention, sdpa, flashmla, sglang-triton, read-stream
+IMPLS = ATTENTION_IMPLS  # ours, ours-mma, the peers (ops.attention_peers), read-stream
 # ddtree_stream_read's launch: 2 blocks of 1024 threads per SM (4 words of 16 bytes in flight a thread) was
 # the fastest or within 3 % of it over 2-8 blocks per SM, 256-1024 threads and 2-8 words a thread, for 5 MB
 # to 2.4 GB on the H200 (scratch probe, 2026-12-01)

@@ -10,8 +10,8 @@ stage               "verify-attention", "accept", "peak", or the rest of the rou
                     ``stages.draft``, ``stages.allreduce``): "forward", "moe", "dense", "lm-head",
                     "draft", "allreduce"; and the whole round run (``stages.round``): "round"
 impl                verify-attention: "ours", "ours-mma", "flexattention", "sdpa", "flashmla",
-                    "sglang-triton", "read-stream" (no attention: a read of the call's bytes, the measured
-                    bound); accept: "gpu-kernel",
+                    "sglang-triton", "sglang-fa3", "read-stream" (no attention: a read of the call's bytes,
+                    the measured bound); accept: "gpu-kernel",
                     "gpu-host-inclusive", "cpu-walk", "floor"; peak: "bf16-gemm", "device-copy", "floor";
                     forward and moe: the MoE impl ("marlin-w4a16", "triton-w4a16", "bf16-grouped-mm");
                     dense, lm-head, draft: "torch"; allreduce: "nccl" (or "gloo"); round: the builder
