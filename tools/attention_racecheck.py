@@ -9,10 +9,12 @@ same barrier in the same order). Inputs:
 - ``ragged``: 5 requests whose key counts are not multiples of 64 (each last tile is zeroed past the keys,
   behind a barrier of the warpgroup's own threads); 1-5 and all key tiles a split;
 - ``aligned``: the same with key counts that are multiples of 64 (no tail zeroing, no such barrier);
-- ``merged``: 1 request, 1 and 2 key tiles a split, the splits merged in the kernel (``va_merge_splits``).
+- ``merged``: 1 request, 1 and 2 key tiles a split, the splits merged in the kernel (``va_merge_splits``);
+- ``skipped``: budget 700 (the others' is 40), 3 requests, uniform trees: 64-row blocks that skip the tree
+  tiles none of their rows sees (the prologue's bitmap and table), splits of only skipped tiles among them.
 
     compute-sanitizer --tool racecheck --kernel-name kns=ddtree_verify_attn_seesaw \\
-        python tools/attention_racecheck.py {committed,all-sync} {ragged,aligned,merged}
+        python tools/attention_racecheck.py {committed,all-sync} {ragged,aligned,merged,skipped}
 
 Needs an sm_90 GPU, nvcc, CuPy and PyTorch; run from the repository root with PYTHONPATH=src:tests/support.
 The fatbins are built once into the project's build cache and reused while the sources are unchanged.
@@ -58,11 +60,12 @@ def fatbin(variant: str) -> Path:
         return cuda.cached_fatbin(kernels / "verify_attn.cu", ("sm_90",))
 
 
-#: inputs: prefix lengths of the requests (41 tree keys each), key tiles a split, merged in the kernel
+#: inputs: prefix lengths of the requests, key tiles a split, merged in the kernel, budget, trees
 INPUTS = {
-    "ragged": ([0, 61, 64, 200, 1000], (1, 2, 3, 4, 5, None), False),
-    "aligned": ([23, 87, 151, 215, 1047], (1, 2, 3, 4, 5, None), False),
-    "merged": ([1047], (1, 2), True),
+    "ragged": ([0, 61, 64, 200, 1000], (1, 2, 3, 4, 5, None), False, 40, "peaked"),
+    "aligned": ([23, 87, 151, 215, 1047], (1, 2, 3, 4, 5, None), False, 40, "peaked"),
+    "merged": ([1047], (1, 2), True, 40, "peaked"),
+    "skipped": ([0, 61, 300], (1, 3, None), False, 700, "uniform"),
 }
 
 
@@ -73,11 +76,11 @@ def main(variant: str, inputs: str) -> None:
         raise SystemExit(f"attention_racecheck: variant must be committed or all-sync, got {variant!r}")
     if inputs not in INPUTS:
         raise SystemExit(f"attention_racecheck: inputs must be one of {sorted(INPUTS)}, got {inputs!r}")
-    prefix, per_split, merged = INPUTS[inputs]
+    prefix, per_split, merged, budget, kind = INPUTS[inputs]
     attn = VerifyAttention(fatbin=fatbin(variant), path="wgmma")
     kernels = attn.kernels
-    batch, budget, heads = len(prefix), 40, 8
-    lp, ids = topk_inputs("peaked", batch, 16, budget, seed=7)
+    batch, heads = len(prefix), 8
+    lp, ids = topk_inputs(kind, batch, 16, budget, seed=7)
     trees = get_builder("native").build(lp, ids, budget)
     bits = torch.as_tensor(packed_visibility(trees.visibility).view(np.int32), device="cuda")
     tokens = budget + 1
