@@ -938,10 +938,11 @@ def test_benchmark_without_a_gpu_gives_one_unavailable_row_per_impl(attention_tr
         "sdpa",
         "flashmla",
         "sglang-triton",
+        "sglang-fa3",
         "read-stream",
     ]
     # the mask each impl applies (FlashMLA has no tree mask; the read stream is no attention)
-    assert df["mask"].tolist()[:-1] == ["tree"] * 4 + ["causal (no tree mask)", "tree"]
+    assert df["mask"].tolist()[:-1] == ["tree"] * 4 + ["causal (no tree mask)", "tree", "tree"]
     assert df["mask"].isna().tolist()[-1]
     assert set(df["status"]) == {"unavailable"}
     assert set(df["status_reason"]) == {"no GPU in this test"}

@@ -21,7 +21,7 @@ needs_torch_gpu = pytest.mark.skipif(
 
 
 def test_peer_names():
-    assert PEERS == ("flexattention", "sdpa", "flashmla", "sglang-triton")  # see test_peers.py
+    assert PEERS == ("flexattention", "sdpa", "flashmla", "sglang-triton", "sglang-fa3")  # see test_peers.py
     assert issubclass(PeerUnavailable, RuntimeError)
 
 

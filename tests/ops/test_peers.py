@@ -25,6 +25,7 @@ from ddtree_bench.ops.attention_peers import (
     FLASHMLA,
     PEER_MASKS,
     PEERS,
+    SGLANG_FA3,
     SGLANG_KERNEL_FILES,
     SGLANG_TRITON,
     TREE_MASK,
@@ -38,6 +39,7 @@ from ddtree_bench.ops.attention_peers import (
 from ddtree_bench.report.step import (
     PEER_TARGETS,
     STEP_TARGETS,
+    TARGET_BATCH1_STREAM,
     TARGET_COMPUTE_700,
     TARGET_STREAM_85,
     TARGET_VS_FLASHMLA,
@@ -64,8 +66,9 @@ def default_config() -> dict:
 
 
 def test_peer_names_and_masks():
-    assert PEERS == ("flexattention", "sdpa", FLASHMLA, SGLANG_TRITON)
-    assert {FLASHMLA, SGLANG_TRITON} <= set(ATTENTION_IMPLS)
+    assert PEERS == ("flexattention", "sdpa", FLASHMLA, SGLANG_TRITON, SGLANG_FA3)
+    assert {FLASHMLA, SGLANG_TRITON, SGLANG_FA3} <= set(ATTENTION_IMPLS)
+    assert PEER_MASKS[SGLANG_FA3] == TREE_MASK
     assert PEER_MASKS[FLASHMLA] == CAUSAL_MASK == "causal (no tree mask)"
     assert PEER_MASKS[SGLANG_TRITON] == PEER_MASKS["sdpa"] == PEER_MASKS["flexattention"] == TREE_MASK
     schema = load_schema()["properties"]["step"]["properties"]["attention"]["properties"]
@@ -396,3 +399,34 @@ def test_peer_matches_float32_with_its_mask(name, batch, budget, prefix):
     if name == FLASHMLA:  # its mask is causal, not the tree's: a tree with a branch gives another answer
         tree_reference = attention_peers.reference_attention(q, kv, lengths, vis_host)
         assert float((out - tree_reference).abs().max()) > 2e-2
+
+
+def batch1_step(stream_slow: float):
+    """Ours and the read stream at batch 1, S = 4096, N = 8 and 64 (the stream takes ``stream_slow`` times
+    ours' time), and at N = 256 where the target does not look."""
+    rows = peak_rows()
+    for budget in (8, 64, 256):
+        common = dict(tbps=1.0, tflops=100.0)
+        rows += [dict(r, mask=TREE_MASK) for r in attention_rows("ours", budget, 1, 4096, **common)]
+        slow = stream_slow if budget <= 64 else 0.01
+        rows += attention_rows("read-stream", budget, 1, 4096, slow=slow, **common)
+    return summarize_steps(stage_frame(rows))
+
+
+def test_the_batch1_target_is_the_read_streams_share_up_to_budget_64():
+    met = target_status(batch1_step(0.6))[TARGET_BATCH1_STREAM]
+    assert met[0] == "met" and "min 60.0%" in met[1] and "over 2 configurations" in met[1]
+    short = target_status(batch1_step(0.3))[TARGET_BATCH1_STREAM]
+    assert short[0] == "not met" and "min 30.0%" in short[1] and "20.0% short" in short[1]
+
+
+def test_attention_table_has_sglangs_fa3_beside_ours():
+    rows = peak_rows()
+    rows += [dict(r, mask=TREE_MASK) for r in attention_rows("ours", 64, 8, 32768, tbps=1, tflops=1)]
+    rows += [
+        dict(r, mask=TREE_MASK) for r in attention_rows(SGLANG_FA3, 64, 8, 32768, slow=1.5, tbps=1, tflops=1)
+    ]
+    table = attention_table(summarize_steps(stage_frame(rows)), "m")
+    ratios = dict(zip(table["impl"], table["ours / SGLang FA3"], strict=True))
+    assert ratios == {"ours": "1.50x", SGLANG_FA3: "-"}
+    assert set(table.loc[table["impl"] == SGLANG_FA3, "mask"]) == {"tree"}
