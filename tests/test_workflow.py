@@ -554,7 +554,8 @@ def test_a_wrong_recorded_trace_on_existing_results_stops_the_run(smoke_run, tmp
     result = _planned(work, invalid)
     assert result.returncode == 2
     assert (
-        "config: recorded_trace: text.npz: cannot read it as an .npz trace" in result.stdout + result.stderr
+        "config: recorded_trace: text.npz: not an .npz trace (not a zip archive"
+        in result.stdout + result.stderr
     )
 
 

@@ -8,6 +8,7 @@ import shutil
 from pathlib import Path
 
 from ddtree_bench import catalog, consistency
+from ddtree_bench.config import check_builders_run_here
 from ddtree_bench.consistency import GRID_KEYS
 from ddtree_bench.environment import default_machine_label
 from ddtree_bench.summary.spread import job_suffix
@@ -153,6 +154,11 @@ for builder in GPU_BUILDERS:
     if builder in BUILDERS:
         UNAVAILABLE[builder] = GPU_REASON
 UNAVAILABLE = {builder: reason for builder, reason in UNAVAILABLE.items() if reason}
+# Where none of the builders can run here, the run would time nothing: one line, before any job.
+try:
+    check_builders_run_here(BUILDERS, UNAVAILABLE, SETTINGS.gpu)
+except ValueError as error:
+    bad_input(error)
 TIMED_BUILDERS = [b for b in BUILDERS if b not in UNAVAILABLE]
 # The kernel compiles wherever nvcc is (CI included), even where no GPU runs it.
 BUILD_FATBIN = (
