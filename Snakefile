@@ -11,7 +11,11 @@ from pathlib import Path
 
 from snakemake.utils import min_version, validate
 
-from ddtree_bench.config import check_output_paths, read_config_file
+from ddtree_bench.config import (
+    check_output_paths,
+    coerce_numeric_strings,
+    read_config_file,
+)
 from ddtree_bench.settings import Settings
 
 min_version("9.0")
@@ -41,6 +45,10 @@ report: "workflow/report/workflow.rst"
 # checked mapping (defaults filled) against the same schema.
 SCHEMA = "workflow/schemas/config.schema.yaml"
 try:
+    # --config budgets=[8,16] arrives as strings: those numbers become numbers (a config file's strings stay)
+    coerce_numeric_strings(
+        config, workflow.config_settings.config, Path(workflow.basedir) / SCHEMA
+    )
     SETTINGS = Settings.from_config(config, Path(workflow.basedir) / SCHEMA)
     check_output_paths(SETTINGS)
 except ValueError as error:

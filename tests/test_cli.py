@@ -840,3 +840,41 @@ def test_the_readmes_first_screen_defines_its_words_in_a_sentence_each():
         ("accept", "is the greedy walk"),
     ):
         assert f"**{word}** {definition}" in " ".join(first.split()), word
+
+
+# -------------------------------------------------------------------------- bad input that once got through
+
+
+@pytest.mark.parametrize("name", ["notes.txt", "notes.npz"])
+@pytest.mark.parametrize("command", ["build", "check", "bench", "trace"])
+def test_a_text_file_given_as_a_trace_is_one_line_naming_it(tmp_path, capsys, command, name):
+    """Before: numpy's "This file contains pickled (object) data ..." for every command that takes a trace."""
+    text = tmp_path / name
+    text.write_text("top_log_probs, top_token_ids\n-0.1, 42\n")
+    out = tmp_path / "out" / "result"
+    trace = ["--recorded", text] if command == "trace" else ["--builder", "reference", "--trace", text]
+    budget = [] if command == "trace" else ["--budget", 4, "--batch", 1]
+    if command in ("build", "check"):
+        budget = budget[:2]
+    code, stdout, err = run([command, *trace, *budget, "-o", out], capsys)
+    assert_one_line_error(
+        code,
+        err,
+        f"trace {text}: not an .npz trace (not a zip archive; a trace is an .npz of top_log_probs and "
+        "top_token_ids, as `ddtree-bench trace` writes)",
+    )
+    assert "pickle" not in err and stdout == ""
+    assert not out.parent.exists()
+
+
+@pytest.mark.parametrize("value", ["-1", "0", "-0", "nan", "inf"])
+def test_budget_bandwidth_says_the_same_rule_for_every_value_it_refuses(tmp_path, capsys, value):
+    """Before: "must be a finite number >= 0" for -1 but "> 0" for 0 (the configuration's rule)."""
+    code, stdout, err = run(["budget", PUBLISHED, "--bandwidth-tbps", value], capsys)
+    assert_one_line_error(code, err, f"argument --bandwidth-tbps: must be a finite number > 0, got '{value}'")
+    assert stdout == ""
+    fragment = tmp_path / "what-if.yaml"  # the same setting from a config fragment: the same rule
+    fragment.write_text("throughput:\n  what_if:\n    bandwidth_tbps: 0\n")
+    code, stdout, err = run(["budget", PUBLISHED, "--configfile", fragment], capsys)
+    assert_one_line_error(code, err, "throughput.what_if.bandwidth_tbps: must be a finite number > 0")
+    assert stdout == ""

@@ -9,15 +9,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
-from workflow_copy import ROOT, snakemake, workdir_copy
+from workflow_copy import ROOT, ddtree_bench_workflow, error_lines, snakemake, workdir_copy
 
 from ddtree_bench.builders import BUILDER_NAMES
 from ddtree_bench.config import (
     ATTENTION_IMPLS,
     BUILDERS,
     DISTRIBUTIONS,
+    check_builders_run_here,
     check_config,
     check_output_paths,
+    coerce_numeric_strings,
     load_config,
     load_schema,
 )
@@ -352,7 +354,7 @@ def test_a_recorded_trace_is_checked_when_the_config_is_loaded(tmp_path):
         (str(tmp_path), "not a file"),
     ]
     (tmp_path / "text.npz").write_text("not a trace")
-    cases.append((str(tmp_path / "text.npz"), "cannot read it as an .npz trace"))
+    cases.append((str(tmp_path / "text.npz"), "not an .npz trace (not a zip archive"))
     np.savez(tmp_path / "other.npz", logits=np.zeros(3))
     cases.append((str(tmp_path / "other.npz"), "not a trace: missing array(s) top_log_probs, top_token_ids"))
     for path, message in cases:
@@ -363,6 +365,29 @@ def test_a_recorded_trace_is_checked_when_the_config_is_loaded(tmp_path):
         text = str(error.value)
         assert "\n" not in text and text.startswith("config: recorded_trace: "), text
         assert message in text, text
+
+
+@pytest.mark.parametrize("name", ["notes.txt", "notes.npz"])
+def test_a_text_file_as_the_recorded_trace_is_one_line_before_any_job(tmp_path, name):
+    """Before: numpy's "This file contains pickled (object) data ..." (allow_pickle=False meets a file that is
+    no zip archive). Now one line naming the file, by loading the config and by ``ddtree-bench workflow``."""
+    work = workdir_copy(tmp_path)
+    (work / name).write_text("top_log_probs, top_token_ids\n-0.1, 42\n")
+    config = default_config()
+    config.update(distributions=["recorded"], recorded_trace=name)
+    (work / "text.yaml").write_text(yaml.safe_dump(config))
+    message = (
+        f"config: recorded_trace: {name}: not an .npz trace (not a zip archive; a trace is an .npz of "
+        "top_log_probs and top_token_ids, as `ddtree-bench trace` writes)"
+    )
+    with pytest.raises(ValueError) as error:
+        check_config({**config, "recorded_trace": str(work / name)})
+    assert str(error.value) == message.replace(f" {name}:", f" {work / name}:")
+    result = ddtree_bench_workflow(work, "--cores", "1", "--configfile", "text.yaml", "--", "report")
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert error_lines(result.stderr) == [message]
+    assert "pickle" not in result.stdout + result.stderr
+    assert not (work / "results").exists() and not (work / "report").exists()
 
 
 SNAKEMAKE_BAD = [
@@ -416,6 +441,62 @@ def test_gpu_on_without_a_gpu_fails_before_any_job(tmp_path):
     result = snakemake(work, "-n", "--cores", "1", "--configfile", "gpu.yaml", "--", "report")
     assert result.returncode == 2
     assert "config: gpu: on, but no usable GPU here" in result.stderr + result.stdout
+    assert not (work / "results").exists()
+
+
+def test_no_builder_that_can_run_here_is_refused_with_the_fix():
+    cpu = "Add a CPU builder (reference, native, native-mt)"
+    no_gpu = {"gpu": "no CUDA device"}
+    with pytest.raises(ValueError) as error:
+        check_builders_run_here(["gpu"], no_gpu)
+    assert str(error.value) == (
+        f"config: builders: none can run here: gpu (no CUDA device). {cpu} or run on a machine with a "
+        "usable GPU"
+    )
+    with pytest.raises(ValueError, match=r"gpu \(gpu: off in the configuration\)\. .* or set gpu: auto$"):
+        check_builders_run_here(["gpu"], {"gpu": "gpu: off in the configuration"}, gpu="off")
+    with pytest.raises(ValueError, match=r"sglang \(no torch\), gpu \(no CUDA device\)\. Add a CPU builder"):
+        check_builders_run_here(["sglang", "gpu"], {**no_gpu, "sglang": "no torch"})
+    check_builders_run_here(["gpu", "native"], no_gpu)  # native runs: gpu gets its "unavailable" row
+    check_builders_run_here(["gpu"], {})
+
+
+def _builders_config(work: Path, name: str, builders: list[str], gpu: str) -> str:
+    config = yaml.safe_load((ROOT / "config" / "smoke.yaml").read_text())
+    config.update(builders=builders, gpu=gpu)
+    (work / name).write_text(yaml.safe_dump(config))
+    return name
+
+
+@pytest.mark.parametrize("gpu", ["auto", "off"])
+def test_builders_none_of_which_can_run_here_stop_before_any_job(tmp_path, gpu):
+    """Before: ``builders: [gpu]`` with ``gpu: auto`` on a machine without a GPU ran 25 jobs and exited 0
+    with a report that measured nothing. Now: one line on stderr saying why and what to change, exit 2,
+    nothing written (``gpu: off``: on any machine)."""
+    if gpu == "auto" and gpu_unavailable_reason() is None:
+        pytest.skip("a GPU is present here: the gpu builder can run")
+    work = workdir_copy(tmp_path)
+    configfile = _builders_config(work, "gpu-only.yaml", ["gpu"], gpu)
+    result = ddtree_bench_workflow(work, "--cores", "1", "--configfile", configfile, "--", "report")
+    assert result.returncode == 2, result.stderr[-3000:]
+    (line,) = error_lines(result.stderr)
+    assert line.startswith("config: builders: none can run here: gpu ("), line
+    fix = "or set gpu: auto" if gpu == "off" else "or run on a machine with a usable GPU"
+    assert line.endswith(f"Add a CPU builder (reference, native, native-mt) {fix}"), line
+    assert "rule " not in result.stdout
+    assert not (work / "results").exists() and not (work / "report").exists()
+
+
+def test_a_gpu_builder_beside_one_that_runs_here_leaves_only_its_own_jobs_out(tmp_path):
+    """``[gpu, native]`` without a GPU (``gpu: off`` here, so on any machine): native's jobs run, gpu gets
+    its one "unavailable" row (the report says why)."""
+    work = workdir_copy(tmp_path)
+    configfile = _builders_config(work, "mixed.yaml", ["gpu", "native"], "off")
+    result = ddtree_bench_workflow(work, "-n", "--cores", "1", "--configfile", configfile, "--", "report")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "results/smoke/bench/native/" in result.stdout
+    assert "results/smoke/bench/gpu/unavailable.parquet" in result.stdout
+    assert "results/smoke/bench/gpu/drafter" not in result.stdout
     assert not (work / "results").exists()
 
 
@@ -495,21 +576,52 @@ def test_a_recorded_trace_with_a_nan_stops_snakemake_before_any_job(tmp_path):
         assert not (work / "results").exists() and not (work / "report").exists()
 
 
-def test_numeric_strings_are_numbers_where_the_schema_wants_them():
+def test_numeric_strings_from_the_command_line_are_numbers_where_the_schema_wants_them():
+    given = {  # Snakemake's --config budgets=[8,16] ...: every value a string
+        "budgets": ["8", "16"],
+        "batch_sizes": ["1", "8"],
+        "timing": {"warmup": "1", "max_seconds": "0.5"},
+        "step": {"batch_sizes": ["1"], "depth": "16"},
+        "throughput": {"draft_ms": "2.5"},
+        "machine": "123",
+    }
     config = default_config()
-    config["budgets"] = ["8", "16"]  # Snakemake's --config budgets=[8,16]
-    config["batch_sizes"] = ["1", 8]
-    config["timing"] = {**config["timing"], "warmup": "1", "max_seconds": "0.5"}
-    config["step"] = {**config["step"], "batch_sizes": ["1"], "depth": "16"}
-    config["throughput"] = {**config["throughput"], "draft_ms": "2.5"}
-    checked = check_config(config)
-    assert checked["budgets"] == [8, 16] and checked["batch_sizes"] == [1, 8]
-    assert checked["timing"]["warmup"] == 1 and checked["timing"]["max_seconds"] == 0.5
-    assert checked["step"]["batch_sizes"] == [1] and checked["step"]["depth"] == 16
-    assert checked["throughput"]["draft_ms"] == 2.5
-    config = default_config()
-    config["machine"] = "123"  # a string setting keeps its string
-    assert check_config(config)["machine"] == "123"
+    for key, value in given.items():
+        config[key] = {**config[key], **value} if isinstance(value, dict) else value
+    config["seed"] = "7"  # a config file's string, not the command line's: stays a string
+    coerce_numeric_strings(config, given)
+    assert config["budgets"] == [8, 16] and config["batch_sizes"] == [1, 8]
+    assert config["timing"]["warmup"] == 1 and config["timing"]["max_seconds"] == 0.5
+    assert config["step"]["batch_sizes"] == [1] and config["step"]["depth"] == 16
+    assert config["throughput"]["draft_ms"] == 2.5
+    assert config["machine"] == "123"  # a string setting keeps its string
+    assert config["seed"] == "7" and config["timing"]["repeats"] == default_config()["timing"]["repeats"]
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "message"),
+    [
+        ("budgets", ["16"], "config: budgets: must hold integers, got '16'"),
+        ("batch_sizes", [1, "8"], "config: batch_sizes: must hold integers, got '8'"),
+        ("seed", "7", "config: seed: '7' is not of type 'integer'"),
+    ],
+)
+def test_a_config_files_string_where_a_number_belongs_is_refused(tmp_path, key, value, message):
+    """Before: ``budgets: ["16"]`` in a config file was read as 16. A config file's quoted number is a
+    mistake (only Snakemake's --config hands numbers over as strings), refused by loading the file and by
+    ``ddtree-bench workflow`` before any job: one line on stderr, exit 2, nothing written."""
+    path = tmp_path / "strings.yaml"
+    path.write_text(yaml.safe_dump({key: value}))
+    with pytest.raises(ValueError) as error:
+        load_config(path)
+    assert str(error.value).startswith(message), error.value
+    work = workdir_copy(tmp_path)
+    (work / "strings.yaml").write_text(path.read_text())
+    result = ddtree_bench_workflow(work, "--cores", "1", "--configfile", "strings.yaml", "--", "report")
+    assert result.returncode == 2, result.stderr[-3000:]
+    (line,) = error_lines(result.stderr)
+    assert line.startswith(message), result.stderr
+    assert not (work / "results").exists() and not (work / "report").exists()
 
 
 def test_snakemake_config_option_lists_are_accepted(tmp_path):

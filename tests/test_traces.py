@@ -371,7 +371,7 @@ def test_cli_rejects_bad_trace_files(tmp_path, capsys, case, command):
 
 @pytest.mark.parametrize(
     "content, problem",
-    [(b"this is not a zip file", "cannot read it as an .npz"), (None, "file not found")],
+    [(b"this is not a zip file", "not an .npz trace"), (None, "file not found")],
 )
 def test_load_rejects_unreadable_files(tmp_path, content, problem):
     path = tmp_path / "t.npz"

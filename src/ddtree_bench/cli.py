@@ -45,14 +45,21 @@ def _integer(text: str) -> int:
         raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
 
 
-def _number(text: str) -> float:
+def _number(text: str, *, positive: bool = False) -> float:
+    """A finite number >= 0 (``positive``: > 0), as the configuration's field it sets must be."""
     try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
-    if not np.isfinite(value) or value < 0:
-        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text!r}")
+    if not np.isfinite(value) or value < 0 or (positive and value == 0):
+        raise argparse.ArgumentTypeError(
+            f"must be a finite number {'>' if positive else '>='} 0, got {text!r}"
+        )
     return value
+
+
+def _positive_number(text: str) -> float:
+    return _number(text, positive=True)
 
 
 def _builder_options(pairs: list[str] | None) -> dict:
@@ -783,7 +790,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="the trees to model, one the results hold (default: the results' first distribution)",
     )
     p.add_argument("--draft-ms", type=_number, help="throughput.draft_ms")
-    p.add_argument("--bandwidth-tbps", type=_number, help="throughput.what_if.bandwidth_tbps")
+    p.add_argument("--bandwidth-tbps", type=_positive_number, help="throughput.what_if.bandwidth_tbps (> 0)")
     p.add_argument("--prefix-length", type=_integer, help="throughput.prefix_length (S)")
     p.set_defaults(func=cmd_budget)
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import numbers
 import re
+from collections.abc import Mapping
 from pathlib import Path
 
 import yaml
@@ -182,18 +183,21 @@ def _number_of(value, kinds: set[str]):
     return value
 
 
-def coerce_numeric_strings(config: dict, schema: dict | None = None) -> dict:
-    """Numbers given as strings become numbers (in place) wherever the schema wants an integer or a number,
-    lists of them included: Snakemake hands ``--config budgets=[8,16]`` over as ``['8', '16']``. Other
-    strings stay as they are (the checks then name them)."""
-    schema = schema or load_schema()
-    _coerce(config, schema, schema)
+def coerce_numeric_strings(config: dict, given, schema: dict | str | Path | None = None) -> dict:
+    """The values ``given`` on Snakemake's command line (``--config``), numbers as strings, become numbers in
+    ``config`` (in place) wherever the schema wants an integer or a number, lists of them included:
+    Snakemake hands ``--config budgets=[8,16]`` over as ``['8', '16']``. Only those: a string a config file
+    gives (``budgets: ["16"]``) stays a string, and the checks refuse it. Other strings stay as they are
+    (the checks then name them)."""
+    if not isinstance(schema, dict):
+        schema = load_schema(schema)
+    _coerce(config, schema, schema, given)
     return config
 
 
-def _coerce(instance: dict, schema: dict, root: dict) -> None:
+def _coerce(instance: dict, schema: dict, root: dict, given) -> None:
     for key, sub in _resolve(schema, root).get("properties", {}).items():
-        if key not in instance:
+        if key not in instance or not isinstance(given, Mapping) or key not in given:
             continue
         kinds = _types(sub, root)
         value = instance[key]
@@ -208,7 +212,7 @@ def _coerce(instance: dict, schema: dict, root: dict) -> None:
         elif isinstance(value, dict):
             for branch in _branches(sub, root):
                 if "properties" in branch:
-                    _coerce(value, branch, root)
+                    _coerce(value, branch, root, given[key])
 
 
 # ----------------------------------------------------------------------------------------- checks
@@ -266,7 +270,6 @@ def check_config(config: dict, schema: dict | str | Path | None = None) -> dict:
         raise ValueError(f"config: must be a mapping, got {type(config).__name__}")
     if not isinstance(schema, dict):
         schema = load_schema(schema)
-    coerce_numeric_strings(config, schema)
     # YAML 1.1 reads unquoted on/off as booleans.
     if isinstance(config.get("gpu"), bool):
         config["gpu"] = "on" if config["gpu"] else "off"
@@ -597,3 +600,20 @@ def check_output_paths(settings, results: str | Path = "results") -> None:
     (``ValueError``) before any job, not a failure of the last job. Creates nothing."""
     for field, path in (("report_dir", settings.report_dir), ("results", results)):
         check_writable(path, f"config: {field}:", folder=True)
+
+
+def check_builders_run_here(builders, unavailable: dict[str, str], gpu: str = "auto") -> None:
+    """At least one configured builder can run on this machine (``unavailable``: each builder that cannot,
+    with why: the gpu builder without a usable GPU or under ``gpu: off``, SGLang's without torch). Where
+    none can, the run would time nothing and report it: refused (``ValueError``, one line), before any job.
+    Where one can, the others get their "unavailable" rows, as ``gpu: auto`` promises."""
+    if any(builder not in unavailable for builder in builders):
+        return
+    reasons = ", ".join(f"{builder} ({' '.join(str(unavailable[builder]).split())})" for builder in builders)
+    cpu = [
+        b for b in catalog.builders_where(runner=catalog.CPU) if b not in unavailable and b != catalog.SGLANG
+    ]
+    fix = f"Add a CPU builder ({', '.join(cpu)})"
+    if all(catalog.BUILDERS[builder].runner == catalog.GPU for builder in builders):
+        fix += " or set gpu: auto" if gpu == "off" else " or run on a machine with a usable GPU"
+    _fail("builders", f"none can run here: {reasons}. {fix}")

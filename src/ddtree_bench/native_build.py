@@ -8,18 +8,17 @@ arguments, e.g. ``"ccache g++"``), else the first of ``c++``, ``g++``, ``clang++
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shlex
 import shutil
 import subprocess
 from pathlib import Path
 
+from ddtree_bench.compile_cache import cached_path, toolchain_key
 from ddtree_bench.io import atomic_output
 
 CXX_FLAGS = ("-O3", "-fPIC", "-shared", "-std=c++17", "-pthread", "-ffp-contract=off", "-fno-fast-math")
 DEFAULT_SOURCE = Path(__file__).resolve().parents[2] / "kernels" / "native" / "tree_build_cpu.cpp"
-LIBRARY_STEM = "tree_build_cpu"
 
 
 def find_compiler() -> list[str] | None:
@@ -65,20 +64,16 @@ def build_native_library(source: Path, output: Path) -> None:
         os.chmod(tmp, 0o755)
 
 
-def cache_dir() -> Path:
-    """``$DDTREE_CACHE``, else ``~/.cache/ddtree-bench``."""
-    env = os.environ.get("DDTREE_CACHE")
-    return Path(env) if env else Path.home() / ".cache" / "ddtree-bench"
+def toolchain() -> str:
+    """``compile_cache.toolchain_key`` of the library's build here: the compiler, its version, every flag."""
+    return toolchain_key(find_compiler() or ["?"], CXX_FLAGS)
 
 
 def cached_library_path(source: Path = DEFAULT_SOURCE) -> Path:
-    """Where the cached build of ``source`` lives: keyed by a hash of the source text, the compiler command
-    and the flags, so an edit (or another compiler) gives another file."""
-    compiler = find_compiler() or ["?"]
-    digest = hashlib.sha256()
-    digest.update(Path(source).read_bytes())
-    digest.update("\0".join([*compiler, *CXX_FLAGS]).encode())
-    return cache_dir() / f"{LIBRARY_STEM}-{digest.hexdigest()[:16]}.so"
+    """Where the cached build of ``source`` lives (``compile_cache.cached_path``): keyed by the source text,
+    the compiler command, its ``--version`` output and the flags, so an edit, another compiler or another
+    version of it gives another file."""
+    return cached_path(source, ".so", find_compiler() or ["?"], CXX_FLAGS)
 
 
 def cached_native_library(source: Path = DEFAULT_SOURCE) -> Path:

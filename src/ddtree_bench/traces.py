@@ -472,6 +472,7 @@ def peek_trace(path) -> tuple[int, int, int]:
         raise ValueError(f"{path}: not a file")
     if not os.access(path, os.R_OK):
         raise ValueError(f"{path}: not readable (permission denied)")
+    _check_zip(path, str(path))
     shapes = {}
     try:
         with zipfile.ZipFile(path) as archive:
@@ -552,9 +553,20 @@ def trace_sha256(path) -> str:
     return arrays_sha256(data["top_log_probs"], data["top_token_ids"])
 
 
+def _check_zip(path: Path, where: str) -> None:
+    """A file that is no zip archive (a text file, a bare .npy, a pickle) is no trace: one line saying so
+    (numpy's own words for it speak of pickled data)."""
+    if not zipfile.is_zipfile(path):
+        raise ValueError(
+            f"{where}: not an .npz trace (not a zip archive; a trace is an .npz of top_log_probs and "
+            "top_token_ids, as `ddtree-bench trace` writes)"
+        )
+
+
 def _read_npz(path: Path) -> dict[str, np.ndarray]:
     if not path.is_file():
         raise ValueError(f"trace {path}: file not found")
+    _check_zip(path, f"trace {path}")
     try:
         with np.load(path, allow_pickle=False) as data:
             return {name: data[name] for name in data.files}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -32,6 +33,29 @@ def snakemake(
     return subprocess.run(
         [SNAKEMAKE, *args], cwd=work, capture_output=True, text=True, timeout=timeout, env=env
     )
+
+
+def ddtree_bench_workflow(
+    work: Path, *args: str, timeout: float = 300, env: dict | None = None
+) -> subprocess.CompletedProcess:
+    """``ddtree-bench workflow ARGS`` in ``work``, as a user types it (the console script's entry point)."""
+    return subprocess.run(
+        [sys.executable, "-m", "ddtree_bench.cli", "workflow", *args],
+        cwd=work,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+    )
+
+
+def error_lines(stderr: str) -> list[str]:
+    """The lines of a run's stderr but Snakemake's own notice that a --configfile extends the workflow's
+    config file (it logs that before the Snakefile's checks run, on stderr outside a dry run)."""
+    notice = re.compile(
+        r"^Config file \S+ is (extended|replaced) by additional config specified via the command line\.$"
+    )
+    return [line for line in stderr.strip().splitlines() if not notice.match(line)]
 
 
 def pretend_gpu(base: Path) -> dict:

@@ -9,6 +9,9 @@ rule build_native:
         f"{LOGS}/build/native.log",
     conda:
         "../envs/ddtree-bench.yaml"
+    params:
+        # the compiler, its version and every flag: another compiler or flag rebuilds it (and what it times)
+        toolchain=lambda wildcards: native_toolchain(),
     script:
         "../scripts/build_native.py"
 
@@ -16,7 +19,7 @@ rule build_native:
 rule build_fatbin:
     """Compile a CUDA source (kernels/NAME/NAME.cu) to a fatbin: machine code per configured architecture, plus PTX."""
     input:
-        source="kernels/{kernel}/{kernel}.cu",
+        source=KERNEL_SOURCE_PATTERN,
         headers=lambda wildcards: headers(f"kernels/{wildcards.kernel}"),
     output:
         fatbin=FATBIN_PATTERN,
@@ -29,5 +32,9 @@ rule build_fatbin:
         "../envs/ddtree-bench.yaml"
     params:
         archs=list(SETTINGS.cuda_archs),
+        # nvcc, its version and every flag: another nvcc or flag rebuilds the kernel (and what it times)
+        toolchain=lambda wildcards: fatbin_toolchain(
+            KERNEL_SOURCE_PATTERN.format(kernel=wildcards.kernel), SETTINGS.cuda_archs
+        ),
     script:
         "../scripts/build_fatbin.py"

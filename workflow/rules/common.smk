@@ -8,6 +8,9 @@ import shutil
 from pathlib import Path
 
 from ddtree_bench import catalog, consistency
+from ddtree_bench.config import check_builders_run_here
+from ddtree_bench.cuda.loader import fatbin_toolchain
+from ddtree_bench.native_build import toolchain as native_toolchain
 from ddtree_bench.consistency import GRID_KEYS
 from ddtree_bench.environment import default_machine_label
 from ddtree_bench.summary.spread import job_suffix
@@ -63,7 +66,8 @@ def headers(folder):
 NATIVE_SOURCE = "kernels/native/tree_build_cpu.cpp"
 NATIVE_HEADERS = headers("kernels/native")
 NATIVE_LIBRARY = f"{RESULTS}/build/libddtree_native.so"
-KERNEL_SOURCE = "kernels/tree_build/tree_build.cu"
+KERNEL_SOURCE_PATTERN = "kernels/{kernel}/{kernel}.cu"
+KERNEL_SOURCE = KERNEL_SOURCE_PATTERN.format(kernel="tree_build")
 FATBIN_PATTERN = f"{RESULTS}/build/{{kernel}}.fatbin"
 FATBIN = FATBIN_PATTERN.format(kernel="tree_build")
 FATBIN_INFO = f"{FATBIN}.json"
@@ -153,6 +157,11 @@ for builder in GPU_BUILDERS:
     if builder in BUILDERS:
         UNAVAILABLE[builder] = GPU_REASON
 UNAVAILABLE = {builder: reason for builder, reason in UNAVAILABLE.items() if reason}
+# Where none of the builders can run here, the run would time nothing: one line, before any job.
+try:
+    check_builders_run_here(BUILDERS, UNAVAILABLE, SETTINGS.gpu)
+except ValueError as error:
+    bad_input(error)
 TIMED_BUILDERS = [b for b in BUILDERS if b not in UNAVAILABLE]
 # The kernel compiles wherever nvcc is (CI included), even where no GPU runs it.
 BUILD_FATBIN = (
@@ -411,7 +420,7 @@ if STEP["enabled"] and SETTINGS.gpu != "off":
             ("attention_fatbin", ATTENTION_FATBIN),
             ("accept_fatbin", ACCEPT_FATBIN),
         ):
-            source = f"kernels/{Path(path).stem}/{Path(path).stem}.cu"
+            source = KERNEL_SOURCE_PATTERN.format(kernel=Path(path).stem)
             if GPU_REASON is None or Path(source).is_file():
                 STEP_BUILDS[key] = path
         STEP_BUILDS["util_fatbin"] = UTIL_FATBIN

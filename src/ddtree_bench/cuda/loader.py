@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
+from ddtree_bench.compile_cache import cached_path, compiler_version, toolchain_key
 from ddtree_bench.io import atomic_output
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
@@ -86,27 +87,36 @@ def gencode_flags(archs, ptx: bool = True, arch_specific: bool = False) -> list[
     return flags
 
 
+def nvcc_flags(source: Path, archs=DEFAULT_ARCHS, ptx: bool = True) -> list[str]:
+    """Every flag nvcc gets to compile ``source`` to a fatbin: ``NVCC_FLAGS``, then the ``-gencode`` ones."""
+    return [*NVCC_FLAGS, "-fatbin", *gencode_flags(archs, ptx, Path(source).name in ARCH_SPECIFIC_SOURCES)]
+
+
+def fatbin_toolchain(source: Path, archs=DEFAULT_ARCHS, ptx: bool = True) -> str:
+    """``compile_cache.toolchain_key`` of a fatbin build of ``source`` here: nvcc, its version, every flag."""
+    return toolchain_key([find_nvcc() or "nvcc"], nvcc_flags(source, archs, ptx))
+
+
 def build_fatbin(source: Path, output: Path, archs=DEFAULT_ARCHS, ptx: bool = True) -> dict:
     """Compile ``source`` to ``output`` (a fatbin) atomically; writes ``output + '.json'`` describing it.
     Raises RuntimeError with nvcc's message when the compile fails."""
     source, output = Path(source), Path(output)
-    arch_specific = source.name in ARCH_SPECIFIC_SOURCES
     nvcc = find_nvcc()
     if nvcc is None:
         raise RuntimeError("nvcc not found (set $NVCC or put CUDA's bin directory on PATH)")
-    flags = gencode_flags(archs, ptx, arch_specific)
+    flags = nvcc_flags(source, archs, ptx)
     with atomic_output(output) as tmp_out:
-        cmd = [nvcc, *NVCC_FLAGS, "-fatbin", *flags, "-o", str(tmp_out), str(source)]
+        cmd = [nvcc, *flags, "-o", str(tmp_out), str(source)]
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:
             raise RuntimeError(f"nvcc failed on {source}:\n{proc.stderr.strip()}")
-        version = subprocess.run([nvcc, "--version"], capture_output=True, text=True).stdout
+        version = compiler_version((nvcc,))
         info = {
             "source": str(source),
             "source_sha256": hashlib.sha256(source.read_bytes()).hexdigest(),
             "archs": sorted({re.search(r"code=(sm_\w+)", f).group(1) for f in flags if "code=sm_" in f}),
             "ptx": f"compute_{max(_arch_number(a) for a in archs)}" if ptx else None,
-            "nvcc": version.strip().splitlines()[-1] if version else "unknown",
+            "nvcc": version.splitlines()[-1] if version else "unknown",
             "command": " ".join(cmd[:-3] + ["-o", str(output), str(source)]),
         }
     with atomic_output(str(output) + ".json") as tmp_json:
@@ -115,16 +125,13 @@ def build_fatbin(source: Path, output: Path, archs=DEFAULT_ARCHS, ptx: bool = Tr
 
 
 def cached_fatbin(source: Path = TREE_BUILD_SOURCE, archs=DEFAULT_ARCHS) -> Path:
-    """A fatbin of ``source`` in the cache directory, built on first use (keyed by the source, the headers
-    next to it and the archs)."""
+    """A fatbin of ``source`` in the cache directory, built on first use: keyed by the source, the headers
+    next to it, nvcc, its ``--version`` output and every flag (``compile_cache.cached_path``), so a fatbin
+    built under other flags or by another nvcc is never reused."""
     source = Path(source)
-    content = source.read_bytes()
-    for header in sorted(p for p in source.parent.iterdir() if p.suffix in (".cuh", ".h")):
-        content += header.name.encode() + header.read_bytes()
-    flags = gencode_flags(archs, True, source.name in ARCH_SPECIFIC_SOURCES)
-    digest = hashlib.sha256(content + repr(flags).encode()).hexdigest()[:16]
-    cache = Path(os.environ.get("DDTREE_CACHE", Path.home() / ".cache" / "ddtree-bench"))
-    output = cache / f"{source.stem}-{digest}.fatbin"
+    output = cached_path(
+        source, ".fatbin", [find_nvcc() or "nvcc"], nvcc_flags(source, archs), headers=(".cuh", ".h")
+    )
     if not output.exists():
         build_fatbin(source, output, archs)
     return output
