@@ -512,6 +512,37 @@ def _check_panels(name, fig):
         assert len(builders) == len(set(builders)), f"{name}: a builder twice in {ax.get_title()!r}"
 
 
+def test_wide_tables_scroll_with_their_first_column_fixed(published_model):
+    import re  # noqa: PLC0415
+
+    from ddtree_bench.report import to_html  # noqa: PLC0415
+    from ddtree_bench.report.render import CSS  # noqa: PLC0415
+    from ddtree_bench.report.tables import html_table  # noqa: PLC0415
+
+    columns = ["N", "B", *(f"builder {i}" for i in range(16))]
+    wide = html_table(pd.DataFrame([range(18)], columns=columns))
+    named = html_table(pd.DataFrame([["a machine", *range(17)]], columns=["machine", *columns[1:]]))
+    narrow = html_table(pd.DataFrame([range(3)], columns=["a", "b", "c"]))
+    assert wide.startswith("<div class='scroll wide key2'><table>")  # (N, B) stay in view
+    assert named.startswith("<div class='scroll wide'><table>")  # the first column only
+    assert narrow.startswith("<div class='scroll'><table>")
+    css = CSS.replace("\n", "")
+    assert ".scroll{overflow-x:auto" in css
+    sticky = re.search(r"\.wide th:first-child,\.wide td:first-child,([^{]*)\{position:sticky;left:0;", css)
+    assert sticky and ".key2 td:nth-child(2)" in sticky.group(1)
+    assert (
+        re.search(r"\.key2 th:nth-child\(2\),\.key2 td:nth-child\(2\)\{left:(\S+)\}", css).group(1) == "4.5em"
+    )
+    assert re.search(r"\.key2 td:first-child\{[^}]*width:4\.5em", css)  # the first column as wide as that
+    model, _ = published_model
+    page = to_html(model)
+    wrappers = re.findall(r"<div class='(scroll[^']*)'><table><thead><tr>(.*?)</tr>", page)
+    assert any(head.count("<th>") >= 17 for _, head in wrappers)  # the detail tables
+    for wrapper, head in wrappers:
+        assert ("wide" in wrapper.split()) == (head.count("<th>") > 8), head
+    assert any("key2" in wrapper.split() for wrapper, _ in wrappers)
+
+
 def test_main_figures_draw_one_line_per_builder_and_no_empty_panel(published_model):
     from ddtree_bench.report.names import PER_BUILDER_FIGURES  # noqa: PLC0415
 
