@@ -30,9 +30,8 @@ WIDTH = 12.0
 DPI = 100
 #: seaborn's palette of every categorical colour ("CN" in the catalog: its Nth colour).
 PALETTE = "colorblind"
-#: The smallest text in a figure, in points at the page's width; the most entries of one legend.
+#: The smallest text in a figure, in points at the page's width.
 MIN_FONT = 9
-MAX_LEGEND = 8
 #: The report's font sizes (seaborn's plotting context, overridden).
 FONTS = {
     "font.size": 10,
@@ -163,23 +162,6 @@ def builder_series(*, data, x, y, color, label, marker, linestyle, band=None, na
     drawn.set_gid(label)
     if band is not None:
         ax.fill_between(line[x], line[band[0]], line[band[1]], color=color, alpha=0.15, linewidth=0)
-
-
-def builder_line(ax, builder: str, x, y, *, label: str | None = None) -> None:
-    """A builder's one line in a panel drawn outside a facet map (its colour, marker and line style
-    everywhere); ``gid`` names the builder."""
-    color, marker, style = BUILDER_STYLES.get(builder, ("#333333", "o", "-"))
-    (line,) = ax.plot(
-        x,
-        y,
-        color=colour(color),
-        marker=marker,
-        linestyle=style,
-        markersize=5,
-        linewidth=1.7,
-        label=label or BUILDER_LABELS.get(builder, builder),
-    )
-    line.set_gid(builder)
 
 
 def panels(rows: int, cols: int, *, height: float = 3.0, sharey: bool | str = False):
