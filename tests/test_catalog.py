@@ -66,7 +66,12 @@ def test_every_figure_and_builder_entry_names_what_exists():
         )
         assert callable(getattr(importlib.import_module(module), attribute)), entry.name
     series = catalog.all_series().values()
-    assert len({s.name for s in series}) == len(series) and len({s.color for s in series}) == len(series)
+    assert len({s.name for s in series}) == len(series)
+    for builder in catalog.BUILDERS.values():  # a builder's series are told apart by kind and mask
+        kinds = [(s.kind, s.packed) for s in (*builder.series, *builder.in_situ)]
+        assert len(set(kinds)) == len(kinds) and {k for k, _ in kinds} <= set(catalog.TIMING_KINDS), (
+            builder.name
+        )
 
 
 # ----------------------------------------------------------------------------------------- a toy builder
@@ -92,8 +97,8 @@ catalog.BUILDERS["toy"] = catalog.Builder(
     catalog.CPU,
     "toy (a test's builder)",
     ("#000000", "x", "-"),
-    (catalog.Series(catalog.WALL, "toy (wall)", "#010101", "toy (wall)"),),
-    (catalog.Series(catalog.IN_SITU, "toy in-situ", "#020202", "toy in-situ", ("n/a",)),),
+    (catalog.Series(catalog.WALL, "toy (wall)", catalog.WALL_CLOCK, "toy (wall)"),),
+    (catalog.Series(catalog.IN_SITU, "toy in-situ", catalog.IN_SITU_KIND, "toy in-situ", ("n/a",)),),
     catalog.PAGEABLE,
     options={"scale": 2},
 )
@@ -121,7 +126,7 @@ from ddtree_bench.report import names
 from ddtree_bench.summary import step
 from ddtree_bench import throughput
 
-assert names.SERIES_NAMES[("toy", "wall")] == "toy (wall)" and names.SERIES_COLORS["toy in-situ"] == "#020202"
+assert names.SERIES_NAMES[("toy", "wall")] == "toy (wall)"
 assert ("toy", "toy (a test's builder)", "wall", "wall clock") in throughput.BUILDERS
 assert "toy" in throughput.CPU_BUILDERS and "toy" in names.CPU_BUILDERS
 assert names.BUILDER_STYLES["toy"] == ("#000000", "x", "-") and names.PER_CALL_TIMING["toy"] == "wall"

@@ -22,16 +22,37 @@ IN_SITU = "in-situ"
 WALL = "wall"
 
 
+#: The kinds of timing, each with its colour in the timing-variants figure. A colour "CN" is the Nth of the
+#: report's palette (seaborn's colour-blind one, ``report.figures.colour``).
+WALL_CLOCK = "wall clock"
+IN_SITU_KIND = "in-situ (what the round pays)"
+KERNEL_EVENTS = "kernel (CUDA events)"
+GRAPH_REPLAY = "CUDA-graph replay"
+HOST_INCLUSIVE = "host-inclusive (copies in + out)"
+LAUNCH_SYNC = "launch + sync wall (in-situ)"
+TIMING_KINDS = {
+    WALL_CLOCK: "C0",
+    IN_SITU_KIND: "C3",
+    KERNEL_EVENTS: "C2",
+    GRAPH_REPLAY: "C1",
+    HOST_INCLUSIVE: "C4",
+    LAUNCH_SYNC: "C7",
+}
+
+
 @dataclass(frozen=True)
 class Series:
-    """One (builder, timing) series: its name in the report's figures and tables and its colour there; where
-    the step breakdown shows it, its label there (``step``) and the cache states it takes."""
+    """One (builder, timing) series: its name in the report's figures and tables and its kind of timing
+    (``TIMING_KINDS``: its colour in the timing-variants figure); ``packed``: whether it takes the packed-bit
+    mask only (a dashed line there); where the step breakdown shows it, its label there (``step``) and the
+    cache states it takes."""
 
     timing: str
     name: str
-    color: str
+    kind: str
     step: str | None = None
     caches: tuple[str, ...] = ("n/a", "warm")
+    packed: bool = False
 
 
 # ----------------------------------------------------------------------------------------- builders
@@ -52,7 +73,8 @@ class Builder:
     ``stages.build_gpu``'s). ``libraries``: (constructor option, workflow artefact) pairs the workflow fills
     in (``native``: the C++ library; ``tree_build``, ``bench_util``: fatbins). ``copies``: DEVICE, PAGEABLE or
     PINNED (see above). ``label``: its name in the "Which budget?" model and the answer; ``column``: the
-    answer's column (default: ``label``); ``style``: (colour, marker, line style) in the model's figures;
+    answer's column (default: ``label``); ``style``: (colour, marker, line style) in the report's figures
+    (colour "CN": the Nth of the report's palette, see ``TIMING_KINDS``);
     ``fallback``: (timing, its name) the model takes where no in-situ rows exist; ``series`` and ``in_situ``:
     its timing series (in the report's order)."""
 
@@ -86,9 +108,9 @@ BUILDERS: dict[str, Builder] = {
             "ddtree_bench.builders.sglang:SGLangBuilder",
             CPU,
             "sglang (SGLang's CPU builder)",
-            ("#1f77b4", "o", "-"),
-            (Series(WALL, "sglang (SGLang's CPU builder)", "#1f77b4", "sglang (SGLang's CPU builder)"),),
-            (Series(IN_SITU, "sglang in-situ (pageable copies)", "#ffbb78", "sglang in-situ", ("n/a",)),),
+            ("C0", "o", "-"),
+            (Series(WALL, "sglang (SGLang's CPU builder)", WALL_CLOCK, "sglang (SGLang's CPU builder)"),),
+            (Series(IN_SITU, "sglang in-situ (pageable copies)", IN_SITU_KIND, "sglang in-situ", ("n/a",)),),
             PAGEABLE,
             column="SGLang's function",
         ),
@@ -97,11 +119,15 @@ BUILDERS: dict[str, Builder] = {
             "ddtree_bench.builders.reference:ReferenceBuilder",
             CPU,
             "reference (ours, Python)",
-            ("#ff7f0e", "s", "--"),
-            (Series(WALL, "reference (ours, Python)", "#ff7f0e", "reference (ours, Python)"),),
+            ("C1", "s", "--"),
+            (Series(WALL, "reference (ours, Python)", WALL_CLOCK, "reference (ours, Python)"),),
             (
                 Series(
-                    IN_SITU, "reference in-situ (pageable copies)", "#98df8a", "reference in-situ", ("n/a",)
+                    IN_SITU,
+                    "reference in-situ (pageable copies)",
+                    IN_SITU_KIND,
+                    "reference in-situ",
+                    ("n/a",),
                 ),
             ),
             PAGEABLE,
@@ -111,9 +137,9 @@ BUILDERS: dict[str, Builder] = {
             "ddtree_bench.builders.native:NativeBuilder",
             CPU,
             "native (C++, 1 thread)",
-            ("#2ca02c", "^", "-."),
-            (Series(WALL, "native (C++, 1 thread)", "#2ca02c", "native (C++, 1 thread)"),),
-            (Series(IN_SITU, "native in-situ (pinned copies)", "#c5b0d5", "native in-situ", ("n/a",)),),
+            ("C2", "^", "-."),
+            (Series(WALL, "native (C++, 1 thread)", WALL_CLOCK, "native (C++, 1 thread)"),),
+            (Series(IN_SITU, "native in-situ (pinned copies)", IN_SITU_KIND, "native in-situ", ("n/a",)),),
             PINNED,
             libraries=_NATIVE_LIBRARY,
         ),
@@ -122,9 +148,13 @@ BUILDERS: dict[str, Builder] = {
             "ddtree_bench.builders.native:NativeBuilder",
             CPU,
             "native-mt (C++, all cores)",
-            ("#9467bd", "D", ":"),
-            (Series(WALL, "native-mt (C++, all cores)", "#9467bd", "native-mt (C++, all cores)"),),
-            (Series(IN_SITU, "native-mt in-situ (pinned copies)", "#ff9896", "native-mt in-situ", ("n/a",)),),
+            ("C4", "D", ":"),
+            (Series(WALL, "native-mt (C++, all cores)", WALL_CLOCK, "native-mt (C++, all cores)"),),
+            (
+                Series(
+                    IN_SITU, "native-mt in-situ (pinned copies)", IN_SITU_KIND, "native-mt in-situ", ("n/a",)
+                ),
+            ),
             PINNED,
             options={"threads": 0},
             libraries=_NATIVE_LIBRARY,
@@ -134,31 +164,41 @@ BUILDERS: dict[str, Builder] = {
             "ddtree_bench.builders.gpu:GpuBuilder",
             GPU,
             "gpu (our CUDA kernel)",
-            ("#d62728", "v", "-"),
+            ("C3", "v", "-"),
             (
-                Series("kernel-events", "gpu kernel (CUDA events)", "#d62728", "gpu kernel", ("warm",)),
-                Series("graph-replay", "gpu CUDA-graph replay", "#8c564b"),
+                Series("kernel-events", "gpu kernel (CUDA events)", KERNEL_EVENTS, "gpu kernel", ("warm",)),
+                Series("graph-replay", "gpu CUDA-graph replay", GRAPH_REPLAY),
                 Series(
                     "host-inclusive",
                     "gpu host-inclusive (secondary: copies in + out)",
-                    "#e377c2",
+                    HOST_INCLUSIVE,
                     "gpu host-inclusive",
                 ),
-                Series(WALL, "gpu (wall)", "#17becf"),
-                Series("kernel-events-packed", "gpu kernel, packed bits only (CUDA events)", "#aec7e8"),
+                Series(WALL, "gpu (wall)", WALL_CLOCK),
+                Series(
+                    "kernel-events-packed",
+                    "gpu kernel, packed bits only (CUDA events)",
+                    KERNEL_EVENTS,
+                    packed=True,
+                ),
             ),
             (
                 Series(
                     IN_SITU,
                     "gpu in-situ (graph replay, bool mask)",
-                    "#c49c94",
+                    IN_SITU_KIND,
                     "gpu in-situ (graph replay)",
                     ("warm",),
                 ),
-                Series("in-situ-packed", "gpu in-situ (graph replay, packed bits)", "#f7b6d2"),
-                Series("in-situ-launch-sync", "gpu launch + sync wall (secondary, bool mask)", "#9edae5"),
                 Series(
-                    "in-situ-launch-sync-packed", "gpu launch + sync wall (secondary, packed bits)", "#7f7f7f"
+                    "in-situ-packed", "gpu in-situ (graph replay, packed bits)", IN_SITU_KIND, packed=True
+                ),
+                Series("in-situ-launch-sync", "gpu launch + sync wall (secondary, bool mask)", LAUNCH_SYNC),
+                Series(
+                    "in-situ-launch-sync-packed",
+                    "gpu launch + sync wall (secondary, packed bits)",
+                    LAUNCH_SYNC,
+                    packed=True,
                 ),
             ),
             DEVICE,
@@ -309,7 +349,7 @@ class Stack:
     ``GPU_BUILDER``), ``attention`` (``OURS``, ``SGLANG_TRITON_ATTENTION``, ``SGLANG_FA3_ATTENTION``) and
     ``accept`` (``OURS`` or ``SGLANG_ACCEPT``). ``base``: the SGLang stack a one-kernel swap starts from
     (None for a whole stack); ``swap``: the kernel it swaps for ours. ``label``: its name in the report;
-    ``color``: its colour there."""
+    ``color``: its colour there ("CN", as a builder's; a swap takes its base's)."""
 
     name: str
     label: str
@@ -330,13 +370,13 @@ def _sglang_stack(name, attention, label, color):
     return Stack(name, label, SGLANG, attention, SGLANG_ACCEPT, color)
 
 
-def _swap(base: Stack, kernel: str, color: str) -> Stack:
+def _swap(base: Stack, kernel: str) -> Stack:
     ours = {"build": GPU_BUILDER, "attention": OURS, "accept": OURS}
     fields = {"build": base.build, "attention": base.attention, "accept": base.accept, kernel: ours[kernel]}
     return Stack(
         f"{base.name}+{kernel}",
         f"{base.name} with our {kernel}",
-        color=color,
+        color=base.color,
         base=base.name,
         swap=kernel,
         **fields,
@@ -344,10 +384,10 @@ def _swap(base: Stack, kernel: str, color: str) -> Stack:
 
 
 _SGLANG_FA3 = _sglang_stack(
-    "sglang-fa3", SGLANG_FA3_ATTENTION, "SGLang as the H200 runs it (FA3 tree verify)", "#1f77b4"
+    "sglang-fa3", SGLANG_FA3_ATTENTION, "SGLang as the H200 runs it (FA3 tree verify)", "C0"
 )
 _SGLANG_TRITON = _sglang_stack(
-    "sglang-triton", SGLANG_TRITON_ATTENTION, "SGLang as sm_120 runs it (Triton tree verify)", "#ff7f0e"
+    "sglang-triton", SGLANG_TRITON_ATTENTION, "SGLang as sm_120 runs it (Triton tree verify)", "C4"
 )
 #: Every stack, in the report's order: SGLang as it runs (H200, then sm_120), ours, then the swaps.
 STACKS: dict[str, Stack] = {
@@ -361,14 +401,9 @@ STACKS: dict[str, Stack] = {
             GPU_BUILDER,
             OURS,
             OURS,
-            "#d62728",
+            "C3",
         ),
-        _swap(_SGLANG_FA3, "build", "#aec7e8"),
-        _swap(_SGLANG_FA3, "attention", "#9467bd"),
-        _swap(_SGLANG_FA3, "accept", "#17becf"),
-        _swap(_SGLANG_TRITON, "build", "#ffbb78"),
-        _swap(_SGLANG_TRITON, "attention", "#8c564b"),
-        _swap(_SGLANG_TRITON, "accept", "#bcbd22"),
+        *(_swap(base, kernel) for base in (_SGLANG_FA3, _SGLANG_TRITON) for kernel in STACK_KERNELS),
     )
 }
 

@@ -12,6 +12,7 @@ import pytest
 from report_rows import rows_for, write_machine
 
 from ddtree_bench.builders import get_builder
+from ddtree_bench.catalog import all_series
 from ddtree_bench.report import (
     FIGURE_NAMES,
     SGLANG_FUNCTION_TARGET,
@@ -512,6 +513,125 @@ def _check_panels(name, fig):
         assert len(builders) == len(set(builders)), f"{name}: a builder twice in {ax.get_title()!r}"
 
 
+def _look(handle) -> tuple:
+    """What tells a legend entry apart: its colour with its marker and line style, or its fill and hatch."""
+    from matplotlib.colors import to_hex  # noqa: PLC0415
+    from matplotlib.lines import Line2D  # noqa: PLC0415
+
+    if isinstance(handle, Line2D):
+        return to_hex(handle.get_color()), handle.get_marker(), handle.get_linestyle()
+    return to_hex(handle.get_facecolor()), handle.get_hatch()
+
+
+def _neutral(colour) -> bool:
+    from matplotlib.colors import to_rgb  # noqa: PLC0415
+
+    r, g, b = to_rgb(colour)
+    return r == g == b  # black, greys, white
+
+
+def _check_readable(name, fig):
+    """Colours of seaborn's colour-blind palette (the tree shape's budgets: its sequential viridis, named by
+    a colour bar); at most 8 entries a legend, each told apart; text of at least 9 points at the page's width
+    (the figure is no wider than the page, so it is shown at its size)."""
+    import seaborn as sns  # noqa: PLC0415
+    from matplotlib.colors import to_hex  # noqa: PLC0415
+    from matplotlib.text import Text  # noqa: PLC0415
+
+    from ddtree_bench.report.figures import WIDTH  # noqa: PLC0415
+
+    assert fig.get_figwidth() <= WIDTH <= 12.5, name  # 100 dpi: at most the page's 1250 px
+    small = [
+        (t.get_text(), t.get_fontsize())
+        for t in fig.findobj(Text)
+        if t.get_visible() and t.get_text().strip() and t.get_fontsize() < 9
+    ]
+    assert not small, f"{name}: text under 9 points: {small[:5]}"
+    legends = [*fig.legends, *(ax.get_legend() for ax in fig.axes if ax.get_legend() is not None)]
+    for legend in legends:
+        assert len(legend.get_texts()) <= 8, f"{name}: {len(legend.get_texts())} legend entries"
+        looks = [_look(handle) for handle in legend.legend_handles]
+        assert len(set(looks)) == len(looks), f"{name}: two legend entries look alike"
+    lines = [line for ax in fig.axes for line in ax.get_lines()]
+    bars = [bar for ax in fig.axes for bar in ax.patches]
+    colours = {
+        to_hex(c) for c in [*(line.get_color() for line in lines), *(bar.get_facecolor() for bar in bars)]
+    }
+    colours = {c for c in colours if not _neutral(c)}
+    if name == "tree_shape":
+        budgets = {line.get_label() for line in lines}
+        assert colours <= set(sns.color_palette("viridis", len(budgets)).as_hex()), colours
+        assert not legends and any(ax.get_ylabel() == "budget N" for ax in fig.axes)  # the colour bar
+    else:
+        assert colours <= set(sns.color_palette("colorblind").as_hex()), f"{name}: {sorted(colours)}"
+
+
+def test_figures_are_readable_in_seaborns_colour_blind_palette(published_model):
+    _, figures = published_model
+    for name, fig in figures.items():
+        _check_readable(name, fig)
+    # the timing variants: a colour per kind of timing (at most 8), the mask and the L2 cache by line style
+    # and marker, not a colour per series (there are more than 8)
+    assert len(all_series()) > 8
+    assert [len(legend.get_texts()) for legend in figures["timing_variants"].legends] == [6, 2]
+    # the round's parts: no label on a bar (each bar's builder is its marker), the text horizontal
+    parts = figures["round_parts"]
+    assert not any(ax.texts for ax in parts.axes)
+    assert all(label.get_rotation() == 0 for ax in parts.axes for label in ax.get_xticklabels())
+
+
+def test_best_budget_stars_sit_on_the_budgets_they_mean(published_model):
+    from matplotlib.colors import to_hex  # noqa: PLC0415
+
+    _, figures = published_model
+    for name in ("which_budget", "stacks"):
+        stars = 0
+        for ax in figures[name].axes:
+            lines = [line for line in ax.get_lines() if line.get_marker() != "*"]
+            budgets = {float(x) for line in lines for x in line.get_xdata()}
+            if ax.get_xscale() != "log":
+                continue  # the stacks' waterfalls
+            assert sorted(ax.get_xticks()) == sorted(budgets), (name, ax.get_title())  # ticks at the budgets
+            for star in (line for line in ax.get_lines() if line.get_marker() == "*"):
+                (x,), (y,) = star.get_xdata(), star.get_ydata()
+                assert float(x) in budgets, (name, ax.get_title(), x)
+                own = [line for line in lines if to_hex(line.get_color()) == to_hex(star.get_color())]
+                assert any(y == max(line.get_ydata()) and x in list(line.get_xdata()) for line in own)
+                stars += 1
+        assert stars, name
+
+
+def test_wide_tables_scroll_with_their_first_column_fixed(published_model):
+    import re  # noqa: PLC0415
+
+    from ddtree_bench.report import to_html  # noqa: PLC0415
+    from ddtree_bench.report.render import CSS  # noqa: PLC0415
+    from ddtree_bench.report.tables import html_table  # noqa: PLC0415
+
+    columns = ["N", "B", *(f"builder {i}" for i in range(16))]
+    wide = html_table(pd.DataFrame([range(18)], columns=columns))
+    named = html_table(pd.DataFrame([["a machine", *range(17)]], columns=["machine", *columns[1:]]))
+    narrow = html_table(pd.DataFrame([range(3)], columns=["a", "b", "c"]))
+    assert wide.startswith("<div class='scroll wide key2'><table>")  # (N, B) stay in view
+    assert named.startswith("<div class='scroll wide'><table>")  # the first column only
+    assert narrow.startswith("<div class='scroll'><table>")
+    css = CSS.replace("\n", "")
+    assert ".scroll{overflow-x:auto" in css
+    sticky = re.search(r"\.wide th:first-child,\.wide td:first-child,([^{]*)\{position:sticky;left:0;", css)
+    assert sticky and ".key2 td:nth-child(2)" in sticky.group(1)
+    assert (
+        re.search(r"\.key2 th:nth-child\(2\),\.key2 td:nth-child\(2\)\{left:(\S+)\}", css).group(1) == "4.5em"
+    )
+    assert re.search(r"\.key2 td:first-child\{[^}]*width:4\.5em", css)  # the first column as wide as that
+    model, _ = published_model
+    page = to_html(model)
+    wrappers = re.findall(r"<div class='(scroll[^']*)'><table><thead><tr>(.*?)</tr>", page)
+    assert any(head.count("<th>") >= 17 for _, head in wrappers)  # the detail tables
+    for wrapper, head in wrappers:
+        assert ("wide" in wrapper.split()) == (head.count("<th>") > 8), head
+    assert any("key2" in wrapper.split() for wrapper, _ in wrappers)
+
+
 def test_main_figures_draw_one_line_per_builder_and_no_empty_panel(published_model):
     from ddtree_bench.report.names import PER_BUILDER_FIGURES  # noqa: PLC0415
 
@@ -543,6 +663,7 @@ def test_a_small_report_has_no_empty_panels(tmp_path):
         build_model(machines, ReportOptions(distribution="uniform"), paths)
         for name, fig in figures:
             _check_panels(name, fig)
+            _check_readable(name, fig)
     assert all(path.stat().st_size > 1000 for path in paths.values())
 
 

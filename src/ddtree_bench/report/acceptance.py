@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 
 from ddtree_bench.calibrate import PAPER_CHAIN, PAPER_DEPTH, PAPER_TAU
-from ddtree_bench.report.figures import WIDTH, budget_axis, save_figure
+from ddtree_bench.report.figures import WIDTH, budget_axis, palette, save_figure
 
 #: The paper's Fig. 4 (Qwen3-8B, MATH-500, block 16): P(tau >= k) for k = 1 .. 16.
 PAPER_CHAIN_SURVIVAL = (1.0, 0.897, 0.779, 0.679, 0.597, 0.527, 0.472, 0.427, 0.386, 0.350, 0.317, 0.287)
@@ -84,9 +84,9 @@ def tau_table(machines) -> pd.DataFrame:
 
 
 def figure_tau(machines, path) -> str:
-    """tau vs budget: every distribution's trees (on the first 15 positions where the trace has them, else
-    on all L), expected as lines and simulated as points with 2-standard-error bars, and the paper's
-    curve and chain."""
+    """tau vs budget: every distribution's trees (a colour each; solid on the first 15 positions where the
+    trace has them, dashed on all L), expected as lines and simulated as points with 2-standard-error bars,
+    and the paper's curve and chain."""
     import matplotlib.pyplot as plt  # noqa: PLC0415
 
     rows = per_budget(next((m.shapes for m in machines if not m.shapes.empty), pd.DataFrame()))
@@ -97,13 +97,18 @@ def figure_tau(machines, path) -> str:
     if rows.empty:
         ax.text(0.5, 0.5, "no tree shapes", transform=ax.transAxes, ha="center")
     groups = rows.groupby(["distribution", "depth"], sort=True) if not rows.empty else ()
-    for (distribution, depth), group in groups:
+    colours = palette()
+    for k, ((distribution, depth), group) in enumerate(groups):
+        color = colours[k % len(colours)]
         at15 = group.get("paper_depth_tau_mean")
         if at15 is not None and at15.notna().all():
-            line = ax.plot(
-                group["budget"], at15, "o-", label=f"{distribution}, L = {depth}: first {PAPER_DEPTH}"
+            ax.plot(
+                group["budget"],
+                at15,
+                "o-",
+                color=color,
+                label=f"{distribution}, L = {depth}: first {PAPER_DEPTH}",
             )
-            color = line[0].get_color()
             chain = group["paper_depth_chain_tau"].iloc[0] if "paper_depth_chain_tau" in group else np.nan
             if not pd.isna(chain):
                 ax.axhline(chain, color=color, ls=":", lw=1)
@@ -111,6 +116,7 @@ def figure_tau(machines, path) -> str:
             group["budget"],
             1.0 + group["expected_accept_mean"],
             "--",
+            color=color,
             label=f"{distribution}, L = {depth}: all",
         )
         if "simulated_tau_mean" in group and group["simulated_tau_mean"].notna().any():
@@ -162,6 +168,7 @@ def figure_histogram(machines, path, distribution=None, depth=None) -> str:
         sel = sel[sel["depth"] == depth]
         budgets = list(sel["budget"])
         chosen = sorted({budgets[0], *(n for n in (64, 512) if n in budgets), budgets[-1]})
+        colours = iter(palette())
         for _, row in sel[sel["budget"].isin(chosen)].iterrows():
             hist = row["simulated_accept_hist"]
             if hist is None or (isinstance(hist, float) and pd.isna(hist)):
@@ -172,6 +179,7 @@ def figure_histogram(machines, path, distribution=None, depth=None) -> str:
                 p,
                 "o-",
                 ms=3,
+                color=next(colours),
                 label=f"{distribution}, L = {depth}, N = {row['budget']}",
             )
         title = f"{distribution} trees (L = {depth}) beside the paper's Fig. 4 (Qwen3-8B, block 16)."

@@ -18,6 +18,7 @@ from ddtree_bench.report import stacks as stacks_report
 from ddtree_bench.report import step as step_report
 from ddtree_bench.report import throughput as throughput_report
 from ddtree_bench.report.document import Bullets, Figure, Section, Table, Text
+from ddtree_bench.report.figures import theme
 from ddtree_bench.report.goals import (
     REF_VS_SGLANG_NOTE,
     REF_VS_SGLANG_TITLE,
@@ -194,7 +195,8 @@ def build_model(
 def _draw(spec, inputs: FigureInputs, path: Path) -> Figure:
     module, function = spec.draw.split(":")
     maker = getattr(importlib.import_module(module), function)
-    detail = maker(inputs, path)
+    with theme():
+        detail = maker(inputs, path)
     caption = " ".join(part for part in (spec.caption, detail) if part)
     return Figure(spec.name, spec.title, caption, Path(path), collapsed=spec.place == "collapsed")
 

@@ -8,8 +8,6 @@ from ddtree_bench import catalog
 #: How each (builder, timing) is named in figures and tables. ``reference`` is ours, never SGLang.
 SERIES_NAMES = {key: series.name for key, series in catalog.all_series().items()}
 SERIES_ORDER = list(SERIES_NAMES.values())
-#: One colour per series in the timing-variants figure.
-SERIES_COLORS = {series.name: series.color for series in catalog.all_series().values()}
 BASELINE_NAMES = {catalog.SGLANG: "SGLang's CPU builder", catalog.REFERENCE: "reference (ours)"}
 #: The timing values of the in-situ rows (what the decode round pays; ``insitu_bench``).
 IN_SITU_TIMINGS = catalog.in_situ_timings()

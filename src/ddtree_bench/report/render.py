@@ -22,8 +22,16 @@ color:#222;padding:0 1em;line-height:1.45}
 h1{font-size:1.6em}h2{margin-top:1.8em;border-bottom:1px solid #ddd;padding-bottom:.2em}
 table{border-collapse:collapse;font-size:.82em;margin:.6em 0}
 th,td{border:1px solid #ccc;padding:.25em .5em;text-align:left;vertical-align:top}
-td.nw{white-space:nowrap}.scroll{overflow-x:auto;max-width:100%}
-th{background:#f3f3f3}td.met{background:#dff5df}td.not-met{background:#f9dcdc}td.no-data{color:#777}
+td.nw{white-space:nowrap}.scroll{overflow-x:auto;max-width:100%}th{background:#f3f3f3}
+.wide table{border-collapse:separate;border-spacing:0;border-top:1px solid #ccc;border-left:1px solid #ccc}
+.wide th,.wide td{border-width:0 1px 1px 0}
+.wide th:first-child,.wide td:first-child,.key2 th:nth-child(2),.key2 td:nth-child(2){position:sticky;left:0;
+z-index:1;background:#fff}.wide th:first-child,.key2 th:nth-child(2){background:#f3f3f3}
+.key2 th:first-child,.key2 td:first-child{box-sizing:border-box;width:4.5em;min-width:4.5em;max-width:4.5em}
+.key2 th:nth-child(2),.key2 td:nth-child(2){left:4.5em}
+.wide tr>:first-child,.key2 tr>:nth-child(2){box-shadow:inset -1px 0 #999}
+.key2 tr>:first-child{box-shadow:none}
+td.met,.wide td.met{background:#dff5df}td.not-met,.wide td.not-met{background:#f9dcdc}td.no-data{color:#777}
 img{max-width:100%;border:1px solid #eee;margin:.5em 0}details{margin:.5em 0}.note{color:#555}
 figure{margin:0}figcaption{color:#555;font-size:.9em}
 .banner{background:#fff4d6;border:1px solid #e0c060;padding:.5em .8em;font-weight:600}

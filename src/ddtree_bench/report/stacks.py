@@ -323,10 +323,19 @@ def tokens_pivot(table: pd.DataFrame, batch: int, prefix: int) -> pd.DataFrame:
 # ----------------------------------------------------------------------------------------------- figures
 
 
+#: A one-kernel swap's line: (line style, marker) per kernel swapped; whole stacks are solid with dots.
+SWAP_STYLES = {"build": ("--", "s"), "attention": (":", "^"), "accept": ("-.", "D")}
+#: The waterfall's steps, top to bottom.
+WATERFALL_STEPS = ("SGLang", "build", "attention", "accept", "rest", "ours")
+
+
 def figure(table: pd.DataFrame, best: pd.DataFrame, path: Path, spread: dict | None = None) -> str:
-    """Tokens/s per budget, a panel per (batch, prefix), a line per whole stack (swaps dashed); and a
-    waterfall panel per (batch, prefix) from sglang-fa3 to ours at sglang-fa3's best budget."""
-    from ddtree_bench.report.figures import budget_axis, finish, panels  # noqa: PLC0415
+    """Tokens/s per budget, a panel per (batch, prefix), a line per stack (a colour per SGLang stack and
+    ours; a swap in its SGLang stack's colour, a line style per kernel swapped); and a horizontal waterfall
+    panel per (batch, prefix) from sglang-fa3 to ours at sglang-fa3's best budget."""
+    from matplotlib.lines import Line2D  # noqa: PLC0415
+
+    from ddtree_bench.report.figures import budget_axis, colour, finish, panels  # noqa: PLC0415
 
     shown = sorted({(int(b), int(p)) for b, p in zip(table["batch"], table["prefix"], strict=True)})
     fig, axes = panels(2, len(shown), height=3.0)
@@ -337,67 +346,95 @@ def figure(table: pd.DataFrame, best: pd.DataFrame, path: Path, spread: dict | N
             line = part[part["stack"] == name].sort_values("budget")
             if line.empty:
                 continue
+            style, marker = SWAP_STYLES.get(stack.swap, ("-", "o"))
             ax.plot(
                 line["budget"],
                 line["tokens_per_s"],
-                marker="o",
-                ms=3,
-                color=stack.color,
-                ls="--" if stack.base else "-",
-                lw=1.0 if stack.base else 1.8,
-                label=name,
+                marker=marker,
+                ms=3.5 if stack.base else 4,
+                color=colour(stack.color),
+                ls=style,
+                lw=1.1 if stack.base else 2.0,
+                alpha=0.8 if stack.base else 1.0,
+                label=f"_{name}",  # the legend names colours and line styles, not each line
             )
             top = best[(best["batch"] == batch) & (best["prefix"] == prefix) & (best["stack"] == name)]
             if not top.empty and stack.base is None:
-                ax.plot(top["budget"], top["tokens_per_s"], marker="*", ms=11, color=stack.color, ls="")
-        budget_axis(ax, sorted(int(n) for n in part["budget"].unique()), fontsize=6)
-        ax.set_title(
-            f"B = {batch}, S = {prefix}, L = {int(part['depth'].iloc[0]) if batch != 1 else 'N'}", fontsize=9
+                ax.plot(
+                    top["budget"],
+                    top["tokens_per_s"],
+                    marker="*",
+                    ms=14,
+                    color=colour(stack.color),
+                    markeredgecolor="black",
+                    markeredgewidth=0.6,
+                    ls="",
+                    zorder=3,
+                )
+        ticks = sorted(int(n) for n in part["budget"].unique())
+        budget_axis(ax, ticks, every=-(-len(ticks) // 5))
+        depth = int(part["depth"].iloc[0]) if batch != 1 else "N"
+        ax.set_title(f"B = {batch}, S = {prefix}, L = {depth}")
+        ax.set_xlabel("budget N")
+        ax.set_ylabel("tokens/s (B x tau / round)" if col == 0 else "")
+        _waterfall_panel(axes[1][col], table, best, batch, prefix, spread, first=col == 0)
+    whole = [s for s in catalog.STACKS.values() if s.base is None and (table["stack"] == s.name).any()]
+    legend = [(Line2D([], [], color=colour(s.color), lw=2.0, marker="o", ms=4), s.name) for s in whole]
+    swaps = {s.swap for s in catalog.STACKS.values() if s.base and (table["stack"] == s.name).any()}
+    legend += [
+        (
+            Line2D([], [], color="0.35", lw=1.1, ls=SWAP_STYLES[k][0], marker=SWAP_STYLES[k][1], ms=3.5),
+            f"+ our {k}",
         )
-        ax.set_xlabel("budget N", fontsize=8)
-        if col == 0:
-            ax.set_ylabel("tokens/s (B x tau / round)", fontsize=8)
-        ax.tick_params(labelsize=7)
-        wax = axes[1][col]
-        base = BASES[0]
-        top = best[(best["batch"] == batch) & (best["prefix"] == prefix) & (best["stack"] == base)]
-        steps = (
-            pd.DataFrame()
-            if top.empty
-            else waterfall(table, base, batch, prefix, int(top["budget"].iloc[0]), spread)
-        )
-        if steps.empty:
-            wax.set_axis_off()
-            continue
-        level = [steps["round_s"].iloc[0] * 1e3]
-        for i, (_, step) in enumerate(steps.iterrows()):
-            if i == 0:
-                wax.bar(i, level[0], color=catalog.STACKS[base].color)
-                continue
-            low, high = sorted((step["round_s"] * 1e3, step["round_s"] * 1e3 + step["saved_s"] * 1e3))
-            wax.bar(
-                i,
-                high - low,
-                bottom=low,
-                color="#2ca02c" if step["saved_s"] > 0 else "#d62728",
-                hatch="" if step["shown"] else "//",
-                alpha=0.85,
-            )
-        wax.bar(len(steps), steps["round_s"].iloc[-1] * 1e3, color=catalog.STACKS[catalog.OURS].color)
-        names = ["SGLang", "build", "attention", "accept", "rest", "ours"]
-        wax.set_xticks(range(len(names)), names, rotation=30, fontsize=7)
-        wax.set_title(f"{base} -> ours at N = {int(top['budget'].iloc[0])}", fontsize=8)
-        if col == 0:
-            wax.set_ylabel("round (ms)", fontsize=8)
-        wax.tick_params(labelsize=7)
-    finish(fig, axes, path)
+        for k in SWAP_STYLES
+        if k in swaps
+    ]
+    star = Line2D([], [], marker="*", ms=13, color="0.6", markeredgecolor="black", ls="none")
+    finish(fig, axes, path, ncol=4, extra=(), legends=[legend + [(star, "best budget")]])
     return (
-        "Top: tokens/s per budget (tau from the paper-fitted drafter trees of depth 16), whole stacks solid, "
-        "one-kernel swaps dashed, stars at each whole stack's best budget. Bottom: SGLang as the H200 runs "
-        "it (sglang-fa3) to ours at its best budget: each kernel's own difference (its parts of the two "
-        "rounds; green takes off, red adds) and the rest of the round; hatched: within the run-to-run "
-        "spread (no win shown)."
+        "Top: tokens/s per budget (tau from the paper-fitted drafter trees of depth 16), whole stacks thick "
+        "(a colour each), one-kernel swaps thin in their SGLang stack's colour (a line style per kernel "
+        "swapped), stars at each whole stack's best budget. Bottom: SGLang as the H200 runs it (sglang-fa3) "
+        "to ours at its best budget: each kernel's own difference (its parts of the two rounds; green takes "
+        "off, red adds) and the rest of the round; hatched: within the run-to-run spread (no win shown)."
     )
+
+
+def _waterfall_panel(wax, table, best, batch, prefix, spread, *, first: bool) -> None:
+    """From sglang-fa3's round to ours at its best budget, one horizontal bar per step (top to bottom)."""
+    from ddtree_bench.report.figures import colour  # noqa: PLC0415
+
+    base = BASES[0]
+    top = best[(best["batch"] == batch) & (best["prefix"] == prefix) & (best["stack"] == base)]
+    steps = (
+        pd.DataFrame()
+        if top.empty
+        else waterfall(table, base, batch, prefix, int(top["budget"].iloc[0]), spread)
+    )
+    if steps.empty:
+        return  # no data: the panel is removed
+    ms = steps["round_s"].to_numpy() * 1e3
+    saved = steps["saved_s"].to_numpy() * 1e3
+    wax.barh(0, ms[0], color=colour(catalog.STACKS[base].color))
+    for i in range(1, len(steps)):
+        low, high = sorted((ms[i], ms[i] + saved[i]))
+        wax.barh(
+            i,
+            high - low,
+            left=low,
+            color=colour("C2" if saved[i] > 0 else "C3"),
+            hatch="" if steps["shown"].iloc[i] else "//",
+            edgecolor="white",
+            linewidth=0,
+        )
+    wax.barh(len(steps), ms[-1], color=colour(catalog.STACKS[catalog.OURS].color))
+    wax.set_yticks(
+        range(len(WATERFALL_STEPS)), list(WATERFALL_STEPS) if first else [""] * len(WATERFALL_STEPS)
+    )
+    wax.invert_yaxis()
+    wax.grid(False, axis="y")
+    wax.set_title(f"{base} -> ours\nat N = {int(top['budget'].iloc[0])}")
+    wax.set_xlabel("round (ms)")
 
 
 # ----------------------------------------------------------------------------------------------- the section

@@ -12,7 +12,15 @@ import pandas as pd
 
 from ddtree_bench.config import STREAM_IMPL
 from ddtree_bench.report.document import Bullets, Section, Table, Text
-from ddtree_bench.report.figures import budget_axis, builder_line, empty_figure, finish, panels
+from ddtree_bench.report.figures import (
+    budget_axis,
+    builder_facets,
+    builder_series,
+    empty_figure,
+    facet_panels,
+    finish,
+    log_y,
+)
 from ddtree_bench.report.fmt import fmt_us, missing, regime
 from ddtree_bench.summary.step import (
     BUILD_LABELS,
@@ -427,29 +435,33 @@ def figure_step_share(breakdowns: dict[str, pd.DataFrame], path) -> str:
     heads = 8 if (data["heads"] == 8).any() else int(data["heads"].iloc[0])
     data = data[data["heads"] == heads]
     builder_of = {label: builder for builder, *_, label in IN_SITU_BUILD_SERIES + BUILD_SERIES}
-    data = data.assign(who=data["builder"].map(builder_of))
-    panel_keys = data[["machine", "prefix"]].drop_duplicates().to_records(index=False).tolist()
-    batches = sorted(int(b) for b in data["batch"].unique())
-    fig, axes = panels(len(panel_keys), len(batches), sharey=True)
+    data = data.assign(
+        builder_name=data["builder"],
+        builder=data["builder"].map(builder_of),
+        panel=[f"{m}: S = {p}" for m, p in zip(data["machine"], data["prefix"], strict=True)],
+        percent=100 * data["share"],
+    )
+    # each builder's one line: its in-situ build where measured (the first of BUILD_LABELS present)
+    rank = {label: k for k, label in enumerate(BUILD_LABELS)}
+    data = data.assign(rank=data["builder_name"].map(rank))
+    keys = ["panel", "batch", "builder"]
+    data = data[data["rank"] == data.groupby(keys)["rank"].transform("min")]
+    g = builder_facets(
+        data, row="panel", col="batch", row_order=list(dict.fromkeys(data["panel"])), sharey=True
+    )
+    g.map_dataframe(builder_series, x="budget", y="percent", name="builder_name")
     ticks = sorted(int(b) for b in data["budget"].unique())
-    for i, (machine, prefix) in enumerate(panel_keys):
-        for j, batch in enumerate(batches):
-            ax = axes[i][j]
-            sel = data[(data["machine"] == machine) & (data["prefix"] == prefix) & (data["batch"] == batch)]
-            for builder in dict.fromkeys(b for b in builder_of.values() if b in set(sel["who"])):
-                mine = sel[sel["who"] == builder]
-                label = next(x for x in BUILD_LABELS if x in set(mine["builder"]))  # in-situ first
-                line = mine[mine["builder"] == label].sort_values("budget")
-                builder_line(ax, builder, line["budget"], 100 * line["share"], label=label)
-            if sel.empty:
-                continue
-            budget_axis(ax, ticks)
-            ax.set_yscale("log")
-            ax.grid(True, which="major", alpha=0.3)
-            ax.set_title(f"{machine}: S = {prefix}, B = {batch}", fontsize=10)
-            ax.set_xlabel("budget N (nodes per tree)")
-            ax.set_ylabel("tree build, % of build +\nverify attention x layers + accept", fontsize=9)
-    finish(fig, axes, path)
+    for ax, panel in facet_panels(g, data, "panel", "batch"):
+        budget_axis(ax, ticks)
+        log_y(ax)
+        ax.set_title(f"{panel['panel'].iloc[0]}, B = {panel['batch'].iloc[0]}")
+    finish(
+        g.figure,
+        g.axes,
+        path,
+        xlabel="budget N (nodes per tree)",
+        ylabel="tree build, % of build +\nverify attention x layers + accept",
+    )
     return f"{heads} heads."
 
 

@@ -304,6 +304,12 @@ def markdown_table(df: pd.DataFrame) -> str:
 
 #: A cell up to this many characters is kept on one line (longer ones are prose and wrap).
 NOWRAP_CHARS = 40
+#: A table of more columns than this scrolls sideways with its first column fixed (class "wide"), and its
+#: second too where the first is short (class "key2": at most KEY_CHARS characters, the second at most
+#: KEY2_CHARS): then (N, B) or (batch, prefix) stay in view together.
+WIDE_COLUMNS = 8
+KEY_CHARS = 5
+KEY2_CHARS = 12
 
 
 def html_table(df: pd.DataFrame, *, status_column: str | None = None) -> str:
@@ -323,4 +329,14 @@ def html_table(df: pd.DataFrame, *, status_column: str | None = None) -> str:
             cells.append(f"<td{cls}>{escape(text)}</td>")
         rows.append("<tr>" + "".join(cells) + "</tr>")
     table = f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>"
-    return f"<div class='scroll'>{table}</div>"
+    return f"<div class='{' '.join(_wrapper_classes(df))}'>{table}</div>"
+
+
+def _wrapper_classes(df: pd.DataFrame) -> list[str]:
+    if len(df.columns) <= WIDE_COLUMNS:
+        return ["scroll"]
+
+    def longest(k: int) -> int:
+        return max(len(str(v)) for v in [df.columns[k], *df.iloc[:, k]])
+
+    return ["scroll", "wide", *(["key2"] if longest(0) <= KEY_CHARS and longest(1) <= KEY2_CHARS else [])]

@@ -17,9 +17,18 @@ import pandas as pd
 
 from ddtree_bench import catalog
 from ddtree_bench.report.document import Bullets, Section, Table, Text
-from ddtree_bench.report.figures import budget_axis, builder_line, empty_figure, finish, panels
+from ddtree_bench.report.figures import (
+    budget_axis,
+    builder_facets,
+    builder_series,
+    colour,
+    empty_figure,
+    facet_panels,
+    finish,
+    panels,
+)
 from ddtree_bench.report.fmt import fmt_us
-from ddtree_bench.report.names import BUILDER_STYLES
+from ddtree_bench.report.names import BUILDER_LABELS, BUILDER_STYLES
 from ddtree_bench.throughput import (
     ASSUMPTIONS,
     BUILDERS,
@@ -422,54 +431,55 @@ def budget_targets(found: list[BudgetSection], machines) -> list[tuple[str, str,
 # ----------------------------------------------------------------------------------------------- figure
 
 
+def _row_title(section: BudgetSection) -> str:
+    return f"{section.machine}, {section.distribution} trees, tau {section.profile}"
+
+
 def figure(found: list[BudgetSection], path, options: dict | None = None) -> str:
-    """Modelled tokens/s vs budget: a row of panels per (machine, distribution) with data, a panel per batch
-    size, a line per builder with its best budget starred (stars of builders sharing a budget side by
-    side); x ticks at the modelled budgets; legend below. Returns the caption's sources sentence."""
-    import matplotlib.pyplot as plt  # noqa: PLC0415
+    """Modelled tokens/s vs budget: a row of facets per (machine, distribution, acceptance profile) with
+    data, a facet per batch size, a line per builder with a star at its best budget (stars sharing a budget
+    nested, the first builder's largest); x ticks at the modelled budgets; legend below. Returns the
+    caption's sources sentence."""
+    from matplotlib.lines import Line2D  # noqa: PLC0415
 
     rows = [s for s in found if s.result is not None and not s.result.table.empty]
     if not rows:
         empty_figure(path, "Which budget?: no data (needs the step stages' verify attention and accept)")
         return "No data: the model needs the step stages' measured verify attention and accept."
-    batches = sorted({int(b) for s in rows for b in s.result.table["batch"]})
-    fig, axes = panels(len(rows), len(batches), height=3.2)
-    builders = [b for b, *_ in BUILDERS]
-    for i, section in enumerate(rows):
-        table = section.result.table
-        for j, batch in enumerate(batches):
-            ax = axes[i][j]
-            sel = table[table["batch"] == batch]
-            if sel.empty:
-                continue
-            present = [b for b in builders if b in set(sel["builder"])]
-            for k, (builder, label, *_) in enumerate(b for b in BUILDERS if b[0] in present):
-                line = sel[sel["builder"] == builder].sort_values("budget")
-                builder_line(ax, builder, line["budget"], line["tokens_per_s"], label=label)
-                best = line.loc[line["tokens_per_s"].idxmax()]
-                dodge = 2 ** (0.15 * (k - (len(present) - 1) / 2))  # side by side on the log-2 axis
-                ax.plot(
-                    [best["budget"] * dodge],
-                    [best["tokens_per_s"]],
-                    marker="*",
-                    markersize=11,
-                    color=BUILDER_STYLES[builder][0],
-                    markeredgecolor="black",
-                    markeredgewidth=0.5,
-                    linestyle="none",
-                )
-            budget_axis(ax, sorted(int(b) for b in sel["budget"].unique()))
-            ax.set_ylim(bottom=0)
-            ax.grid(True, alpha=0.3)
-            ax.set_title(f"{section.machine}, {section.distribution} trees: B = {batch}", fontsize=10)
-            ax.set_xlabel("budget N (nodes per tree)")
-            ax.set_ylabel(
-                "tokens/s (model) = B x tau / round\n(draft + build + forward + comm. + accept)", fontsize=9
+    data = pd.concat([s.result.table.assign(section=_row_title(s)) for s in rows], ignore_index=True)
+    data = data[data["builder"].isin(list(BUILDER_STYLES))]
+    sections = list(dict.fromkeys(data["section"]))
+    g = builder_facets(data, row="section", col="batch", row_order=sections, height=3.2)
+    g.map_dataframe(builder_series, x="budget", y="tokens_per_s")
+    for ax, panel in facet_panels(g, data, "section", "batch"):
+        best = panel.loc[panel.groupby("builder")["tokens_per_s"].idxmax()].set_index("builder")
+        for builder in (b for b in BUILDER_STYLES if b in best.index):
+            budget, tokens = best.loc[builder, ["budget", "tokens_per_s"]]
+            k = [b for b in BUILDER_STYLES if b in best.index[best["budget"] == budget]].index(builder)
+            ax.plot(
+                [budget],
+                [tokens],
+                marker="*",
+                markersize=max(16 - 4 * k, 6),
+                color=colour(BUILDER_STYLES[builder][0]),
+                markeredgecolor="black",
+                markeredgewidth=0.6,
+                linestyle="none",
+                zorder=3 + k,
             )
-    star = plt.Line2D(
-        [], [], marker="*", markersize=11, color="0.5", markeredgecolor="black", linestyle="none"
+        budget_axis(ax, sorted(int(b) for b in panel["budget"].unique()))
+        ax.set_ylim(bottom=0)
+        ax.set_title(f"{panel['section'].iloc[0]}: B = {panel['batch'].iloc[0]}")
+    star = Line2D([], [], marker="*", markersize=13, color="0.6", markeredgecolor="black", linestyle="none")
+    finish(
+        g.figure,
+        g.axes,
+        path,
+        ncol=3,
+        extra=[(star, "best budget (each builder's)")],
+        xlabel="budget N (nodes per tree)",
+        ylabel="tokens/s (model) = B x tau / round\n(draft + build + forward + comm. + accept)",
     )
-    finish(fig, axes, path, ncol=3, extra=[(star, "best budget (each builder's)")])
     sources = "; ".join(
         f"{row.term}: {', '.join(part.split(' (')[0] for part in row.sources.split('), '))}"
         for row in term_sources(rows[0].result.table).itertuples(index=False)
@@ -483,21 +493,19 @@ def figure_for_report(inputs, path) -> str:
 
 
 ROUND_FIGURE = "round_parts"
-#: The round's parts in the stacked bars, bottom first, and their colours.
+#: The round's parts in the stacked bars, bottom first, and their colours (of the report's palette).
 _PART_COLOURS = {
-    "draft": "#8c564b",
-    "build": "#d62728",
-    "attention": "#1f77b4",
-    "moe": "#ff7f0e",
-    "dense": "#2ca02c",
-    "lm_head": "#bcbd22",
-    "forward": "#17becf",
-    "allreduce": "#9467bd",
-    "accept": "#7f7f7f",
+    "draft": "C7",
+    "build": "C1",
+    "attention": "C0",
+    "moe": "C2",
+    "dense": "C8",
+    "lm_head": "C6",
+    "forward": "C9",
+    "allreduce": "C4",
+    "accept": "C5",
 }
 _HATCHES = {"estimated": "//", "entered": ".."}
-#: The bars per budget: (name on the bar, how its builder is chosen).
-_BARS = (("gpu", "gpu"), ("cpu", "fastest CPU builder besides sglang"), ("sgl", "sglang"))
 
 
 def _bar_rows(table: pd.DataFrame, batch: int) -> dict[int, list[tuple[str, pd.Series]]]:
@@ -523,9 +531,11 @@ def _bar_rows(table: pd.DataFrame, batch: int) -> dict[int, list[tuple[str, pd.S
 
 def figure_round_parts(found: list[BudgetSection], path) -> str:
     """The round's parts per budget at batch 1 and 64 (else the smallest and largest modelled), stacked:
-    a bar each for the gpu builder, the fastest other CPU builder and sglang; parts not measured are hatched
-    and their legend entry says their source."""
+    a bar each for the gpu builder, the fastest other CPU builder and sglang, each topped by its builder's
+    marker; parts not measured are hatched (a legend entry says what each hatch is)."""
+    from matplotlib.lines import Line2D  # noqa: PLC0415
     from matplotlib.patches import Patch  # noqa: PLC0415
+    from matplotlib.transforms import offset_copy  # noqa: PLC0415
 
     rows = [s for s in found if s.result is not None and not s.result.table.empty]
     if not rows:
@@ -534,7 +544,7 @@ def figure_round_parts(found: list[BudgetSection], path) -> str:
     modelled = sorted({int(b) for s in rows for b in s.result.table["batch"]})
     batches = [b for b in (1, 64) if b in modelled] or sorted({modelled[0], modelled[-1]})
     fig, axes = panels(len(rows), len(batches), height=3.4)
-    legend = {}
+    parts, sources, builders = set(), set(), set()
     width = 0.27
     for i, section in enumerate(rows):
         for j, batch in enumerate(batches):
@@ -542,6 +552,7 @@ def figure_round_parts(found: list[BudgetSection], path) -> str:
             bars = _bar_rows(section.result.table, batch)
             if not bars:
                 continue
+            above = offset_copy(ax.transData, fig=fig, y=5, units="points")
             budgets = sorted(bars)
             for x, budget in enumerate(budgets):
                 for k, (name, row) in enumerate(bars[budget]):
@@ -549,41 +560,57 @@ def figure_round_parts(found: list[BudgetSection], path) -> str:
                     bottom = 0.0
                     for part in row["parts"]:
                         seconds = float(row[f"{part}_s"]) * 1e3
-                        source = row[f"{part}_source"]
-                        hatch = _HATCHES.get(source)
-                        label = TERM_LABELS[part] + (f" ({source})" if hatch else "")
+                        hatch = _HATCHES.get(row[f"{part}_source"])
                         ax.bar(
                             left,
                             seconds,
                             width * 0.92,
                             bottom=bottom,
-                            color=_PART_COLOURS[part],
+                            color=colour(_PART_COLOURS[part]),
                             hatch=hatch,
                             edgecolor="white" if hatch else None,
                             linewidth=0,
                         )
                         if seconds <= 0:
                             continue
-                        legend.setdefault(
-                            label,
-                            Patch(
-                                facecolor=_PART_COLOURS[part],
-                                hatch=hatch,
-                                edgecolor="white" if hatch else None,
-                            ),
-                        )
+                        parts.add(part)
+                        if hatch:
+                            sources.add(row[f"{part}_source"])
                         bottom += seconds
-                    ax.text(left, bottom, name, ha="center", va="bottom", fontsize=6, rotation=90)
-            ax.set_xticks(range(len(budgets)), [str(b) for b in budgets], fontsize=8)
-            ax.set_ylim(top=ax.get_ylim()[1] * 1.15)
+                    color, marker, _ = BUILDER_STYLES[name]
+                    ax.plot(
+                        left, bottom, marker=marker, color=colour(color), ms=5, ls="none", transform=above
+                    )
+                    builders.add(name)
+            ax.set_xticks(range(len(budgets)), [str(b) for b in budgets])
+            ax.set_ylim(top=ax.get_ylim()[1] * 1.08)
             ax.grid(False, axis="x")
-            ax.grid(True, axis="y", alpha=0.3)
-            ax.set_title(f"{section.machine}, {section.distribution} trees: B = {batch}", fontsize=10)
-            ax.set_xlabel("budget N (bars: gpu | fastest other CPU builder | sglang)", fontsize=9)
-            ax.set_ylabel("round (ms)", fontsize=9)
-    order = [TERM_LABELS[p] for p in _PART_COLOURS]
-    names = sorted(legend, key=lambda n: (next((k for k, o in enumerate(order) if n.startswith(o)), 99), n))
-    finish(fig, axes, path, extra=[(legend[n], n) for n in names])
+            ax.set_title(f"{_row_title(section)}: B = {batch}")
+    part_legend = [
+        (Patch(facecolor=colour(_PART_COLOURS[p])), TERM_LABELS[p]) for p in _PART_COLOURS if p in parts
+    ]
+    bar_legend = [
+        (
+            Line2D([], [], marker=BUILDER_STYLES[b][1], color=colour(BUILDER_STYLES[b][0]), ls="none"),
+            BUILDER_LABELS[b],
+        )
+        for b in BUILDER_STYLES
+        if b in builders
+    ]
+    bar_legend += [
+        (Patch(facecolor="0.6", hatch=_HATCHES[s], edgecolor="white"), f"{s}, not measured")
+        for s in _HATCHES
+        if s in sources
+    ]
+    finish(
+        fig,
+        axes,
+        path,
+        ncol=6,
+        xlabel="budget N (bars: gpu | fastest other CPU builder | sglang)",
+        ylabel="round (ms)",
+        legends=[part_legend, bar_legend],
+    )
     return ""
 
 
