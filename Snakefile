@@ -11,7 +11,11 @@ from pathlib import Path
 
 from snakemake.utils import min_version, validate
 
-from ddtree_bench.config import check_output_paths, read_config_file
+from ddtree_bench.config import (
+    check_output_paths,
+    check_published_answer,
+    read_config_file,
+)
 from ddtree_bench.settings import Settings
 
 min_version("9.0")
@@ -43,6 +47,7 @@ SCHEMA = "workflow/schemas/config.schema.yaml"
 try:
     SETTINGS = Settings.from_config(config, Path(workflow.basedir) / SCHEMA)
     check_output_paths(SETTINGS)
+    check_published_answer(SETTINGS)
 except ValueError as error:
     bad_input(error)
 config.clear()

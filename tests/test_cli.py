@@ -840,3 +840,14 @@ def test_the_readmes_first_screen_defines_its_words_in_a_sentence_each():
         ("accept", "is the greedy walk"),
     ):
         assert f"**{word}** {definition}" in " ".join(first.split()), word
+
+
+def test_report_refuses_a_published_answer_that_names_no_published_folder(tmp_path, capsys):
+    out = tmp_path / "report"
+    code, _, err = run(
+        ["report", "--results", PUBLISHED, "--published", PUBLISHED.parent / "h200-sglang"]
+        + ["--published-answer", "h100", "-o", out],
+        capsys,
+    )
+    assert_one_line_error(code, err, "--published-answer h100: not the folder name of any --published folder")
+    assert "(h200-sglang)" in err and not out.exists()

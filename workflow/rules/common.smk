@@ -8,6 +8,7 @@ import shutil
 from pathlib import Path
 
 from ddtree_bench import catalog, consistency
+from ddtree_bench.config import published_files
 from ddtree_bench.consistency import GRID_KEYS
 from ddtree_bench.environment import default_machine_label
 from ddtree_bench.summary.spread import job_suffix
@@ -275,16 +276,21 @@ def bench_inputs(wildcards):
     return inputs
 
 
+# The published machine whose answer the report shows where this run has none (config published_answer).
+PUBLISHED_ANSWER = SETTINGS.published_answer
+
+
 def published_summaries():
-    """Committed summaries of other machines (results/published/<machine>/summary.parquet)."""
-    return sorted(str(p) for p in Path("results/published").glob("*/summary.parquet"))
+    """Committed summaries of other machines (results/published/<machine>/summary.parquet): the published
+    answer's first, then the others by folder name."""
+    return [str(p) for p in published_files("summary.parquet", first=PUBLISHED_ANSWER)]
 
 
 def published_step_summaries():
     """Their step summaries, where a machine has one (older publications have none)."""
-    return sorted(
-        str(p) for p in Path("results/published").glob("*/step_summary.parquet")
-    )
+    return [
+        str(p) for p in published_files("step_summary.parquet", first=PUBLISHED_ANSWER)
+    ]
 
 
 # ----------------------------------------------------------------------------------------------- step stages
