@@ -644,6 +644,11 @@ def test_the_answer_is_the_named_published_machine_whatever_the_folders_order(tm
     found = throughput_report.sections(machines, settings, None, published_answer="h200-sglang")
     out = answer_module.answer(machines, {}, settings, found, published_answer="h200-sglang")
     assert out.machine == "h200-sglang"
+    # and says what its rows are: no in-situ rows, no step stages of its own, no round run whole
+    intro = out.intro()
+    assert "in-situ median per call" not in intro and "median per call: kernel (CUDA events) for gpu" in intro
+    assert "Rounds: all 55 the sum of their terms (none run whole on a GPU)" in intro
+    assert "every term but the build (and tau) measured on h200, as h200-sglang has no step stages" in intro
     # a name among none of them: no answer, saying why (never another machine by order)
     out = answer_module.answer(machines, {}, settings, found, published_answer="h100")
     assert out.machine is None and "(h100, config published_answer) is not among" in out.missing

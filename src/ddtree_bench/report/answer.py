@@ -211,13 +211,22 @@ class RoundAnswer(Answer):
     def round_text(self) -> str:
         return "the whole round"
 
+    @property
+    def build_text(self) -> str:
+        if self.builds == "in-situ median per call":
+            return f"the tree build as the decode round pays it ({self.builds}, {self.machine})"
+        return (
+            f"the tree build ({self.builds}, {self.machine}; no in-situ rows, so without the copies a "
+            "decode round pays)"
+        )
+
     def intro(self) -> str:
         return (
             "The verdict's cells: yes or no and the one number it rests on; a tokens/s ratio within "
             f"{100 * SAME:.0f}% of 1 is not called, nor one whose spread across timing jobs includes 1.0x. "
-            f"The notes under it give the tokens/s, the spreads and the caveats. Each table cell: the tree "
-            f"build as the decode round pays it ({self.builds}, {self.machine}) and, in brackets, its share "
-            "of that builder's whole round: drafter, top-K, build, the 61-layer verify forward of one GPU's "
+            "The notes under it give the tokens/s, the spreads and the caveats. Each table cell: "
+            f"{self.build_text} and, in brackets, its share of that builder's whole round: drafter, top-K, "
+            "build, the 61-layer verify forward of one GPU's "
             f"share of Kimi K2.6 (random weights, INT4 routed experts{self.moe}), tensor-parallel "
             f"communication and accept, at S = {self.prefix}. {self.sources} {TAU_TEXT} tokens/s = B x tau "
             "/ round. A ratio's range: from the builds' independent timing jobs (the smallest and largest "
