@@ -14,6 +14,7 @@ from snakemake.utils import min_version, validate
 from ddtree_bench.config import (
     check_output_paths,
     coerce_numeric_strings,
+    check_published_answer,
     read_config_file,
 )
 from ddtree_bench.settings import Settings
@@ -51,6 +52,7 @@ try:
     )
     SETTINGS = Settings.from_config(config, Path(workflow.basedir) / SCHEMA)
     check_output_paths(SETTINGS)
+    check_published_answer(SETTINGS)
 except ValueError as error:
     bad_input(error)
 config.clear()

@@ -878,3 +878,14 @@ def test_budget_bandwidth_says_the_same_rule_for_every_value_it_refuses(tmp_path
     code, stdout, err = run(["budget", PUBLISHED, "--configfile", fragment], capsys)
     assert_one_line_error(code, err, "throughput.what_if.bandwidth_tbps: must be a finite number > 0")
     assert stdout == ""
+
+
+def test_report_refuses_a_published_answer_that_names_no_published_folder(tmp_path, capsys):
+    out = tmp_path / "report"
+    code, _, err = run(
+        ["report", "--results", PUBLISHED, "--published", PUBLISHED.parent / "h200-sglang"]
+        + ["--published-answer", "h100", "-o", out],
+        capsys,
+    )
+    assert_one_line_error(code, err, "--published-answer h100: not the folder name of any --published folder")
+    assert "(h200-sglang)" in err and not out.exists()

@@ -756,3 +756,25 @@ def test_stack_rounds_add_the_tree_shapes_their_tau_needs():
         check_shapes(shapes, configured_grid({**config, "step": {}}))
     with pytest.raises(ValueError, match="lacks the configured drafter L=16 N=2"):
         check_shapes(shapes[shapes["budget"] != 2], configured_grid(config))
+
+
+def test_published_answer_names_a_published_folder_or_the_run_stops(tmp_path):
+    from ddtree_bench.config import check_published_answer, published_files, schema_default  # noqa: PLC0415
+
+    assert schema_default("published_answer") == "h200"
+    root = tmp_path / "published"
+    for label in ("h200-sglang-regime", "h200-sglang", "h200"):
+        (root / label).mkdir(parents=True)
+        (root / label / "summary.parquet").write_bytes(b"")
+    # the answer's folder first, then the others by name (not by path, where "-" sorts before "/")
+    names = [p.parent.name for p in published_files(root=root, first="h200-sglang")]
+    assert names == ["h200-sglang", "h200", "h200-sglang-regime"]
+    check_published_answer(Settings.from_config(default_config()), root)
+    typo = Settings.from_config({**default_config(), "published_answer": "h100"})
+    with pytest.raises(ValueError) as error:
+        check_published_answer(typo, root)
+    assert str(error.value) == (
+        f"config: published_answer: h100: no {root}/h100/summary.parquet (published machines there: h200, "
+        "h200-sglang, h200-sglang-regime)"
+    )
+    check_published_answer(typo, tmp_path / "none")  # no published folder at all: nothing to name

@@ -665,9 +665,15 @@ def test_a_machine_without_step_stages_borrows_a_published_machines_verify_and_n
         found = sections(machines, {}, None, distributions=["drafter"], depth=16)
         laptop = next(s for s in found if s.machine == "laptop")
         assert laptop.result is not None and not laptop.missing
-        assert "Verify attention and tree accept measured on h200 (published)" in laptop.note
+        assert (
+            "Verify attention, tree accept and the rest of the round's terms measured on h200" in laptop.note
+        )
         assert "tree builds and tau are laptop's" in laptop.note
         assert set(laptop.best["builder"]) == {"sglang", "reference", "native", "native-mt"}
+        # its reason is its own rows' (never "they need a GPU"); its rounds are sums, never h200's run rounds
+        why = "no step_summary.parquet" if step.empty else "its step stages did not run: no GPU"
+        assert f"laptop has no step stages ({why})" in laptop.note and laptop.donor == "h200"
+        assert (laptop.result.table["round_from"] == "sum of the terms").all()
         # the published machine keeps its own measurements: nothing borrowed from a machine without them
         h200 = next(s for s in found if s.machine == "h200")
         assert "measured on" not in h200.note
@@ -782,3 +788,20 @@ def test_a_budget_whose_forward_does_not_fit_is_no_candidate_not_a_what_if():
     )
     modelled = throughput(summary, fits, shapes, RoundModel(), distribution="d", depth=16)
     assert 256 in set(modelled.table["budget"])
+
+
+def test_the_moe_beside_a_measured_forward_is_the_forwards_own_kernel():
+    """A forward run with Triton's MoE is never set beside Marlin's MoE (measured on its own, preferred where
+    no forward ran): the MoE column takes the forward's kernel where both were measured."""
+    from ddtree_bench.throughput import stage_costs  # noqa: PLC0415
+
+    rows = [stage_row("verify-attention", "ours", 1, n, 1e-4, prefix=4096, heads=8) for n in (8, 64)]
+    rows += [stage_row("forward", "triton-w4a16", 1, 8, 40e-3, prefix=4096, heads=8)]  # N = 64: no forward
+    for n in (8, 64):
+        rows.append(stage_row("moe", "marlin-w4a16", 1, n, 8e-3, experts_touched=60.0))
+        rows.append(stage_row("moe", "triton-w4a16", 1, n, 33e-3, experts_touched=60.0))
+    costs = stage_costs(pd.DataFrame(rows), "d", 16).costs.set_index("budget")
+    assert costs.loc[8, "forward_impl"] == "triton-w4a16"
+    assert costs.loc[8, "moe_impl"] == "triton-w4a16" and costs.loc[8, "moe_s"] == pytest.approx(33e-3)
+    # without a forward the preferred MoE kernel (Marlin, as SGLang serves K2.6 on Hopper) stays
+    assert costs.loc[64, "moe_impl"] == "marlin-w4a16" and costs.loc[64, "moe_s"] == pytest.approx(8e-3)

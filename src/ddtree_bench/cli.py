@@ -473,6 +473,14 @@ def cmd_report(args) -> int:
             )
     depth = args.depth if args.depth is not None else grid["depths"][0]
     distribution = args.distribution or grid["distributions"][0]
+    answer = args.published_answer or schema_default("published_answer")
+    if args.published_answer is not None:
+        labels = [other.name for other in args.published or ()]
+        if answer not in labels:
+            raise ValueError(
+                f"--published-answer {answer}: not the folder name of any --published folder "
+                f"({', '.join(labels) or 'none given'})"
+            )
     out = args.output
     _writable(out, folder=True)
     with _heartbeat(f"report: rendering {out} from {folder}"):
@@ -488,6 +496,7 @@ def cmd_report(args) -> int:
             step_depth=step.get("depth") or depth,
             step_distribution=step.get("distribution") or distribution,
             step_enabled=bool(step.get("enabled", schema_default("step.enabled"))),
+            published_answer=answer,
             grid=grid,
         )
     print(f"{PROG}: report: {out / 'index.html'} (and {out / 'summary.md'}, {out / 'figures'}/)")
@@ -821,6 +830,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--depth", type=_integer, help="L of the tables and figures (default: the first configured)"
     )
     p.add_argument("--distribution", help="their distribution (default: the first configured)")
+    p.add_argument(
+        "--published-answer",
+        metavar="LABEL",
+        help="the --published folder (by name) whose answer is shown where --results has none of its own "
+        "(default: the configuration's published_answer, h200)",
+    )
     p.add_argument("-o", "--output", type=Path, required=True, help="output folder (e.g. /tmp/report)")
     p.set_defaults(func=cmd_report)
 

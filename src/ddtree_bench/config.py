@@ -617,3 +617,31 @@ def check_builders_run_here(builders, unavailable: dict[str, str], gpu: str = "a
     if all(catalog.BUILDERS[builder].runner == catalog.GPU for builder in builders):
         fix += " or set gpu: auto" if gpu == "off" else " or run on a machine with a usable GPU"
     _fail("builders", f"none can run here: {reasons}. {fix}")
+
+
+#: The committed results of other machines, one folder per machine label (``<root>/<label>/``).
+PUBLISHED_ROOT = Path("results/published")
+
+
+def published_files(
+    name: str = "summary.parquet", root=PUBLISHED_ROOT, first: str | None = None
+) -> list[Path]:
+    """``<root>/<label>/<name>`` of every published machine that has it: ``first``'s (the published answer)
+    first, then the others by folder name (by name, not by path: ``h200`` before ``h200-sglang``)."""
+    paths = sorted(Path(root).glob(f"*/{name}"), key=lambda p: p.parent.name)
+    return sorted(paths, key=lambda p: p.parent.name != first)
+
+
+def check_published_answer(settings, root: str | Path = PUBLISHED_ROOT) -> None:
+    """``published_answer`` names a folder of ``root`` with a ``summary.parquet`` (checked when the workflow
+    loads its settings): a name that matches none of the published folders there is one line
+    (``ValueError``) naming them. Without any published folder there is nothing to name (a copy of the
+    workflow alone): the report then says that no published answer is here."""
+    root = Path(root)
+    folders = [p.parent.name for p in published_files(root=root)]
+    if folders and settings.published_answer not in folders:
+        _fail(
+            "published_answer",
+            f"{settings.published_answer}: no {root}/{settings.published_answer}/summary.parquet "
+            f"(published machines there: {', '.join(folders)})",
+        )

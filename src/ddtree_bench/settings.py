@@ -208,7 +208,7 @@ RECORDED = {
 }
 RECORDED_STEP = ("enabled", "layers", "depth", "distribution", "budgets", "round")
 #: Not recorded: the report's own settings (the report rule takes them; they change no result).
-NOT_RECORDED = ("report_dir", "throughput")
+NOT_RECORDED = ("report_dir", "published_answer", "throughput")
 
 
 @dataclass(frozen=True)
@@ -217,6 +217,8 @@ class Settings:
 
     machine: str | None
     report_dir: str
+    #: the published machine whose answer a report without its own shows (``results/published/<label>/``)
+    published_answer: str
     budgets: tuple[int, ...]
     batch_sizes: tuple[int, ...]
     depths: tuple[int, ...]

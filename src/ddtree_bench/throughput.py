@@ -569,6 +569,22 @@ def _select(measured: pd.DataFrame, stage: str, impls, *, depth: int, trees, pre
     return rows.drop_duplicates(["batch", "budget"], keep="first")
 
 
+def _same_impl(measured, rows, forward_impls: pd.Series, **where) -> pd.DataFrame:
+    """The MoE rows (``rows``: one per (batch, budget), the preferred impl) with, where the forward was
+    measured at that (batch, budget), the MoE of the forward's own impl instead (where it was measured): one
+    table never sets one kernel's MoE beside a forward that ran another's."""
+    out = []
+    for _, row in rows.iterrows():
+        impl = forward_impls.get((row["batch"], row["budget"]))
+        if impl is not None and impl != row["impl"]:
+            same = _select(measured, "moe", (impl,), **where)
+            same = same[(same["batch"] == row["batch"]) & (same["budget"] == row["budget"])]
+            if len(same):
+                row = same.iloc[0]
+        out.append(row)
+    return pd.DataFrame(out).reset_index(drop=True) if out else rows
+
+
 def _reasons(step: pd.DataFrame | None) -> dict[str, str]:
     """Per stage, why its rows were not ok (their status and reason), for naming a missing term."""
     if step is None or step.empty or "status" not in step:
@@ -642,10 +658,17 @@ def stage_costs(
             at_depth, "verify-attention", ("ours",), depth=depth, trees=trees, prefix=prefix, heads=heads
         )
         frames.append(rows[["batch", "budget", "median_s"]].rename(columns={"median_s": "attention_layer_s"}))
+    forward_impls = None
     for stage, impls, column in STAGE_COLUMNS:
         # the drafter's rows count its block's positions, not the trees' depth
         at = None if stage == "draft" else depth
         rows = _select(measured, stage, impls, depth=at, trees=trees, prefix=prefix, heads=heads)
+        if stage == "forward" and not rows.empty:
+            forward_impls = rows.set_index(["batch", "budget"])["impl"]
+        if stage == "moe" and forward_impls is not None:
+            rows = _same_impl(
+                measured, rows, forward_impls, depth=at, trees=trees, prefix=prefix, heads=heads
+            )
         if rows.empty:
             continue
         keep = {"median_s": column}

@@ -64,25 +64,31 @@ def answer_of(summary):
     machine = Machine("m", "this run", summary, shapes(), {})
     out = answer_module.answer([machine], {}, {"m": {"layers": 61}}, [section])
     assert out.machine == "m" and len(out.verdict) == 1
-    return out.verdict[0]
+    return out
 
 
-PAY = "Does moving the build from SGLang's function to the GPU pay? "
+def cells_of(out, batch: int = 1) -> dict[str, str]:
+    """The verdict table's column of one batch: question -> its cell."""
+    table = out.verdict_table
+    assert list(table.iloc[:, 0]) == [f"{q} ({n})" for q, n in answer_module.QUESTIONS.items()]
+    return dict(zip(answer_module.QUESTIONS, table[f"B = {batch}"], strict=True))
 
 
-def question(verdict: str) -> str:
-    return verdict[verdict.index(PAY) + len(PAY) : verdict.index("Is the GPU kernel")]
+def question(out) -> tuple[str, str]:
+    """The pay question's cell and the note behind it (its part of the batch's note)."""
+    note = out.verdict[0]
+    return cells_of(out)[answer_module.PAY], note[: note.index("Best budgets:")]
 
 
 def test_a_gain_whose_spread_across_jobs_includes_one_says_so_and_is_no_win():
     # sglang's pooled median 1 ms (the modelled gain ~1.07x), but one of its three jobs ran at 4 µs, faster
     # than the gpu builder's 5 µs: the jobs do not agree on which is faster
     summary = build_rows({8: 1e-3, 64: 1e-3}, {8: (3, 4e-6, 1.1e-3), 64: (3, 4e-6, 1.1e-3)})
-    text = question(answer_of(summary))
-    gain = float(text.split("x the tokens/s")[0].rsplit(": ", 1)[1])
+    cell, text = question(answer_of(summary))
+    gain = float(cell.split(": ")[1].split("x")[0])
     assert gain > 1 + answer_module.SAME  # would be a "yes" without the spread
-    assert text.startswith("no win shown (the spread across timing jobs includes 1.0x): ")
-    assert "yes" not in text
+    assert cell == f"no win shown: {gain:.3f}x (its spread includes 1.0x)"
+    assert "yes" not in cell
     assert "across the builds' timing jobs; the spread includes 1.0x" in text
     # the build alone: 1 ms / 5 µs = 200x, from 4 µs / 5 µs = 0.8x to 1.1 ms / 5 µs = 220x
     build = "gpu builder's 200x (0.80x to 220x across 3 and 1 jobs; the spread includes 1.0x)"
@@ -91,8 +97,8 @@ def test_a_gain_whose_spread_across_jobs_includes_one_says_so_and_is_no_win():
 
 def test_a_gain_whose_spread_excludes_one_is_a_yes_with_its_range():
     summary = build_rows({8: 1e-3, 64: 1e-3}, {8: (3, 0.9e-3, 1.2e-3), 64: (3, 0.9e-3, 1.2e-3)})
-    text = question(answer_of(summary))
-    assert text.startswith("yes: ")
+    cell, text = question(answer_of(summary))
+    assert cell.startswith("yes: ")
     assert "includes 1.0x" not in text and "one job" not in text
     # the range: gpu's round (fixed: one job) over sglang's with its build at its fastest and slowest job
     result = throughput(summary, step_rows(), shapes(), RoundModel(), distribution="d", depth=16)
@@ -104,12 +110,13 @@ def test_a_gain_whose_spread_excludes_one_is_a_yes_with_its_range():
     high = (g["tau"] / g["round_s"]) / (o["tau"] / (o["round_s"] - 1e-3 + 1.2e-3))
     assert f"{low:.3f}x to {high:.3f}x across the builds' timing jobs" in text
     assert "sglang's over the gpu builder's 200x (180x to 240x across 3 and 1 jobs)" in text
-    assert "the same with every build at its fastest or its slowest timing job" in answer_of(summary)
+    note = answer_of(summary).verdict[0]
+    assert "the same with every build at its fastest or its slowest timing job" in note
 
 
 def test_a_summary_without_spread_columns_reads_as_one_job_and_says_so():
-    text = question(answer_of(build_rows({8: 1e-3, 64: 1e-3})))
-    assert text.startswith("yes: ")
+    cell, text = question(answer_of(build_rows({8: 1e-3, 64: 1e-3})))
+    assert cell.startswith("yes: ")
     assert "one timing job per build: no spread measured" in text
     assert "sglang's over the gpu builder's 200x (one job each: no spread measured)" in text
 
@@ -121,8 +128,14 @@ def test_the_published_answer_reads_as_one_job_and_its_run_rounds_as_one_run():
     settings = {"h200": {"layers": 61, "depth": 16, "distribution": "drafter"}}
     found = throughput_report.sections(machines, settings, None, distributions=["drafter"], depth=16)
     out = answer_module.answer(machines, {}, settings, found)
-    # a line per batch under the first profile (paper), then one under the other (k2.6-reported)
+    # a note per batch under the first profile (paper), then one under the other (k2.6-reported)
     assert out.machine == "h200" and len(out.verdict) == 3 and "k2.6-reported" in out.verdict[2]
+    # the verdict at a glance: a row per question, a column per batch, yes or no and its number
+    assert list(out.verdict_table.columns) == ["question (the number it rests on)", "B = 1", "B = 64"]
+    assert cells_of(out, 1)[answer_module.PAY] == "no: 1.018x, within 2%"
+    assert cells_of(out, 64)[answer_module.PAY] == "yes: 1.111x"
+    assert cells_of(out, 64)[answer_module.BEATS_CPU] == "no (over native-mt): 1.005x, within 2%"
+    assert cells_of(out, 64)[answer_module.MOVES] == "no: N = 16 for sglang, native-mt, gpu"
     for line in out.verdict[:2]:
         assert "(one job each: no spread measured)" in line
         assert "the spread includes 1.0x" not in line
@@ -180,14 +193,14 @@ def test_tau_and_e_accepted_are_explained_as_one_plus_the_other_where_each_sits(
     section = BudgetSection("m", "d", 16, result, best=best, gains=gpu_gains(best))
     out = answer_module.answer_from_round(section, {"layers": 61}, summary)
     assert all("tau" in table.columns for table in out.tables.values())
-    assert "tau: the expected tokens per round (bonus included)" in out.intro()
-    assert "1 + E[accepted] (the expected accepted draft tokens of the step-time breakdown)" in out.intro()
-    # the breakdown's table has E[accepted]; its intro says what tau is beside it
-    assert "E[accepted] is the expected number of accepted draft tokens" in BREAKDOWN_INTRO
-    assert (
-        "tau, the tokens per round in the answer" in BREAKDOWN_INTRO
-        and "is 1 + E[accepted]" in BREAKDOWN_INTRO
-    )
+    # one tau everywhere (docs/drafter.md): the tokens a round commits, bonus included, over the whole trace
+    assert answer_module.TAU_TEXT in out.intro()
+    assert "tau: the tokens a round commits, the target's bonus token included" in answer_module.TAU_TEXT
+    assert "averaged over every request of the trace" in answer_module.TAU_TEXT
+    assert "step-time breakdown" not in out.intro()  # its E[accepted] is one batch's, not tau's
+    # the breakdown's E[accepted] is its batch's requests' and says it is not tau
+    assert "E[accepted], this batch's requests, is the expected number" in BREAKDOWN_INTRO
+    assert "It is not tau" in BREAKDOWN_INTRO and "averaged over every request" in BREAKDOWN_INTRO
 
 
 def test_a_builder_modelled_at_fewer_budgets_is_not_compared_for_the_best_budget(tmp_path):
@@ -198,18 +211,20 @@ def test_a_builder_modelled_at_fewer_budgets_is_not_compared_for_the_best_budget
     out = Path(__file__).resolve().parents[2] / "results" / "published" / "h200"
     target = tmp_path
     render_report(summary=out / "summary.parquet", html=target / "index.html", markdown=target / "summary.md")
-    verdict = next(line for line in (target / "summary.md").read_text().splitlines() if "**B = 64:**" in line)
-    moves = verdict[verdict.index("Does the best budget move?") :]
-    assert moves.startswith("Does the best budget move? no: sglang N = 16, native-mt N = 16, gpu N = 16")
+    markdown = (target / "summary.md").read_text()
+    verdict = next(line for line in markdown.splitlines() if "**B = 64:**" in line)
+    moves = verdict[verdict.index("Best budgets:") :]
+    assert moves.startswith("Best budgets: sglang N = 16, native-mt N = 16, gpu N = 16")
     assert "not compared: reference, native (modelled at reference N = 512; native N = 512 only)" in moves
+    row = next(line for line in markdown.splitlines() if line.startswith(f"| {answer_module.MOVES}"))
+    assert row.endswith("| no: N = 16 for sglang, native-mt, gpu | no: N = 16 for sglang, native-mt, gpu |")
 
 
-def test_a_machine_without_gpu_rows_says_why_its_verdict_answers_nothing():
-    """A CPU-only run's own answer: the batch's verdict says there are no gpu rows, why, and where the
-    questions are answered, instead of a bare "no rows"."""
+def test_a_batch_without_gpu_rows_says_why_in_every_cell():
     from types import SimpleNamespace  # noqa: PLC0415
 
     best = pd.DataFrame({"batch": [1, 1], "builder": ["native", "native-mt"], "best_budget": [16, 16]})
-    verdict = answer_module._round_verdict(1, pd.DataFrame(), SimpleNamespace(best=best))
-    assert verdict == f"**B = 1:** {answer_module.NO_GPU_ROWS}"
-    assert "needs a CUDA GPU" in verdict and "results/published/" in verdict
+    cells, note = answer_module._round_verdict(1, pd.DataFrame(), SimpleNamespace(best=best))
+    assert cells == {q: answer_module.NO_GPU_ROWS for q in answer_module.QUESTIONS}
+    assert "needs a CUDA GPU" in answer_module.NO_GPU_ROWS
+    assert note == "**B = 1:** no GPU builder rows at this batch."

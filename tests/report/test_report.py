@@ -396,12 +396,15 @@ def test_published_report_opens_with_the_answer_and_collapses_the_detail(tmp_pat
     assert "its share of that builder's whole round" in answer and "through triton-w4a16" in answer
     assert "| N | tau | round (gpu) | SGLang's function |" in answer
     assert "**B = 64:**" in answer and "![step_share]" in answer
+    # the verdict at a glance: a row per question, a column per batch size, then the notes per batch
+    assert "| question (the number it rests on) | B = 1 | B = 64 |" in answer
     for question in (
         "Does moving the build from SGLang's function to the GPU pay?",
         "Is the GPU kernel better than the best CPU builder",
         "Does the best budget move?",
     ):
-        assert answer.count(question) == 2  # answered for both batch sizes
+        row = next(line for line in answer.splitlines() if line.startswith(f"| {question}"))
+        assert len(row.split(" | ")) == 3 and all(c.startswith(("yes", "no")) for c in row.split(" | ")[1:])
     # every table between "Detail tables" and "Environment" is collapsed
     detail = page[page.index("<h2>Detail tables</h2>") : page.index("<h2>Environment</h2>")]
     starts = [i for i in range(len(detail)) if detail.startswith("<table>", i)]
@@ -685,6 +688,8 @@ def test_markdown_and_html_are_written_from_one_model(published_model):
     for line in answer.verdict:
         assert line in markdown
         assert escape(line.split(":** ", 1)[1]) in page
+    for value in answer.verdict_table.to_numpy().ravel():
+        assert f"| {value} |" in markdown and f">{escape(value)}</td>" in page, value
     # the same figures, captions and headings in both; each figure's title once, as its heading
     for figure in model.figures():
         assert figure.caption in markdown and escape(figure.caption).split("`")[0] in page
@@ -693,12 +698,17 @@ def test_markdown_and_html_are_written_from_one_model(published_model):
         assert f"## {section.title}" in markdown and f"<h2>{escape(section.title)}</h2>" in page
 
 
-def test_a_cpu_only_report_opens_with_a_line_saying_whose_answer_it_shows(tmp_path):
-    ours = write_machine(tmp_path / "results" / "laptop", "laptop")  # no GPU rows, no step stages
+def test_a_cpu_only_report_opens_with_the_named_published_answer_then_what_this_machine_adds(tmp_path):
+    """Every published folder, in the order a path sort gives them (h200-sglang-regime/ and h200-sglang/
+    before h200/): the answer is still h200's, the one published_answer names, labelled as published; then
+    this machine's CPU builders; and what could not run names the timing that did not, not the builder."""
+    ours = write_machine(tmp_path / "results" / "laptop", "laptop", sglang=True)  # no GPU rows, no step
+    published = sorted(str(p) for p in PUBLISHED_H200.parent.glob("*/summary.parquet"))
+    assert [Path(p).parent.name for p in published][-1] == "h200"  # last by path
     out = tmp_path / "r"
     render_report(
         summary=ours,
-        published=[PUBLISHED_H200 / "summary.parquet"],
+        published=published,
         html=out / "index.html",
         markdown=out / "summary.md",
         distribution="uniform",
@@ -707,11 +717,83 @@ def test_a_cpu_only_report_opens_with_a_line_saying_whose_answer_it_shows(tmp_pa
     markdown, page = (out / "summary.md").read_text(), (out / "index.html").read_text()
     first = markdown.split("\n\n")[1]  # the first screen after the title
     assert first.startswith("**This machine (laptop) has no GPU rows"), first
-    assert "the answer below is h200's (published results)" in first
-    answer = markdown[markdown.index("## Answer") : markdown.index("## Figures")]
+    assert "the answers below are the published h200's (results/published/h200/" in first
+    stacks_part = markdown[
+        markdown.index("## What the three kernels are worth") : markdown.index("## Answer")
+    ]
+    assert "**h200** (published)" in stacks_part
+    answer = markdown[markdown.index("## Answer") : markdown.index("## What this machine adds")]
+    assert (
+        "**Verdict** (h200):" in answer and "| question (the number it rests on) | B = 1 | B = 64 |" in answer
+    )
     assert "### Batch 1: h200," in answer and "| N | tau |" in answer  # the published rows
+    assert "h200-sglang" not in answer and "none of the three questions" not in answer
+    assert "Rounds: 42 of 47 run on the GPU" in answer  # h200's own rounds
+    adds = markdown[markdown.index("## What this machine adds") : markdown.index("## Figures")]
+    assert adds.startswith("## What this machine adds: laptop's CPU builders against SGLang's function")
+    assert "SGLang's own `build_ddtree_tree_from_topk`, median per call, wall clock" in adds
+    assert "| B | N | SGLang's function | reference (ours, Python) | native (C++, 1 thread) |" in adds
     body = page[page.index("</h1>") + len("</h1>") :]
     assert body.lstrip().startswith("<p class='banner'>This machine (laptop) has no GPU rows")
+    # a published GPU run whose step stages were off is said to be so, not to need a GPU
+    assert "h200-sglang has no step stages (no step_summary.parquet; the step stages were off" in markdown
+    assert "(they need a GPU)" not in markdown
+
+
+def test_the_answer_is_the_named_published_machine_whatever_the_folders_order(tmp_path):
+    import itertools  # noqa: PLC0415
+
+    from ddtree_bench.report import answer as answer_module  # noqa: PLC0415
+    from ddtree_bench.report import stacks as stacks_report  # noqa: PLC0415
+    from ddtree_bench.report import throughput as throughput_report  # noqa: PLC0415
+    from ddtree_bench.report.model import banner, step_settings  # noqa: PLC0415
+
+    ours = write_machine(tmp_path / "results" / "laptop", "laptop")
+    folders = sorted(PUBLISHED_H200.parent.glob("*/summary.parquet"))
+    assert {p.parent.name for p in folders} == {"h200", "h200-sglang", "h200-sglang-regime"}
+    for order in itertools.permutations(folders):
+        machines = load_machines(ours, published=list(order))
+        settings = {m.label: step_settings(m, 61) for m in machines}
+        found = throughput_report.sections(machines, settings, None, published_answer="h200")
+        out = answer_module.answer(machines, {}, settings, found, published_answer="h200")
+        assert out.machine == "h200", [p.parent.name for p in order]
+        assert "the published h200's" in banner(machines, out)
+        assert stacks_report.machine_with_stacks(machines, "h200").label == "h200"
+    # another name chooses another machine: h200-sglang answers where it is named
+    machines = load_machines(ours, published=folders)
+    settings = {m.label: step_settings(m, 61) for m in machines}
+    found = throughput_report.sections(machines, settings, None, published_answer="h200-sglang")
+    out = answer_module.answer(machines, {}, settings, found, published_answer="h200-sglang")
+    assert out.machine == "h200-sglang"
+    # and says what its rows are: no in-situ rows, no step stages of its own, no round run whole
+    intro = out.intro()
+    assert "in-situ median per call" not in intro and "median per call: kernel (CUDA events) for gpu" in intro
+    assert "Rounds: all 55 the sum of their terms (none run whole on a GPU)" in intro
+    assert "every term but the build (and tau) measured on h200, as h200-sglang has no step stages" in intro
+    # a name among none of them: no answer, saying why (never another machine by order)
+    out = answer_module.answer(machines, {}, settings, found, published_answer="h100")
+    assert out.machine is None and "(h100, config published_answer) is not among" in out.missing
+
+
+def test_a_borrowed_round_is_the_sum_of_its_terms_never_the_donors_run_round():
+    """A published GPU run without step stages (h200-sglang) models its rounds with h200's measured terms
+    and its own builds: never h200's whole rounds, which hold h200's builds; the rounds' S is h200's."""
+    from ddtree_bench.report import throughput as throughput_report  # noqa: PLC0415
+    from ddtree_bench.report.model import step_settings  # noqa: PLC0415
+
+    machines = load_machines(
+        PUBLISHED_H200 / "summary.parquet", published=[PUBLISHED_SGLANG / "summary.parquet"]
+    )
+    settings = {m.label: step_settings(m, 61) for m in machines}
+    found = throughput_report.sections(machines, settings, None, published_answer="h200")
+    mine = next(s for s in found if s.machine == "h200-sglang" and s.result is not None)
+    assert mine.donor == "h200" and not mine.result.missing
+    assert (mine.result.table["round_from"] == "sum of the terms").all()
+    assert mine.result.verify.prefix == 4096
+    assert "(no step_summary.parquet; the step stages were off in that run)" in mine.note
+    assert throughput_report.run_round_lines(mine) == []
+    own = next(s for s in found if s.machine == "h200" and s.result is not None)
+    assert own.donor is None and (own.result.table["round_from"] != "sum of the terms").any()
 
 
 def test_a_report_of_this_machines_own_gpu_rows_has_no_banner(published_model):
@@ -761,3 +843,31 @@ def test_every_table_names_its_depth_regime(published_model):
     headings = [line for line in markdown.splitlines() if line.startswith(("### Batch", "#### Medians on"))]
     headings += [line for line in markdown.splitlines() if line.startswith("### Medians on")]
     assert headings and all("SGLang's L = N" in line for line in headings), headings
+
+
+def test_what_could_not_run_names_the_timing_where_the_builder_ran():
+    from ddtree_bench.report.load import Machine  # noqa: PLC0415
+    from ddtree_bench.report.tables import unavailable_table  # noqa: PLC0415
+
+    summary = pd.DataFrame(
+        [
+            dict(builder="native", timing="wall", status="ok", status_reason=None),
+            dict(builder="native", timing="in-situ", status="unavailable", status_reason="needs a CUDA GPU"),
+            dict(builder="gpu", timing="wall", status="unavailable", status_reason="no CuPy"),
+        ]
+    )
+    table = unavailable_table([Machine("laptop", "this run", summary, pd.DataFrame(), {})])
+    rows = table.set_index("builder")["what did not run"].to_dict()
+    assert rows == {"native": "in-situ timing (wall ran)", "gpu": "its timings (none ran)"}
+
+
+def test_this_machines_cpu_builders_against_reference_where_sglang_did_not_run(tmp_path):
+    from ddtree_bench.report.tables import cpu_builders_table  # noqa: PLC0415
+
+    ours = write_machine(tmp_path / "results" / "laptop", "laptop", native_speedup=50.0)
+    data = timings(load_machines(ours))
+    table, found = cpu_builders_table(data, "laptop", 16, "uniform")
+    assert found["baseline"] == "reference" and found["mode"] == "wall"
+    assert list(table.columns) == ["B", "N", "reference (ours, Python)", "native (C++, 1 thread)"]
+    assert len(table) == 4 and all("(50.0x" in cell for cell in table["native (C++, 1 thread)"])
+    assert found["low"] == pytest.approx(50.0) and found["high"] == pytest.approx(50.0)

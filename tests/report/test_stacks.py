@@ -102,7 +102,7 @@ def test_a_machine_without_stack_rows_says_so():
     machine = Machine("local", "this run", pd.DataFrame(), pd.DataFrame(), {})
     section = stacks.report_section([machine], [])
     texts = [b.text for b in section.blocks if hasattr(b, "text")]
-    assert any("No machine here has stack rounds" in t for t in texts)
+    assert any("Neither this machine nor the published answer's has stack rounds" in t for t in texts)
     table = stacks.stack_table(_rows(), _shapes())
     assert "equal the CPU walk" in stacks.correct_line(table)
     wrong = table.assign(correct=[False] + [True] * (len(table) - 1))

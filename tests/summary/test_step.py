@@ -199,7 +199,12 @@ def test_step_breakdown_sums_build_attention_and_accept():
     )
     assert set(fallback.loc[fallback["budget"] == 64, "expected_accept_mean"]) == {3.5}
     table = breakdown_table(breakdown, "m", 61)
-    assert {"E[accepted]", "attention x 61", "accept", "gpu kernel: build (share)"} <= set(table.columns)
+    assert {
+        "E[accepted], this batch's requests",
+        "attention x 61",
+        "accept",
+        "gpu kernel: build (share)",
+    } <= set(table.columns)
     assert len(table) == 8
 
 
@@ -357,7 +362,10 @@ def test_report_renders_the_step_part(tmp_path):
         assert heading in markdown
     assert LEFT_OUT in markdown and "drafter's forward" in markdown
     assert "GPU peaks: h200: bf16 GEMM 800 TFLOP/s, device copy 4.00 TB/s" in markdown
-    assert "| machine | S | H | B | N | E[accepted] | attention x 61 | accept |" in markdown
+    assert (
+        "| machine | S | H | B | N | E[accepted], this batch's requests | attention x 61 | accept |"
+        in markdown
+    )
     assert "gpu kernel: build (share)" in markdown
     assert "3.50 [3.00-4.00]" in markdown  # E[accepted] at N = 64
     # the older publication has no step summary: its step cells say "no data" and why

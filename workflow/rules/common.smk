@@ -11,6 +11,7 @@ from ddtree_bench import catalog, consistency
 from ddtree_bench.config import check_builders_run_here
 from ddtree_bench.cuda.loader import fatbin_toolchain
 from ddtree_bench.native_build import toolchain as native_toolchain
+from ddtree_bench.config import published_files
 from ddtree_bench.consistency import GRID_KEYS
 from ddtree_bench.environment import default_machine_label
 from ddtree_bench.summary.spread import job_suffix
@@ -284,16 +285,21 @@ def bench_inputs(wildcards):
     return inputs
 
 
+# The published machine whose answer the report shows where this run has none (config published_answer).
+PUBLISHED_ANSWER = SETTINGS.published_answer
+
+
 def published_summaries():
-    """Committed summaries of other machines (results/published/<machine>/summary.parquet)."""
-    return sorted(str(p) for p in Path("results/published").glob("*/summary.parquet"))
+    """Committed summaries of other machines (results/published/<machine>/summary.parquet): the published
+    answer's first, then the others by folder name."""
+    return [str(p) for p in published_files("summary.parquet", first=PUBLISHED_ANSWER)]
 
 
 def published_step_summaries():
     """Their step summaries, where a machine has one (older publications have none)."""
-    return sorted(
-        str(p) for p in Path("results/published").glob("*/step_summary.parquet")
-    )
+    return [
+        str(p) for p in published_files("step_summary.parquet", first=PUBLISHED_ANSWER)
+    ]
 
 
 # ----------------------------------------------------------------------------------------------- step stages

@@ -42,6 +42,7 @@ rule render_report:
         throughput=THROUGHPUT,
         distributions=DISTRIBUTIONS,
         profiles=list(SETTINGS.acceptance_profiles),
+        published_answer=PUBLISHED_ANSWER,
         # the configured grid: the report refuses a summary that does not hold exactly it, and a change of
         # any of these lists reruns the report (as it reruns the aggregation, whose inputs are exactly
         # the configured jobs' files)

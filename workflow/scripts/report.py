@@ -24,5 +24,6 @@ with logged(snakemake):
         throughput_options=dict(snakemake.params.throughput),
         distributions=list(snakemake.params.distributions),
         profiles=list(snakemake.params.profiles),
+        published_answer=snakemake.params.published_answer,
         grid=snakemake.params.grid,
     )

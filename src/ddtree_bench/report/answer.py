@@ -16,10 +16,11 @@ import pandas as pd
 
 from ddtree_bench import catalog
 from ddtree_bench.report.fmt import fmt_us, regime
+from ddtree_bench.report.load import named_machine
 from ddtree_bench.report.names import CPU_BUILDERS, IN_SITU_COLUMNS
 from ddtree_bench.report.throughput import profile_verdict
 from ddtree_bench.summary.spread import RatioRange, job_range, ratio_range
-from ddtree_bench.throughput import RUN_ROUND, tau_per_budget
+from ddtree_bench.throughput import IN_SITU_NAME, RUN_ROUND, tau_per_budget
 
 #: The verdict's threshold: a build whose share of the round stays below this is "negligible".
 SHARE_LIMIT = 0.01
@@ -29,6 +30,13 @@ SHARE_LIMIT = 0.01
 SAME = 0.02
 
 ROUND = "build + verify attention x {layers} layers + accept"
+#: tau, as every section of the report takes it (docs/drafter.md): the tokens a round commits, the bonus
+#: included, over the whole trace (every request a round), not over one batch's requests.
+TAU_TEXT = (
+    "tau: the tokens a round commits, the target's bonus token included: 1 + the expected accepted draft "
+    'tokens of the budget\'s trees, averaged over every request of the trace (the "Acceptance per budget" '
+    "table's tau expected); the same tau at every batch size."
+)
 
 
 @dataclass
@@ -41,6 +49,11 @@ class Answer:
     depth: int | None = None
     distribution: str | None = None
     tables: dict[int, pd.DataFrame] = field(default_factory=dict)  # batch -> table
+    #: the verdict at a glance: a row per question, a column per batch ("yes: 1.11x"); empty where the
+    #: answer is the shares of the round's measured part (no modelled rounds)
+    verdict_table: pd.DataFrame = field(default_factory=pd.DataFrame)
+    #: under the table: per batch the numbers, spreads and caveats behind each cell, and the other
+    #: acceptance profiles' verdicts
     verdict: list[str] = field(default_factory=list)
     missing: str = ""
 
@@ -66,9 +79,7 @@ class Answer:
             f"{self.machine}) and, in brackets, its share of the round's measured part ({self.round_text}) "
             f"at the largest measured prefix length, S = {self.prefix}.{where} Left out of the round: the "
             "drafter's forward pass, the MoE/MLP and the rest of the target's layers besides the attention "
-            "core, the LM head and sampling, so the real share is smaller. tau: the expected tokens per "
-            "round (bonus included) of the budget's trees over the whole trace: 1 + E[accepted], the "
-            "expected accepted draft tokens of the step-time breakdown."
+            f"core, the LM head and sampling, so the real share is smaller. {TAU_TEXT}"
         )
 
 
@@ -84,68 +95,98 @@ def _cell(build_s: float, share: float) -> str:
     )
 
 
-def answer(machines, breakdowns: dict, settings: dict, budget_sections=()) -> Answer:
-    """The answer from the first machine whose step breakdown holds in-situ builds (``breakdowns``: machine
-    label -> ``step.step_breakdown``; ``settings``: label -> layers/depth/distribution; ``budget_sections``:
-    the "Which budget?" sections, for the whole round and the best budget per builder)."""
+def answer(
+    machines, breakdowns: dict, settings: dict, budget_sections=(), published_answer: str | None = None
+) -> Answer:
+    """The answer of this run's machine (the first) where it has one of its own: gpu builder rows in its
+    modelled rounds (``budget_sections``, the "Which budget?" sections) or in-situ builds in its step
+    breakdown (``breakdowns``: machine label -> ``step.step_breakdown``). Else the answer of the published
+    machine ``published_answer`` names, chosen by that name only (never another published machine by the
+    folders' order). ``settings``: label -> layers/depth/distribution."""
+    if not machines:
+        return Answer(None, missing="no machine")
+    here = machines[0]
+    own = _answer_of(here, breakdowns, settings, budget_sections)
+    if own is not None:
+        return own
+    chosen = named_machine(machines, published_answer)
+    if chosen is None or chosen is here:
+        where = (
+            f"the published answer's machine ({published_answer}, config published_answer) is not among "
+            "the published folders here"
+            if chosen is None
+            else "no other machine answers for it"
+        )
+        return Answer(None, missing=f"{here.label} has no GPU builder rows to answer from, and {where}")
+    found = _answer_of(chosen, breakdowns, settings, budget_sections)
+    if found is None:
+        return Answer(
+            None,
+            missing=f"neither {here.label} nor the published answer's machine ({chosen.label}) has GPU "
+            "builder rows with a modelled round or a step breakdown",
+        )
+    return found
+
+
+def _answer_of(machine, breakdowns: dict, settings: dict, budget_sections) -> Answer | None:
+    """One machine's answer, or None where it has no GPU builder rows to answer the questions from."""
     labels = [label for label, *_ in IN_SITU_COLUMNS]
-    for machine in machines:
-        section = _modelled_section(budget_sections, machine.label)
-        if section is not None:
-            out = answer_from_round(section, settings.get(machine.label, {}), machine.summary)
-            out.verdict += profile_verdict(list(budget_sections), section)
-            return out
-        df = breakdowns.get(machine.label, pd.DataFrame())
-        if df.empty:
-            continue
-        df = df[df["builder"].isin(labels) & df["build_s"].notna() & df["share"].notna()]
-        if df.empty:
-            continue
-        heads = 8 if (df["heads"] == 8).any() else int(df["heads"].iloc[0])
-        df = df[df["heads"] == heads]
-        prefixes = sorted(int(p) for p in df["prefix"].unique())
-        prefix = prefixes[-1]
-        df = df[df["prefix"] == prefix]
-        setting = settings.get(machine.label, {})
-        out = Answer(
-            machine.label,
-            prefix,
-            prefixes[:-1],
-            heads,
-            int(setting.get("layers") or 61),
-            setting.get("depth"),
-            setting.get("distribution"),
-        )
-        # tau(N) of the whole trace (every request a round), as the "Which budget?" model takes it; a
-        # batch's own trees (the step rows) would give one request's tau at batch 1
-        distribution = out.distribution or (df["distribution"].iloc[0] if "distribution" in df else None)
-        depth = out.depth or (int(df["depth"].iloc[0]) if "depth" in df else None)
-        tau = (
-            tau_per_budget(machine.shapes, distribution, depth)
-            if distribution is not None and depth is not None
-            else pd.Series(dtype="float64")
-        )
-        for batch, rows in df.groupby("batch", sort=True):
-            first = rows.drop_duplicates("budget").set_index("budget").sort_index()
-            table = pd.DataFrame(
-                {
-                    "N": first.index.astype(int),
-                    "tau": [_tau(tau.get(n)) for n in first.index],
-                    f"verify attention x {out.layers}": first["attention_s"].map(fmt_us).to_numpy(),
-                    "accept": first["accept_s"].map(fmt_us).to_numpy(),
-                }
-            )
-            for label, _, column in IN_SITU_COLUMNS:
-                sel = rows[rows["builder"] == label].set_index("budget").reindex(first.index)
-                if sel["build_s"].notna().any():
-                    table[column] = [
-                        "-" if pd.isna(b) else _cell(b, s)
-                        for b, s in zip(sel["build_s"], sel["share"], strict=True)
-                    ]
-            out.tables[int(batch)] = table.reset_index(drop=True)
-            out.verdict.append(_verdict(int(batch), rows, budget_sections, machine.label))
+    section = _modelled_section(budget_sections, machine.label)
+    if section is not None and (section.best["builder"] == "gpu").any():
+        out = answer_from_round(section, settings.get(machine.label, {}), machine.summary)
+        out.verdict += profile_verdict(list(budget_sections), section)
         return out
-    return Answer(None, missing="no machine has in-situ tree builds with a step breakdown (verify attention)")
+    df = breakdowns.get(machine.label, pd.DataFrame())
+    if df.empty:
+        return None
+    df = df[df["builder"].isin(labels) & df["build_s"].notna() & df["share"].notna()]
+    gpu = {label for label, builder, _ in IN_SITU_COLUMNS if builder == "gpu"}
+    if df.empty or not df["builder"].isin(gpu).any():
+        return None
+    heads = 8 if (df["heads"] == 8).any() else int(df["heads"].iloc[0])
+    df = df[df["heads"] == heads]
+    prefixes = sorted(int(p) for p in df["prefix"].unique())
+    prefix = prefixes[-1]
+    df = df[df["prefix"] == prefix]
+    setting = settings.get(machine.label, {})
+    out = Answer(
+        machine.label,
+        prefix,
+        prefixes[:-1],
+        heads,
+        int(setting.get("layers") or 61),
+        setting.get("depth"),
+        setting.get("distribution"),
+    )
+    # tau(N) of the whole trace (every request a round), as the "Which budget?" model takes it; a
+    # batch's own trees (the step rows) would give one request's tau at batch 1
+    distribution = out.distribution or (df["distribution"].iloc[0] if "distribution" in df else None)
+    depth = out.depth or (int(df["depth"].iloc[0]) if "depth" in df else None)
+    tau = (
+        tau_per_budget(machine.shapes, distribution, depth)
+        if distribution is not None and depth is not None
+        else pd.Series(dtype="float64")
+    )
+    for batch, rows in df.groupby("batch", sort=True):
+        first = rows.drop_duplicates("budget").set_index("budget").sort_index()
+        table = pd.DataFrame(
+            {
+                "N": first.index.astype(int),
+                "tau": [_tau(tau.get(n)) for n in first.index],
+                f"verify attention x {out.layers}": first["attention_s"].map(fmt_us).to_numpy(),
+                "accept": first["accept_s"].map(fmt_us).to_numpy(),
+            }
+        )
+        for label, _, column in IN_SITU_COLUMNS:
+            sel = rows[rows["builder"] == label].set_index("budget").reindex(first.index)
+            if sel["build_s"].notna().any():
+                table[column] = [
+                    "-" if pd.isna(b) else _cell(b, s)
+                    for b, s in zip(sel["build_s"], sel["share"], strict=True)
+                ]
+        out.tables[int(batch)] = table.reset_index(drop=True)
+        out.verdict.append(_verdict(int(batch), rows, budget_sections, machine.label))
+    return out
 
 
 def _modelled_section(budget_sections, label: str):
@@ -164,23 +205,33 @@ class RoundAnswer(Answer):
 
     sources: str = ""
     moe: str = ""  # the MoE kernel the measured forward ran
+    builds: str = "in-situ median per call"  # what each build cell is (``build_from`` of the rows)
 
     @property
     def round_text(self) -> str:
         return "the whole round"
 
+    @property
+    def build_text(self) -> str:
+        if self.builds == "in-situ median per call":
+            return f"the tree build as the decode round pays it ({self.builds}, {self.machine})"
+        return (
+            f"the tree build ({self.builds}, {self.machine}; no in-situ rows, so without the copies a "
+            "decode round pays)"
+        )
+
     def intro(self) -> str:
         return (
-            "Each cell: the tree build as the decode round pays it (in-situ median per call, "
-            f"{self.machine}) and, in brackets, its share of that builder's whole round: drafter, top-K, "
-            "build, the 61-layer verify forward of one GPU's share of Kimi K2.6 (random weights, INT4 routed "
-            f"experts{self.moe}), tensor-parallel communication and accept, at S = {self.prefix}. "
-            f"{self.sources} tau: the "
-            "expected tokens per round (bonus included) of the budget's trees over the whole trace, 1 + "
-            "E[accepted] (the expected accepted draft tokens of the step-time breakdown); tokens/s "
-            "= B x tau / round. A ratio's range: from the builds' independent timing jobs (the smallest "
-            "and largest job median), in a round that is the sum of its terms; a round run on the GPU is "
-            "one run, with no spread across jobs."
+            "The verdict's cells: yes or no and the one number it rests on; a tokens/s ratio within "
+            f"{100 * SAME:.0f}% of 1 is not called, nor one whose spread across timing jobs includes 1.0x. "
+            "The notes under it give the tokens/s, the spreads and the caveats. Each table cell: "
+            f"{self.build_text} and, in brackets, its share of that builder's whole round: drafter, top-K, "
+            "build, the 61-layer verify forward of one GPU's "
+            f"share of Kimi K2.6 (random weights, INT4 routed experts{self.moe}), tensor-parallel "
+            f"communication and accept, at S = {self.prefix}. {self.sources} {TAU_TEXT} tokens/s = B x tau "
+            "/ round. A ratio's range: from the builds' independent timing jobs (the smallest and largest "
+            "job median), in a round that is the sum of its terms; a round run on the GPU is one run, with "
+            "no spread across jobs."
         )
 
 
@@ -205,10 +256,25 @@ def answer_from_round(section, setting: dict, summary: pd.DataFrame | None = Non
     run = table["run_round_s"].notna() if "run_round_s" in table else pd.Series(False, index=table.index)
     comm = sorted(set(table["allreduce_source"].dropna()))
     profile = catalog.ACCEPTANCE_PROFILES[section.profile].label
-    out.sources = (
+    rounds = (
         f"Rounds: {int(run.sum())} of {len(table)} run on the GPU (the round stage) plus the communication "
-        f"term, the others the sum of their terms; communication {', '.join(comm)}. tau: {profile}."
+        "term, the others the sum of their terms"
+        if run.any()
+        else f"Rounds: all {len(table)} the sum of their terms (none run whole on a GPU)"
     )
+    donor = getattr(section, "donor", None)
+    borrowed = (
+        f"; every term but the build (and tau) measured on {donor}, as {section.machine} has no step stages"
+        if donor
+        else ""
+    )
+    out.sources = f"{rounds}{borrowed}; communication {', '.join(comm)}. tau: {profile}."
+    kinds = sorted(set(table["build_from"].dropna()))
+    if kinds and kinds != [IN_SITU_NAME]:
+        out.builds = "median per call: " + ", ".join(
+            f"{k} for {', '.join(sorted(set(table.loc[table['build_from'] == k, 'builder'])))}" for k in kinds
+        )
+    columns = {"question (the number it rests on)": [f"{q} ({n})" for q, n in QUESTIONS.items()]}
     for batch, rows in table.groupby("batch", sort=True):
         budgets = sorted(int(n) for n in rows["budget"].unique())
         by = rows.set_index(["builder", "budget"])
@@ -235,7 +301,10 @@ def answer_from_round(section, setting: dict, summary: pd.DataFrame | None = Non
                 for n in budgets
             ]
         out.tables[int(batch)] = frame
-        out.verdict.append(_round_verdict(int(batch), rows, section))
+        cells, note = _round_verdict(int(batch), rows, section)
+        columns[f"B = {int(batch)}"] = [cells.get(q, "-") for q in QUESTIONS]
+        out.verdict.append(note)
+    out.verdict_table = pd.DataFrame(columns)
     return out
 
 
@@ -346,61 +415,80 @@ def _rounds_note(rows: pd.DataFrame, gpu: pd.Series, other: pd.Series) -> str:
     return ""
 
 
-#: The verdict where the answer's machine has no gpu builder rows (a CPU-only run).
-NO_GPU_ROWS = (
-    "no GPU builder rows on this machine (the gpu builder needs a CUDA GPU), so none of the three questions "
-    "is answered here; a published machine's report (results/published/) answers them."
-)
+#: The verdict's questions, each with the number its cell gives (the rows of ``Answer.verdict_table``).
+PAY = "Does moving the build from SGLang's function to the GPU pay?"
+BEATS_CPU = "Is the GPU kernel better than the best CPU builder?"
+MOVES = "Does the best budget move?"
+QUESTIONS = {
+    PAY: "the GPU builder's tokens/s over SGLang's function's, each at its best N",
+    BEATS_CPU: "the GPU builder's tokens/s over the fastest CPU builder's, each at its best N",
+    MOVES: "each builder's best N",
+}
+#: A verdict cell where a batch has no gpu builder rows.
+NO_GPU_ROWS = "- (no GPU builder rows at this batch: the gpu builder needs a CUDA GPU)"
 
 
-def _round_verdict(batch: int, rows: pd.DataFrame, section) -> str:
-    """Three questions for a batch size, each answered yes or no with the numbers it rests on: does the GPU
-    builder beat SGLang's function, does it beat the best CPU builder (both in tokens/s, each at its own best
-    budget), and does the best budget move between builders. Each gain carries its range across the builds'
-    timing jobs, and the builds' own ratio at the GPU builder's best budget its range; a range that includes
-    1.0x is said so and is no win."""
+def _call(gain: float, spans_one: bool) -> str:
+    """A gain's yes or no: beyond ``SAME`` and outside the spread across timing jobs, or why not."""
+    if gain > 1 + SAME:
+        return f"no win shown: {gain:.3f}x (its spread includes 1.0x)" if spans_one else f"yes: {gain:.3f}x"
+    if gain < 1 - SAME:
+        return f"no, slower: {gain:.3f}x"
+    return f"no: {gain:.3f}x, within {100 * SAME:.0f}%"
+
+
+def _round_verdict(batch: int, rows: pd.DataFrame, section) -> tuple[dict[str, str], str]:
+    """Three questions for a batch size: does the GPU builder beat SGLang's function, does it beat the best
+    CPU builder (both in tokens/s, each at its own best budget), and does the best budget move between
+    builders. Returns the verdict's cells (question -> "yes: 1.11x", ...) and the note behind them: the
+    tokens/s, each gain's range across the builds' timing jobs, the builds' own ratio at the GPU builder's
+    best budget with its range (a range that includes 1.0x is said so and is no win), and the best budgets."""
     best = section.best[section.best["batch"] == batch].set_index("builder")
-    parts = [f"**B = {batch}:**"]
     if "gpu" not in best.index:
-        return " ".join(parts + [NO_GPU_ROWS])
+        return {q: NO_GPU_ROWS for q in QUESTIONS}, f"**B = {batch}:** no GPU builder rows at this batch."
     gpu = best.loc["gpu"]
+    cells, notes = {}, []
 
-    def versus(builder: str) -> str:
+    def versus(builder: str) -> tuple[str, str]:
         other = best.loc[builder]
         gain = gpu["tokens_per_s"] / other["tokens_per_s"]
         low, high, moves = gain_range(rows, gpu, other)
         build = build_ratio(rows, builder, "gpu", int(gpu["best_budget"]))
         spans_one = (moves and low <= 1.0 <= high) or (build is not None and build.includes_one)
-        if gain > 1 + SAME:
-            verdict = "no win shown (the spread across timing jobs includes 1.0x)" if spans_one else "yes"
-        elif gain < 1 - SAME:
-            verdict = "no, slower"
-        else:
-            verdict = f"no, within {100 * SAME:.0f}%, too close to call"
-        ours = f"{gpu['tokens_per_s']:,.0f} at N = {int(gpu['best_budget'])}"
-        notes = [f"{ours} against {other['tokens_per_s']:,.0f} at N = {int(other['best_budget'])}"]
+        parts = [
+            f"gpu against {builder}: {gpu['tokens_per_s']:,.0f} tokens/s at N = "
+            f"{int(gpu['best_budget'])} against {other['tokens_per_s']:,.0f} at N = "
+            f"{int(other['best_budget'])} ({gain:.3f}x)"
+        ]
         if moves:
             span = f"{low:.3f}x to {high:.3f}x across the builds' timing jobs"
-            notes.append(span + ("; the spread includes 1.0x" if low <= 1.0 <= high else ""))
+            parts.append(span + ("; the spread includes 1.0x" if low <= 1.0 <= high else ""))
         rounds = _rounds_note(rows, gpu, other)
         if rounds:
-            notes.append(rounds)
+            parts.append(rounds)
         if not moves and not rounds.startswith("both"):
-            notes.append("one timing job per build: no spread measured")
-        text = f"{verdict}: {gain:.3f}x the tokens/s ({'; '.join(notes)})"
+            parts.append("one timing job per build: no spread measured")
         if build is not None:
-            text += (
-                f"; the build alone at N = {int(gpu['best_budget'])}: {builder}'s over the gpu builder's "
+            parts.append(
+                f"the build alone at N = {int(gpu['best_budget'])}: {builder}'s over the gpu builder's "
                 f"{ratio_text(build)}"
             )
-        return text
+        return _call(gain, spans_one), "; ".join(parts)
 
     if "sglang" in best.index:
-        parts.append(f"Does moving the build from SGLang's function to the GPU pay? {versus('sglang')}.")
+        cells[PAY], note = versus("sglang")
+        notes.append(note)
+    else:
+        cells[PAY] = "- (SGLang's function not measured here)"
     cpu = [b for b in best.index if b in CPU_BUILDERS]
     if cpu:
         top = max(cpu, key=lambda b: best.loc[b, "tokens_per_s"])
-        parts.append(f"Is the GPU kernel better than the best CPU builder ({top})? {versus(top)}.")
+        call, note = versus(top)
+        cells[BEATS_CPU] = call.replace(":", f" (over {top}):", 1)
+        if top != "sglang" or "sglang" not in best.index:
+            notes.append(note)
+    else:
+        cells[BEATS_CPU] = "- (no CPU builder measured here)"
     # a builder modelled over fewer budgets than the gpu builder has no comparable best budget
     gpu_budgets = set(gpu["budgets"]) if "budgets" in best.columns else set()
     partial = [b for b in best.index if gpu_budgets and not gpu_budgets <= set(best.loc[b, "budgets"])]
@@ -408,10 +496,17 @@ def _round_verdict(batch: int, rows: pd.DataFrame, section) -> str:
     moved = len(set(budgets.values())) > 1
     set_by = gpu.get("set_by") if "set_by" in best.columns else None
     edge = {b for b in budgets if budgets[b] in (min(best.loc[b, "budgets"]), max(best.loc[b, "budgets"]))}
-    parts.append(
-        "Does the best budget move? "
-        + ("yes: " if moved else "no: ")
-        + ", ".join(f"{b} N = {n}" + (" (the grid's edge)" if b in edge else "") for b, n in budgets.items())
+    each = ", ".join(f"{b} N = {n}" + (" (the grid's edge)" if b in edge else "") for b, n in budgets.items())
+    cells[MOVES] = (
+        f"yes: {', '.join(f'{b} N = {n}' for b, n in budgets.items())}"
+        if moved
+        else f"no: N = {next(iter(budgets.values()))} for {', '.join(budgets)}"
+        if budgets
+        else "-"
+    )
+    notes.append(
+        "Best budgets: "
+        + each
         + (f" (the GPU builder's is set by its {set_by})" if isinstance(set_by, str) and set_by else "")
         + _budget_spread(rows, budgets)
         + (
@@ -421,9 +516,8 @@ def _round_verdict(batch: int, rows: pd.DataFrame, section) -> str:
             if partial
             else ""
         )
-        + "."
     )
-    return " ".join(parts)
+    return cells, f"**B = {batch}:** " + ". ".join(notes) + "."
 
 
 def _budget_spread(rows: pd.DataFrame, budgets: dict[str, int]) -> str:

@@ -91,6 +91,17 @@ def load_machines(summary, shapes=None, environment=None, published=(), step=Non
     return machines
 
 
+def named_machine(machines, label: str | None):
+    """The machine labelled ``label`` (a published one may carry " (published)" where this run has the same
+    label), or None."""
+    if not label:
+        return None
+    for machine in machines:
+        if machine.label == label:
+            return machine
+    return next((m for m in machines if m.source == "published" and m.label == f"{label} (published)"), None)
+
+
 def series_name(builder: str, timing: str, cache: str | None = None) -> str:
     name = SERIES_NAMES.get((builder, timing), f"{builder} ({timing})")
     if cache == "cold":

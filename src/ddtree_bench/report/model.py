@@ -12,6 +12,7 @@ from pathlib import Path
 import pandas as pd
 
 from ddtree_bench import catalog
+from ddtree_bench.config import schema_default
 from ddtree_bench.report import acceptance as acceptance_report
 from ddtree_bench.report import answer as answer_module
 from ddtree_bench.report import stacks as stacks_report
@@ -19,6 +20,7 @@ from ddtree_bench.report import step as step_report
 from ddtree_bench.report import throughput as throughput_report
 from ddtree_bench.report.document import Bullets, Figure, Section, Table, Text
 from ddtree_bench.report.figures import theme
+from ddtree_bench.report.fmt import fmt_x
 from ddtree_bench.report.goals import (
     REF_VS_SGLANG_NOTE,
     REF_VS_SGLANG_TITLE,
@@ -32,6 +34,7 @@ from ddtree_bench.report.tables import (
     IN_SITU_INTRO,
     compact_table,
     correctness_table,
+    cpu_builders_table,
     environment_table,
     in_situ_tables,
     medians_table,
@@ -79,6 +82,8 @@ class ReportOptions:
     throughput_options: dict | None = None
     distributions: list[str] | None = None
     profiles: list[str] | None = None  # the acceptance profiles (None: each machine's recorded ones)
+    #: the published machine whose answer is shown where this run has none (config ``published_answer``)
+    published_answer: str = field(default_factory=lambda: schema_default("published_answer"))
 
 
 @dataclass
@@ -92,6 +97,7 @@ class FigureInputs:
     breakdowns: dict
     budget_sections: list
     throughput_options: dict | None
+    published_answer: str | None = None
 
 
 @dataclass
@@ -127,7 +133,8 @@ def _has_gpu_rows(machine: Machine) -> bool:
 
 
 def banner(machines: list[Machine], answer) -> str | None:
-    """One line where the answer is not this run's machine's: whose it is and why."""
+    """One line where the answer is not this run's machine's: whose it is, why, and where this machine's
+    own rows are."""
     if not machines or answer.machine is None or answer.machine == machines[0].label:
         return None
     here = machines[0]
@@ -135,11 +142,18 @@ def banner(machines: list[Machine], answer) -> str | None:
     why = (
         "no GPU rows (no gpu builder timings, no step stages)"
         if not _has_gpu_rows(here)
-        else "no step-time breakdown with in-situ builds"
+        else "no GPU builder rows with a modelled round or a step breakdown"
+    )
+    folder = answer.machine.removesuffix(" (published)")
+    whose = (
+        f"the published {answer.machine}'s (results/published/{folder}/, the configuration's "
+        "published_answer)"
+        if source == "published"
+        else f"{answer.machine}'s ({source} results)"
     )
     return (
-        f"This machine ({here.label}) has {why}: the answer below is {answer.machine}'s ({source} results), "
-        f"and {here.label}'s own rows are in the figures and detail tables."
+        f"This machine ({here.label}) has {why}: the answers below are {whose}; what {here.label} adds is in "
+        f'"{ADDS_TITLE}", and its own rows are in the figures and detail tables.'
     )
 
 
@@ -166,6 +180,7 @@ def build_model(
         distributions=options.distributions,
         depth=options.depth,
         profiles=options.profiles,
+        published_answer=options.published_answer,
     )
     data = timings(machines)
     inputs = FigureInputs(
@@ -176,19 +191,23 @@ def build_model(
         breakdowns,
         budget_sections,
         options.throughput_options,
+        options.published_answer,
     )
     specs = [s for s in catalog.FIGURES.values() if s.name in figure_paths]
     figures = {s.name: _draw(s, inputs, figure_paths[s.name]) for s in specs}
-    answer = answer_module.answer(machines, breakdowns, settings, budget_sections)
+    answer = answer_module.answer(machines, breakdowns, settings, budget_sections, options.published_answer)
     model = ReportModel(TITLE, LEAD, banner(machines, answer), answer)
+    stacks = [f for f in figures.values() if _place(f) == "stacks"]
     model.sections = [
-        stacks_report.report_section(machines, [f for f in figures.values() if _place(f) == "stacks"]),
+        stacks_report.report_section(machines, stacks, options.published_answer),
         _answer_section(answer, [f for f in figures.values() if _place(f) == "answer"]),
+        _adds_section(machines, data, answer, options),
         Section("Figures").add(*(f for f in figures.values() if _place(f) not in ("answer", "stacks"))),
         _detail_section(machines, data, options, breakdowns, settings, budget_sections),
         _environment_section(machines),
         _goals_section(machines, budget_sections),
     ]
+    model.sections = [s for s in model.sections if s is not None]
     return model
 
 
@@ -210,10 +229,68 @@ def _answer_section(answer, figures: list[Figure]) -> Section:
     if answer.machine is None:
         section.add(Text(f"No answer: {answer.missing}.", "em"))
     else:
-        section.add(Text("**Verdict:**"), Bullets(list(answer.verdict)), Text(answer.intro(), "note"))
+        section.add(Text(f"**Verdict** ({answer.machine}):"))
+        if not answer.verdict_table.empty:
+            section.add(Table(answer.verdict_table))
+        section.add(Bullets(list(answer.verdict)), Text(answer.intro(), "note"))
         for batch, table in answer.tables.items():
             section.add(Section(answer.heading(batch)).add(Table(table)))
     return section.add(*figures)
+
+
+ADDS_TITLE = "What this machine adds"
+
+
+def _adds_section(machines, data, answer, options) -> Section | None:
+    """Where the answers above are another machine's: this run's CPU builders against SGLang's function (or
+    our ``reference``, named as ours, where SGLang's did not run), in-situ where it has in-situ rows, else per
+    call. None where this run's machine gives the answers itself."""
+    here = machines[0] if machines else None
+    if here is None or answer.machine == here.label:
+        return None
+    table, found = cpu_builders_table(data, here.label, options.depth, options.distribution)
+    base = found.get("baseline")
+    section = Section(
+        f"{ADDS_TITLE}: {here.label}'s CPU builders against "
+        + ("SGLang's function" if base in (None, catalog.SGLANG) else "our reference (SGLang's did not run)")
+    )
+    if table.empty:
+        return section.add(Text(f"No CPU builder rows on {here.label} to compare.", "em"))
+    if base == catalog.SGLANG:
+        against = "SGLang's own `build_ddtree_tree_from_topk`"
+    else:
+        why = _not_run_reason(here, catalog.SGLANG)
+        against = f"our Python `reference` (ours, not SGLang: SGLang's function did not run here{why})"
+    if found["mode"] == catalog.IN_SITU:
+        timing = (
+            "in-situ (what the decode round pays: from the drafter's top-K on the GPU to the tree on the GPU)"
+        )
+    else:
+        why = _not_run_reason(here, catalog.NATIVE, catalog.IN_SITU)
+        timing = f"median per call, wall clock (no in-situ rows{why})"
+    sentence = (
+        f"**{here.label}** ({here.source}), on this machine's CPU: each CPU builder's tree build against "
+        f"{against}, {timing}, at L = {found['depth']} on the {found['distribution']} trees; in brackets its "
+        "speedup over that baseline."
+    )
+    if "low" in found:
+        sentence += (
+            f" The faster C++ builder is {fmt_x(found['low'])}-{fmt_x(found['high'])} the baseline's speed "
+            "across these configurations."
+        )
+    return section.add(Text(sentence), Table(table))
+
+
+def _not_run_reason(machine, builder: str, timing: str | None = None) -> str:
+    """ ": <reason>" from ``machine``'s rows of ``builder`` (of ``timing``) that did not run, or ""."""
+    df = machine.summary
+    if df.empty:
+        return ""
+    bad = df[(df["builder"] == builder) & (df["status"] != "ok")]
+    if timing is not None:
+        bad = bad[bad["timing"] == timing]
+    reasons = bad["status_reason"].dropna() if "status_reason" in bad else pd.Series(dtype=str)
+    return f": {reasons.iloc[0]}" if len(reasons) else ""
 
 
 def _detail_section(machines, data, options, breakdowns, settings, budget_sections) -> Section:
@@ -266,7 +343,9 @@ def _detail_section(machines, data, options, breakdowns, settings, budget_sectio
     section.add(*step_report.report_sections(machines, breakdowns, settings))
     section.add(throughput_report.report_section(budget_sections, options.throughput_options))
     section.add(
-        Section("Builders that could not run").add(Table(unavailable_table(machines), collapsed=True)),
+        Section("Builders and timings that could not run").add(
+            Table(unavailable_table(machines), collapsed=True)
+        ),
         Section("Correctness").add(Table(correctness_table(machines), collapsed=True)),
         Section("All configurations").add(
             Table(medians_table(data), collapsed=True, summary="median, p10, p90 per call, per tree, speedup")

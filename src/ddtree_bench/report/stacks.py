@@ -22,6 +22,7 @@ import pandas as pd
 from ddtree_bench import catalog
 from ddtree_bench.report.document import Bullets, Section, Table, Text
 from ddtree_bench.report.fmt import fmt_us
+from ddtree_bench.report.load import named_machine
 from ddtree_bench.throughput import tau_per_budget
 
 TITLE = "What the three kernels are worth"
@@ -285,6 +286,50 @@ def verdict_lines(
     return lines
 
 
+def verdict_table(
+    table: pd.DataFrame, best: pd.DataFrame, base: str, spread: dict | None = None
+) -> pd.DataFrame:
+    """The verdict at a glance: a row per question (do our three kernels pay off, at which budget, which
+    kernel carries the gain), a column per (batch, prefix), each cell yes or no and the one number it rests
+    on; ``verdict_lines`` gives the numbers behind each cell."""
+    pays = f"Do our three kernels pay off? (ours' tokens/s over {base}'s, each at its best N)"
+    budget = f"At which budget? (best N: {base}, ours)"
+    carries = f"Which kernel carries the gain? (what it takes off {base}'s round at its best N)"
+    columns = {"question (the number it rests on)": [pays, budget, carries]}
+    for (batch, prefix), part in best.groupby(["batch", "prefix"], sort=True):
+        mine = part[part["stack"] == base]
+        ours = part[part["stack"] == catalog.OURS]
+        if mine.empty or ours.empty:
+            continue
+        b, o = mine.iloc[0], ours.iloc[0]
+        n = int(b["budget"])
+        steps = waterfall(table, base, int(batch), int(prefix), n, spread)
+        whole = _at(table, int(batch), int(prefix), n, base)
+        ours_there = _at(table, int(batch), int(prefix), n, catalog.OURS)
+        gain = o["tokens_per_s"] / b["tokens_per_s"]
+        shown = abs(whole["round_s"] - ours_there["round_s"]) > band(whole, ours_there, spread or {})
+        call = (
+            f"yes: {gain:.2f}x"
+            if gain > 1 and shown
+            else f"no, slower: {gain:.2f}x"
+            if gain < 1 and shown
+            else f"no win shown: {gain:.2f}x"
+        )
+        carrier = carrying_kernel(steps) if not steps.empty else None
+        if carrier:
+            row = steps[steps["step"] == f"our {carrier}"].iloc[0]
+            carried = f"{carrier}: {_ms(row['saved_s'])} ({row['saved_s'] / b['round_s'] * 100:.0f}%)"
+        else:
+            carried = "none shown"
+        edge = lambda r: " (grid edge)" if r["edge"] else ""  # noqa: E731
+        columns[f"B = {int(batch)}, S = {int(prefix)}"] = [
+            call,
+            f"N = {n}{edge(b)}, N = {int(o['budget'])}{edge(o)}",
+            carried,
+        ]
+    return pd.DataFrame(columns) if len(columns) > 1 else pd.DataFrame()
+
+
 def display_table(table: pd.DataFrame) -> pd.DataFrame:
     if table.empty:
         return table
@@ -440,16 +485,17 @@ def _waterfall_panel(wax, table, best, batch, prefix, spread, *, first: bool) ->
 # ----------------------------------------------------------------------------------------------- the section
 
 
-def machine_with_stacks(machines):
-    """The first machine whose step rows hold stack rounds, or None."""
-    for machine in machines:
-        if not stack_table(machine.step, machine.shapes).empty:
+def machine_with_stacks(machines, published_answer: str | None = None):
+    """This run's machine (the first) where its step rows hold stack rounds, else the published machine
+    ``published_answer`` names where its do (chosen by that name, never by the folders' order), else None."""
+    for machine in (machines[:1] + [named_machine(machines, published_answer)]) if machines else ():
+        if machine is not None and not stack_table(machine.step, machine.shapes).empty:
             return machine
     return None
 
 
 def figure_for_report(inputs, path) -> str:
-    machine = machine_with_stacks(inputs.machines)
+    machine = machine_with_stacks(inputs.machines, inputs.published_answer)
     if machine is None:
         from ddtree_bench.report.figures import empty_figure  # noqa: PLC0415
 
@@ -484,16 +530,18 @@ def spread_line(spread: dict) -> str:
     )
 
 
-def report_section(machines, figures) -> Section:
-    """The section: per machine with stack rounds, the verdict per SGLang stack, the best budgets, tokens/s
-    per budget, the waterfalls, every round and the rounds that could not run."""
+def report_section(machines, figures, published_answer: str | None = None) -> Section:
+    """The section, on this run's machine where it has stack rounds, else on ``published_answer``'s: the
+    verdict per SGLang stack, the best budgets, tokens/s per budget, the waterfalls, every round and the
+    rounds that could not run."""
     section = Section(TITLE).add(Text(INTRO))
-    machine = machine_with_stacks(machines)
+    machine = machine_with_stacks(machines, published_answer)
     if machine is None:
         return section.add(
             Text(
-                "No machine here has stack rounds: they need a GPU, SGLang's DDTree files and its MoE "
-                "kernels (docs/round_stages.md). The published H200's are in results/published/h200/.",
+                "Neither this machine nor the published answer's has stack rounds: they need a GPU, "
+                "SGLang's DDTree files and its MoE kernels (docs/round_stages.md). The published H200's are "
+                "in results/published/h200/.",
                 "em",
             ),
             *figures,
@@ -529,6 +577,7 @@ def report_section(machines, figures) -> Section:
             if lines:
                 section.add(
                     Text(f"**What {catalog.STACKS[base].label} gains from our kernels, tau: {label}**"),
+                    Table(verdict_table(t, b, base, spread)),
                     Bullets(lines),
                 )
     section.add(*figures)

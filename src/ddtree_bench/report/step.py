@@ -265,8 +265,8 @@ def accept_table(step: pd.DataFrame, machine: str) -> pd.DataFrame:
         "N",
         "median [p10-p90]",
         "x floor",
-        "accepted (mean)",
-        "expected accepted (mean)",
+        "tokens committed, bonus included (mean of these draws)",
+        "E[accepted draft tokens] (mean)",
         "status",
     ]
     if step is None or step.empty:
@@ -294,8 +294,8 @@ def accept_table(step: pd.DataFrame, machine: str) -> pd.DataFrame:
                 f"{m / f:.2f}x" if impl == "gpu-kernel" and not missing(m) and not missing(f) else "-"
                 for impl, m, f in zip(rows["impl"], rows["median_s"], rows["floor_s"], strict=True)
             ],
-            "accepted (mean)": rows["accept_length_mean"].map(lambda v: _num(v, 2)),
-            "expected accepted (mean)": rows["expected_accept_mean"].map(lambda v: _num(v, 2)),
+            columns[7]: rows["accept_length_mean"].map(lambda v: _num(v, 2)),
+            columns[8]: rows["expected_accept_mean"].map(lambda v: _num(v, 2)),
             "status": [_status(row) for _, row in rows.iterrows()],
         },
         columns=columns,
@@ -369,7 +369,9 @@ def breakdown_table(breakdown: pd.DataFrame, machine: str, layers: int) -> pd.Da
             "H": first.index.get_level_values("heads"),
             "B": first.index.get_level_values("batch"),
             "N": first.index.get_level_values("budget"),
-            "E[accepted]": first["expected_accept_mean"].map(lambda v: _num(v, 2)).to_numpy(),
+            "E[accepted], this batch's requests": first["expected_accept_mean"]
+            .map(lambda v: _num(v, 2))
+            .to_numpy(),
             f"attention x {layers}": first["attention_s"].map(fmt_us).to_numpy(),
             "accept": first["accept_s"].map(fmt_us).to_numpy(),
         }
@@ -677,14 +679,20 @@ BREAKDOWN_INTRO = (
     "the decode round pays from the drafter's top-K on the GPU to the tree on the GPU; else CPU builders "
     "by wall clock and the GPU builder both kernel-only and host-inclusive), our verify attention for all "
     "layers (per-layer median x layers), and the accept (the GPU kernel); in brackets the build's share of "
-    "build + attention + accept. E[accepted] is the expected number of accepted draft tokens of the "
-    "budget's trees (the sum over nodes of the path probability under the drafter's distributions): what a "
-    'larger budget buys, beside what it costs. tau, the tokens per round in the answer and in "Which '
-    "budget?\", is 1 + E[accepted]: the accepted draft tokens plus the target's bonus token."
+    "build + attention + accept. E[accepted], this batch's requests, is the expected number of accepted "
+    "draft tokens of the trees of this batch's B requests (the sum over nodes of the path probability under "
+    "the drafter's distributions; at B = 1 the first request's alone): what a larger budget buys, beside "
+    'what it costs. It is not tau: tau, the tokens per round in the answer and in "Which budget?", is 1 + '
+    "E[accepted] averaged over every request of the trace (the accepted draft tokens plus the target's "
+    'bonus token; "Acceptance per budget"), the same at every batch size.'
 )
 ACCEPT_INTRO = (
     "GPU kernel (CUDA events), host-inclusive (launch, copies out, sync), the CPU walk including the "
-    "device-to-host copy of the target's tokens, and the empty-kernel floor of the same run."
+    "device-to-host copy of the target's tokens, and the empty-kernel floor of the same run. Its inputs: "
+    "the trees of the batch's B requests and one draw of the target's tokens per request; tokens committed "
+    "is what the walk committed on those draws (accepted draft tokens plus the bonus token), E[accepted "
+    "draft tokens] their expectation on the same trees (no bonus). Neither is tau, which is over every "
+    "request of the trace."
 )
 
 

@@ -8,7 +8,7 @@ from html import escape
 import numpy as np
 import pandas as pd
 
-from ddtree_bench.catalog import IN_SITU
+from ddtree_bench.catalog import BUILDERS, IN_SITU, NATIVE, NATIVE_MT
 from ddtree_bench.environment import ENVIRONMENT_COLUMNS
 from ddtree_bench.report.fmt import fmt_us, fmt_x
 from ddtree_bench.report.load import (
@@ -19,7 +19,7 @@ from ddtree_bench.report.load import (
     sglang_rows,
     speedups,
 )
-from ddtree_bench.report.names import IN_SITU_TIMINGS, SERIES_ORDER
+from ddtree_bench.report.names import CPU_BUILDERS, IN_SITU_TIMINGS, SERIES_ORDER
 
 # ----------------------------------------------------------------------------------------- tables
 
@@ -103,22 +103,91 @@ def in_situ_tables(data: pd.DataFrame, machines: list[Machine], depth, distribut
     return out
 
 
+def cpu_builders_table(data: pd.DataFrame, label: str, depth, distribution) -> tuple[pd.DataFrame, dict]:
+    """One machine's CPU builders against its baseline (SGLang's function, else our ``reference``), per
+    (B, N) at the report's depth and distribution: the baseline's median per call and each other CPU
+    builder's with its speedup over the baseline (and its range across timing jobs where it has several).
+    In-situ where the baseline has in-situ rows, else wall clock (``load.speedups(headline=True)``).
+    Returns the table and ``{"baseline", "mode", "depth", "distribution", "low", "high"}`` (the fastest C++
+    builder's speedups' smallest and largest); an empty table where nothing compares."""
+
+    rows = data[data["machine"] == label] if not data.empty else data
+    sp = speedups(rows, headline=True) if not rows.empty else pd.DataFrame()
+    if sp.empty:
+        return pd.DataFrame(), {}
+    sp = sp[sp["builder"].isin(CPU_BUILDERS) & sp["cache"].isin(["warm", "n/a"])]
+    sp, used_depth, used_distribution = select_rows(sp, depth, distribution)
+    if sp.empty:
+        return pd.DataFrame(), {}
+    base, mode = str(sp["baseline"].iloc[0]), str(sp["mode"].iloc[0])
+    keys = ["batch", "budget"]
+    grid = sp[keys + ["baseline_s"]].drop_duplicates(keys).sort_values(keys)
+    out = pd.DataFrame(
+        {"B": grid["batch"], "N": grid["budget"], BUILDERS[base].column_name: grid["baseline_s"].map(fmt_us)}
+    )
+    fastest = None
+    for builder in [b for b in CPU_BUILDERS if b != base and b in set(sp["builder"])]:
+        sel = (
+            sp[sp["builder"] == builder]
+            .set_index(keys)
+            .reindex(list(zip(grid["batch"], grid["budget"], strict=True)))
+        )
+        out[BUILDERS[builder].column_name] = [
+            "-"
+            if pd.isna(m)
+            else f"{fmt_us(m)} ({fmt_x(x)}"
+            + (f", {fmt_x(lo)}-{fmt_x(hi)} across jobs" if jobs > 1 or bjobs > 1 else "")
+            + ")"
+            for m, x, lo, hi, jobs, bjobs in zip(
+                sel["median_s"],
+                sel["speedup"],
+                sel["speedup_low"],
+                sel["speedup_high"],
+                sel["series_jobs"].fillna(1),
+                sel["baseline_jobs"].fillna(1),
+                strict=True,
+            )
+        ]
+        if builder in (NATIVE, NATIVE_MT):
+            fastest = sel["speedup"] if fastest is None else np.fmax(fastest, sel["speedup"].to_numpy())
+    summary = {"baseline": base, "mode": mode, "depth": used_depth, "distribution": used_distribution}
+    if fastest is not None and np.isfinite(np.asarray(fastest, dtype=float)).any():
+        values = np.asarray(fastest, dtype=float)
+        summary |= {"low": float(np.nanmin(values)), "high": float(np.nanmax(values))}
+    return out.reset_index(drop=True), summary
+
+
 def unavailable_table(machines: list[Machine]) -> pd.DataFrame:
+    """What could not run, per machine: a builder none of whose timings ran ("every timing"), or one timing
+    of a builder whose other timings ran (e.g. in-situ, which needs a CUDA GPU, of a CPU builder timed per
+    call), with its status and reason."""
     rows = []
+    columns = ["machine", "builder", "what did not run", "status", "reason"]
     for machine in machines:
         df = machine.summary
         seen = set()
         if not df.empty:
+            ran = df[df["status"] == "ok"].groupby("builder")["timing"].agg(lambda t: sorted(set(t)))
             bad = df[df["status"] != "ok"]
             for _, row in bad.iterrows():
-                key = (row["builder"], row["status"], row["status_reason"])
+                builder, timing = row["builder"], row.get("timing")
+                done = ran.get(builder, [])
+                what = (
+                    f"{timing} timing ({', '.join(done)} ran)"
+                    if done and isinstance(timing, str)
+                    else "its timings (none ran)"
+                    if not done
+                    else "some timings"
+                )
+                key = (builder, what, row["status"], row["status_reason"])
                 if key in seen:
                     continue
                 seen.add(key)
                 rows.append(
                     {
                         "machine": machine.label,
-                        "builder": row["builder"],
+                        "builder": builder,
+                        "what did not run": what,
                         "status": row["status"],
                         "reason": row["status_reason"] or "-",
                     }
@@ -129,12 +198,13 @@ def unavailable_table(machines: list[Machine]) -> pd.DataFrame:
             rows.append(
                 {
                     "machine": machine.label,
-                    "builder": "gpu (kernel build)",
+                    "builder": "gpu",
+                    "what did not run": "its kernel build",
                     "status": "not compiled",
                     "reason": "no nvcc found" if not env.get("nvcc") else "gpu: off",
                 }
             )
-    return pd.DataFrame(rows, columns=["machine", "builder", "status", "reason"])
+    return pd.DataFrame(rows, columns=columns)
 
 
 def correctness_table(machines: list[Machine]) -> pd.DataFrame:

@@ -28,6 +28,7 @@ from ddtree_bench.report.figures import (
     panels,
 )
 from ddtree_bench.report.fmt import fmt_us
+from ddtree_bench.report.load import named_machine
 from ddtree_bench.report.names import BUILDER_LABELS, BUILDER_STYLES
 from ddtree_bench.throughput import (
     ASSUMPTIONS,
@@ -73,6 +74,8 @@ class BudgetSection:
     gains: pd.DataFrame = field(default_factory=pd.DataFrame)
     #: whose acceptance tau is (``catalog.ACCEPTANCE_PROFILES``)
     profile: str = catalog.PAPER_PROFILE
+    #: the machine whose step stages gave the round's terms but the build, where this one has none
+    donor: str | None = None
 
     @property
     def missing(self) -> str | None:
@@ -122,11 +125,15 @@ def sections(
     distributions: list[str] | None = None,
     depth: int | None = None,
     profiles: list[str] | None = None,
+    published_answer: str | None = None,
 ) -> list[BudgetSection]:
     """The model per machine on the configured first distribution and on ``recorded`` where configured
     (``distributions``: this run's configuration; default: the first machine's own), each machine's
     substitute named where it lacks one. ``settings``: per machine label, its step ``layers`` (and ``depth``);
-    ``options``: ``settings.Settings.throughput_options()`` (None: the defaults)."""
+    ``options``: ``settings.Settings.throughput_options()`` (None: the defaults). A machine without
+    measured step stages borrows the step terms of ``published_answer``'s machine (else of the first other
+    machine, in the order given, that measured them); never its whole rounds, which hold that machine's
+    builds."""
     options = options or {}
     if not machines:
         return []
@@ -173,14 +180,18 @@ def sections(
             # machine that measured them, named in the section: its own builds and trees, their round
             step, donor = machine.step, None
             if not _measured_verify(step):
-                donor = next((m for m in machines if m is not machine and _measured_verify(m.step)), None)
+                donor = _donor(machines, machine, published_answer)
                 if donor is not None:
-                    step = donor.step
+                    step = borrowed_step(donor.step)
                     note = (
-                        f"{note} Verify attention and tree accept measured on {donor.label} "
-                        f"({donor.source}): {label} has no step stages (they need a GPU); tree builds and "
-                        f"tau are {label}'s."
+                        f"{note} Verify attention, tree accept and the rest of the round's terms measured on "
+                        f"{donor.label} ({donor.source}): {label} has no step stages "
+                        f"({no_step_reason(machine)}); "
+                        f"tree builds and tau are {label}'s, and every round is the sum of its terms (a "
+                        f"round run whole on {donor.label} holds {donor.label}'s build)."
                     ).strip()
+            # the donor's S: where its whole rounds were run (those rows are not borrowed)
+            prefix = options.get("prefix_length") or (None if donor is None else _round_prefix(donor.step))
             for profile in _profiles(machine, profiles, index):
                 acceptance = catalog.ACCEPTANCE_PROFILES[profile]
                 result = throughput(
@@ -190,7 +201,7 @@ def sections(
                     model,
                     distribution=distribution,
                     depth=machine_depth,
-                    prefix=options.get("prefix_length"),
+                    prefix=prefix,
                     tau_from=acceptance.distribution if acceptance.params is not None else None,
                 )
                 if result.missing and machine.step.empty:
@@ -208,9 +219,50 @@ def sections(
                         best=best,
                         gains=gpu_gains(best),
                         profile=profile,
+                        donor=None if donor is None else donor.label,
                     )
                 )
     return out
+
+
+def _donor(machines, machine, published_answer: str | None):
+    """The machine whose step terms ``machine`` borrows: ``published_answer``'s where it measured them, else
+    the first other one (in the order given) that did; None where none did."""
+    others = [m for m in machines if m is not machine and _measured_verify(m.step)]
+    named = named_machine(others, published_answer)
+    return named or (others[0] if others else None)
+
+
+#: The step stages whose rows hold a machine's own tree build (whole rounds): never borrowed.
+OWN_BUILD_STAGES = ("round", "stack")
+
+
+def borrowed_step(step: pd.DataFrame) -> pd.DataFrame:
+    """Another machine's step rows as a machine without step stages borrows them: every term of the round
+    but its whole rounds (``OWN_BUILD_STAGES``), which hold that machine's own builds."""
+    if step is None or step.empty or "stage" not in step:
+        return step
+    return step[~step["stage"].isin(OWN_BUILD_STAGES)]
+
+
+def _round_prefix(step: pd.DataFrame) -> int | None:
+    """The largest S at which ``step`` holds whole rounds run (the S its own model takes), or None."""
+    if step is None or step.empty or not {"stage", "status", "prefix"} <= set(step.columns):
+        return None
+    rows = step[step["stage"].isin(OWN_BUILD_STAGES[:1]) & (step["status"] == "ok")]["prefix"].dropna()
+    return int(rows.max()) if len(rows) else None
+
+
+def no_step_reason(machine) -> str:
+    """Why a machine has no measured step stages, as its rows or files say (never a guess)."""
+    step = machine.step
+    if step is None or step.empty:
+        return machine.step_missing
+    if "status" in step:
+        bad = step[step["status"] != "ok"]
+        if "status_reason" in bad and bad["status_reason"].notna().any():
+            return f"its step stages did not run: {bad['status_reason'].dropna().iloc[0]}"
+    return "no measured verify attention or forward in its step rows"
 
 
 def _profiles(machine, profiles, index: int) -> list[str]:
@@ -294,6 +346,8 @@ def run_round_lines(section: BudgetSection) -> list[str]:
     if table.empty or "round_from" not in table:
         return []
     run = table[table["run_round_s"].notna()]
+    if run.empty:
+        return []
     spread = pd.to_numeric(run["run_spread"], errors="coerce").median() if len(run) else math.nan
     noise = (
         ""
