@@ -534,10 +534,11 @@ def report_section(machines, figures, published_answer: str | None = None) -> Se
     """The section, on this run's machine where it has stack rounds, else on ``published_answer``'s: the
     verdict per SGLang stack, the best budgets, tokens/s per budget, the waterfalls, every round and the
     rounds that could not run."""
-    section = Section(TITLE).add(Text(INTRO))
+    section = Section(TITLE)
     machine = machine_with_stacks(machines, published_answer)
     if machine is None:
         return section.add(
+            Text(INTRO),
             Text(
                 "Neither this machine nor the published answer's has stack rounds: they need a GPU, "
                 "SGLang's DDTree files and its MoE kernels (docs/round_stages.md). The published H200's are "
@@ -550,7 +551,31 @@ def report_section(machines, figures, published_answer: str | None = None) -> Se
     best = best_budgets(table)
     spread = run_to_run(machine.step)
     profiles = profiles_with_tau(machine) or [catalog.PAPER_PROFILE]
+    # the verdicts first (a table each, its numbers in notes under it), then how they were measured
     section.add(
+        Text(
+            f"**{machine.label}** ({machine.source}): does SGLang's DDTree round gain from our three kernels, "
+            "each stack at its own best budget? A table per SGLang stack and acceptance profile; how the "
+            "rounds were run follows the tables."
+        )
+    )
+    for profile in profiles:
+        label = catalog.ACCEPTANCE_PROFILES[profile].label
+        t = stack_table(machine.step, machine.shapes, profile)
+        b = best_budgets(t)
+        for base in BASES if profile == profiles[0] else BASES[:1]:
+            lines = verdict_lines(t, b, base, spread)
+            if lines:
+                section.add(
+                    Text(f"**What {catalog.STACKS[base].label} gains from our kernels, tau: {label}**"),
+                    Table(verdict_table(t, b, base, spread)),
+                    Bullets(lines),
+                )
+    same = sameness_line(machine)
+    if same:
+        section.add(Text(f"**Is the answer the same under every acceptance profile?** {same}"))
+    section.add(
+        Text(INTRO),
         Text(
             f"**{machine.label}** ({machine.source}). tau(N) = 1 + the expected accepted tokens of the "
             f"trees of depth {TAU_DEPTH} of each acceptance profile's drafter, the same for every stack: it "
@@ -565,21 +590,6 @@ def report_section(machines, figures, published_answer: str | None = None) -> Se
         Text(spread_line(spread), "note"),
         Text(correct_line(table)),
     )
-    same = sameness_line(machine)
-    if same:
-        section.add(Text(f"**Is the answer the same under every acceptance profile?** {same}"))
-    for profile in profiles:
-        label = catalog.ACCEPTANCE_PROFILES[profile].label
-        t = stack_table(machine.step, machine.shapes, profile)
-        b = best_budgets(t)
-        for base in BASES if profile == profiles[0] else BASES[:1]:
-            lines = verdict_lines(t, b, base, spread)
-            if lines:
-                section.add(
-                    Text(f"**What {catalog.STACKS[base].label} gains from our kernels, tau: {label}**"),
-                    Table(verdict_table(t, b, base, spread)),
-                    Bullets(lines),
-                )
     section.add(*figures)
     every = []
     for profile in profiles:
