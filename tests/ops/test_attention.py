@@ -315,6 +315,8 @@ def test_split_plans_whose_grid_is_resident_at_once_merge_in_the_kernel(monkeypa
     assert (p.rows_per_block, p.splits, p.merged_in_kernel) == (72, 16, False)
     p = plan(hopper, 1, 8, 4096)  # 22 splits
     assert (p.splits, p.merged_in_kernel) == (22, False)
+    p = plan(hopper, 1, 16, 32768)  # 43 splits: the combine launch is faster there
+    assert (p.splits, p.merged_in_kernel) == (43, False)
     p = plan(hopper, 64, 8, 32768)  # clusters of 2 merge on chip: nothing left to merge
     assert (p.cluster, p.partials, p.merged_in_kernel) == (2, 1, False)
     p = plan(hopper, 64, 1024, 4096)  # one split

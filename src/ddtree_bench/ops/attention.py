@@ -75,8 +75,10 @@ SPLIT_CLUSTER_SIZES = (2,)
 #: in the kernel): 65 splits (batch 1, budget 8) 36.8 -> 33.4 µs at S = 32768 and 25.2 -> 23.3 at S = 16384;
 #: but 14 and 22 splits (batch 1, budget 64 and 8, S = 4096) 26.9 -> 28.2 and 18.7 -> 21.8, 16 splits (batch
 #: 8, S = 32768) 120.4 -> 121.5; 4 and 8 splits 0.7-2.7 µs faster. The merge's work per block does not grow
-#: with the splits, the combine's does.
-MERGE_MIN_SPLITS = 32
+#: with the splits, the combine's does. Probe of 2026-12-02 (drafter trees, 31 calls each): 43 splits (batch
+#: 1, budget 16) 45.9 -> 49.6 µs at S = 32768 and 30.8 -> 34.9 at S = 16384, 65 splits 37.0 -> 34.1: the
+#: threshold is 64, not 32.
+MERGE_MIN_SPLITS = 64
 #: Where a 64-row plan on the wgmma path runs the seesaw kernel rather than ``ddtree_verify_attn_wgmma``: a
 #: request of at least this many row tiles (8 heads: budget 64 and up) and splits of at least this many key
 #: tiles. Measured on the H200 (step grid, drafter trees, 8 heads): the seesaw kernel was faster at every
