@@ -32,6 +32,7 @@ import numpy as np
 
 from ddtree_bench import catalog
 from ddtree_bench.model.round import RoundRunner, host_trees, pack_bits
+from ddtree_bench.ops.attention_peers import PeerUnavailable, load_sglang_extend_attention
 
 PARTS = ("draft", "build", "mask", "forward", "accept")
 
@@ -114,7 +115,11 @@ class StackRound(RoundRunner):
             self.graphs["build-bool"].replay()
             self.torch.cuda.synchronize()
             if name == catalog.SGLANG_TRITON_ATTENTION:
-                adapter = sglang_verify.TritonAttention(self.sglang_paths["attention_files"])
+                try:
+                    fwd, label = load_sglang_extend_attention(self.sglang_paths["attention_files"])
+                except PeerUnavailable as exc:
+                    raise sglang_verify.SglangUnavailable(str(exc)) from exc
+                adapter = sglang_verify.TritonAttention(fwd, label)
                 self.target.add_attention(name, adapter, self.mask)
             else:
                 width = int(self.depths.max().item()) + 1  # the deepest path + 1 (the same trees every round)

@@ -96,16 +96,11 @@ def _tree_rows(torch, prefix, q: int, used: int, device):
 
 
 class TritonAttention:
-    """SGLang's Triton tree-verify attention (module docstring), from ``source`` (SGLang's files: a folder
-    holding ``sglang/``, or None for an installed sglang)."""
+    """SGLang's Triton tree-verify attention (module docstring): ``fwd``, its ``extend_attention_fwd``, and
+    ``label``, where it came from, as ``ops.attention_peers.load_sglang_extend_attention`` loads them."""
 
-    def __init__(self, source=None):
-        from ddtree_bench.ops.attention_peers import PeerUnavailable, load_sglang_extend_attention  # noqa: PLC0415
-
-        try:
-            self.fwd, label = load_sglang_extend_attention(source)
-        except PeerUnavailable as exc:
-            raise SglangUnavailable(str(exc)) from exc
+    def __init__(self, fwd, label: str):
+        self.fwd = fwd
         self.describe = f"{label}, extend_attention_fwd (custom_mask, skip_prefix_custom_mask)"
 
     def prepare(self, q, kv, prefix_lengths, mask: VerifyMask, out):

@@ -554,9 +554,9 @@ def report_section(machines, figures, published_answer: str | None = None) -> Se
     # the verdicts first (a table each, its numbers in notes under it), then how they were measured
     section.add(
         Text(
-            f"**{machine.label}** ({machine.source}): does SGLang's DDTree round gain from our three kernels, "
-            "each stack at its own best budget? A table per SGLang stack and acceptance profile; how the "
-            "rounds were run follows the tables."
+            f"**{machine.label}** ({machine.source}): does SGLang's DDTree round gain from our three "
+            "kernels, each stack at its own best budget? A table per SGLang stack and acceptance profile; "
+            "how the rounds were run follows the tables."
         )
     )
     for profile in profiles:
