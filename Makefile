@@ -14,6 +14,7 @@ PROGRESS ?= --logger ddtree
 # pytest-xdist workers; each test module's tests run in one worker (--dist loadscope), so its module-scoped
 # fixtures (the smoke pipeline's run) run once.
 TEST_WORKERS ?= 2
+PYTEST_ARGS ?=
 
 .DEFAULT_GOAL := report
 .PHONY: report smoke test lint setup setup-test python-version clean-report
@@ -56,7 +57,7 @@ smoke: setup
 	$(SNAKEMAKE) --cores 2 $(PROGRESS) --configfile config/smoke.yaml $(SNAKEMAKE_ARGS) -- report
 
 test: setup-test
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadscope
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadscope $(PYTEST_ARGS)
 
 lint: setup-test
 	$(BIN)/ruff check .
