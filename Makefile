@@ -4,10 +4,17 @@
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
-CORES ?= 1
+CORES ?= all
 # Snakemake through `ddtree-bench workflow`: a YAML error in a --configfile (SNAKEMAKE_ARGS) names its file and line
 SNAKEMAKE := $(BIN)/ddtree-bench workflow
 SNAKEMAKE_ARGS ?=
+# The run's progress: a line per stage done and per tenth of the jobs, errors in full (ddtree_bench.progress);
+# PROGRESS= gives Snakemake's own block per job.
+PROGRESS ?= --logger ddtree
+# pytest-xdist workers; each test module's tests run in one worker (--dist loadscope), so its module-scoped
+# fixtures (the smoke pipeline's run) run once.
+TEST_WORKERS ?= 2
+PYTEST_ARGS ?=
 
 .DEFAULT_GOAL := report
 .PHONY: report smoke test lint setup setup-test python-version clean-report
@@ -36,18 +43,21 @@ setup: python-version $(VENV)/.installed
 
 setup-test: python-version $(VENV)/.installed-test
 
-# The whole pipeline on this machine (results/<machine>/) and the report (report/index.html, summary.md).
-# Timing jobs never overlap (they take every core Snakemake is given, and one timing_slot), so --cores only
-# lets traces, checks and the tree-shape jobs run side by side; native-mt uses all cores regardless.
+# The pipeline on this machine (results/<machine>/) and the report (report/index.html, summary.md): the
+# default configuration is sized for a CPU (config/config.yaml); the full grid is
+# SNAKEMAKE_ARGS="--configfile config/full.yaml". Timing jobs never overlap (they take every core Snakemake
+# is given, and one timing_slot), so --cores only lets traces, checks and the tree-shape jobs run side by
+# side; native-mt uses all cores regardless.
 report: setup
-	$(SNAKEMAKE) --cores $(CORES) $(SNAKEMAKE_ARGS) report
+	$(SNAKEMAKE) --cores $(CORES) $(PROGRESS) $(SNAKEMAKE_ARGS) -- report
 
-# The tiny configuration: the whole pipeline in about 2 minutes on 2 cores (results/smoke/, report in results/smoke/report/).
+# The tiny configuration: the whole pipeline in under a minute on 2 cores (results/smoke/, report in
+# results/smoke/report/).
 smoke: setup
-	$(SNAKEMAKE) --cores 2 --configfile config/smoke.yaml $(SNAKEMAKE_ARGS) -- report
+	$(SNAKEMAKE) --cores 2 $(PROGRESS) --configfile config/smoke.yaml $(SNAKEMAKE_ARGS) -- report
 
 test: setup-test
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadscope $(PYTEST_ARGS)
 
 lint: setup-test
 	$(BIN)/ruff check .

@@ -187,3 +187,52 @@ def test_schema_default_names_a_setting_without_one():
     assert schema_default("step.attention.timing.repeats") == 5
     with pytest.raises(KeyError):
         schema_default("budgets.nothing")
+
+
+# ----------------------------------------------------------------------------------------- the shipped grids
+
+GRID = ("budgets", "batch_sizes", "depths", "distributions")
+
+
+def test_the_default_runs_the_published_h200_grid_on_the_same_traces():
+    """config.yaml, sized for a CPU, times the published H200 run's tree-build grid on the very traces that
+    run timed (equal sha256), so the report sets this machine's builders beside the H200's."""
+    import pandas as pd  # noqa: PLC0415
+
+    from ddtree_bench.traces import arrays_sha256, generate  # noqa: PLC0415
+
+    default = load_settings(ROOT / "config" / "config.yaml")
+    h200 = load_settings(ROOT / "config" / "config.yaml", ROOT / "config" / "h200.yaml")
+    assert [getattr(default, key) for key in GRID] == [getattr(h200, key) for key in GRID]
+    assert default.trace_requests == h200.trace_requests and default.trace_columns == h200.trace_columns
+    (distribution,), (depth,) = default.distributions, default.depths
+    trace = generate(
+        distribution,
+        default.trace_requests,
+        depth,
+        default.trace_columns,
+        vocab_size=default.vocab_size,
+        seed=default.seed,
+        device=default.trace_device,
+        drafter=default.drafter.as_dict(),
+    )
+    published = pd.read_parquet(ROOT / "results" / "published" / "h200" / "summary.parquet")
+    assert set(published["trace_sha256"].dropna()) == {
+        arrays_sha256(trace.top_log_probs, trace.top_token_ids)
+    }
+
+
+def test_the_full_grid_is_a_fragment_over_the_default_and_the_h200_configs_set_their_own():
+    default = load_settings(ROOT / "config" / "config.yaml")
+    full = load_settings(ROOT / "config" / "config.yaml", ROOT / "config" / "full.yaml")
+    assert full.budgets == (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+    assert (full.batch_sizes, full.depths) == ((1, 8, 64, 256), (16, 8))
+    assert full.distributions == ("drafter", "peaked", "bf16")
+    before, after = default.as_config(), full.as_config()
+    assert {key for key in before if before[key] != after[key]} == set(GRID)  # everything else the default's
+    # the published runs' configurations do not take their grid or sampling from the default
+    for name in ("h200.yaml", "h200-sglang-regime.yaml"):
+        alone = load_settings(ROOT / "config" / name)
+        over = load_settings(ROOT / "config" / "config.yaml", ROOT / "config" / name)
+        for key in (*GRID, "depth_follows_budget", "builders", "timing"):
+            assert getattr(over, key) == getattr(alone, key), (name, key)

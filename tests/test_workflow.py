@@ -23,7 +23,7 @@ from fake_compiler import FakeCompiler
 from packaging.requirements import Requirement
 from workflow_copy import BIN, ROOT, pretend_gpu, snakemake, workdir_copy
 
-from ddtree_bench.cuda.loader import gpu_unavailable_reason
+from ddtree_bench.cuda.loader import find_nvcc, gpu_unavailable_reason
 from ddtree_bench.report import FIGURE_NAMES
 from ddtree_bench.settings import Settings
 from ddtree_bench.traces import trace_sha256
@@ -89,25 +89,31 @@ def test_snakemake_lint_is_clean(tmp_path):
     assert not (work / "results").exists()
 
 
+def _bench_per_builder(jobs: list[dict]) -> dict[str, int]:
+    per_builder: dict[str, int] = {}
+    for job in jobs:
+        if job["rule"] == "bench":
+            builder = job["output"][0].split("/")[3]
+            per_builder[builder] = per_builder.get(builder, 0) + 1
+    return per_builder
+
+
 def test_dry_run_of_the_default_configuration(tmp_path):
+    """The default is CPU-sized: the published H200 run's tree-build grid (8 budgets, batch 1 and 64, depth
+    16, the drafter trace), each CPU configuration timed by timing.jobs (3) jobs."""
     work = workdir_copy(tmp_path)
     result = snakemake(work, "-n", "--cores", "4", "report")
     assert result.returncode == 0, result.stderr
     jobs = jobs_of(result.stdout + result.stderr)
     rules = [job["rule"] for job in jobs]
-    assert rules.count("trace") == 7  # one per (distribution, depth), and the k2.6 profile's at depth 16
+    assert rules.count("trace") == 2  # the drafter's at depth 16, and the k2.6 profile's
     assert rules.count("build_native") == 1
     bench = [job for job in jobs if job["rule"] == "bench"]
     assert bench and all("timing_slot=1" in job["resources"] for job in bench)
     assert all(job["threads"] == min(4, len(_cpus())) for job in bench)  # the whole machine Snakemake has
     # one rule for every builder: the gpu builder's jobs take the GPU, the others none
     assert all(("gpu=1" in job["resources"]) == ("/bench/gpu/" in job["output"][0]) for job in bench)
-    per_builder = {}
-    for job in bench:
-        builder = job["output"][0].split("/")[3]
-        per_builder[builder] = per_builder.get(builder, 0) + 1
-    # budgets x batch sizes x depths x distributions, each timed by timing.jobs (3) independent jobs
-    assert per_builder["reference"] == 11 * 4 * 2 * 3 * 3
+    assert _bench_per_builder(jobs)["reference"] == 8 * 2 * 1 * 1 * 3
     names = {Path(job["output"][0]).name for job in bench if "/bench/reference/" in job["output"][0]}
     assert {f"drafter-L16-N8-B1{suffix}.parquet" for suffix in ("", "-r2", "-r3")} <= names
     assert rules.count("aggregate_step") == 1
@@ -115,6 +121,21 @@ def test_dry_run_of_the_default_configuration(tmp_path):
     if gpu_unavailable_reason() is not None:  # no GPU here: one file of rows saying why per step stage
         assert rules.count("step_unavailable") == len(UNAVAILABLE_STAGES)
         assert not (STEP_RULES | ROUND_RULES) & set(rules)
+    assert not (work / "results").exists()
+
+
+def test_dry_run_of_the_full_configuration(tmp_path):
+    """config/full.yaml over the default: every budget 1-1024, batch 1-256, depth 16 and 8, three
+    distributions, timing.jobs (3) jobs per CPU configuration."""
+    work = workdir_copy(tmp_path)
+    result = snakemake(work, "-n", "--cores", "4", "--configfile", "config/full.yaml", "--", "report")
+    assert result.returncode == 0, result.stderr
+    jobs = jobs_of(result.stdout + result.stderr)
+    rules = [job["rule"] for job in jobs]
+    assert rules.count("trace") == 7  # one per (distribution, depth), and the k2.6 profile's at depth 16
+    # budgets x batch sizes x depths x distributions, each timed by timing.jobs (3) independent jobs
+    per_builder = _bench_per_builder(jobs)
+    assert per_builder["reference"] == per_builder["native"] == 11 * 4 * 2 * 3 * 3
     assert not (work / "results").exists()
 
 
@@ -127,8 +148,9 @@ def test_dry_run_plans_the_step_jobs_where_a_gpu_is(tmp_path):
     assert result.returncode == 0, result.stderr
     jobs = jobs_of(result.stdout + result.stderr)
     rules = [job["rule"] for job in jobs]
-    step = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())["step"]
-    budgets, batches = 11, len(step["batch_sizes"])
+    config = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
+    step = config["step"]
+    budgets, batches = len(config["budgets"]), len(step["batch_sizes"])
     grid = len(step["attention"]["prefix_lengths"]) * len(step["attention"]["heads"])
     assert rules.count("step_attention") == budgets * batches * grid
     assert rules.count("step_accept") == budgets * batches
@@ -166,6 +188,43 @@ def test_step_stages_off_or_without_gpu(tmp_path, override, expected):
     assert not STEP_RULES & rules
     assert {"step_unavailable"} & rules == expected
     assert ("aggregate_step" in rules) == bool(expected)
+
+
+def test_compile_without_gpu_false_leaves_the_kernels_out_only_where_no_gpu_is(tmp_path):
+    """The smoke configuration sets compile_without_gpu: false: without a GPU no kernel is compiled (with
+    true, every one is, wherever nvcc is); with a GPU they are compiled either way."""
+    if find_nvcc() is None:
+        pytest.skip("nvcc not found: no kernel is compiled either way")
+    work = workdir_copy(tmp_path)
+    env = pretend_gpu(tmp_path)
+    assert smoke_config()["compile_without_gpu"] is False
+    fatbins = {}
+    for name, args, environment in (
+        ("smoke", (), None),
+        ("smoke, true", ("--config", "compile_without_gpu=True"), None),
+        ("smoke, a GPU", (), env),
+    ):
+        if environment is None and gpu_unavailable_reason() is None:
+            continue  # a GPU is here
+        result = snakemake(
+            work,
+            "-n",
+            "--cores",
+            "2",
+            "--configfile",
+            "config/smoke.yaml",
+            *args,
+            "--",
+            "report",
+            env=environment,
+        )
+        assert result.returncode == 0, result.stderr[-3000:]
+        jobs = jobs_of(result.stdout + result.stderr)
+        fatbins[name] = {Path(job["output"][0]).name for job in jobs if job["rule"] == "build_fatbin"}
+    kernels = {"tree_build.fatbin", "bench_util.fatbin", "verify_attn.fatbin", "tree_accept.fatbin"}
+    assert fatbins.get("smoke", set()) == set()
+    assert fatbins.get("smoke, true", kernels) == kernels
+    assert fatbins["smoke, a GPU"] == kernels
 
 
 def _cpus():
@@ -298,7 +357,7 @@ def test_adding_a_budget_schedules_only_that_budgets_jobs(smoke_run):
     assert sum(job["rule"] == "check" for job in jobs) == (len(timed) - 1) * grid // len(
         config["batch_sizes"]
     )
-    assert not (work / "results" / "smoke" / "bench" / "reference" / f"uniform-L4-N{new}-B1.parquet").exists()
+    assert not (work / "results" / "smoke" / "bench" / "reference" / f"drafter-L4-N{new}-B1.parquet").exists()
 
 
 @pytest.mark.slow
@@ -499,7 +558,7 @@ def test_rows_record_their_traces_sha256_and_the_run_names_its_report(smoke_run)
     results = work / "results" / "smoke"
     digests = {
         path.stem: trace_sha256(path) for path in (results / "traces").glob("*.npz")
-    }  # e.g. "uniform-L4"
+    }  # e.g. "drafter-L4"
     summary = pd.read_parquet(results / "summary.parquet")
     ok = summary[summary["status"] == "ok"]
     assert ok["trace_sha256"].notna().all()
@@ -507,8 +566,8 @@ def test_rows_record_their_traces_sha256_and_the_run_names_its_report(smoke_run)
         assert row["trace_sha256"] == digests[f"{row['distribution']}-L{row['depth']}"]
     shapes = pd.read_parquet(results / "tree_shape.parquet")
     assert set(shapes["trace_sha256"]) == set(digests.values())
-    check = json.loads(next((results / "check").glob("*/uniform-L4-N4.json")).read_text())
-    assert check["trace_sha256"] == digests["uniform-L4"]
+    check = json.loads(next((results / "check").glob("*/drafter-L4-N4.json")).read_text())
+    assert check["trace_sha256"] == digests["drafter-L4"]
     config = smoke_config()
     assert f"ddtree-bench: report: {config['report_dir']}/index.html" in result.stdout + result.stderr
 
@@ -517,7 +576,7 @@ def test_rows_record_their_traces_sha256_and_the_run_names_its_report(smoke_run)
 @pytest.mark.parametrize(
     "changes",
     [
-        {"distributions": ["uniform"]},
+        {"distributions": ["drafter", "bf16"]},
         {"depths": [4, 3]},
         {"batch_sizes": [4]},  # the largest stays: the traces keep their requests
         {"builders": ["reference", "native"]},
@@ -530,8 +589,9 @@ def test_changing_the_grid_reruns_the_aggregation_and_the_report(smoke_run, chan
     assert result.returncode == 0, result.stderr
     rules = {job["rule"] for job in jobs_of(result.stdout + result.stderr)}
     assert {"aggregate", "render_report"} <= rules, rules
-    if "depths" not in changes:
-        assert "trace" not in rules  # the traces of the configured distributions and depths stand
+    traces = {job["output"][0] for job in jobs_of(result.stdout + result.stderr) if job["rule"] == "trace"}
+    if "depths" not in changes:  # the traces of the configured distributions and depths stand
+        assert traces <= {"results/smoke/traces/bf16-L4.npz"}, traces
 
 
 @pytest.mark.slow
@@ -589,12 +649,12 @@ def test_the_report_refuses_a_summary_that_does_not_match_the_configuration(smok
     work = _copy_of(smoke_run[0], tmp_path)
     summary_path = work / "results" / "smoke" / "summary.parquet"
     summary = pd.read_parquet(summary_path)
-    kept = summary[summary["distribution"] != "bf16"]  # a summary of an earlier configuration
+    kept = summary[summary["budget"] != 4]  # a summary of an earlier configuration
     kept.to_parquet(summary_path, index=False)  # newer than the report: the report rule runs on it
     result = snakemake(work, "--cores", "1", "--configfile", "config/smoke.yaml", "--", "report")
     assert result.returncode != 0
     output = result.stdout + result.stderr
-    assert "lacks builder reference's rows for bf16 L=4 N=4 B=1" in output, output[-3000:]
+    assert "lacks builder reference's rows for drafter L=4 N=4 B=1" in output, output[-3000:]
 
 
 @pytest.mark.slow

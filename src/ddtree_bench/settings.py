@@ -203,7 +203,7 @@ RECORDED = {
         "acceptance_profiles",
     ),
     "traces": ("vocab_size", "seed", "topk", "trace_device", "recorded_trace", "drafter"),
-    "builds": ("machine", "gpu", "cuda_archs", "sglang"),
+    "builds": ("machine", "gpu", "cuda_archs", "compile_without_gpu", "sglang"),
     "timing": ("timing",),
 }
 RECORDED_STEP = ("enabled", "layers", "depth", "distribution", "budgets", "round")
@@ -234,6 +234,7 @@ class Settings:
     builders: tuple[str, ...]
     gpu: str
     cuda_archs: tuple[str, ...]
+    compile_without_gpu: bool
     sglang: SglangSettings
     timing: TimingSettings
     step: StepSettings

@@ -5,14 +5,21 @@
 // reaches a different meeting than the others (a collective or barrier inside divergent code) is an error.
 //
 // Before including, an emulator defines its meeting kinds as EMU_KIND_NAMES, a brace list of names indexed by
-// kind. Consecutive meetings alternate between two mutex / condition pairs: a thread leaving meeting k
-// re-locks only meeting k's mutex, which no thread touches again before every thread has left meeting k, so
-// ThreadSanitizer sees exactly the ordering a barrier gives (one mutex for all would also order a slow
-// leaver after the other threads' work up to the next barrier, and hide races).
+// kind. A thread arrives under the meeting's mutex (so every arrival's work is ordered before the last
+// arrival's); the last one publishes the next generation with a release store and wakes the others, which
+// wait on that word (a futex) and read it with an acquire load: ThreadSanitizer sees exactly the ordering a
+// barrier gives, and no leaver re-locks anything (a condition variable's waiters would re-take the mutex one
+// by one: with a block of 1024 host threads on a few cores that convoy was most of the tests' time).
+// Consecutive meetings alternate between two meetings: no thread arrives at meeting k + 2 before every
+// thread has left meeting k (they all had to arrive at k + 1).
 #pragma once
 
+#include <linux/futex.h>
 #include <pthread.h>
+#include <sys/syscall.h>
 #include <unistd.h>
+
+#include <climits>
 
 #include <cstdio>
 #include <cstdlib>
@@ -35,9 +42,8 @@ static int emu_held[EMU_KINDS] = {};  // meetings held, per kind (a warp's count
 
 struct EmuMeeting {
     pthread_mutex_t mutex = PTHREAD_MUTEX_INITIALIZER;
-    pthread_cond_t cond = PTHREAD_COND_INITIALIZER;
     unsigned int arrived = 0;
-    unsigned long generation = 0;
+    unsigned int generation = 0;  // the futex word the waiters sleep on: atomic accesses only
     int kind = -1;
 };
 static EmuMeeting emu_meetings[2];           // the block's
@@ -56,16 +62,18 @@ static void emu_meet_in(EmuMeeting (&pair)[2], unsigned long& attended, unsigned
         std::fflush(stderr);
         _exit(4);
     }
+    const unsigned int generation = __atomic_load_n(&m.generation, __ATOMIC_RELAXED);
     if (++m.arrived == members) {
         m.arrived = 0;
-        ++m.generation;
         __atomic_fetch_add(&emu_held[kind], 1, __ATOMIC_RELAXED);
-        pthread_cond_broadcast(&m.cond);
-    } else {
-        const unsigned long generation = m.generation;
-        while (generation == m.generation) pthread_cond_wait(&m.cond, &m.mutex);
+        __atomic_store_n(&m.generation, generation + 1, __ATOMIC_RELEASE);
+        pthread_mutex_unlock(&m.mutex);
+        syscall(SYS_futex, &m.generation, FUTEX_WAKE_PRIVATE, INT_MAX, nullptr, nullptr, 0);
+        return;
     }
     pthread_mutex_unlock(&m.mutex);
+    while (__atomic_load_n(&m.generation, __ATOMIC_ACQUIRE) == generation)
+        syscall(SYS_futex, &m.generation, FUTEX_WAIT_PRIVATE, generation, nullptr, nullptr, 0);
 }
 
 // every thread of the block meets here

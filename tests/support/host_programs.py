@@ -4,6 +4,7 @@ emulated tree-build launch and reading its outputs back; comparing them with the
 
 from __future__ import annotations
 
+import os
 import subprocess
 from pathlib import Path
 from types import SimpleNamespace
@@ -62,11 +63,27 @@ def host_program(tmp_path_factory, name: str, source: str, flags=(), sanitizer: 
     return SimpleNamespace(path=output, sanitized=sanitized)
 
 
+def one_cpu() -> None:
+    """Keep the calling process on one CPU: pytest-xdist's worker n on the n-th CPU it may use. An emulated
+    block's host threads (up to 1024) all wake at every barrier; on one CPU that costs the kernel less than
+    across CPUs, and two workers' emulators keep off each other's CPU."""
+    if not hasattr(os, "sched_setaffinity"):
+        return
+    cpus = sorted(os.sched_getaffinity(0))
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")
+    os.sched_setaffinity(0, {cpus[int(worker) % len(cpus) if worker.isdigit() else 0]})
+
+
 def run_tree_emulator(emulator, data: Path, out: Path, batch: int, budget: int, with_bool: bool):
     """Run an emulated tree-build launch (input file ``data``, outputs to ``out``, in the order of the
-    kernels' parameter list) and read back ``(TreeBatch, packed bits, path codes)``."""
+    kernels' parameter list; on one CPU, ``one_cpu``) and read back ``(TreeBatch, packed bits, path
+    codes)``."""
     proc = subprocess.run(
-        [str(emulator.path), str(data), str(out)], capture_output=True, text=True, timeout=900
+        [str(emulator.path), str(data), str(out)],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        preexec_fn=one_cpu,
     )
     assert proc.returncode == 0, f"emulator exit {proc.returncode}: {proc.stderr[-3000:]}"
     n1 = budget + 1

@@ -164,11 +164,13 @@ try:
 except ValueError as error:
     bad_input(error)
 TIMED_BUILDERS = [b for b in BUILDERS if b not in UNAVAILABLE]
-# The kernel compiles wherever nvcc is (CI included), even where no GPU runs it.
+# The kernels compile wherever nvcc is (CI included), even where no GPU runs them, unless
+# compile_without_gpu is false.
+COMPILE_WITHOUT_GPU = SETTINGS.compile_without_gpu and nvcc_path() is not None
 BUILD_FATBIN = (
     "tree_build" in artefacts_of(BUILDERS)
     and SETTINGS.gpu != "off"
-    and (any(b in TIMED_BUILDERS for b in GPU_BUILDERS) or nvcc_path() is not None)
+    and (any(b in TIMED_BUILDERS for b in GPU_BUILDERS) or COMPILE_WITHOUT_GPU)
 )
 
 
@@ -418,10 +420,11 @@ def round_inputs():
 
 
 # The step stages' kernels, compiled wherever nvcc is (like the tree builder's), even where no GPU runs
-# them; without a GPU only those whose source is in the tree (with one, the step jobs need them all).
+# them (unless compile_without_gpu is false); without a GPU only those whose source is in the tree (with
+# one, the step jobs need them all).
 STEP_BUILDS = {}
 if STEP["enabled"] and SETTINGS.gpu != "off":
-    if GPU_REASON is None or nvcc_path() is not None:
+    if GPU_REASON is None or COMPILE_WITHOUT_GPU:
         for key, path in (
             ("attention_fatbin", ATTENTION_FATBIN),
             ("accept_fatbin", ACCEPT_FATBIN),
