@@ -55,6 +55,12 @@ def test_the_documented_command_renders_the_published_report_byte_for_byte(tmp_p
     result = subprocess.run([str(script), *args[1:]], cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stderr
     rendered = (tmp_path / "out" / "summary.md").read_bytes()
+    # a published folder is published, even as --results: never "this run"
+    markdown = rendered.decode()
+    assert (
+        "**Machines:** h200 (published), h200-sglang (published), h200-sglang-regime (published)." in markdown
+    )
+    assert "(this run)" not in markdown
     committed = PUBLISHED.read_bytes()
     if rendered != committed:
         new, old = rendered.decode().splitlines(), committed.decode().splitlines()
