@@ -173,7 +173,7 @@ def test_block_kernel_shape_edges(emulator, batch, depth, k, budget, tmp_path):
         assert_block_kernel_equals_reference(emulator, lp, ids, budget, tmp_path)
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
 @given(
     batch=st.integers(1, 2),
     depth=st.integers(1, 32),

@@ -134,7 +134,7 @@ def test_warp_kernel_shape_edges(emulator, batch, depth, k, budget, tmp_path):
         assert_warp_kernel_equals_reference(emulator, lp, ids, budget, tmp_path)
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=100, deadline=None, suppress_health_check=list(HealthCheck))
 @given(
     batch=st.integers(1, 3),
     depth=st.integers(1, 32),
