@@ -95,6 +95,10 @@ def main(argv=None) -> int:
             from ddtree_bench.stages.attention import run_attention_benchmark  # noqa: PLC0415
 
             trace = step_trace()
+            fatbins = {
+                "attention_fatbin": cached_fatbin(kernel_source("verify_attn"), tuple(settings.cuda_archs)),
+                "util_fatbin": cached_fatbin(BENCH_UTIL_SOURCE),
+            }
             for heads in step["heads"]:
                 rows = {
                     budget: run_attention_benchmark(
@@ -109,10 +113,7 @@ def main(argv=None) -> int:
                         timing=timing,
                         machine=settings.machine,
                         distribution=step["distribution"],
-                        attention_fatbin=cached_fatbin(
-                            kernel_source("verify_attn"), tuple(settings.cuda_archs)
-                        ),
-                        util_fatbin=cached_fatbin(BENCH_UTIL_SOURCE),
+                        **fatbins,
                     )
                     for budget in step["budgets"]
                 }

@@ -473,18 +473,7 @@ def test_the_seesaw_kernel_at_every_count_of_tiles_a_split(tiles_per_split, clim
     if climbing:
         ramp = torch.linspace(0.25, 3.0, kv.shape[1], device="cuda").view(1, -1, 1)
         kv = (kv.float() * ramp).to(torch.bfloat16)
-    base = attn.prepare(q, kv, np.array(prefix), bits, out)
-    tiles = math.ceil((max(prefix) + budget + 1) / kernels.keys_per_tile)
-    per = min(tiles_per_split, tiles)
-    plan = AttentionPlan(
-        row_tiles=math.ceil((budget + 1) * heads / 64),
-        splits=math.ceil(tiles / per),
-        tiles_per_split=per,
-        seesaw=True,
-    )
-    forced = PreparedAttention(kernels, base.shape, plan, base.views, base.prefix_lengths)
-    forced.launch()
-    torch.cuda.synchronize()
+    plan = run_on_seesaw(attn, q, kv, prefix, bits, out, budget, heads, tiles_per_split)
     ref = reference_attention(q, kv, prefix, trees.visibility)
     assert not torch.isnan(out.float()).any(), "NaN in the output"
     err = relative_error(out, ref)
@@ -497,6 +486,24 @@ def test_the_seesaw_kernel_at_every_count_of_tiles_a_split(tiles_per_split, clim
     ).launch()
     torch.cuda.synchronize()
     assert ((out.float() - out_previous.float()).abs() / ref.abs().clamp(min=1.0)).max().item() < 2e-2
+
+
+def run_on_seesaw(attn, q, kv, prefix, bits, out, budget, heads, tiles_per_split) -> AttentionPlan:
+    """One call of the seesaw kernel with ``tiles_per_split`` key tiles a split (at most all of them), into
+    ``out``, synchronised; returns the plan it ran."""
+    kernels = attn.kernels
+    base = attn.prepare(q, kv, np.array(prefix), bits, out)
+    tiles = math.ceil((max(prefix) + budget + 1) / kernels.keys_per_tile)
+    per = min(tiles_per_split, tiles)
+    plan = AttentionPlan(
+        row_tiles=math.ceil((budget + 1) * heads / 64),
+        splits=math.ceil(tiles / per),
+        tiles_per_split=per,
+        seesaw=True,
+    )
+    PreparedAttention(kernels, base.shape, plan, base.views, base.prefix_lengths).launch()
+    torch.cuda.synchronize()
+    return plan
 
 
 def hidden_tree_tiles(visibility, heads, prefix, tiles_per_split, keys=64, rows=64):
@@ -526,23 +533,12 @@ def test_the_seesaw_kernel_skips_the_tree_tiles_no_row_of_a_block_sees(tiles_per
     # lengths 0, 61, 64 and 300 put the tree at a tile's start, across tiles and late in a split; with one
     # tile a split, whole splits hold only hidden tiles (their rows: no key, merged with weight 0).
     attn = attention_on_path("wgmma")
-    kernels = attn.kernels
     batch, budget, heads, prefix = 4, 700, 8, [0, 61, 64, 300]
     trees = tree_mask(batch, budget, kind="uniform", seed=3)
     assert hidden_tree_tiles(trees.visibility, heads, prefix, tiles_per_split) > 0, "nothing to skip"
     bits = torch.as_tensor(packed_visibility(trees.visibility).view(np.int32), device="cuda")
     q, kv, out = random_case(trees, heads, prefix, seed=5)
-    base = attn.prepare(q, kv, np.array(prefix), bits, out)
-    tiles = math.ceil((max(prefix) + budget + 1) / kernels.keys_per_tile)
-    per = min(tiles_per_split, tiles)
-    plan = AttentionPlan(
-        row_tiles=math.ceil((budget + 1) * heads / 64),
-        splits=math.ceil(tiles / per),
-        tiles_per_split=per,
-        seesaw=True,
-    )
-    PreparedAttention(kernels, base.shape, plan, base.views, base.prefix_lengths).launch()
-    torch.cuda.synchronize()
+    run_on_seesaw(attn, q, kv, prefix, bits, out, budget, heads, tiles_per_split)
     ref = reference_attention(q, kv, prefix, trees.visibility)
     assert not torch.isnan(out.float()).any(), "NaN in the output"
     assert relative_error(out, ref) < 2e-2

@@ -247,18 +247,22 @@ def _ms(seconds: float) -> str:
     return fmt_us(seconds)
 
 
+def _best_pairs(best: pd.DataFrame, base: str):
+    """``(batch, prefix, base's best row, ours' best row)`` where both stacks have a best budget."""
+    for (batch, prefix), part in best.groupby(["batch", "prefix"], sort=True):
+        mine = part[part["stack"] == base]
+        ours = part[part["stack"] == catalog.OURS]
+        if not mine.empty and not ours.empty:
+            yield int(batch), int(prefix), mine.iloc[0], ours.iloc[0]
+
+
 def verdict_lines(
     table: pd.DataFrame, best: pd.DataFrame, base: str, spread: dict | None = None
 ) -> list[str]:
     """Per (batch, prefix): SGLang's stack ``base`` at its best budget against ours at ours, and what each
     kernel's swap takes off ``base``'s round at ``base``'s best budget."""
     lines = []
-    for (batch, prefix), part in best.groupby(["batch", "prefix"], sort=True):
-        mine = part[part["stack"] == base]
-        ours = part[part["stack"] == catalog.OURS]
-        if mine.empty or ours.empty:
-            continue
-        b, o = mine.iloc[0], ours.iloc[0]
+    for batch, prefix, b, o in _best_pairs(best, base):
         steps = waterfall(table, base, int(batch), int(prefix), int(b["budget"]), spread)
         whole = _at(table, int(batch), int(prefix), int(b["budget"]), base)
         ours_there = _at(table, int(batch), int(prefix), int(b["budget"]), catalog.OURS)
@@ -296,12 +300,7 @@ def verdict_table(
     budget = f"At which budget? (best N: {base}, ours)"
     carries = f"Which kernel carries the gain? (what it takes off {base}'s round at its best N)"
     columns = {"question (the number it rests on)": [pays, budget, carries]}
-    for (batch, prefix), part in best.groupby(["batch", "prefix"], sort=True):
-        mine = part[part["stack"] == base]
-        ours = part[part["stack"] == catalog.OURS]
-        if mine.empty or ours.empty:
-            continue
-        b, o = mine.iloc[0], ours.iloc[0]
+    for batch, prefix, b, o in _best_pairs(best, base):
         n = int(b["budget"])
         steps = waterfall(table, base, int(batch), int(prefix), n, spread)
         whole = _at(table, int(batch), int(prefix), n, base)
