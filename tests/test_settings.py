@@ -159,8 +159,8 @@ def test_the_librarys_own_defaults_equal_the_schemas():
     """Where a library class or function keeps a default for callers without a configuration, it is the
     schema's (so no setting has two different defaults)."""
     from ddtree_bench import calibrate, throughput, traces  # noqa: PLC0415
-    from ddtree_bench.model.shapes import DrafterShape, ModelShape  # noqa: PLC0415
-    from ddtree_bench.report.model import ReportOptions  # noqa: PLC0415
+    from ddtree_bench.k26.shapes import DrafterShape, ModelShape  # noqa: PLC0415
+    from ddtree_bench.report.compose import ReportOptions  # noqa: PLC0415
 
     for field in dataclasses.fields(ModelShape):
         path = "step.layers" if field.name == "layers" else f"step.model.shape.{field.name}"
@@ -173,9 +173,9 @@ def test_the_librarys_own_defaults_equal_the_schemas():
         path = "step.model.shape.tp" if field.name == "world_size" else f"throughput.allreduce.{field.name}"
         assert field.default == schema_default(path), field.name
     assert throughput.DEFAULT_DRAFT_MS == schema_default("throughput.draft_ms")
-    round_model = {f.name: f.default for f in dataclasses.fields(throughput.RoundModel)}
+    round_model = {f.name: f.default for f in dataclasses.fields(throughput.RoundAssumptions)}
     assert round_model["topk"] == schema_default("topk")
-    from_config = inspect.signature(throughput.RoundModel.from_config)
+    from_config = inspect.signature(throughput.RoundAssumptions.from_config)
     assert from_config.parameters["topk"].default == schema_default("topk")
     assert traces.DEFAULT_VOCAB_SIZE == schema_default("vocab_size")
     assert calibrate.Evaluator.__dataclass_fields__["vocab_size"].default == schema_default("vocab_size")

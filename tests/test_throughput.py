@@ -17,7 +17,7 @@ from report_rows import write_machine
 from workflow_copy import ROOT
 
 from ddtree_bench.config import check_config
-from ddtree_bench.model import estimates as arithmetic
+from ddtree_bench.k26 import estimates as arithmetic
 from ddtree_bench.report import FIGURE_NAMES, load_machines, render_report
 from ddtree_bench.report.throughput import TARGET, budget_targets, sections
 from ddtree_bench.settings import Settings
@@ -26,7 +26,7 @@ from ddtree_bench.throughput import (
     PAPER_SPEEDUP,
     ROUND_TERMS,
     Comm,
-    RoundModel,
+    RoundAssumptions,
     WhatIf,
     best_budgets,
     build_costs,
@@ -92,17 +92,20 @@ def test_the_allreduce_estimate_formula():
     gathers = sum(15e-6 + 7 / 8 * 8 * b / 370e9 for b in (rows * k * 4, rows * k * 8, rows * 4))
     assert comm.allgather_s(4, 16, k) == pytest.approx(gathers)
     assert Comm(world_size=1).allreduce_s(tokens) == 0.0
-    model = RoundModel()
-    assert model.comm_source == "estimated" and RoundModel(comm=Comm(latency_us=5.0)).comm_source == "entered"
+    model = RoundAssumptions()
+    assert (
+        model.comm_source == "estimated"
+        and RoundAssumptions(comm=Comm(latency_us=5.0)).comm_source == "entered"
+    )
 
 
 def test_model_from_config_and_its_defaults():
-    model = RoundModel.from_config(
+    model = RoundAssumptions.from_config(
         {"draft_ms": 2.5, "what_if": {"bandwidth_tbps": 3.0}, "allreduce": {"world_size": 4}}, 61
     )
     assert model.draft_ms == 2.5 and model.what_if.bandwidth_tbps == 3.0 and model.comm.world_size == 4
     assert model.what_if_source == "entered"
-    default = RoundModel.from_config(None, 61)
+    default = RoundAssumptions.from_config(None, 61)
     assert default.draft_ms is None and default.what_if == WhatIf() and default.comm == Comm()
     assert default.what_if_source == "estimated"
     options = Settings.from_config(default_config()).throughput_options()
@@ -122,18 +125,21 @@ def test_model_from_config_and_its_defaults():
         "prefix_length": None,
         "topk": 1024,
     }
-    assert RoundModel.from_options(options, 61) == RoundModel(topk=1024)
+    assert RoundAssumptions.from_options(options, 61) == RoundAssumptions(topk=1024)
 
 
 @pytest.mark.parametrize(
     ("call", "message"),
     [
-        (lambda: RoundModel(draft_ms=-1.0), "throughput.draft_ms: must be a finite number >= 0, got -1.0"),
+        (
+            lambda: RoundAssumptions(draft_ms=-1.0),
+            "throughput.draft_ms: must be a finite number >= 0, got -1.0",
+        ),
         (lambda: WhatIf(expert_slice_mb=math.nan), "what_if.expert_slice_mb: must be a finite number >= 0"),
         (lambda: WhatIf(bandwidth_tbps=0.0), "what_if.bandwidth_tbps: must be a finite number > 0"),
         (lambda: Comm(world_size=0), "allreduce.world_size: must be an integer >= 1, got 0"),
-        (lambda: RoundModel(layers=0), "layers: must be an integer >= 1, got 0"),
-        (lambda: RoundModel.from_config({"what_if": {"fixed": 1}}, 61), "throughput: "),
+        (lambda: RoundAssumptions(layers=0), "layers: must be an integer >= 1, got 0"),
+        (lambda: RoundAssumptions.from_config({"what_if": {"fixed": 1}}, 61), "throughput: "),
         (lambda: tokens_per_second(0.5, 1, 1.0), "tau: must be a number >= 1"),
         (lambda: tokens_per_second(2.0, 0, 1.0), "batch: must be an integer >= 1, got 0"),
         (lambda: tokens_per_second(2.0, 1, 0.0), "round time: must be a number > 0"),
@@ -314,7 +320,7 @@ def test_measured_round_best_budget_and_the_term_that_sets_it():
         allreduce={8: 2e-3, 64: 2e-3, 256: 2e-3},
     )
     summary, shapes = summary_rows(HAND_SUMMARY), shape_rows(HAND_TAU)
-    result = throughput(summary, step, shapes, RoundModel(), distribution="d", depth=16)
+    result = throughput(summary, step, shapes, RoundAssumptions(), distribution="d", depth=16)
     assert result.missing is None and result.unmodelled.empty
     table = result.table.set_index(["builder", "budget"])
     gpu64 = table.loc[("gpu", 64)]
@@ -354,7 +360,7 @@ def test_a_run_round_is_the_round_where_it_exists_and_the_terms_elsewhere():
     ]
     step = pd.concat([step, pd.DataFrame(rounds)], ignore_index=True)
     summary, shapes = summary_rows(HAND_SUMMARY), shape_rows(HAND_TAU)
-    result = throughput(summary, step, shapes, RoundModel(), distribution="d", depth=16)
+    result = throughput(summary, step, shapes, RoundAssumptions(), distribution="d", depth=16)
     table = result.table.set_index(["builder", "budget"])
     gpu64 = table.loc[("gpu", 64)]
     comm = result.terms[(1, 64, "gpu")]["allreduce"]
@@ -382,7 +388,12 @@ def test_best_budget_at_the_largest_budget_has_no_term_that_sets_it():
         allreduce={n: 2e-3 for n in (8, 64, 256)},
     )
     result = throughput(
-        summary_rows(HAND_SUMMARY[:3]), step, shape_rows(HAND_TAU), RoundModel(), distribution="d", depth=16
+        summary_rows(HAND_SUMMARY[:3]),
+        step,
+        shape_rows(HAND_TAU),
+        RoundAssumptions(),
+        distribution="d",
+        depth=16,
     )
     best = best_budgets(result.table).set_index("builder")
     assert best.loc["gpu", "best_budget"] == 256 and best.loc["gpu", "set_by"] is None
@@ -400,7 +411,12 @@ def test_sum_of_parts_then_the_what_if_and_allreduce_estimated_where_unavailable
         ignore_index=True,
     )
     result = throughput(
-        summary_rows(HAND_SUMMARY[:3]), step, shape_rows(HAND_TAU), RoundModel(), distribution="d", depth=16
+        summary_rows(HAND_SUMMARY[:3]),
+        step,
+        shape_rows(HAND_TAU),
+        RoundAssumptions(),
+        distribution="d",
+        depth=16,
     )
     assert result.unmodelled.empty
     table = result.table.set_index("budget")
@@ -440,7 +456,7 @@ def test_sum_of_parts_then_the_what_if_and_allreduce_estimated_where_unavailable
         summary_rows(HAND_SUMMARY[:3]),
         step,
         shape_rows(HAND_TAU),
-        RoundModel(what_if=WhatIf(bandwidth_tbps=3.0)),
+        RoundAssumptions(what_if=WhatIf(bandwidth_tbps=3.0)),
         distribution="d",
         depth=16,
     )
@@ -449,7 +465,7 @@ def test_sum_of_parts_then_the_what_if_and_allreduce_estimated_where_unavailable
         summary_rows(HAND_SUMMARY[:3]),
         step,
         shape_rows(HAND_TAU),
-        RoundModel(draft_ms=2.0),
+        RoundAssumptions(draft_ms=2.0),
         distribution="d",
         depth=16,
     )
@@ -461,7 +477,7 @@ def test_an_entered_forward_ms_is_the_whole_forward_where_none_was_measured():
     before the sum of parts and the what-if; its communication is in it, so the all-reduce term is 0."""
     step = hand_made_step(forward={256: 30e-3}, parts={64: (3e-3, 2e-3, 0.5e-3)}, attention={})
     summary, shapes = summary_rows(HAND_SUMMARY[:3]), shape_rows(HAND_TAU)
-    model = RoundModel.from_config({"forward_ms": 12.5}, 61)
+    model = RoundAssumptions.from_config({"forward_ms": 12.5}, 61)
     assert model.forward_ms == 12.5 and "forward 12.5 ms where not measured" in model.describe()
     result = throughput(summary, step, shapes, model, distribution="d", depth=16)
     assert result.unmodelled.empty  # no verify attention measured: the entered forward needs none
@@ -479,7 +495,7 @@ def test_an_entered_forward_ms_is_the_whole_forward_where_none_was_measured():
     assert table.loc[256, "forward_source"] == "measured" and table.loc[256, "forward_s"] == 30e-3
     assert table.loc[256, "allreduce_source"] == "estimated"
     with pytest.raises(ValueError, match="throughput.forward_ms: must be a finite number >= 0"):
-        RoundModel(forward_ms=-1.0)
+        RoundAssumptions(forward_ms=-1.0)
 
 
 def test_a_missing_term_leaves_that_budget_unmodelled_and_named_never_zero():
@@ -497,7 +513,7 @@ def test_a_missing_term_leaves_that_budget_unmodelled_and_named_never_zero():
         ignore_index=True,
     )
     summary, shapes = summary_rows(HAND_SUMMARY[:3]), shape_rows(HAND_TAU)
-    result = throughput(summary, step, shapes, RoundModel(), distribution="d", depth=16)
+    result = throughput(summary, step, shapes, RoundAssumptions(), distribution="d", depth=16)
     assert sorted(result.table["budget"]) == [8, 64]
     missing = result.unmodelled.set_index("budget")["missing"]
     assert list(missing.index) == [256]
@@ -508,7 +524,7 @@ def test_a_missing_term_leaves_that_budget_unmodelled_and_named_never_zero():
         summary,
         hand_made_step(forward={8: 1e-3}, accept={}),
         shapes,
-        RoundModel(),
+        RoundAssumptions(),
         distribution="d",
         depth=16,
     )
@@ -539,7 +555,7 @@ def test_best_budget_picks_the_maximum_and_the_smaller_budget_on_a_tie():
 def test_missing_inputs_say_why_and_model_nothing():
     summary = summary_rows([("gpu", "kernel-events", "warm", 1, 8, 5e-6)])
     shapes = shape_rows({8: 5.0})
-    model = RoundModel()
+    model = RoundAssumptions()
     none = throughput(summary, pd.DataFrame(), shapes, model, distribution="d", depth=16)
     assert none.table.empty and none.missing.startswith("needs the step stages")
     step = step_rows({(1, 8): 20e-6}, {(1, 8): 4e-6})
@@ -778,7 +794,7 @@ def test_a_budget_whose_forward_does_not_fit_is_no_candidate_not_a_what_if():
     unfit["status_reason"] = "does not fit: needs about 150.0 GB, 120.0 GB free"
     step = pd.concat([step, pd.DataFrame([unfit])], ignore_index=True)
     summary, shapes = summary_rows(HAND_SUMMARY), shape_rows(HAND_TAU)
-    result = throughput(summary, step, shapes, RoundModel(), distribution="d", depth=16)
+    result = throughput(summary, step, shapes, RoundAssumptions(), distribution="d", depth=16)
     assert sorted(result.table["budget"].unique()) == [8, 64]
     missing = result.unmodelled[result.unmodelled["budget"] == 256]["missing"]
     assert len(missing) and all("the forward does not fit: needs about 150.0 GB" in m for m in missing)
@@ -786,7 +802,7 @@ def test_a_budget_whose_forward_does_not_fit_is_no_candidate_not_a_what_if():
         [step, pd.DataFrame([stage_row("forward", "marlin-w4a16", 1, 256, 30e-3, prefix=4096, heads=8)])],
         ignore_index=True,
     )
-    modelled = throughput(summary, fits, shapes, RoundModel(), distribution="d", depth=16)
+    modelled = throughput(summary, fits, shapes, RoundAssumptions(), distribution="d", depth=16)
     assert 256 in set(modelled.table["budget"])
 
 

@@ -13,7 +13,7 @@ import argparse
 import statistics
 import sys
 
-from ddtree_bench.model import moe
+from ddtree_bench.k26 import moe
 
 SMALL = dict(experts=8, hidden=1024, intermediate=256)
 

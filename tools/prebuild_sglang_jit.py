@@ -15,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-from ddtree_bench.model import moe, sglang_jit
+from ddtree_bench.k26 import moe, sglang_jit
 
 
 def main(argv=None) -> int:

@@ -488,7 +488,7 @@ def _step_fields(config: dict, budgets, batch_sizes, depths, distributions) -> N
 def _round_shapes(step: dict, batch_sizes: list) -> None:
     """The model and drafter shapes the schema cannot check (divisibility by tp, dense layers <= layers),
     and the MoE kernels' files where a path is given."""
-    from ddtree_bench.model.shapes import DrafterShape, ModelShape  # noqa: PLC0415
+    from ddtree_bench.k26.shapes import DrafterShape, ModelShape  # noqa: PLC0415
 
     try:
         ModelShape.from_config({**step["model"]["shape"], "layers": step["layers"]})

@@ -17,7 +17,7 @@ from pathlib import Path
 from types import MappingProxyType
 
 from ddtree_bench.config import TIMING_KEYS, check_config, read_config_file
-from ddtree_bench.model.shapes import DrafterShape, ModelShape
+from ddtree_bench.k26.shapes import DrafterShape, ModelShape
 
 
 def _frozen(value):
@@ -389,7 +389,8 @@ class Settings:
 
     # ------------------------------------------------------------------------------------------ the report
     def throughput_options(self) -> dict:
-        """The throughput section as the report takes it (``throughput.RoundModel.from_options``' input):
+        """The throughput section as the report takes it
+        (``throughput.RoundAssumptions.from_options``' input):
         ``draft_ms`` and ``forward_ms`` (None: not entered), ``what_if`` and ``allreduce`` (dicts of the
         schema's keys; the allreduce's ``world_size`` is step.model.shape.tp), ``prefix_length`` (None: the
         largest measured) and ``topk`` (the traces' K)."""

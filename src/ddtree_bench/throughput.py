@@ -44,7 +44,7 @@ from dataclasses import dataclass, field, fields
 import pandas as pd
 
 from ddtree_bench import catalog
-from ddtree_bench.model import estimates as arithmetic
+from ddtree_bench.k26 import estimates as arithmetic
 from ddtree_bench.summary.step import preferred
 
 MEASURED, SUM_OF_PARTS, ESTIMATED, ENTERED, MISSING = (
@@ -191,7 +191,7 @@ class Comm:
 
 
 @dataclass(frozen=True)
-class RoundModel:
+class RoundAssumptions:
     """What the round takes besides the measurements: the target's layers, an entered drafter time (None:
     measured, else estimated), the what-if, the communication estimate and K (the traces' top-K columns;
     the drafter's top-K is min(N, K))."""
@@ -214,7 +214,7 @@ class RoundModel:
             _non_negative(self.forward_ms, "throughput.forward_ms")
 
     @classmethod
-    def from_config(cls, section: dict | None, layers: int, topk: int = 1024) -> RoundModel:
+    def from_config(cls, section: dict | None, layers: int, topk: int = 1024) -> RoundAssumptions:
         """From the configuration's ``throughput`` section (missing keys: the defaults)."""
         section = section or {}
         what_if = section.get("what_if") or {}
@@ -232,7 +232,7 @@ class RoundModel:
             raise ValueError(f"throughput: {error}") from None
 
     @classmethod
-    def from_options(cls, options: dict | None, layers: int) -> RoundModel:
+    def from_options(cls, options: dict | None, layers: int) -> RoundAssumptions:
         """From ``settings.Settings.throughput_options()`` (None: the defaults)."""
         options = options or {}
         keys = ("draft_ms", "forward_ms", "what_if", "allreduce")
@@ -306,7 +306,7 @@ def _value(costs: dict, key: str) -> float | None:
 
 
 def round_terms(
-    model: RoundModel,
+    model: RoundAssumptions,
     batch: int,
     budget: int,
     depth: int,
@@ -790,7 +790,7 @@ class Throughput:
     bandwidth: str = ""  # the what-if's bandwidth and where it comes from
 
 
-def _bandwidth(model: RoundModel, costs: StageCosts) -> tuple[float, str]:
+def _bandwidth(model: RoundAssumptions, costs: StageCosts) -> tuple[float, str]:
     if model.what_if.bandwidth_tbps is not None:
         return model.what_if.bandwidth_tbps, " (entered)"
     if costs.copy_tbps:
@@ -802,7 +802,7 @@ def throughput(
     summary: pd.DataFrame | None,
     step: pd.DataFrame | None,
     shapes: pd.DataFrame | None,
-    model: RoundModel,
+    model: RoundAssumptions,
     *,
     distribution: str,
     depth: int,

@@ -26,7 +26,7 @@ from ddtree_bench.cli import main
 from ddtree_bench.config import check_config
 from ddtree_bench.integrations import sglang as bridge
 from ddtree_bench.settings import Settings
-from ddtree_bench.throughput import RoundModel
+from ddtree_bench.throughput import RoundAssumptions
 from ddtree_bench.traces import check_trace_file, import_recorded, load_trace
 from ddtree_bench.tree import first_difference
 
@@ -317,7 +317,7 @@ def test_a_profile_log_gives_the_stage_medians_and_the_fragment(tmp_path):
     # the fragment is a valid throughput section, and the model takes its terms as entered
     config = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
     config["throughput"].update(copy.deepcopy(fragment["throughput"]))
-    model = RoundModel.from_options(Settings.from_config(config).throughput_options(), 61)
+    model = RoundAssumptions.from_options(Settings.from_config(config).throughput_options(), 61)
     assert (model.draft_ms, model.forward_ms) == (3.9, 22.0)
 
 

@@ -12,7 +12,7 @@ import pytest
 from ddtree_bench.report import answer as answer_module
 from ddtree_bench.report.load import Machine, load_machines, speedups, timings
 from ddtree_bench.report.throughput import BudgetSection
-from ddtree_bench.throughput import RoundModel, best_budgets, gpu_gains, throughput
+from ddtree_bench.throughput import RoundAssumptions, best_budgets, gpu_gains, throughput
 
 PUBLISHED = Path(__file__).resolve().parents[2] / "results" / "published"
 BUDGETS = (8, 64)
@@ -57,7 +57,7 @@ def shapes():
 
 
 def answer_of(summary):
-    result = throughput(summary, step_rows(), shapes(), RoundModel(), distribution="d", depth=16)
+    result = throughput(summary, step_rows(), shapes(), RoundAssumptions(), distribution="d", depth=16)
     assert result.missing is None, result.missing
     best = best_budgets(result.table)
     section = BudgetSection("m", "d", 16, result, best=best, gains=gpu_gains(best))
@@ -101,7 +101,7 @@ def test_a_gain_whose_spread_excludes_one_is_a_yes_with_its_range():
     assert cell.startswith("yes: ")
     assert "includes 1.0x" not in text and "one job" not in text
     # the range: gpu's round (fixed: one job) over sglang's with its build at its fastest and slowest job
-    result = throughput(summary, step_rows(), shapes(), RoundModel(), distribution="d", depth=16)
+    result = throughput(summary, step_rows(), shapes(), RoundAssumptions(), distribution="d", depth=16)
     table = result.table.set_index(["builder", "budget"])
     best = best_budgets(result.table).set_index("builder")
     g = table.loc[("gpu", int(best.loc["gpu", "best_budget"]))]
@@ -188,7 +188,7 @@ def test_tau_and_e_accepted_are_explained_as_one_plus_the_other_where_each_sits(
     from ddtree_bench.report.step import BREAKDOWN_INTRO  # noqa: PLC0415
 
     summary = build_rows({8: 1e-3, 64: 1e-3})
-    result = throughput(summary, step_rows(), shapes(), RoundModel(), distribution="d", depth=16)
+    result = throughput(summary, step_rows(), shapes(), RoundAssumptions(), distribution="d", depth=16)
     best = best_budgets(result.table)
     section = BudgetSection("m", "d", 16, result, best=best, gains=gpu_gains(best))
     out = answer_module.answer_from_round(section, {"layers": 61}, summary)

@@ -471,7 +471,7 @@ REPORT_PACKAGE = Path(__file__).resolve().parents[2] / "src" / "ddtree_bench" / 
 
 
 def _published_model(figure_folder):
-    from ddtree_bench.report import ReportOptions, build_model  # noqa: PLC0415
+    from ddtree_bench.report import ReportOptions, compose_report  # noqa: PLC0415
     from ddtree_bench.report.names import FIGURE_NAMES as NAMES  # noqa: PLC0415
 
     machines = load_machines(
@@ -485,7 +485,7 @@ def _published_model(figure_folder):
         distributions=["drafter"],
     )
     figure_folder.mkdir(parents=True, exist_ok=True)
-    return build_model(machines, options, {name: figure_folder / f"{name}.png" for name in NAMES})
+    return compose_report(machines, options, {name: figure_folder / f"{name}.png" for name in NAMES})
 
 
 @pytest.fixture(scope="module")
@@ -654,7 +654,7 @@ def test_main_figures_draw_one_line_per_builder_and_no_empty_panel(published_mod
 def test_a_small_report_has_no_empty_panels(tmp_path):
     import matplotlib  # noqa: PLC0415
 
-    from ddtree_bench.report import ReportOptions, build_model  # noqa: PLC0415
+    from ddtree_bench.report import ReportOptions, compose_report  # noqa: PLC0415
     from ddtree_bench.report.figures import collect_figures  # noqa: PLC0415
 
     matplotlib.use("Agg")
@@ -663,7 +663,7 @@ def test_a_small_report_has_no_empty_panels(tmp_path):
     machines = load_machines(ours, published=[other])
     paths = {name: tmp_path / f"{name}.png" for name in FIGURE_NAMES}
     with collect_figures() as figures:
-        build_model(machines, ReportOptions(distribution="uniform"), paths)
+        compose_report(machines, ReportOptions(distribution="uniform"), paths)
         for name, fig in figures:
             _check_panels(name, fig)
             _check_readable(name, fig)
@@ -746,7 +746,7 @@ def test_the_answer_is_the_named_published_machine_whatever_the_folders_order(tm
     from ddtree_bench.report import answer as answer_module  # noqa: PLC0415
     from ddtree_bench.report import stacks as stacks_report  # noqa: PLC0415
     from ddtree_bench.report import throughput as throughput_report  # noqa: PLC0415
-    from ddtree_bench.report.model import banner, step_settings  # noqa: PLC0415
+    from ddtree_bench.report.compose import banner, step_settings  # noqa: PLC0415
 
     ours = write_machine(tmp_path / "results" / "laptop", "laptop")
     folders = sorted(PUBLISHED_H200.parent.glob("*/summary.parquet"))
@@ -779,7 +779,7 @@ def test_a_borrowed_round_is_the_sum_of_its_terms_never_the_donors_run_round():
     """A published GPU run without step stages (h200-sglang) models its rounds with h200's measured terms
     and its own builds: never h200's whole rounds, which hold h200's builds; the rounds' S is h200's."""
     from ddtree_bench.report import throughput as throughput_report  # noqa: PLC0415
-    from ddtree_bench.report.model import step_settings  # noqa: PLC0415
+    from ddtree_bench.report.compose import step_settings  # noqa: PLC0415
 
     machines = load_machines(
         PUBLISHED_H200 / "summary.parquet", published=[PUBLISHED_SGLANG / "summary.parquet"]

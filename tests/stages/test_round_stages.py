@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from ddtree_bench.cuda.loader import gpu_unavailable_reason
-from ddtree_bench.model.shapes import DrafterShape, ModelShape
+from ddtree_bench.k26.shapes import DrafterShape, ModelShape
 from ddtree_bench.stages.draft import draft_block, run_draft_stage
 from ddtree_bench.stages.model import MODEL_STAGES, gpu_reason, run_model_stage
 from ddtree_bench.summary.step import summarize_steps, unavailable_stage_frame

@@ -1,7 +1,7 @@
 """Small shares of the target and the drafter for the GPU tests of model/ (the real kernels, seconds to run):
 the verify attention's fixed 576-wide latent (kv_lora_rank 512 + rope 64) and 8 query heads a rank."""
 
-from ddtree_bench.model.shapes import DrafterShape, ModelShape
+from ddtree_bench.k26.shapes import DrafterShape, ModelShape
 
 SMALL_TARGET = ModelShape(
     hidden=1024,

@@ -6,7 +6,7 @@ from ddtree_bench.summary.step import describe_rows
 snakemake = snakemake  # noqa: F821 (the job object Snakemake's script preamble defines)
 
 with logged(snakemake):
-    from ddtree_bench.model.shapes import ModelShape
+    from ddtree_bench.k26.shapes import ModelShape
     from ddtree_bench.stages.model import run_model_stage
 
     wildcards, params = snakemake.wildcards, snakemake.params

@@ -7,13 +7,14 @@ It reads this machine's summary (``results/<machine>/summary.parquet``, its ``tr
 per builder and budget, and its share of the round. Then the figures, the detail tables (collapsed), the
 environment, and the project's goals.
 
-One pass: ``load`` (machines, parquet/json, once) -> ``model`` (``build_model``: the answer, the tables,
+One pass: ``load`` (machines, parquet/json, once) -> ``model`` (``compose_report``: the answer, the tables,
 the figures' files, as sections of ``document`` blocks) -> ``render`` (Markdown and HTML, two writers of that
 one model). ``names`` declares the series, builders and figures once; ``fmt`` writes numbers; ``figures``,
 ``tables``, ``goals``, ``answer`` and the sections ``step``, ``throughput``, ``acceptance`` compute the
 model's parts.
 """
 
+from ddtree_bench.report.compose import ReportOptions, ReportPage, compose_report
 from ddtree_bench.report.goals import (
     SGLANG_FUNCTION_TARGET,
     TargetResult,
@@ -29,7 +30,6 @@ from ddtree_bench.report.load import (
     speedups,
     timings,
 )
-from ddtree_bench.report.model import ReportModel, ReportOptions, build_model
 from ddtree_bench.report.names import BUILD_FIGURES, FIGURE_NAMES, FIGURES, SERIES_NAMES
 from ddtree_bench.report.render import render_report, to_html, to_markdown
 from ddtree_bench.report.tables import (
@@ -49,11 +49,11 @@ __all__ = [
     "SERIES_NAMES",
     "SGLANG_FUNCTION_TARGET",
     "Machine",
-    "ReportModel",
+    "ReportPage",
     "ReportOptions",
     "TargetResult",
     "baseline_of",
-    "build_model",
+    "compose_report",
     "compact_table",
     "evaluate_targets",
     "html_table",

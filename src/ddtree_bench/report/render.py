@@ -1,5 +1,5 @@
 """The report's pages: ``index.html`` (self-contained, figures embedded as base64 PNG) and ``summary.md``,
-two writers of one ``model.ReportModel``."""
+two writers of one ``model.ReportPage``."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from pathlib import Path
 import pandas as pd
 
 from ddtree_bench import catalog
+from ddtree_bench.report.compose import ReportOptions, ReportPage, compose_report
 from ddtree_bench.report.document import Bullets, Figure, Section, Table, Text
 from ddtree_bench.report.load import load_machines
-from ddtree_bench.report.model import ReportModel, ReportOptions, build_model
 from ddtree_bench.report.tables import html_table, markdown_table
 
 CSS = """
@@ -77,7 +77,7 @@ def render_report(
     for path in (html_path, md_path, *figure_paths.values()):
         path.parent.mkdir(parents=True, exist_ok=True)
     matplotlib.use("Agg")
-    model = build_model(machines, options, figure_paths)
+    model = compose_report(machines, options, figure_paths)
     with atomic_output(md_path) as tmp:
         Path(tmp).write_text(to_markdown(model, md_path.parent))
     with atomic_output(html_path) as tmp:
@@ -97,7 +97,7 @@ def _figure_paths(figures, folder: Path) -> dict[str, Path]:
 # ----------------------------------------------------------------------------------------------- Markdown
 
 
-def to_markdown(model: ReportModel, folder: Path | None = None) -> str:
+def to_markdown(model: ReportPage, folder: Path | None = None) -> str:
     """The model as Markdown (figures linked relative to ``folder``, the summary's folder)."""
     lines = [f"# {model.title}\n"]
     if model.banner:
@@ -159,7 +159,7 @@ def _inline(text: str) -> str:
     return _CODE.sub(r"<code>\1</code>", _BOLD.sub(r"<b>\1</b>", escape(text)))
 
 
-def to_html(model: ReportModel) -> str:
+def to_html(model: ReportPage) -> str:
     """The model as one self-contained HTML page (figures embedded)."""
     parts = [
         "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>",

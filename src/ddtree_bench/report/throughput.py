@@ -37,7 +37,7 @@ from ddtree_bench.throughput import (
     MEASURED,
     SUM_OF_PARTS,
     TERM_LABELS,
-    RoundModel,
+    RoundAssumptions,
     Throughput,
     best_budgets,
     gpu_gains,
@@ -148,7 +148,7 @@ def sections(
         own, own_depth = _configured(machine, None)
         label = machine.label
         layers = int(settings.get(label, {}).get("layers") or 61)
-        model = RoundModel.from_options(options, layers)
+        model = RoundAssumptions.from_options(options, layers)
         machine_depth = (depth if index == 0 else None) or own_depth or first_depth or _first_depth(machine)
         present = _distributions_of(machine)
         shown = set()
@@ -447,7 +447,7 @@ def detail_table(section: BudgetSection) -> pd.DataFrame:
 
 def model_line(options: dict | None) -> str:
     options = options or {}
-    model = RoundModel.from_options(options, 61)
+    model = RoundAssumptions.from_options(options, 61)
     prefix = options.get("prefix_length")
     return (
         f"Model: {model.describe()}; E(T) = 384 (1 - (1 - 8/384)^T); verify attention at "

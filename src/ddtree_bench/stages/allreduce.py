@@ -12,8 +12,8 @@ from __future__ import annotations
 import pandas as pd
 
 from ddtree_bench.environment import ENVIRONMENT_COLUMNS, collect_environment
-from ddtree_bench.model.allreduce import collective_plan, measure_collectives, plan_bytes
-from ddtree_bench.model.shapes import ModelShape
+from ddtree_bench.k26.allreduce import collective_plan, measure_collectives, plan_bytes
+from ddtree_bench.k26.shapes import ModelShape
 from ddtree_bench.stages.draft import draft_block
 from ddtree_bench.timing.records import stage_frame, unavailable_row
 

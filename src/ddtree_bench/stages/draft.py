@@ -14,8 +14,8 @@ from __future__ import annotations
 import pandas as pd
 
 from ddtree_bench.environment import ENVIRONMENT_COLUMNS, collect_environment
-from ddtree_bench.model.draft import DraftShard, draft_bytes
-from ddtree_bench.model.shapes import DrafterShape
+from ddtree_bench.k26.draft import DraftShard, draft_bytes
+from ddtree_bench.k26.shapes import DrafterShape
 from ddtree_bench.stages.model import HEADROOM, _describe, _ok_rows, _Runner, gpu_reason
 from ddtree_bench.timing.gpu import EVENT_CLOCK
 from ddtree_bench.timing.policy import TimingPolicy

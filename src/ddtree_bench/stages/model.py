@@ -25,8 +25,8 @@ import pandas as pd
 
 from ddtree_bench.cuda import loader as cuda
 from ddtree_bench.environment import ENVIRONMENT_COLUMNS, collect_environment
-from ddtree_bench.model import moe as moe_ops
-from ddtree_bench.model.shapes import ModelShape
+from ddtree_bench.k26 import moe as moe_ops
+from ddtree_bench.k26.shapes import ModelShape
 from ddtree_bench.timing.gpu import EVENT_CLOCK
 from ddtree_bench.timing.policy import TimingPolicy
 from ddtree_bench.timing.records import stage_frame, unavailable_row
@@ -199,7 +199,7 @@ class _Runner:
     def measure(self, fn):
         """``(samples, note)``: ``fn`` captured as one CUDA graph and its replays timed; where capture fails,
         the eager calls (said in the note)."""
-        from ddtree_bench.model.target import capture  # noqa: PLC0415
+        from ddtree_bench.k26.target import capture  # noqa: PLC0415
 
         torch = self.torch
         with torch.cuda.stream(self.torch_stream):
@@ -278,7 +278,7 @@ def _forward_jobs(
     skew,
     seed,
 ) -> None:
-    from ddtree_bench.model.target import TargetShard, TargetWeights, state_bytes, weights_bytes  # noqa: PLC0415
+    from ddtree_bench.k26.target import TargetShard, TargetWeights, state_bytes, weights_bytes  # noqa: PLC0415
     from ddtree_bench.ops.attention import VerifyAttention  # noqa: PLC0415
 
     stages = MODEL_STAGES if parts else ("forward",)
@@ -365,7 +365,7 @@ def _forward_jobs(
 def _moe_jobs(
     runner, rows, base, unavailable, budgets, shape, impl, sglang_files, batch, routing, skew, seed
 ) -> None:
-    from ddtree_bench.model.target import TargetShard, TargetWeights, activation_bytes, layer_expert_bytes  # noqa: PLC0415
+    from ddtree_bench.k26.target import TargetShard, TargetWeights, activation_bytes, layer_expert_bytes  # noqa: PLC0415
 
     free = runner.free()
     per_set = layer_expert_bytes(shape, impl)

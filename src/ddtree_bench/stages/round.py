@@ -23,9 +23,9 @@ import pandas as pd
 
 from ddtree_bench import catalog
 from ddtree_bench.environment import ENVIRONMENT_COLUMNS, collect_environment
-from ddtree_bench.model import moe as moe_ops
-from ddtree_bench.model.round import FUSED_BUILDERS, ROUND_BUILDERS
-from ddtree_bench.model.shapes import DrafterShape, ModelShape
+from ddtree_bench.k26 import moe as moe_ops
+from ddtree_bench.k26.round import FUSED_BUILDERS, ROUND_BUILDERS
+from ddtree_bench.k26.shapes import DrafterShape, ModelShape
 from ddtree_bench.stages.draft import draft_block
 from ddtree_bench.stages.model import HEADROOM, _describe, gpu_reason
 from ddtree_bench.timing.policy import TimingPolicy
@@ -104,9 +104,9 @@ def run_round_stage(
 
     import torch  # noqa: PLC0415
 
-    from ddtree_bench.model.draft import draft_bytes  # noqa: PLC0415
-    from ddtree_bench.model.round import RoundRunner  # noqa: PLC0415
-    from ddtree_bench.model.target import TargetWeights, state_bytes, weights_bytes  # noqa: PLC0415
+    from ddtree_bench.k26.draft import draft_bytes  # noqa: PLC0415
+    from ddtree_bench.k26.round import RoundRunner  # noqa: PLC0415
+    from ddtree_bench.k26.target import TargetWeights, state_bytes, weights_bytes  # noqa: PLC0415
     from ddtree_bench.ops.accept import GpuAccept  # noqa: PLC0415
     from ddtree_bench.ops.attention import VerifyAttention  # noqa: PLC0415
 
@@ -236,8 +236,8 @@ def run_round_stage(
 
 
 def _stack_fits(torch, shape, drafter_shape, inputs: dict, budget: int, need: float) -> str | None:
-    from ddtree_bench.model.draft import draft_bytes  # noqa: PLC0415
-    from ddtree_bench.model.target import state_bytes  # noqa: PLC0415
+    from ddtree_bench.k26.draft import draft_bytes  # noqa: PLC0415
+    from ddtree_bench.k26.target import state_bytes  # noqa: PLC0415
 
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
@@ -265,8 +265,8 @@ def run_stack_rounds(
     whose forward or round exceeds ``stacks["max_seconds"]`` gets a row saying so, untimed."""
     import torch  # noqa: PLC0415
 
-    from ddtree_bench.model.stack import StackRound  # noqa: PLC0415
-    from ddtree_bench.model.target import weights_bytes  # noqa: PLC0415
+    from ddtree_bench.k26.stack import StackRound  # noqa: PLC0415
+    from ddtree_bench.k26.target import weights_bytes  # noqa: PLC0415
 
     names = list(stacks["stacks"])
     sglang = {
@@ -325,7 +325,7 @@ def _progress(rows: list[dict], name: str, budget: int, spent: float) -> None:
 def _time_stack(runner, stack, policy, clock, base) -> list[dict]:
     import torch  # noqa: PLC0415
 
-    from ddtree_bench.model.stack import TooSlow  # noqa: PLC0415
+    from ddtree_bench.k26.stack import TooSlow  # noqa: PLC0415
 
     try:
         runner.prepare_stack(stack)

@@ -28,8 +28,8 @@ from ddtree_bench import catalog
 from ddtree_bench.catalog import ATTENTION_IMPLS
 from ddtree_bench.environment import ENVIRONMENT_COLUMNS, collect_environment
 from ddtree_bench.io import write_frame
-from ddtree_bench.model.moe import MOE_IMPLS
-from ddtree_bench.model.round import ROUND_BUILDERS
+from ddtree_bench.k26.moe import MOE_IMPLS
+from ddtree_bench.k26.round import ROUND_BUILDERS
 from ddtree_bench.stages.peaks import peak_rates as rates
 from ddtree_bench.timing.records import stage_frame
 

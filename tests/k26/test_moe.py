@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from ddtree_bench.cuda import loader as cuda
-from ddtree_bench.model import moe
-from ddtree_bench.model.moe import BF16, MARLIN, MOE_IMPLS, TRITON, MoeUnavailable
+from ddtree_bench.k26 import moe
+from ddtree_bench.k26.moe import BF16, MARLIN, MOE_IMPLS, TRITON, MoeUnavailable
 
 GPU_REASON = cuda.gpu_unavailable_reason()
 needs_gpu = pytest.mark.skipif(GPU_REASON is not None, reason=f"needs a CUDA GPU: {GPU_REASON}")
@@ -253,7 +253,7 @@ def test_calls_reject_mismatched_inputs():
 
 _LOAD_SCRIPT = """
 import json, sys
-from ddtree_bench.model import moe
+from ddtree_bench.k26 import moe
 moe._STUB_PLATFORM["cuda"] = True  # take the CUDA import branches on a machine without a GPU
 out = {}
 for impl in (moe.MARLIN, moe.TRITON):

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import numbers
 
-from ddtree_bench.model.shapes import DrafterShape, ModelShape, expected_experts
+from ddtree_bench.k26.shapes import DrafterShape, ModelShape, expected_experts
 
 K26 = ModelShape()
 DRAFTER = DrafterShape()

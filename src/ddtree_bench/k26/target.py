@@ -26,8 +26,8 @@ import math
 
 import numpy as np
 
-from ddtree_bench.model import moe as moe_ops
-from ddtree_bench.model.shapes import ModelShape
+from ddtree_bench.k26 import moe as moe_ops
+from ddtree_bench.k26.shapes import ModelShape
 
 GIB = 2**30
 
@@ -319,7 +319,7 @@ class TargetShard:
 def draw_routing(torch, shape: ModelShape, tokens: int, layers: int, routing, skew, gen, device):
     """Per MoE layer: (ids int32 [T, top_k], weights float32 [T, top_k]), drawn on the GPU without
     replacement with the routing's popularity (Gumbel top-k, as ``shapes.simulate_routing``)."""
-    from ddtree_bench.model.shapes import routing_weights  # noqa: PLC0415
+    from ddtree_bench.k26.shapes import routing_weights  # noqa: PLC0415
 
     popularity = routing_weights(shape.experts, routing, skew)
     out = []

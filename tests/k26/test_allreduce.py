@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from ddtree_bench.model.allreduce import collective_plan, measure_collectives, plan_bytes
-from ddtree_bench.model.shapes import ModelShape
+from ddtree_bench.k26.allreduce import collective_plan, measure_collectives, plan_bytes
+from ddtree_bench.k26.shapes import ModelShape
 from ddtree_bench.stages.allreduce import run_allreduce_stage
 from ddtree_bench.timing.records import STAGE_COLUMNS
 

@@ -73,8 +73,8 @@ class RoundRunner:
         from ddtree_bench.builders import get_builder  # noqa: PLC0415
         from ddtree_bench.builders.gpu import DeviceTrees  # noqa: PLC0415
         from ddtree_bench.builders.gpu_device import DeviceTreeBuilder, _torch_as_cupy, _torch_view  # noqa: PLC0415
-        from ddtree_bench.model.draft import DraftShard  # noqa: PLC0415
-        from ddtree_bench.model.target import TargetShard  # noqa: PLC0415
+        from ddtree_bench.k26.draft import DraftShard  # noqa: PLC0415
+        from ddtree_bench.k26.target import TargetShard  # noqa: PLC0415
         from ddtree_bench.ops.accept import DeviceAccept  # noqa: PLC0415
         from ddtree_bench.stages.draft import draft_block  # noqa: PLC0415
 
@@ -205,7 +205,7 @@ class RoundRunner:
     # ------------------------------------------------------------------------------------------- rounds
     def capture(self):
         """Warm up and capture this round's graphs (fused: one; split: draft and verify)."""
-        from ddtree_bench.model.target import capture  # noqa: PLC0415
+        from ddtree_bench.k26.target import capture  # noqa: PLC0415
 
         if self.builder in FUSED_BUILDERS:
             self.graphs["draft"], _ = capture(self.draft)

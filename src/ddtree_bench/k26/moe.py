@@ -65,7 +65,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ddtree_bench.catalog import MOE_IMPLS
-from ddtree_bench.model import sglang_jit
+from ddtree_bench.k26 import sglang_jit
 
 MARLIN, TRITON, BF16 = MOE_IMPLS
 TOP_K = 8

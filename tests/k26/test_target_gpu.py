@@ -34,8 +34,8 @@ def chain_mask(batch: int, budget: int):
 def test_forward_graph_replay_equals_eager(impl):
     import torch  # noqa: PLC0415
 
-    from ddtree_bench.model import moe as moe_ops  # noqa: PLC0415
-    from ddtree_bench.model.target import TargetShard, TargetWeights, capture  # noqa: PLC0415
+    from ddtree_bench.k26 import moe as moe_ops  # noqa: PLC0415
+    from ddtree_bench.k26.target import TargetShard, TargetWeights, capture  # noqa: PLC0415
     from ddtree_bench.ops.attention import VerifyAttention  # noqa: PLC0415
 
     reason = moe_ops.moe_unavailable_reason(impl, SGLANG_FILES)
@@ -68,8 +68,8 @@ def test_forward_graph_replay_equals_eager(impl):
 def test_drafter_top_k_is_sorted_log_probs_and_graph_equals_eager():
     import torch  # noqa: PLC0415
 
-    from ddtree_bench.model.draft import DraftShard  # noqa: PLC0415
-    from ddtree_bench.model.target import capture  # noqa: PLC0415
+    from ddtree_bench.k26.draft import DraftShard  # noqa: PLC0415
+    from ddtree_bench.k26.target import capture  # noqa: PLC0415
 
     drafter = DraftShard(SMALL_DRAFTER, batch=2, block=9, context=100, k=8, vocab_shard=2048)
     lp, ids = (t.clone() for t in drafter.run())

@@ -1,6 +1,6 @@
-"""The report as one object: load -> model -> render. ``build_model`` takes the loaded machines and the
+"""The report as one object: load -> model -> render. ``compose_report`` takes the loaded machines and the
 options, computes everything the report says (the answer, the tables, the figures' files) once, and returns
-a ``ReportModel``: a title, an optional banner, a lead and sections of blocks (``document``). The Markdown and
+a ``ReportPage``: a title, an optional banner, a lead and sections of blocks (``document``). The Markdown and
 the HTML writer (``render``) are two views of that one object."""
 
 from __future__ import annotations
@@ -101,7 +101,7 @@ class FigureInputs:
 
 
 @dataclass
-class ReportModel:
+class ReportPage:
     title: str
     lead: str
     banner: str | None  # the first line, where the answer is another machine's than this run's
@@ -157,9 +157,9 @@ def banner(machines: list[Machine], answer) -> str | None:
     )
 
 
-def build_model(
+def compose_report(
     machines: list[Machine], options: ReportOptions, figure_paths: dict[str, Path]
-) -> ReportModel:
+) -> ReportPage:
     """Everything the report says, from machines loaded once; draws each figure of ``figure_paths`` (figure
     name -> PNG path)."""
     settings = {
@@ -196,7 +196,7 @@ def build_model(
     specs = [s for s in catalog.FIGURES.values() if s.name in figure_paths]
     figures = {s.name: _draw(s, inputs, figure_paths[s.name]) for s in specs}
     answer = answer_module.answer(machines, breakdowns, settings, budget_sections, options.published_answer)
-    model = ReportModel(TITLE, LEAD, banner(machines, answer), answer)
+    model = ReportPage(TITLE, LEAD, banner(machines, answer), answer)
     stacks = [f for f in figures.values() if _place(f) == "stacks"]
     model.sections = [
         stacks_report.report_section(machines, stacks, options.published_answer),

@@ -13,7 +13,7 @@ from model_shapes import SMALL_DRAFTER, SMALL_TARGET
 
 from ddtree_bench.builders import get_builder
 from ddtree_bench.cuda.loader import gpu_unavailable_reason
-from ddtree_bench.model.round import _COPIED, ROUND_BUILDERS, host_trees, pack_bits
+from ddtree_bench.k26.round import _COPIED, ROUND_BUILDERS, host_trees, pack_bits
 from ddtree_bench.stages.round import run_round_stage
 from ddtree_bench.tree import packed_visibility
 
@@ -61,7 +61,7 @@ def test_split_round_host_build_gives_the_verify_fields(tmp_path, name):
 
 @pytest.mark.skipif(GPU_REASON is None, reason="a GPU is present: the stage measures")
 def test_round_stage_without_a_gpu_writes_rows_saying_why():
-    from ddtree_bench.model.shapes import DrafterShape, ModelShape  # noqa: PLC0415
+    from ddtree_bench.k26.shapes import DrafterShape, ModelShape  # noqa: PLC0415
 
     args = {
         "batch": 1,
@@ -94,8 +94,8 @@ def test_round_stage_without_a_gpu_writes_rows_saying_why():
 def test_round_on_the_gpu_equals_its_eager_parts_and_the_cpu_walk(builder):
     import torch  # noqa: PLC0415
 
-    from ddtree_bench.model.round import RoundRunner  # noqa: PLC0415
-    from ddtree_bench.model.target import TargetWeights  # noqa: PLC0415
+    from ddtree_bench.k26.round import RoundRunner  # noqa: PLC0415
+    from ddtree_bench.k26.target import TargetWeights  # noqa: PLC0415
     from ddtree_bench.ops.accept import GpuAccept  # noqa: PLC0415
     from ddtree_bench.ops.attention import VerifyAttention  # noqa: PLC0415
 

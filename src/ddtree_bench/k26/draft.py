@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 
-from ddtree_bench.model.shapes import DrafterShape
+from ddtree_bench.k26.shapes import DrafterShape
 
 #: Kimi's DFlash mask token (the block's positions after the bonus token).
 MASK_TOKEN = 163838
@@ -111,7 +111,7 @@ class DraftShard:
     def run(self):
         """Drafter forward, LM head, normaliser and top-K; fills ``top_log_probs`` and ``top_token_ids``."""
         torch, s = self.torch, self.shape
-        from ddtree_bench.model.target import _rms, _rope  # noqa: PLC0415
+        from ddtree_bench.k26.target import _rms, _rope  # noqa: PLC0415
 
         b, blk = self.batch, self.block
         hq, hk, d = s.local_heads, s.local_kv_heads, s.head_dim

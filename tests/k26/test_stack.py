@@ -174,8 +174,8 @@ def test_sglang_tree_attention_equals_the_reference(impl, budget):
 @needs_gpu
 @needs_fork
 def test_every_stack_round_is_exact_and_accepts_as_the_cpu_walk():
-    from ddtree_bench.model.stack import StackRound  # noqa: PLC0415
-    from ddtree_bench.model.target import TargetWeights  # noqa: PLC0415
+    from ddtree_bench.k26.stack import StackRound  # noqa: PLC0415
+    from ddtree_bench.k26.target import TargetWeights  # noqa: PLC0415
     from ddtree_bench.ops.accept import GpuAccept  # noqa: PLC0415
     from ddtree_bench.ops.attention import VerifyAttention  # noqa: PLC0415
 

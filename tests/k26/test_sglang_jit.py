@@ -8,7 +8,7 @@ import types
 
 import pytest
 
-from ddtree_bench.model import sglang_jit
+from ddtree_bench.k26 import sglang_jit
 
 
 def test_module_names_are_sglangs():

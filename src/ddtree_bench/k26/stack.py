@@ -31,7 +31,7 @@ import time
 import numpy as np
 
 from ddtree_bench import catalog
-from ddtree_bench.model.round import RoundRunner, host_trees, pack_bits
+from ddtree_bench.k26.round import RoundRunner, host_trees, pack_bits
 from ddtree_bench.ops.attention_peers import PeerUnavailable, load_sglang_extend_attention
 
 PARTS = ("draft", "build", "mask", "forward", "accept")
@@ -101,7 +101,7 @@ class StackRound(RoundRunner):
         """Prepare ``name`` (an attention impl of the catalog) on every layer and capture its forward; a
         graph that cannot be captured leaves the forward eager (said in the stack's note). ``TooSlow``
         where one eager forward exceeds the limit."""
-        from ddtree_bench.model.target import capture  # noqa: PLC0415
+        from ddtree_bench.k26.target import capture  # noqa: PLC0415
         from ddtree_bench.ops import sglang_verify  # noqa: PLC0415
 
         key = f"forward:{name}"
@@ -149,7 +149,7 @@ class StackRound(RoundRunner):
     def capture(self):
         """The graphs every stack shares: draft, our builds (packed bits only; with the bool visibility),
         the bits packed from the visibility, our accept, and ``ours`` as one graph."""
-        from ddtree_bench.model.target import capture  # noqa: PLC0415
+        from ddtree_bench.k26.target import capture  # noqa: PLC0415
 
         self._eager, self._too_slow = {}, {}
         self.graphs["draft"], _ = capture(self.draft)
@@ -187,7 +187,7 @@ class StackRound(RoundRunner):
     def prepare_stack(self, stack) -> None:
         """Everything ``stack`` runs, prepared and captured (``TooSlow`` where its forward is too slow)."""
         if stack.name == catalog.OURS and "round" not in self.graphs:
-            from ddtree_bench.model.target import capture  # noqa: PLC0415
+            from ddtree_bench.k26.target import capture  # noqa: PLC0415
 
             self.setup_attention(catalog.OURS)
             try:

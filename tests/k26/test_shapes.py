@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ddtree_bench.model.shapes import (
+from ddtree_bench.k26.shapes import (
     DrafterShape,
     ModelShape,
     distinct_experts,
