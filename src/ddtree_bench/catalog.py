@@ -326,10 +326,6 @@ ATTENTION_IMPLS = (
 #: The routed experts' kernels (``model.moe``), preferred first: SGLang's Marlin and Triton W4A16, BF16.
 MOE_IMPLS = ("marlin-w4a16", "triton-w4a16", "bf16-grouped-mm")
 
-#: The step stages (each a ``stages/<name>.py``); the rest of the round's have their own ``enabled`` switch.
-STEP_STAGES = ("attention", "accept", "peaks", "model", "draft", "allreduce", "round")
-ROUND_STAGES = ("model", "draft", "allreduce", "round")
-
 
 # ----------------------------------------------------------------------------------------- round stacks
 
@@ -410,6 +406,122 @@ STACKS: dict[str, Stack] = {
 
 def stack_names() -> tuple[str, ...]:
     return tuple(STACKS)
+
+
+# ----------------------------------------------------------------------------------------- step stages
+
+
+@dataclass(frozen=True)
+class Stage:
+    """A step stage: one entry here plus one module (``module``, e.g. ``ddtree_bench.stages.attention``),
+    which exports a frozen ``Job`` (``Job.grid(settings)``: the wildcards of every job the configuration
+    runs; ``Job.from_settings(settings, **wildcards)``; ``job.inputs``: the files it loads) and
+    ``run(job) -> rows``.
+
+    ``records``: each ``stage`` value its rows carry, with every impl such rows may name (the rows saying why
+    a stage cannot run name these). ``path``: its result file under ``results/<machine>/``, its wildcards in
+    braces (the rule's wildcards). ``per_budget``: one job runs every step budget and writes a file per
+    budget (``run`` returns ``{budget: rows}``; ``{budget}`` is in ``path``). ``gpu``: whether a job needs
+    a GPU (without one, the stage writes one file of rows saying why). ``switch``: the setting that turns it
+    on beside ``step.enabled`` (``step.<switch>.enabled``; None: none). ``description``: its rule's
+    docstring."""
+
+    name: str
+    module: str
+    records: dict[str, tuple[str, ...]]
+    path: str
+    description: str
+    per_budget: bool = False
+    gpu: bool = True
+    switch: str | None = None
+
+    @property
+    def rule(self) -> str:
+        return f"step_{self.name}"
+
+
+_STAGES = "ddtree_bench.stages."
+_ROUND_BUILDERS = tuple(
+    b for copies in (DEVICE, PAGEABLE, PINNED) for b in BUILDERS if BUILDERS[b].copies == copies
+)
+
+#: Every step stage, in the order they run and the report lists them.
+STAGES: dict[str, Stage] = {
+    s.name: s
+    for s in (
+        Stage(
+            "attention",
+            _STAGES + "attention",
+            {"verify-attention": ATTENTION_IMPLS},
+            "step/attention/{distribution}-L{depth}-N{budget}-B{batch}-S{prefix}-H{heads}.parquet",
+            "Time the tree-verify attention of one (budget, batch, prefix length, heads): every impl, same "
+            "inputs.",
+        ),
+        Stage(
+            "accept",
+            _STAGES + "accept",
+            {"accept": ("gpu-kernel", "gpu-host-inclusive", "cpu-walk", "floor")},
+            "step/accept/{distribution}-L{depth}-N{budget}-B{batch}.parquet",
+            "Time the tree accept of one (budget, batch): GPU kernel, host-inclusive, CPU walk, empty-kernel "
+            "floor.",
+        ),
+        Stage(
+            "peaks",
+            _STAGES + "peaks",
+            {"peak": ("bf16-gemm", "device-copy", "floor")},
+            "step/peaks.parquet",
+            "The GPU's measured peaks, once per machine: bf16 GEMM, device copy, the empty-kernel floor.",
+        ),
+        Stage(
+            "model",
+            _STAGES + "model",
+            {"forward": MOE_IMPLS, "moe": MOE_IMPLS, "dense": ("torch",), "lm-head": ("torch",)},
+            "step/model/{distribution}-L{depth}-N{budget}-B{batch}-S{prefix}.parquet",
+            "The target's verify forward on one GPU's share of Kimi K2.6 and (smallest prefix) its parts: "
+            "every budget.",
+            per_budget=True,
+            switch="model",
+        ),
+        Stage(
+            "draft",
+            _STAGES + "draft",
+            {"draft": ("torch",)},
+            "step/draft/N{budget}-B{batch}-S{prefix}.parquet",
+            "The drafter's forward, LM-head shard, normaliser and top-K at one (batch, prefix): every "
+            "budget.",
+            per_budget=True,
+            switch="draft",
+        ),
+        Stage(
+            "allreduce",
+            _STAGES + "allreduce",
+            {"allreduce": ("nccl",)},
+            "step/allreduce/N{budget}-B{batch}.parquet",
+            "The round's tensor-parallel collectives with NCCL on this host's GPUs at one batch: every "
+            "budget.",
+            per_budget=True,
+            switch="allreduce",
+        ),
+        Stage(
+            "round",
+            _STAGES + "round",
+            {"round": _ROUND_BUILDERS, "stack": tuple(STACKS)},
+            "step/round/N{budget}-B{batch}-S{prefix}.parquet",
+            "Whole rounds per builder and per stack at one (batch, prefix): every budget.",
+            per_budget=True,
+            switch="round",
+        ),
+    )
+}
+
+
+def stage_names() -> tuple[str, ...]:
+    return tuple(STAGES)
+
+
+def record_stages() -> dict[str, tuple[str, ...]]:
+    """Every record stage (a row's ``stage``) of every step stage, with its impls, in the stages' order."""
+    return {record: impls for s in STAGES.values() for record, impls in s.records.items()}
 
 
 # ----------------------------------------------------------------------------------------- report figures

@@ -34,6 +34,7 @@ from __future__ import annotations
 import gc
 import math
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -45,6 +46,7 @@ from ddtree_bench.builders import get_builder
 from ddtree_bench.cuda import loader as cuda
 from ddtree_bench.environment import ENVIRONMENT_COLUMNS, collect_environment
 from ddtree_bench.ops.accept import TREE_LINK_FIELDS, DeviceAccept, GpuAccept, accept_cpu, host_field
+from ddtree_bench.paths import layout
 from ddtree_bench.stages.build import read_batch
 from ddtree_bench.timing.gpu import EVENT_CLOCK, EventTimer, pinned
 from ddtree_bench.timing.policy import TimingPolicy
@@ -109,45 +111,85 @@ def _first_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
 
 
-def run_accept_benchmark(
-    trace_path,
-    budget,
-    batch,
-    *,
-    timing: dict,
-    machine: str | None,
-    distribution: str | None,
-    accept_fatbin=None,
-    util_fatbin=None,
-    seed: int = 0,
-) -> pd.DataFrame:
-    """Time the tree accept of the first ``batch`` requests of ``trace_path`` at ``budget`` (module
-    docstring); one row per call, ``timing.records.stage_frame`` columns. ``timing``: ``TimingPolicy``'s
-    keyword arguments. ``accept_fatbin`` / ``util_fatbin``: prebuilt ``tree_accept.cu`` /
-    ``bench_util.cu`` fatbins (default: the cached builds). Bad arguments are a one-line ValueError before
-    anything runs."""
-    policy = timing_policy(timing)
-    budget = check_budget(budget)
-    batch = check_positive_int(batch, "batch")
+@dataclass(frozen=True)
+class Job:
+    """One tree-accept job: the trace's first ``batch`` requests at ``budget``. ``timing``: ``TimingPolicy``'s
+    keyword arguments; ``accept_fatbin`` / ``util_fatbin``: prebuilt ``tree_accept.cu`` / ``bench_util.cu``
+    fatbins (None: the cached builds)."""
+
+    trace: str
+    budget: int
+    batch: int
+    timing: dict
+    machine: str | None = None
+    distribution: str | None = None
+    accept_fatbin: str | None = None
+    util_fatbin: str | None = None
+    seed: int = 0
+
+    @classmethod
+    def grid(cls, settings) -> list[dict]:
+        step = settings.step_options()
+        return [
+            {"distribution": step["distribution"], "depth": step["depth"], "budget": budget, "batch": batch}
+            for budget in step["budgets"]
+            for batch in step["batch_sizes"]
+        ]
+
+    @classmethod
+    def from_settings(cls, settings, *, distribution, depth, budget, batch, results=None):
+        files = layout(settings, results)
+        return cls(
+            trace=files.trace_of(distribution, depth),
+            budget=int(budget),
+            batch=int(batch),
+            timing=settings.step_options()["timing"],
+            machine=settings.machine,
+            distribution=distribution,
+            accept_fatbin=files.artefact("tree_accept"),
+            util_fatbin=files.artefact("bench_util"),
+        )
+
+    @property
+    def inputs(self) -> dict[str, str]:
+        return {"trace": self.trace, "accept": self.accept_fatbin, "util": self.util_fatbin}
+
+
+@dataclass
+class _Inputs:
+    """What every timing of a job takes: the policy, the rows' common fields, the trees, the target tokens
+    and the CPU walk's result (what every impl must equal)."""
+
+    policy: TimingPolicy
+    base: dict
+    trees: object
+    target: np.ndarray
+    expected: tuple
+
+
+def run(job: Job) -> pd.DataFrame:
+    """Time the tree accept of the job (module docstring); one row per call, ``timing.records.stage_frame``
+    columns. Bad arguments are a one-line ValueError before anything runs."""
+    policy = timing_policy(job.timing)
+    budget = check_budget(job.budget)
+    batch = check_positive_int(job.batch, "batch")
+    seed = job.seed
     if isinstance(seed, bool) or not isinstance(seed, int | np.integer) or seed < 0:
         raise ValueError(f"seed must be an integer >= 0, got {seed!r}")
-    path = Path(trace_path)
+    path = Path(job.trace)
     if not path.is_file():
         raise ValueError(f"trace {path} does not exist")
     lp, ids, _, metadata = read_batch(path, batch)
-    if distribution is None:
-        distribution = metadata.get("distribution")
-
     trees = _build_trees(lp, ids, budget)
     target = sample_target_tokens(lp, ids, trees, seed=int(seed))
     expected = accept_cpu(trees, target)
-    env = collect_environment(machine)
+    env = collect_environment(job.machine)
     base = {
         "stage": STAGE,
         "batch": batch,
         "budget": budget,
         "depth": int(lp.shape[1]),
-        "distribution": distribution,
+        "distribution": job.distribution or metadata.get("distribution"),
         "flops": None,
         "bytes": None,
         "accept_length_mean": float(np.mean(expected[1])),
@@ -155,15 +197,15 @@ def run_accept_benchmark(
         "trace_sha256": row_sha256(path, metadata),
         **{k: env.get(k) for k in ENVIRONMENT_COLUMNS},
     }
-
-    accept = GpuAccept(accept_fatbin)
+    inputs = _Inputs(policy, base, trees, target, expected)
+    accept = GpuAccept(job.accept_fatbin)
     reason = accept.unavailable_reason()
     if reason is not None:
-        rows = _cpu_walk_rows(policy, base, trees, target, expected, device=None)
+        rows = _cpu_walk_rows(inputs, device=None)
         for impl in IMPLS[1:]:
             rows.append(_status_row(base, impl, "unavailable", reason))
         return stage_frame(rows)
-    return stage_frame(_device_rows(policy, base, trees, target, expected, accept, util_fatbin))
+    return stage_frame(_device_rows(inputs, accept, job.util_fatbin))
 
 
 def _row(base: dict, impl: str, phase: str, rep: int, seconds: float, **fields) -> dict:
@@ -199,9 +241,16 @@ def _status_row(base: dict, impl: str, status: str, reason: str) -> dict:
     )
 
 
-def _cpu_walk_rows(policy, base, trees, target, expected, device) -> list[dict]:
+def _cpu_walk_rows(inputs: _Inputs, device) -> list[dict]:
     """The ``cpu-walk`` rows: device-to-host copy of the target tokens plus the walk (``device`` is
     ``(stream, d_target, pinned_target)``), or the walk alone on the host tokens when ``device`` is None."""
+    policy, base, trees, target, expected = (
+        inputs.policy,
+        inputs.base,
+        inputs.trees,
+        inputs.target,
+        inputs.expected,
+    )
     clock = time.perf_counter_ns
     last = []
     if device is None:
@@ -238,77 +287,32 @@ def _cpu_walk_rows(policy, base, trees, target, expected, device) -> list[dict]:
     ]
 
 
-def _device_rows(policy, base, trees, target, expected, accept: GpuAccept, util_fatbin) -> list[dict]:
+def _device_rows(inputs: _Inputs, accept: GpuAccept, util_fatbin) -> list[dict]:
     import cupy as cp  # noqa: PLC0415
 
-    batch, budget = base["batch"], base["budget"]
+    base = inputs.base
     stream = cp.cuda.Stream(non_blocking=True)
     with stream:
-        d_target = cp.asarray(np.ascontiguousarray(target, np.int64))
-        d_trees = SimpleNamespace(**{name: cp.asarray(host_field(trees, name)) for name in TREE_LINK_FIELDS})
+        d_target = cp.asarray(np.ascontiguousarray(inputs.target, np.int64))
+        d_trees = SimpleNamespace(
+            **{name: cp.asarray(host_field(inputs.trees, name)) for name in TREE_LINK_FIELDS}
+        )
     stream.synchronize()
     pinned_target = pinned(d_target.nbytes).view(np.int64).reshape(d_target.shape)
-    rows = _cpu_walk_rows(policy, base, trees, target, expected, device=(stream, d_target, pinned_target))
-
+    rows = _cpu_walk_rows(inputs, device=(stream, d_target, pinned_target))
     try:
-        util = cp.RawModule(path=str(util_fatbin or cuda.cached_fatbin(cuda.BENCH_UTIL_SOURCE)))
-        empty_kernel = util.get_function("ddtree_empty_kernel")
-        spin_kernel = util.get_function("ddtree_spin_kernel")
-        with stream:
-            out = DeviceAccept(batch, budget)
-        outputs = (out.accepted_indices, out.accept_length, out.bonus_token)
-        pinned_out = [pinned(a.nbytes).view(a.dtype).reshape(a.shape) for a in outputs]
-        accept.launch(d_target, d_trees, out, stream=stream)  # loads the module outside any timing
-        stream.synchronize()
+        device = _Device(inputs, accept, util_fatbin, stream, (d_target, d_trees))
     except Exception as exc:  # the kernels cannot be built or loaded here: every GPU impl failed
         reason = _first_line(exc)
         return rows + [_status_row(base, impl, "failed", reason) for impl in IMPLS[1:]]
-
-    event_time = EventTimer(stream, spin_kernel)
-
-    def fill_sentinel():
-        for array in outputs:
-            array.fill(_SENTINEL)
-        for array in pinned_out:
-            array.fill(_SENTINEL)
-        stream.synchronize()
-
-    def empty():
-        empty_kernel((1,), (1,), (), stream=stream)
-
-    def launch():
-        accept.launch(d_target, d_trees, out, stream=stream)
-
-    def host_inclusive() -> float:
-        t0 = time.perf_counter_ns()
-        launch()
-        for device_array, host_array in zip(outputs, pinned_out, strict=True):
-            cp.asnumpy(device_array, stream=stream, out=host_array, blocking=False)
-        stream.synchronize()
-        return (time.perf_counter_ns() - t0) / 1e9
-
-    def kernel_rows():
-        with stream:
-            fill_sentinel()
-        samples = _timed(policy, lambda: event_time(launch))
-        stream.synchronize()
-        correct = _same(out.to_host(), expected)
-        return samples, correct
-
-    def host_rows():
-        with stream:
-            fill_sentinel()
-        samples = _timed(policy, host_inclusive)
-        return samples, _same(pinned_out, expected)
-
     results = {}
-    for impl, run in (
-        ("floor", lambda: (_timed(policy, lambda: event_time(empty)), None)),
-        ("gpu-kernel", kernel_rows),
-        ("gpu-host-inclusive", host_rows),
+    for impl, measure in (
+        ("floor", device.floor),
+        ("gpu-kernel", device.kernel),
+        ("gpu-host-inclusive", device.host_inclusive),
     ):
         try:
-            results[impl] = run()
+            results[impl] = measure()
         except Exception as exc:
             results[impl] = _first_line(exc)
     kernel_correct = results["gpu-kernel"][1] if isinstance(results["gpu-kernel"], tuple) else None
@@ -322,3 +326,63 @@ def _device_rows(policy, base, trees, target, expected, accept: GpuAccept, util_
             correct = kernel_correct
         rows.extend(_row(base, impl, phase, rep, seconds, correct=correct) for phase, rep, seconds in samples)
     return rows
+
+
+class _Device:
+    """The GPU impls' timings of one job: the empty-kernel floor, the kernel (CUDA events) and the kernel
+    with its copies to pinned host buffers (wall clock); each returns (samples, equal to the CPU walk)."""
+
+    def __init__(self, inputs: _Inputs, accept: GpuAccept, util_fatbin, stream, device_inputs):
+        import cupy as cp  # noqa: PLC0415
+
+        self.cp, self.inputs, self.accept, self.stream = cp, inputs, accept, stream
+        self.d_target, self.d_trees = device_inputs
+        util = cp.RawModule(path=str(util_fatbin or cuda.cached_fatbin(cuda.BENCH_UTIL_SOURCE)))
+        self.empty_kernel = util.get_function("ddtree_empty_kernel")
+        spin_kernel = util.get_function("ddtree_spin_kernel")
+        with stream:
+            self.out = DeviceAccept(inputs.base["batch"], inputs.base["budget"])
+        out = self.out
+        self.outputs = (out.accepted_indices, out.accept_length, out.bonus_token)
+        self.pinned_out = [pinned(a.nbytes).view(a.dtype).reshape(a.shape) for a in self.outputs]
+        self.launch()  # loads the module outside any timing
+        stream.synchronize()
+        self.event_time = EventTimer(stream, spin_kernel)
+
+    def launch(self):
+        self.accept.launch(self.d_target, self.d_trees, self.out, stream=self.stream)
+
+    def fill_sentinel(self):
+        with self.stream:
+            for array in self.outputs:
+                array.fill(_SENTINEL)
+            for array in self.pinned_out:
+                array.fill(_SENTINEL)
+            self.stream.synchronize()
+
+    def floor(self):
+        def empty():
+            self.empty_kernel((1,), (1,), (), stream=self.stream)
+
+        return _timed(self.inputs.policy, lambda: self.event_time(empty)), None
+
+    def kernel(self):
+        self.fill_sentinel()
+        samples = _timed(self.inputs.policy, lambda: self.event_time(self.launch))
+        self.stream.synchronize()
+        return samples, _same(self.out.to_host(), self.inputs.expected)
+
+    def host_inclusive(self):
+        cp, stream = self.cp, self.stream
+
+        def call() -> float:
+            t0 = time.perf_counter_ns()
+            self.launch()
+            for device_array, host_array in zip(self.outputs, self.pinned_out, strict=True):
+                cp.asnumpy(device_array, stream=stream, out=host_array, blocking=False)
+            stream.synchronize()
+            return (time.perf_counter_ns() - t0) / 1e9
+
+        self.fill_sentinel()
+        samples = _timed(self.inputs.policy, call)
+        return samples, _same(self.pinned_out, self.inputs.expected)

@@ -29,6 +29,8 @@ For one grid point (trace, budget N, batch B, heads H, prefix length S):
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import pandas as pd
 
@@ -49,6 +51,7 @@ from ddtree_bench.ops.attention import (
     visible_keys,
 )
 from ddtree_bench.ops.attention_peers import PEER_MASKS, TREE_MASK, check_visibility, find_sglang_kernel
+from ddtree_bench.paths import layout
 from ddtree_bench.stages.build import read_batch
 from ddtree_bench.timing.gpu import SPIN_NS, EventTimer
 from ddtree_bench.timing.policy import TimingPolicy
@@ -107,64 +110,138 @@ def backend_name(prepared) -> str:
     return name
 
 
-def run_attention_benchmark(
-    trace_path,
-    budget,
-    batch,
-    *,
-    heads,
-    prefix,
-    impls=IMPLS,
-    flex_kernel_options: dict | None = None,
-    sglang_source=None,
-    timing: dict,
-    machine: str | None,
-    distribution: str | None,
-    attention_fatbin=None,
-    util_fatbin=None,
-    seed: int = 0,
-) -> pd.DataFrame:
-    impls = list(impls)
-    _check_args(budget, batch, heads, prefix, impls)
-    budget, batch, heads, prefix = int(budget), int(batch), int(heads), int(prefix)
-    if sglang_source is not None and "sglang-triton" in impls:
-        find_sglang_kernel(sglang_source)  # a path given without SGLang's file: ValueError, nothing measured
-    policy = TimingPolicy(**timing)
-    lp, ids, columns, metadata = read_batch(trace_path, batch)
-    topk = min(budget, columns)
-    env = collect_environment(machine)
-    base = {
-        "stage": "verify-attention",
-        "batch": batch,
-        "budget": budget,
-        "heads": heads,
-        "prefix": prefix,
-        "depth": int(lp.shape[1]),
-        "distribution": distribution or metadata.get("distribution"),
-        "trace_sha256": row_sha256(trace_path, metadata),
-        **{key: env.get(key) for key in ENVIRONMENT_COLUMNS},
-    }
+@dataclass(frozen=True)
+class Job:
+    """One verify-attention job: the trace's first ``batch`` requests at ``budget``, ``heads`` query heads
+    per GPU and prefix length ``prefix``; every impl of ``impls`` on the same inputs. ``timing``:
+    ``TimingPolicy``'s keyword arguments; the fatbins: prebuilt ``verify_attn.cu`` / ``bench_util.cu`` (None:
+    the cached builds)."""
 
-    trees = get_builder("native").build(
-        np.ascontiguousarray(lp[..., :topk]), np.ascontiguousarray(ids[..., :topk]), budget
-    )
-    bits_host = packed_visibility(trees.visibility)
-    lengths = np.full(batch, prefix, np.int64)
-    work = {
-        "flops": attention_flops(visible_keys(lengths, bits_host), heads),
-        "bytes": attention_bytes(lengths, budget + 1, heads, bits_host.shape[-1]),
-    }
+    trace: str
+    budget: int
+    batch: int
+    heads: int
+    prefix: int
+    timing: dict
+    impls: tuple[str, ...] = IMPLS
+    machine: str | None = None
+    distribution: str | None = None
+    flex_kernel_options: dict | None = None
+    sglang_source: str | None = None
+    attention_fatbin: str | None = None
+    util_fatbin: str | None = None
+    seed: int = 0
 
-    def mask_of(impl):
-        """The mask an impl applies, as its rows record it (None for the read stream)."""
-        return None if impl == STREAM_IMPL else PEER_MASKS.get(impl, TREE_MASK)
+    @classmethod
+    def grid(cls, settings) -> list[dict]:
+        step = settings.step_options()
+        return [
+            {"distribution": step["distribution"], "depth": step["depth"], "budget": budget, "batch": batch}
+            | {"prefix": prefix, "heads": heads}
+            for budget in step["budgets"]
+            for batch in step["batch_sizes"]
+            for prefix in step["prefix_lengths"]
+            for heads in step["heads"]
+        ]
 
-    def unavailable(impl, reason, status="unavailable"):
+    @classmethod
+    def from_settings(cls, settings, *, distribution, depth, budget, batch, prefix, heads, results=None):
+        step, files = settings.step_options(), layout(settings, results)
+        return cls(
+            trace=files.trace_of(distribution, depth),
+            budget=int(budget),
+            batch=int(batch),
+            heads=int(heads),
+            prefix=int(prefix),
+            timing=step["attention_timing"],
+            impls=tuple(step["impls"]),
+            machine=settings.machine,
+            distribution=distribution,
+            flex_kernel_options=step["flex_kernel_options"],
+            sglang_source=step["sglang_triton_source"],
+            attention_fatbin=files.artefact("verify_attn"),
+            util_fatbin=files.artefact("bench_util"),
+        )
+
+    @property
+    def inputs(self) -> dict[str, str]:
+        return {"trace": self.trace, "attention": self.attention_fatbin, "util": self.util_fatbin}
+
+
+def configured_impls(settings) -> dict[str, tuple[str, ...]]:
+    """The impls the configuration runs (its rows saying why name these)."""
+    return {"verify-attention": tuple(settings.step.attention.impls)}
+
+
+def _mask_of(impl):
+    """The mask an impl applies, as its rows record it (None for the read stream)."""
+    return None if impl == STREAM_IMPL else PEER_MASKS.get(impl, TREE_MASK)
+
+
+def run(job: Job) -> pd.DataFrame:
+    """Time every impl of the job on the same inputs (module docstring): its rows
+    (``timing.records.stage_frame``). Bad arguments are a one-line ValueError before anything runs."""
+    impls = list(job.impls)
+    _check_args(job.budget, job.batch, job.heads, job.prefix, impls)
+    if job.sglang_source is not None and "sglang-triton" in impls:
+        find_sglang_kernel(job.sglang_source)  # a path without SGLang's file: ValueError, nothing measured
+    policy = TimingPolicy(**job.timing)
+    problem = _Problem.of(job)
+    ours = {impl: VerifyAttention(job.attention_fatbin, path=path) for impl, path in OUR_PATHS.items()}
+    reason = ours["ours"].unavailable_reason()
+    if reason is not None:
+        return stage_frame([problem.unavailable(impl, reason) for impl in impls])
+    session = _Session(job, problem, ours, policy)
+    rows = []
+    for impl in impls:
+        rows += session.measure(impl)
+    return stage_frame(rows)
+
+
+@dataclass
+class _Problem:
+    """The job's trees and the fields every row of it carries."""
+
+    trees: object
+    bits_host: np.ndarray
+    lengths: np.ndarray
+    base: dict
+    work: dict
+
+    @classmethod
+    def of(cls, job: Job) -> _Problem:
+        budget, batch = int(job.budget), int(job.batch)
+        lp, ids, columns, metadata = read_batch(job.trace, batch)
+        topk = min(budget, columns)
+        env = collect_environment(job.machine)
+        base = {
+            "stage": "verify-attention",
+            "batch": batch,
+            "budget": budget,
+            "heads": int(job.heads),
+            "prefix": int(job.prefix),
+            "depth": int(lp.shape[1]),
+            "distribution": job.distribution or metadata.get("distribution"),
+            "trace_sha256": row_sha256(job.trace, metadata),
+            **{key: env.get(key) for key in ENVIRONMENT_COLUMNS},
+        }
+        trees = get_builder("native").build(
+            np.ascontiguousarray(lp[..., :topk]), np.ascontiguousarray(ids[..., :topk]), budget
+        )
+        bits_host = packed_visibility(trees.visibility)
+        lengths = np.full(batch, int(job.prefix), np.int64)
+        work = {
+            "flops": attention_flops(visible_keys(lengths, bits_host), int(job.heads)),
+            "bytes": attention_bytes(lengths, budget + 1, int(job.heads), bits_host.shape[-1]),
+        }
+        return cls(trees, bits_host, lengths, base, work)
+
+    def unavailable(self, impl, reason, status="unavailable") -> dict:
         return {
-            **base,
-            **work,
+            **self.base,
+            **self.work,
             "impl": impl,
-            "mask": mask_of(impl),
+            "mask": _mask_of(impl),
             "phase": "timed",
             "repetition": 0,
             "timing": "cuda-events",
@@ -173,185 +250,199 @@ def run_attention_benchmark(
             "status_reason": " ".join(str(reason).split()),
         }
 
-    ours = {impl: VerifyAttention(attention_fatbin, path=path) for impl, path in OUR_PATHS.items()}
-    reason = ours["ours"].unavailable_reason()
-    if reason is not None:
-        return stage_frame([unavailable(impl, reason) for impl in impls])
+    def timed(self, impl, samples, backend, correct, error) -> list[dict]:
+        return [
+            {
+                **self.base,
+                **self.work,
+                **({"flops": float("nan")} if impl == STREAM_IMPL else {}),
+                "impl": impl,
+                "mask": _mask_of(impl),
+                "phase": phase,
+                "repetition": rep,
+                "timing": "cuda-events",
+                "cache": cache,
+                "seconds": seconds,
+                "status": "ok",
+                "status_reason": f"backend: {backend}" if backend else None,
+                "correct": correct,
+                "error": error,
+            }
+            for cache, phase, rep, seconds in samples
+        ]
 
-    import cupy as cp  # noqa: PLC0415
-    import torch  # noqa: PLC0415
 
-    from ddtree_bench.cuda.loader import BENCH_UTIL_SOURCE, cached_fatbin  # noqa: PLC0415
+class _Session:
+    """The GPU side of a job: streams, the event timer, the inputs on the device, the references."""
 
-    util = cp.RawModule(path=str(util_fatbin or cached_fatbin(BENCH_UTIL_SOURCE)))
-    spin_kernel = util.get_function("ddtree_spin_kernel")
-    flush_kernel = util.get_function("ddtree_flush_l2")
-    stream_read = util.get_function("ddtree_stream_read")
-    dev = cp.cuda.Device()
-    l2_bytes = int(cp.cuda.runtime.getDeviceProperties(dev.id)["l2CacheSize"])
-    sm_count = int(cp.cuda.runtime.getDeviceProperties(dev.id)["multiProcessorCount"])
-    stream = cp.cuda.Stream(non_blocking=True)
-    torch_stream = torch.cuda.ExternalStream(stream.ptr)
-    flush_words = 2 * l2_bytes // 4
-    flush_buf = cp.empty(flush_words, cp.uint32)
+    def __init__(self, job: Job, problem: _Problem, ours: dict, policy: TimingPolicy):
+        import cupy as cp  # noqa: PLC0415
+        import torch  # noqa: PLC0415
 
-    def flush():
-        flush_kernel(
-            (4 * sm_count,), (1024,), (flush_buf, np.int64(flush_words), np.uint32(3)), stream=stream
+        from ddtree_bench.cuda.loader import BENCH_UTIL_SOURCE, cached_fatbin  # noqa: PLC0415
+
+        self.job, self.problem, self.ours, self.cp, self.torch = job, problem, ours, cp, torch
+        self.policy = policy
+        util = cp.RawModule(path=str(job.util_fatbin or cached_fatbin(BENCH_UTIL_SOURCE)))
+        self.stream_read = util.get_function("ddtree_stream_read")
+        flush_kernel = util.get_function("ddtree_flush_l2")
+        properties = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)
+        l2_bytes, self.sm_count = int(properties["l2CacheSize"]), int(properties["multiProcessorCount"])
+        self.stream = cp.cuda.Stream(non_blocking=True)
+        self.torch_stream = torch.cuda.ExternalStream(self.stream.ptr)
+        flush_words = 2 * l2_bytes // 4
+        flush_buf = cp.empty(flush_words, cp.uint32)
+
+        def flush():
+            flush_kernel(
+                (4 * self.sm_count,),
+                (1024,),
+                (flush_buf, np.int64(flush_words), np.uint32(3)),
+                stream=self.stream,
+            )
+
+        spin = util.get_function("ddtree_spin_kernel")
+        self.event_time = EventTimer(self.stream, spin, spin_ns=ATTENTION_SPIN_NS, flush=flush)
+        self._inputs()
+        self.ours_reason = {}
+        for impl in OUR_PATHS:
+            if impl in job.impls:
+                try:
+                    _ = ours[impl].kernels  # loads the fatbin: a GPU with too little shared memory refuses it
+                except AttentionUnavailable as exc:
+                    self.ours_reason[impl] = str(exc)
+
+    def _inputs(self) -> None:
+        torch, job, problem = self.torch, self.job, self.problem
+        gen = torch.Generator(device="cuda").manual_seed(job.seed)
+        self.tokens = int(job.budget) + 1
+        batch, heads, prefix = int(job.batch), int(job.heads), int(job.prefix)
+        with torch.cuda.stream(self.torch_stream):
+            q = torch.randn((batch, self.tokens, heads, HEAD_DIM), generator=gen, device="cuda")
+            kv = torch.randn((batch, prefix + self.tokens, HEAD_DIM), generator=gen, device="cuda")
+            self.q, self.kv = q.to(torch.bfloat16), kv.to(torch.bfloat16)
+            self.bits = torch.as_tensor(problem.bits_host.view(np.int32), device="cuda")
+            self.visibility = torch.as_tensor(problem.trees.visibility, device="cuda")
+            self.prefix_t = torch.as_tensor(problem.lengths.astype(np.int32), device="cuda")
+        self.torch_stream.synchronize()
+        self.check_requests = sorted({0, batch - 1})
+        reference = reference_attention(
+            self.q, self.kv, problem.lengths, problem.trees.visibility, requests=self.check_requests
+        )
+        self.references = {_mask_of("ours"): reference}
+
+    def reference_for(self, impl):
+        """The float32 reference with the mask ``impl`` applies (computed once per mask)."""
+        mask = _mask_of(impl)
+        if mask not in self.references:
+            visibility = check_visibility(impl, self.problem.trees.visibility)
+            self.references[mask] = reference_attention(
+                self.q, self.kv, self.problem.lengths, visibility, requests=self.check_requests
+            )
+        return self.references[mask]
+
+    def _stream_call(self):
+        cp, stream = self.cp, self.stream
+        words = -(-int(self.problem.work["bytes"]) // 16)
+        with stream:
+            buffer = cp.ones(words * 4, cp.uint32)
+            sink = cp.zeros(1, cp.uint32)
+        grid = STREAM_BLOCKS_PER_SM * self.sm_count
+
+        def call(buffer=buffer, sink=sink, grid=grid, words=words):
+            self.stream_read(
+                (grid,),
+                (STREAM_THREADS,),
+                (buffer, np.int64(words), np.uint32(STREAM_NEVER), sink),
+                stream=stream,
+            )
+
+        call()
+        return call, None, f"one read of the call's bytes, {grid} blocks x {STREAM_THREADS} threads"
+
+    def _ours_call(self, impl):
+        torch, job = self.torch, self.job
+        shape = (int(job.batch), self.tokens, int(job.heads), VALUE_DIM)
+        out = torch.empty(shape, device="cuda", dtype=torch.bfloat16)
+        prepared = self.ours[impl].prepare(self.q, self.kv, self.problem.lengths, self.bits, out)
+
+        def call(prepared=prepared):
+            prepared.launch(self.stream)
+
+        call()
+        return call, out, backend_name(prepared)
+
+    def _peer_call(self, impl):
+        from ddtree_bench.ops.attention_peers import make_peer  # noqa: PLC0415
+
+        job = self.job
+        peer = make_peer(
+            impl,
+            self.q,
+            self.kv,
+            self.prefix_t,
+            self.visibility,
+            kernel_options=job.flex_kernel_options if impl == "flexattention" else None,
+            sglang_source=job.sglang_source if impl == "sglang-triton" else None,
         )
 
-    event_time = EventTimer(stream, spin_kernel, spin_ns=ATTENTION_SPIN_NS, flush=flush)
+        def call(peer=peer):
+            with self.torch.cuda.stream(self.torch_stream):
+                peer()
 
-    gen = torch.Generator(device="cuda").manual_seed(seed)
-    tokens = budget + 1
-    with torch.cuda.stream(torch_stream):
-        q = torch.randn((batch, tokens, heads, HEAD_DIM), generator=gen, device="cuda").to(torch.bfloat16)
-        kv = torch.randn((batch, prefix + tokens, HEAD_DIM), generator=gen, device="cuda").to(torch.bfloat16)
-        bits = torch.as_tensor(bits_host.view(np.int32), device="cuda")
-        visibility = torch.as_tensor(trees.visibility, device="cuda")
-        prefix_t = torch.as_tensor(lengths.astype(np.int32), device="cuda")
-    torch_stream.synchronize()
-    check_requests = sorted({0, batch - 1})
-    reference = reference_attention(q, kv, lengths, trees.visibility, requests=check_requests)
-    references = {mask_of("ours"): reference}
+        return call, peer(), getattr(peer, "backend", None)
 
-    def reference_for(impl):
-        """The float32 reference with the mask ``impl`` applies (computed once per mask)."""
-        mask = mask_of(impl)
-        if mask not in references:
-            visibility_checked = check_visibility(impl, trees.visibility)
-            references[mask] = reference_attention(
-                q, kv, lengths, visibility_checked, requests=check_requests
-            )
-        return references[mask]
+    def _checked(self, impl, result):
+        """(max abs error, correct) of a call's output against the reference (NaN, None: nothing to check)."""
+        if result is None:  # the read stream computes nothing to check
+            return float("nan"), None
+        got = result[self.check_requests].float()
+        if self.torch.isnan(got).any():
+            return float("nan"), False
+        error = float((got - self.reference_for(impl)).abs().max().item())
+        return error, bool(error < TOLERANCE)
 
-    rows = []
-    ours_reason = {}
-    for impl in OUR_PATHS:
-        if impl in impls:
-            try:
-                _ = ours[impl].kernels  # loads the fatbin: a GPU with too little shared memory refuses it
-            except AttentionUnavailable as exc:
-                ours_reason[impl] = str(exc)
-    for impl in impls:
-        out, backend = None, None
-        if impl in ours_reason:
-            rows.append(unavailable(impl, ours_reason[impl]))
-            continue
-        try:
-            with torch.cuda.stream(torch_stream):
-                if impl == STREAM_IMPL:
-                    words = -(-int(work["bytes"]) // 16)
-                    with stream:
-                        buffer = cp.ones(words * 4, cp.uint32)
-                        sink = cp.zeros(1, cp.uint32)
-                    grid = STREAM_BLOCKS_PER_SM * sm_count
-
-                    def call(buffer=buffer, sink=sink, grid=grid, words=words):
-                        stream_read(
-                            (grid,),
-                            (STREAM_THREADS,),
-                            (buffer, np.int64(words), np.uint32(STREAM_NEVER), sink),
-                            stream=stream,
-                        )
-
-                    call()
-                    result = None
-                    backend = f"one read of the call's bytes, {grid} blocks x {STREAM_THREADS} threads"
-                elif impl in OUR_PATHS:
-                    out = torch.empty((batch, tokens, heads, VALUE_DIM), device="cuda", dtype=torch.bfloat16)
-                    prepared = ours[impl].prepare(q, kv, lengths, bits, out)
-                    backend = backend_name(prepared)
-
-                    def call(prepared=prepared):
-                        prepared.launch(stream)
-
-                    call()
-                    result = out
-                else:
-                    from ddtree_bench.ops.attention_peers import PeerUnavailable, make_peer  # noqa: PLC0415
-
-                    try:
-                        options = flex_kernel_options if impl == "flexattention" else None
-                        peer = make_peer(
-                            impl,
-                            q,
-                            kv,
-                            prefix_t,
-                            visibility,
-                            kernel_options=options,
-                            sglang_source=sglang_source if impl == "sglang-triton" else None,
-                        )
-                    except PeerUnavailable as exc:
-                        rows.append(unavailable(impl, exc))
-                        continue
-
-                    def call(peer=peer):
-                        with torch.cuda.stream(torch_stream):
-                            peer()
-
-                    result = peer()
-                    backend = getattr(peer, "backend", None)
-            torch_stream.synchronize()
-            stream.synchronize()
-            if result is None:  # the read stream computes nothing to check
-                error, correct = float("nan"), None
+    def _sampled(self, impl):
+        """Set one impl up, check it, time it: (samples, backend, correct, error)."""
+        with self.torch.cuda.stream(self.torch_stream):
+            if impl == STREAM_IMPL:
+                call, result, backend = self._stream_call()
+            elif impl in OUR_PATHS:
+                call, result, backend = self._ours_call(impl)
             else:
-                got = result[check_requests].float()
-                error = (
-                    float((got - reference_for(impl)).abs().max().item())
-                    if not torch.isnan(got).any()
-                    else float("nan")
-                )
-                correct = bool(error < TOLERANCE)
-            samples = [
-                (cache, phase, rep, seconds)
-                for cache in ("warm", "cold")
-                for phase, rep, seconds in policy.samples(
-                    lambda cache=cache: event_time(call, cache == "cold")
-                )
-            ]
-        except torch.cuda.OutOfMemoryError as exc:
-            rows.append(
-                unavailable(
-                    impl,
-                    f"out of memory at B={batch}, N={budget}, S={prefix}, H={heads}: "
-                    f"{str(exc).splitlines()[0]}",
-                )
+                call, result, backend = self._peer_call(impl)
+        self.torch_stream.synchronize()
+        self.stream.synchronize()
+        error, correct = self._checked(impl, result)
+        samples = [
+            (cache, phase, rep, seconds)
+            for cache in ("warm", "cold")
+            for phase, rep, seconds in self.policy.samples(
+                lambda cache=cache: self.event_time(call, cache == "cold")
             )
-            continue
+        ]
+        return samples, backend, correct, error
+
+    def measure(self, impl) -> list[dict]:
+        """One impl's rows: its timed calls, or one row saying why it did not run."""
+        from ddtree_bench.ops.attention_peers import PeerUnavailable  # noqa: PLC0415
+
+        torch, problem, job = self.torch, self.problem, self.job
+        if impl in self.ours_reason:
+            return [problem.unavailable(impl, self.ours_reason[impl])]
+        try:
+            samples, backend, correct, error = self._sampled(impl)
+        except PeerUnavailable as exc:
+            return [problem.unavailable(impl, exc)]
+        except torch.cuda.OutOfMemoryError as exc:
+            where = f"B={job.batch}, N={job.budget}, S={job.prefix}, H={job.heads}"
+            return [problem.unavailable(impl, f"out of memory at {where}: {str(exc).splitlines()[0]}")]
         except Exception as exc:  # a peer that fails at run time: recorded, not fatal for the other impls
             if impl in OUR_PATHS or impl == STREAM_IMPL:
                 raise
-            rows.append(
-                unavailable(
-                    impl,
-                    f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}",
-                    status="failed",
-                )
-            )
-            continue
+            first = str(exc).splitlines()[0] if str(exc) else ""
+            return [problem.unavailable(impl, f"{type(exc).__name__}: {first}", status="failed")]
         finally:
-            out = buffer = sink = None  # (a read stream's buffer lives on in `call` until the next impl)
             torch.cuda.empty_cache()
-            cp.get_default_memory_pool().free_all_blocks()
-        for cache, phase, rep, seconds in samples:
-            rows.append(
-                {
-                    **base,
-                    **work,
-                    **({"flops": float("nan")} if impl == STREAM_IMPL else {}),
-                    "impl": impl,
-                    "mask": mask_of(impl),
-                    "phase": phase,
-                    "repetition": rep,
-                    "timing": "cuda-events",
-                    "cache": cache,
-                    "seconds": seconds,
-                    "status": "ok",
-                    "status_reason": f"backend: {backend}" if backend else None,
-                    "correct": correct,
-                    "error": error,
-                }
-            )
-    return stage_frame(rows)
+            self.cp.get_default_memory_pool().free_all_blocks()
+        return problem.timed(impl, samples, backend, correct, error)

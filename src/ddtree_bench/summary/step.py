@@ -25,35 +25,9 @@ import numpy as np
 import pandas as pd
 
 from ddtree_bench import catalog
-from ddtree_bench.catalog import ATTENTION_IMPLS
-from ddtree_bench.environment import ENVIRONMENT_COLUMNS, collect_environment
 from ddtree_bench.io import write_frame
-from ddtree_bench.k26.moe import MOE_IMPLS
-from ddtree_bench.k26.round import ROUND_BUILDERS
 from ddtree_bench.stages.peaks import peak_rates as rates
 from ddtree_bench.timing.records import stage_frame
-
-#: The record stage of each workflow stage (file names use the short ones), and its impls.
-RECORD_STAGE = {
-    "attention": "verify-attention",
-    "accept": "accept",
-    "peaks": "peak",
-    # one model job measures the forward and its parts
-    "model": "forward",
-}
-STAGE_IMPLS = {
-    "verify-attention": ATTENTION_IMPLS,
-    "accept": ("gpu-kernel", "gpu-host-inclusive", "cpu-walk", "floor"),
-    "peak": ("bf16-gemm", "device-copy", "floor"),
-    "forward": MOE_IMPLS,
-    "moe": MOE_IMPLS,
-    "dense": ("torch",),
-    "lm-head": ("torch",),
-    "draft": ("torch",),
-    "allreduce": ("nccl",),
-    "round": ROUND_BUILDERS,
-    "stack": catalog.stack_names(),
-}
 
 STEP_KEYS = (
     "machine",
@@ -130,71 +104,6 @@ TIMING_PREFERENCE = (
 
 
 # ----------------------------------------------------------------------------------------------- records
-
-
-#: The record stages each workflow stage's job writes (the others write the record stage of their name).
-WORKFLOW_STAGES = {"model": ("forward", "moe", "dense", "lm-head"), "round": ("round", "stack")}
-
-
-def unavailable_stage_frame(
-    stage: str,
-    reason: str,
-    *,
-    attention_impls=None,
-    moe_impls=None,
-    forward_impl: str | None = None,
-    machine: str | None = None,
-    environment: dict | None = None,
-) -> pd.DataFrame:
-    """One row per impl of ``stage`` (a workflow stage: "attention", "accept", "peaks", "model", "draft",
-    "allreduce", or a record stage's name) saying it could not run here and why (``budget``/``batch`` 0: every
-    configuration). ``attention_impls``, ``moe_impls``, ``forward_impl``: the configured impls (default:
-    all)."""
-    stages = WORKFLOW_STAGES.get(stage, (RECORD_STAGE.get(stage, stage),))
-    for record_stage in stages:
-        if record_stage not in STAGE_IMPLS:
-            raise ValueError(f"unknown step stage {stage!r}; expected one of {list(STAGE_IMPLS)}")
-    env = environment or collect_environment(machine)
-    common = {key: env.get(key) for key in ENVIRONMENT_COLUMNS if key in env}
-    rows = []
-    for record_stage in stages:
-        impls = STAGE_IMPLS[record_stage]
-        if record_stage == "verify-attention" and attention_impls:
-            impls = tuple(attention_impls)
-        if record_stage == "moe" and moe_impls:
-            impls = tuple(moe_impls)
-        if record_stage == "forward" and forward_impl:
-            impls = (forward_impl,)
-        rows += [
-            {
-                **common,
-                "stage": record_stage,
-                "impl": impl,
-                "batch": 0,
-                "budget": 0,
-                "repetition": -1,
-                "phase": "timed",
-                "timing": None,
-                "cache": "n/a",
-                "seconds": math.nan,
-                "status": "unavailable",
-                "status_reason": " ".join(str(reason).split()),
-            }
-            for impl in impls
-        ]
-    return stage_frame(rows)
-
-
-def describe_rows(rows: pd.DataFrame) -> str:
-    """A job log's summary of its rows: counts, statuses, and the timed calls' statistics per impl."""
-    timed = rows[(rows["phase"] == "timed") & (rows["status"] == "ok")]
-    lines = [f"{len(rows)} rows, {len(timed)} timed; status {sorted(set(rows['status']))}"]
-    bad = rows[rows["status"] != "ok"].drop_duplicates(["impl", "status", "status_reason"])
-    lines += [f"{r.impl}: {r.status}: {r.status_reason}" for r in bad.itertuples()]
-    if len(timed):
-        stats = timed.groupby(["impl", "timing", "cache"], dropna=False)["seconds"].describe()
-        lines.append(stats.to_string())
-    return "\n".join(lines)
 
 
 def read_stage_rows(paths) -> pd.DataFrame:

@@ -52,11 +52,12 @@ import math
 
 import pandas as pd
 
-from ddtree_bench.environment import ENVIRONMENT_COLUMNS
+from ddtree_bench import catalog
+from ddtree_bench.environment import ENVIRONMENT_COLUMNS, collect_environment
 
-#: The rest of the round's stages (``stages.model``, ``stages.draft``, ``stages.allreduce``).
-ROUND_STAGES = ("forward", "moe", "dense", "lm-head", "draft", "allreduce", "round", "stack")
-STAGES = ("verify-attention", "accept", "peak", *ROUND_STAGES)
+#: The rest of the round's record stages (the catalog's stages with their own switch: ``stages.model``,
+#: ``stages.draft``, ``stages.allreduce``, ``stages.round``).
+ROUND_STAGES = tuple(record for s in catalog.STAGES.values() if s.switch is not None for record in s.records)
 STAGE_COLUMNS = (
     "stage",
     "impl",
@@ -119,9 +120,10 @@ def stage_frame(rows: list[dict]) -> pd.DataFrame:
     unknown = sorted({key for row in rows for key in row} - set(STAGE_COLUMNS))
     if unknown:
         raise ValueError(f"stage records: unknown columns {unknown}")
-    bad = sorted({row.get("stage") for row in rows} - set(STAGES))
+    stages = catalog.record_stages()
+    bad = sorted({row.get("stage") for row in rows} - set(stages))
     if bad:
-        raise ValueError(f"stage records: unknown stage {bad[0]!r}; expected one of {list(STAGES)}")
+        raise ValueError(f"stage records: unknown stage {bad[0]!r}; expected one of {list(stages)}")
     df = pd.DataFrame.from_records(rows, columns=list(STAGE_COLUMNS))
     for column in _FLOAT:
         df[column] = df[column].astype("float64")
@@ -131,3 +133,55 @@ def stage_frame(rows: list[dict]) -> pd.DataFrame:
         df[column] = df[column].astype("Int64")
     df["correct"] = df["correct"].astype("boolean")
     return df
+
+
+def unavailable_stage_frame(
+    stage: str,
+    reason: str,
+    *,
+    impls: dict | None = None,
+    machine: str | None = None,
+    environment: dict | None = None,
+) -> pd.DataFrame:
+    """One row per impl of ``stage`` (a catalog stage, or one of its record stages) saying it could not run
+    here and why (``budget``/``batch`` 0: every configuration). ``impls``: the configured impls per record
+    stage, where they are fewer than the catalog's."""
+    if stage in catalog.STAGES:
+        records = catalog.STAGES[stage].records
+    elif stage in catalog.record_stages():
+        records = {stage: catalog.record_stages()[stage]}
+    else:
+        raise ValueError(f"unknown step stage {stage!r}; expected one of {list(catalog.STAGES)}")
+    env = environment or collect_environment(machine)
+    common = {key: env.get(key) for key in ENVIRONMENT_COLUMNS if key in env}
+    rows = [
+        {
+            **common,
+            "stage": record,
+            "impl": impl,
+            "batch": 0,
+            "budget": 0,
+            "repetition": -1,
+            "phase": "timed",
+            "timing": None,
+            "cache": "n/a",
+            "seconds": math.nan,
+            "status": "unavailable",
+            "status_reason": " ".join(str(reason).split()),
+        }
+        for record, all_impls in records.items()
+        for impl in (impls or {}).get(record) or all_impls
+    ]
+    return stage_frame(rows)
+
+
+def describe_rows(rows: pd.DataFrame) -> str:
+    """A job log's summary of its rows: counts, statuses, and the timed calls' statistics per impl."""
+    timed = rows[(rows["phase"] == "timed") & (rows["status"] == "ok")]
+    lines = [f"{len(rows)} rows, {len(timed)} timed; status {sorted(set(rows['status']))}"]
+    bad = rows[rows["status"] != "ok"].drop_duplicates(["impl", "status", "status_reason"])
+    lines += [f"{r.impl}: {r.status}: {r.status_reason}" for r in bad.itertuples()]
+    if len(timed):
+        stats = timed.groupby(["impl", "timing", "cache"], dropna=False)["seconds"].describe()
+        lines.append(stats.to_string())
+    return "\n".join(lines)
