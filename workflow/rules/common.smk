@@ -13,12 +13,15 @@ from ddtree_bench.cuda.loader import fatbin_toolchain
 from ddtree_bench.native_build import toolchain as native_toolchain
 from ddtree_bench.config import published_files
 from ddtree_bench.consistency import GRID_KEYS
-from ddtree_bench.environment import default_machine_label
+from ddtree_bench import stages
+from ddtree_bench.paths import KERNEL_SOURCE as KERNEL_SOURCE_PATTERN
+from ddtree_bench.paths import NATIVE_SOURCE, layout, machine_label
 from ddtree_bench.summary.spread import job_suffix
 
-MACHINE = SETTINGS.machine or default_machine_label()
-RESULTS = f"results/{MACHINE}"
-LOGS = f"{RESULTS}/logs"
+MACHINE = machine_label(SETTINGS)
+LAYOUT = layout(SETTINGS)
+RESULTS = LAYOUT.results
+LOGS = LAYOUT.logs
 
 BUDGETS = list(SETTINGS.budgets)
 BATCH_SIZES = list(SETTINGS.batch_sizes)
@@ -64,25 +67,17 @@ def headers(folder):
     )
 
 
-NATIVE_SOURCE = "kernels/native/tree_build_cpu.cpp"
 NATIVE_HEADERS = headers("kernels/native")
-NATIVE_LIBRARY = f"{RESULTS}/build/libddtree_native.so"
-KERNEL_SOURCE_PATTERN = "kernels/{kernel}/{kernel}.cu"
-KERNEL_SOURCE = KERNEL_SOURCE_PATTERN.format(kernel="tree_build")
-FATBIN_PATTERN = f"{RESULTS}/build/{{kernel}}.fatbin"
-FATBIN = FATBIN_PATTERN.format(kernel="tree_build")
+NATIVE_LIBRARY = LAYOUT.native_library
+FATBIN_PATTERN = LAYOUT.fatbin
+FATBIN = LAYOUT.artefact("tree_build")
 FATBIN_INFO = f"{FATBIN}.json"
 # the empty, spin and L2-flush kernels the GPU benchmark launches around the build
-UTIL_FATBIN = FATBIN_PATTERN.format(kernel="bench_util")
-# the step stages' kernels (built by build_fatbin like the tree builder's)
-ATTENTION_FATBIN = FATBIN_PATTERN.format(kernel="verify_attn")
-ACCEPT_FATBIN = FATBIN_PATTERN.format(kernel="tree_accept")
-
-SUMMARY = f"{RESULTS}/summary.parquet"
-SHAPES = f"{RESULTS}/tree_shape.parquet"
-STEP_SUMMARY = f"{RESULTS}/step_summary.parquet"
-PEAKS = f"{RESULTS}/step/peaks.parquet"
-ENVIRONMENT = f"{RESULTS}/environment.json"
+UTIL_FATBIN = LAYOUT.artefact("bench_util")
+SUMMARY = LAYOUT.summary
+SHAPES = LAYOUT.shapes
+STEP_SUMMARY = LAYOUT.step_summary
+ENVIRONMENT = LAYOUT.environment
 REPORT_DIR = SETTINGS.report_dir.rstrip("/")
 REPORT_HTML = f"{REPORT_DIR}/index.html"
 REPORT_MD = f"{REPORT_DIR}/summary.md"
@@ -121,16 +116,9 @@ wildcard_constraints:
 # ----------------------------------------------------------------------------------------------- builders
 
 
-# What this workflow builds, by the name a catalog builder's ``libraries`` give it.
-ARTEFACTS = {"native": NATIVE_LIBRARY, "tree_build": FATBIN, "bench_util": UTIL_FATBIN}
-
-
 def library_input(builder):
     """The compiled libraries a builder loads, by its constructor's option (empty for the Python builders)."""
-    return {
-        option: ARTEFACTS[artefact]
-        for option, artefact in catalog.BUILDERS[builder].libraries
-    }
+    return LAYOUT.libraries(builder)
 
 
 def builder_options(builder):
@@ -139,7 +127,7 @@ def builder_options(builder):
 
 
 def artefacts_of(builders):
-    """The artefacts (ARTEFACTS' names) the builders load."""
+    """The artefacts (paths.Layout.artefact names) the builders load."""
     return {
         artefact
         for builder in builders
@@ -177,18 +165,14 @@ BUILD_FATBIN = (
 # ----------------------------------------------------------------------------------------------- paths
 
 
-# Each result file's pattern, defined once: the rules write these, the functions below fill them in.
-TRACE = f"{RESULTS}/traces/{{distribution}}-L{{depth}}.npz"
-CHECK = f"{RESULTS}/check/{{builder}}/{{distribution}}-L{{depth}}-N{{budget}}.json"
+# Each result file's pattern is defined once, in ddtree_bench.paths (LAYOUT); the functions below fill them in.
+TRACE = LAYOUT.trace
+CHECK = LAYOUT.check
 # {rep}: the timing job's suffix (summary.spread.job_suffix): none for job 1, -r2, -r3, ... for the others
-BENCH = f"{RESULTS}/bench/{{builder}}/{{distribution}}-L{{depth}}-N{{budget}}-B{{batch}}{{rep}}.parquet"
-BENCH_UNAVAILABLE = f"{RESULTS}/bench/{{builder}}/unavailable.parquet"
-SHAPE = f"{RESULTS}/shape/{{distribution}}-L{{depth}}-N{{budget}}.json"
-
-
-def log_of(pattern):
-    """A result file's log: the same path under LOGS, ending in .log."""
-    return LOGS + pattern[len(RESULTS) :].rsplit(".", 1)[0] + ".log"
+BENCH = LAYOUT.bench
+BENCH_UNAVAILABLE = LAYOUT.bench_unavailable
+SHAPE = LAYOUT.shape
+log_of = LAYOUT.log_of
 
 
 def trace_path(distribution, depth):
@@ -306,117 +290,37 @@ def published_step_summaries():
 
 # ----------------------------------------------------------------------------------------------- step stages
 
-# Every step job runs on the GPU; where none is usable (or gpu: off), each stage gives one file of rows
-# saying why (rule step_unavailable) instead of its jobs.
-STEP_STAGES = catalog.STEP_STAGES
-# the rest of the round's stages, each with its switch (step.model, step.draft, step.allreduce)
-ROUND = {stage: STEP[stage] for stage in catalog.ROUND_STAGES}
+# Every step stage is a catalog entry (catalog.STAGES) with its module (stages/<name>.py): its jobs, files
+# and rows come from there (stages.grid, stages.make_job, stages.outputs). A stage that needs a GPU gives,
+# where none is usable (or gpu: off), one file of rows saying why (rule step_unavailable) instead of its jobs.
+STEP_UNAVAILABLE = LAYOUT.step_unavailable
+STEP_STAGES = [name for name in catalog.STAGES if stages.enabled(name, SETTINGS)]
 
 
-STEP_ATTENTION = f"{RESULTS}/step/attention/{{distribution}}-L{{depth}}-N{{budget}}-B{{batch}}-S{{prefix}}-H{{heads}}.parquet"
-STEP_ACCEPT = (
-    f"{RESULTS}/step/accept/{{distribution}}-L{{depth}}-N{{budget}}-B{{batch}}.parquet"
-)
-STEP_UNAVAILABLE = f"{RESULTS}/step/{{stage}}/unavailable.parquet"
-# the rest of the round: one model / draft job per (batch, prefix), one allreduce job per batch, every budget
-STEP_MODEL = f"{RESULTS}/step/model/{{distribution}}-L{{depth}}-N{{budget}}-B{{batch}}-S{{prefix}}.parquet"
-STEP_DRAFT = f"{RESULTS}/step/draft/N{{budget}}-B{{batch}}-S{{prefix}}.parquet"
-STEP_ALLREDUCE = f"{RESULTS}/step/allreduce/N{{budget}}-B{{batch}}.parquet"
-STEP_ROUND = f"{RESULTS}/step/round/N{{budget}}-B{{batch}}-S{{prefix}}.parquet"
+def step_job(stage, wildcards):
+    """The stage's job at these wildcards (stages/<stage>.py Job.from_settings)."""
+    return stages.make_job(stage, SETTINGS, **dict(wildcards.items()))
 
 
-def round_outputs(pattern, **fixed):
-    """A round stage job's files: one per step budget, the job's other wildcards kept (``allow_missing``)."""
-    return expand(pattern, budget=STEP["budgets"], allow_missing=True, **fixed)
-
-
-def round_paths():
-    """Every file of the rest of the round's jobs (the enabled stages), for the step grid."""
-    distribution, depth = STEP["distribution"], STEP["depth"]
-    paths = []
-    for batch in STEP["batch_sizes"]:
-        for budget in STEP["budgets"]:
-            for prefix in STEP["prefix_lengths"]:
-                if ROUND["model"]["enabled"]:
-                    paths.append(
-                        STEP_MODEL.format(
-                            distribution=distribution,
-                            depth=depth,
-                            budget=budget,
-                            batch=batch,
-                            prefix=prefix,
-                        )
-                    )
-                if ROUND["draft"]["enabled"]:
-                    paths.append(
-                        STEP_DRAFT.format(budget=budget, batch=batch, prefix=prefix)
-                    )
-            if ROUND["allreduce"]["enabled"]:
-                paths.append(STEP_ALLREDUCE.format(budget=budget, batch=batch))
-    if ROUND["round"]["enabled"] and ROUND["round"]["builders"]:
-        paths += [
-            STEP_ROUND.format(budget=budget, batch=batch, prefix=prefix)
-            for batch in ROUND["round"]["batch_sizes"]
-            for budget in STEP["budgets"]
-            for prefix in STEP["prefix_lengths"]
-        ]
-    return paths
-
-
-def attention_path(distribution, depth, budget, batch, prefix, heads):
-    return STEP_ATTENTION.format(
-        distribution=distribution,
-        depth=depth,
-        budget=budget,
-        batch=batch,
-        prefix=prefix,
-        heads=heads,
-    )
-
-
-def accept_path(distribution, depth, budget, batch):
-    return STEP_ACCEPT.format(
-        distribution=distribution, depth=depth, budget=budget, batch=batch
-    )
-
-
-def step_unavailable_path(stage):
-    return STEP_UNAVAILABLE.format(stage=stage)
+def step_files(stage):
+    """A stage rule's output: its pattern, or one per step budget (``catalog.Stage.per_budget``)."""
+    pattern = LAYOUT.step(stage)
+    if catalog.STAGES[stage].per_budget:
+        return expand(pattern, budget=STEP["budgets"], allow_missing=True)
+    return pattern
 
 
 def step_outputs():
-    """Every step job's file (nothing with step.enabled false; one unavailable file per stage without a GPU)."""
-    if not STEP["enabled"]:
-        return []
-    if GPU_REASON is not None:
-        return [
-            step_unavailable_path(stage)
-            for stage in STEP_STAGES
-            if stage not in ROUND or ROUND[stage]["enabled"]
-        ]
-    distribution, depth = STEP["distribution"], STEP["depth"]
-    attention = [
-        attention_path(distribution, depth, budget, batch, prefix, heads)
-        for budget in STEP["budgets"]
-        for batch in STEP["batch_sizes"]
-        for prefix in STEP["prefix_lengths"]
-        for heads in STEP["heads"]
-    ]
-    accept = [
-        accept_path(distribution, depth, budget, batch)
-        for budget in STEP["budgets"]
-        for batch in STEP["batch_sizes"]
-    ]
-    return attention + accept + [PEAKS] + round_paths()
-
-
-def round_inputs():
-    """What a round job loads: the attention and accept kernels, and every round builder's library."""
-    inputs = {"attention": ATTENTION_FATBIN, "accept": ACCEPT_FATBIN}
-    for builder in ROUND["round"]["builders"]:
-        for key, path in library_input(builder).items():
-            inputs[f"{builder}_{key}"] = path
-    return inputs
+    """Every step job's file (nothing with step.enabled false; one unavailable file per GPU stage without
+    a GPU)."""
+    paths = []
+    for stage in STEP_STAGES:
+        if catalog.STAGES[stage].gpu and GPU_REASON is not None:
+            paths.append(STEP_UNAVAILABLE.format(stage=stage))
+            continue
+        for wildcards in stages.grid(stage, SETTINGS):
+            paths += stages.outputs(stage, LAYOUT, wildcards, STEP["budgets"])
+    return paths
 
 
 # The step stages' kernels, compiled wherever nvcc is (like the tree builder's), even where no GPU runs
@@ -426,8 +330,8 @@ STEP_BUILDS = {}
 if STEP["enabled"] and SETTINGS.gpu != "off":
     if GPU_REASON is None or COMPILE_WITHOUT_GPU:
         for key, path in (
-            ("attention_fatbin", ATTENTION_FATBIN),
-            ("accept_fatbin", ACCEPT_FATBIN),
+            ("attention_fatbin", LAYOUT.artefact("verify_attn")),
+            ("accept_fatbin", LAYOUT.artefact("tree_accept")),
         ):
             source = KERNEL_SOURCE_PATTERN.format(kernel=Path(path).stem)
             if GPU_REASON is None or Path(source).is_file():

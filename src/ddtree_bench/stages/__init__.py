@@ -7,6 +7,7 @@ running a job and writing its rows. The tree build's timing job (``timing_job``)
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 from pathlib import Path
 
@@ -38,6 +39,20 @@ def make_job(stage: str, settings, **wildcards):
     """The stage's job at these wildcards (Snakemake's strings or numbers)."""
     values = {key: int(value) if str(value).isdigit() else value for key, value in wildcards.items()}
     return stage_module(stage).Job.from_settings(settings, **values)
+
+
+def job_fields(job) -> dict:
+    """A job's fields as plain values (what Snakemake's rerun decisions compare)."""
+    return dataclasses.asdict(job)
+
+
+def configured_impls(stage: str, settings) -> dict:
+    """The impls per record stage that the configuration runs (the module's ``configured_impls``, where it
+    has one; else the catalog's)."""
+    module = stage_module(stage)
+    if hasattr(module, "configured_impls"):
+        return dict(module.configured_impls(settings))
+    return dict(catalog.STAGES[stage].records)
 
 
 def outputs(stage: str, layout: Layout, wildcards: dict, budgets=()) -> list[str]:
