@@ -883,7 +883,35 @@ def build_parser() -> argparse.ArgumentParser:
         "arguments as given.",
         add_help=False,
     )
+    add_stage_parser(sub)
     return parser
+
+
+def add_stage_parser(sub) -> None:
+    p = sub.add_parser(
+        "stage",
+        help="run step-stage jobs of a configuration, writing their rows where the workflow does",
+        description="Run the step-stage jobs the selectors pick (STAGE, or STAGE:key=value,...: the jobs "
+        "with these wildcards), each made from the configuration as the workflow makes it, and write their "
+        "rows under results/<machine>/step/ (its missing trace and fatbins made first).",
+    )
+    p.add_argument("jobs", nargs="+", metavar="STAGE[:key=value,...]")
+    p.add_argument("--configfile", type=Path, action="append", required=True, help="repeat to merge")
+    p.add_argument("--results", type=Path, help="default: results/<machine>")
+    p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="a job field (YAML)")
+    p.set_defaults(func=cmd_stage)
+
+
+def cmd_stage(args) -> int:
+    from ddtree_bench import stages  # noqa: PLC0415
+    from ddtree_bench.paths import layout  # noqa: PLC0415
+    from ddtree_bench.settings import load_settings  # noqa: PLC0415
+
+    settings = load_settings(*args.configfile)
+    fields = stages.parse_fields(args.set)
+    for path in stages.run_jobs(settings, args.jobs, layout(settings, args.results), fields):
+        print(path)
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:

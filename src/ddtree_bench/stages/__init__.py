@@ -80,13 +80,103 @@ def write_rows(rows, paths, budgets=()) -> None:
     write_frame(rows, path)
 
 
-def run_and_write(stage: str, settings, layout: Layout, **wildcards) -> list[str]:
-    """Make, run and write one job where its files belong (the CLI's and the tools' entry): its files."""
-    job = make_job(stage, settings, **wildcards)
-    budgets = getattr(job, "budgets", ())
-    paths = outputs(stage, layout, wildcards, budgets)
-    rows = run(job)
-    for path in paths:
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-    write_rows(rows, paths, budgets)
-    return paths
+def parse_selector(text: str) -> tuple[str, dict]:
+    """``stage`` or ``stage:key=value,key=value`` (e.g. ``round:batch=1,prefix=4096``): the stage and the
+    wildcards its jobs must have (the rest: every configured value)."""
+    stage, _, rest = text.partition(":")
+    if stage not in catalog.STAGES:
+        raise ValueError(f"job {text!r}: unknown stage {stage!r}; expected one of {list(catalog.STAGES)}")
+    filters = {}
+    for item in filter(None, rest.split(",")):
+        key, equals, value = item.partition("=")
+        if not equals or not key or not value:
+            raise ValueError(f"job {text!r}: expected stage:key=value,key=value, got {item!r}")
+        filters[key] = value
+    return stage, filters
+
+
+def select(stage: str, settings, filters: dict) -> list[dict]:
+    """The wildcards of the stage's configured jobs that match ``filters`` (values compared as text)."""
+    jobs = grid(stage, settings)
+    known = {key for wildcards in jobs for key in wildcards}
+    unknown = sorted(set(filters) - known)
+    if unknown and jobs:
+        raise ValueError(f"stage {stage}: unknown wildcard {unknown[0]!r}; its jobs have {sorted(known)}")
+    return [w for w in jobs if all(str(w.get(key)) == value for key, value in filters.items())]
+
+
+def parse_fields(items) -> dict:
+    """``FIELD=VALUE`` items (a YAML value each) as job fields to override."""
+    import yaml  # noqa: PLC0415
+
+    fields = {}
+    for item in items:
+        key, equals, value = item.partition("=")
+        if not equals or not key:
+            raise ValueError(f"--set {item!r}: expected FIELD=VALUE")
+        fields[key] = yaml.safe_load(value)
+    return fields
+
+
+def override(job, fields: dict):
+    """The job with ``fields`` replaced, those it has (a caller's overrides of the configuration)."""
+    names = {field.name for field in dataclasses.fields(job)}
+    return dataclasses.replace(job, **{key: value for key, value in fields.items() if key in names})
+
+
+def run_jobs(settings, selectors, layout: Layout, fields: dict | None = None) -> list[str]:
+    """Run the jobs the selectors pick (``parse_selector``), each made as the workflow makes it, with
+    ``fields`` overridden, and write their rows where the workflow writes them (``layout``), making any
+    missing input first. The CLI's ``stage`` command and ``tools/round_stages.py`` take this entry. Returns
+    the files written."""
+    picked = []
+    for text in selectors:
+        stage, filters = parse_selector(text)
+        matched = select(stage, settings, filters)
+        if not matched:
+            raise ValueError(f"job {text!r}: no configured job of stage {stage} matches")
+        picked += [(stage, wildcards) for wildcards in matched]
+    written = []
+    budgets_wanted = (fields or {}).get("budgets")
+    for stage, wildcards in picked:
+        if budgets_wanted is not None and "budget" in wildcards and wildcards["budget"] not in budgets_wanted:
+            continue
+        job = override(make_job(stage, settings, results=layout.results, **wildcards), fields or {})
+        prepare_inputs(job, settings)
+        budgets = getattr(job, "budgets", ())
+        paths = outputs(stage, layout, wildcards, budgets)
+        for path in paths:
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+        write_rows(run(job), paths, budgets)
+        print(f"{stage} {wildcards}: done", flush=True)
+        written += paths
+    return written
+
+
+def prepare_inputs(job, settings) -> None:
+    """Make a job's missing inputs as the workflow's rules would: its trace (generated) and its fatbins
+    (from the compiled kernels' cache)."""
+    from ddtree_bench.cuda.loader import cached_fatbin, kernel_source  # noqa: PLC0415
+    from ddtree_bench.traces import generate, save_trace  # noqa: PLC0415
+
+    for name, path in job.inputs.items():
+        target = Path(path)
+        if target.is_file():
+            continue
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if target.suffix == ".fatbin":
+            target.write_bytes(
+                cached_fatbin(kernel_source(target.stem), tuple(settings.cuda_archs)).read_bytes()
+            )
+        elif name == "trace":
+            distribution, _, depth = target.stem.rpartition("-L")
+            trace = generate(
+                distribution,
+                settings.trace_requests,
+                int(depth),
+                settings.trace_columns,
+                vocab_size=settings.vocab_size,
+                seed=settings.seed,
+                device="cpu",
+            )
+            save_trace(target, trace.top_log_probs, trace.top_token_ids, **trace.metadata)

@@ -127,7 +127,7 @@ class Job:
     machine: str | None = None
     distribution: str | None = None
     flex_kernel_options: dict | None = None
-    sglang_source: str | None = None
+    sglang_triton_source: str | None = None
     attention_fatbin: str | None = None
     util_fatbin: str | None = None
     seed: int = 0
@@ -158,7 +158,7 @@ class Job:
             machine=settings.machine,
             distribution=distribution,
             flex_kernel_options=step["flex_kernel_options"],
-            sglang_source=step["sglang_triton_source"],
+            sglang_triton_source=step["sglang_triton_source"],
             attention_fatbin=files.artefact("verify_attn"),
             util_fatbin=files.artefact("bench_util"),
         )
@@ -183,8 +183,10 @@ def run(job: Job) -> pd.DataFrame:
     (``timing.records.stage_frame``). Bad arguments are a one-line ValueError before anything runs."""
     impls = list(job.impls)
     _check_args(job.budget, job.batch, job.heads, job.prefix, impls)
-    if job.sglang_source is not None and "sglang-triton" in impls:
-        find_sglang_kernel(job.sglang_source)  # a path without SGLang's file: ValueError, nothing measured
+    if job.sglang_triton_source is not None and "sglang-triton" in impls:
+        find_sglang_kernel(
+            job.sglang_triton_source
+        )  # a path without SGLang's file: ValueError, nothing measured
     policy = TimingPolicy(**job.timing)
     problem = _Problem.of(job)
     ours = {impl: VerifyAttention(job.attention_fatbin, path=path) for impl, path in OUR_PATHS.items()}
@@ -383,7 +385,7 @@ class _Session:
             self.prefix_t,
             self.visibility,
             kernel_options=job.flex_kernel_options if impl == "flexattention" else None,
-            sglang_source=job.sglang_source if impl == "sglang-triton" else None,
+            sglang_source=job.sglang_triton_source if impl == "sglang-triton" else None,
         )
 
         def call(peer=peer):
