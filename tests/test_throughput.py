@@ -21,7 +21,7 @@ from ddtree_bench.k26 import estimates as arithmetic
 from ddtree_bench.report import FIGURE_NAMES, load_machines, render_report
 from ddtree_bench.report.throughput import TARGET, budget_targets, sections
 from ddtree_bench.settings import Settings
-from ddtree_bench.summary.step import summarize_steps, unavailable_stage_frame
+from ddtree_bench.summary.step import summarize_steps
 from ddtree_bench.throughput import (
     PAPER_SPEEDUP,
     ROUND_TERMS,
@@ -36,6 +36,7 @@ from ddtree_bench.throughput import (
     throughput,
     tokens_per_second,
 )
+from ddtree_bench.timing.records import unavailable_stage_frame
 
 PUBLISHED = ROOT / "results" / "published" / "h200"
 

@@ -37,7 +37,8 @@ from ddtree_bench.ops.attention import (
     reference_attention,
     visible_keys,
 )
-from ddtree_bench.stages.attention import STREAM_THREADS, backend_name, run_attention_benchmark
+from ddtree_bench.stages import attention as attention_stage
+from ddtree_bench.stages.attention import STREAM_THREADS, backend_name
 from ddtree_bench.timing.records import STAGE_COLUMNS
 from ddtree_bench.traces import generate_trace, save_trace
 from ddtree_bench.tree import packed_visibility
@@ -848,9 +849,14 @@ def attention_trace(tmp_path_factory):
 TIMING = dict(warmup=1, repeats=2, min_seconds=0.0, max_seconds=0.1, min_repeats=1, max_repeats=5)
 
 
+def attention_rows(trace, budget, batch, **fields):
+    """The stage's rows of one job (``stages.attention.Job`` with these fields)."""
+    return attention_stage.run(attention_stage.Job(trace, budget, batch, **fields))
+
+
 def small_benchmark(trace, impls):
     """Budget 16, batch 2, 8 heads, S = 300 on the trace's first requests: every impl in ``impls``."""
-    return run_attention_benchmark(
+    return attention_rows(
         trace, 16, 2, heads=8, prefix=300, impls=impls, timing=TIMING, machine="m", distribution=None
     )
 
@@ -925,7 +931,7 @@ def test_benchmark_backend_names_the_72_row_tiles():
 
 def test_benchmark_without_a_gpu_gives_one_unavailable_row_per_impl(attention_trace, monkeypatch):
     monkeypatch.setattr(VerifyAttention, "unavailable_reason", lambda self: "no GPU in this test")
-    df = run_attention_benchmark(
+    df = attention_rows(
         attention_trace, 16, 2, heads=8, prefix=100, timing=TIMING, machine="m", distribution=None
     )
     assert list(df.columns) == list(STAGE_COLUMNS)
@@ -976,4 +982,4 @@ def test_benchmark_without_a_gpu_gives_one_unavailable_row_per_impl(attention_tr
 def test_benchmark_rejects_bad_arguments(attention_trace, change, message):
     args = dict(heads=8, prefix=10, timing=TIMING, machine="m", distribution=None) | change
     with pytest.raises(ValueError, match=message):
-        run_attention_benchmark(attention_trace, 16, 2, **args)
+        attention_rows(attention_trace, 16, 2, **args)

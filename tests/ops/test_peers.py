@@ -48,7 +48,7 @@ from ddtree_bench.report.step import (
     step_targets,
 )
 from ddtree_bench.settings import Settings
-from ddtree_bench.stages.attention import run_attention_benchmark
+from ddtree_bench.stages import attention as attention_stage
 from ddtree_bench.summary.step import STEP_SUMMARY_COLUMNS, summarize_steps
 from ddtree_bench.timing.records import STAGE_COLUMNS, stage_frame
 
@@ -238,17 +238,17 @@ def test_snakemake_stops_on_a_bad_sglang_path(tmp_path):
 
 def test_benchmark_refuses_a_bad_sglang_path_before_measuring(tmp_path):
     with pytest.raises(ValueError, match="no SGLang Triton extend-attention file"):
-        run_attention_benchmark(
-            tmp_path / "unused.npz",
-            8,
-            1,
-            heads=8,
-            prefix=64,
-            impls=["ours", SGLANG_TRITON],
-            sglang_source=tmp_path,
-            timing={},
-            machine="m",
-            distribution=None,
+        attention_stage.run(
+            attention_stage.Job(
+                tmp_path / "unused.npz",
+                8,
+                1,
+                heads=8,
+                prefix=64,
+                impls=("ours", SGLANG_TRITON),
+                sglang_triton_source=tmp_path,
+                timing={},
+            )
         )
 
 

@@ -1,4 +1,4 @@
-"""``stages.accept.run_accept_benchmark``: stage records of the tree accept. Without a GPU (or with the GPU
+"""``stages.accept.run``: stage records of the tree accept. Without a GPU (or with the GPU
 made unavailable) the GPU impls give one "unavailable" row each and the CPU walk is still timed; bad
 arguments are one-line ValueErrors before anything runs; on a GPU every impl is timed and correct."""
 
@@ -17,7 +17,8 @@ from ddtree_bench.cuda import loader as cuda
 from ddtree_bench.environment import ENVIRONMENT_COLUMNS
 from ddtree_bench.ops.accept import GpuAccept, accept_cpu
 from ddtree_bench.stages import accept as accept_bench
-from ddtree_bench.stages.accept import IMPLS, NO_DEVICE_REASON, run_accept_benchmark
+from ddtree_bench.stages.accept import IMPLS, NO_DEVICE_REASON, Job
+from ddtree_bench.stages.accept import run as run_accept
 from ddtree_bench.timing.records import STAGE_COLUMNS
 from ddtree_bench.traces import generate_trace, save_trace
 
@@ -44,7 +45,7 @@ def no_gpu(monkeypatch):
 def run(trace_path, budget=16, batch=4, **overrides):
     arguments = dict(timing=TIMING, machine="test-machine", distribution=None)
     arguments.update(overrides)
-    return run_accept_benchmark(trace_path, budget, batch, **arguments)
+    return run_accept(Job(trace_path, budget, batch, **arguments))
 
 
 def expected_means(trace_path, budget, batch, seed=0):

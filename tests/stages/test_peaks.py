@@ -10,8 +10,14 @@ import pytest
 from ddtree_bench.cuda import loader as cuda
 from ddtree_bench.ops import attention_peers
 from ddtree_bench.stages import peaks
-from ddtree_bench.stages.peaks import IMPLS, peak_rates, run_peaks
+from ddtree_bench.stages.peaks import IMPLS, Job, peak_rates
+from ddtree_bench.stages.peaks import run as run_job
 from ddtree_bench.timing.records import STAGE_COLUMNS, stage_frame
+
+
+def run_peaks(**fields):
+    return run_job(Job(**fields))
+
 
 TIMING = {
     "warmup": 1,

@@ -12,8 +12,8 @@ from ddtree_bench.cuda.loader import gpu_unavailable_reason
 from ddtree_bench.k26.shapes import DrafterShape, ModelShape
 from ddtree_bench.stages.draft import draft_block, run_draft_stage
 from ddtree_bench.stages.model import MODEL_STAGES, gpu_reason, run_model_stage
-from ddtree_bench.summary.step import summarize_steps, unavailable_stage_frame
-from ddtree_bench.timing.records import ROUND_STAGES, STAGE_COLUMNS, stage_frame
+from ddtree_bench.summary.step import summarize_steps
+from ddtree_bench.timing.records import ROUND_STAGES, STAGE_COLUMNS, stage_frame, unavailable_stage_frame
 
 GPU_REASON = gpu_unavailable_reason()
 TIMING = {
@@ -132,7 +132,10 @@ def test_draft_stage_without_a_gpu_writes_rows_saying_why():
 @pytest.mark.parametrize("stage", ["model", "draft", "allreduce"])
 def test_unavailable_rows_of_the_round_stages(stage):
     frame = unavailable_stage_frame(
-        stage, "no GPU here", moe_impls=["triton-w4a16"], forward_impl="triton-w4a16", machine="m"
+        stage,
+        "no GPU here",
+        impls={"moe": ["triton-w4a16"], "forward": ["triton-w4a16"]},
+        machine="m",
     )
     assert set(frame["status"]) == {"unavailable"} and set(frame["status_reason"]) == {"no GPU here"}
     if stage == "model":

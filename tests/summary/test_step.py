@@ -25,6 +25,7 @@ from step_rows import (
     target_status,
 )
 
+from ddtree_bench import stages
 from ddtree_bench.acceptance import expected_accepted_tokens
 from ddtree_bench.builders import get_builder
 from ddtree_bench.cuda.loader import gpu_unavailable_reason
@@ -39,6 +40,9 @@ from ddtree_bench.report.step import (
     breakdown_table,
     step_targets,
 )
+from ddtree_bench.stages import accept as accept_stage
+from ddtree_bench.stages import attention as attention_stage
+from ddtree_bench.stages import peaks as peaks_stage
 from ddtree_bench.summary.build import combine_shapes, summarize, tree_shape
 from ddtree_bench.summary.step import (
     LEFT_OUT,
@@ -48,9 +52,8 @@ from ddtree_bench.summary.step import (
     preferred,
     step_breakdown,
     summarize_steps,
-    unavailable_stage_frame,
 )
-from ddtree_bench.timing.records import stage_frame
+from ddtree_bench.timing.records import stage_frame, unavailable_stage_frame
 from ddtree_bench.traces import generate_trace, save_trace
 
 # ----------------------------------------------------------------------------------------------- summary
@@ -123,7 +126,9 @@ def test_aggregate_steps_writes_the_summary(tmp_path):
     ],
 )
 def test_unavailable_stage_rows_say_why(stage, impls):
-    rows = unavailable_stage_frame(stage, "no usable CUDA device\n(driver)", attention_impls=["ours", "sdpa"])
+    rows = unavailable_stage_frame(
+        stage, "no usable CUDA device\n(driver)", impls={"verify-attention": ["ours", "sdpa"]}
+    )
     assert list(rows["impl"]) == impls
     assert set(rows["status"]) == {"unavailable"}
     assert set(rows["status_reason"]) == {"no usable CUDA device (driver)"}  # one line
@@ -454,7 +459,7 @@ def run_script(name, monkeypatch, **job):
 
 
 def test_step_scripts_call_the_libraries(tmp_path, monkeypatch):
-    """The thin scripts of the step rules, on this machine (no GPU: rows saying why; the CPU walk where it
+    """The one script of the step rules, on this machine (no GPU: rows saying why; the CPU walk where it
     runs), end to end into the step summary."""
     trace = tmp_path / "peaked-L4.npz"
     lp, ids = generate_trace("peaked", 2, 4, 8, vocab_size=64, seed=0, device="cpu")
@@ -477,33 +482,18 @@ def test_step_scripts_call_the_libraries(tmp_path, monkeypatch):
     }
     out = {name: tmp_path / f"{name}.parquet" for name in ("attention", "accept", "peaks", "unavailable")}
     common = {"wildcards": wildcards, "log": [str(tmp_path / "job.log")]}
-    run_script(
-        "step_attention",
-        monkeypatch,
-        rule="step_attention",
-        input={"trace": str(trace), "attention": None, "util": None},
-        output={"rows": str(out["attention"])},
-        params={"impls": ["ours", "sdpa"], "flex_kernel_options": None, "timing": timing, "machine": "m"},
-        **common,
-    )
-    run_script(
-        "step_accept",
-        monkeypatch,
-        rule="step_accept",
-        input={"trace": str(trace), "accept": None, "util": None},
-        output={"rows": str(out["accept"])},
-        params={"timing": timing, "machine": "m"},
-        **common,
-    )
-    run_script(
-        "step_peaks",
-        monkeypatch,
-        rule="step_peaks",
-        input={"util": None},
-        output={"rows": str(out["peaks"])},
-        params={"timing": timing, "machine": "m"},
-        **common,
-    )
+    jobs = {
+        "attention": attention_stage.Job(
+            str(trace), 4, 2, heads=8, prefix=64, timing=timing, impls=("ours", "sdpa"), machine="m"
+        ),
+        "accept": accept_stage.Job(str(trace), 4, 2, timing=timing, machine="m"),
+        "peaks": peaks_stage.Job(timing=timing, machine="m"),
+    }
+    for stage, job in jobs.items():
+        fields = {"job": job, "fields": stages.job_fields(job)}
+        run_script(
+            "stage", monkeypatch, rule=f"step_{stage}", output=[str(out[stage])], params=fields, **common
+        )
     run_script(
         "step_unavailable",
         monkeypatch,
@@ -512,9 +502,7 @@ def test_step_scripts_call_the_libraries(tmp_path, monkeypatch):
         output={"rows": str(out["unavailable"])},
         params={
             "reason": "gpu: off in the configuration",
-            "impls": ["ours"],
-            "moe_impls": ["triton-w4a16"],
-            "forward_impl": "triton-w4a16",
+            "impls": {"verify-attention": ["ours"]},
             "machine": "m",
         },
         log=[str(tmp_path / "job.log")],
