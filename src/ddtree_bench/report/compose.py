@@ -16,6 +16,7 @@ from ddtree_bench.config import schema_default
 from ddtree_bench.report import acceptance as acceptance_report
 from ddtree_bench.report import answer as answer_module
 from ddtree_bench.report import stacks as stacks_report
+from ddtree_bench.report import stage_rows
 from ddtree_bench.report import step as step_report
 from ddtree_bench.report import throughput as throughput_report
 from ddtree_bench.report.document import Bullets, Figure, Section, Table, Text
@@ -341,6 +342,7 @@ def _detail_section(machines, data, options, breakdowns, settings, budget_sectio
         )
     )
     section.add(*step_report.report_sections(machines, breakdowns, settings))
+    section.add(stage_rows.section(machines))
     section.add(throughput_report.report_section(budget_sections, options.throughput_options))
     section.add(
         Section("Builders and timings that could not run").add(
