@@ -31,7 +31,7 @@ import time
 import numpy as np
 
 from ddtree_bench import catalog
-from ddtree_bench.k26.round import RoundRunner, host_trees, pack_bits
+from ddtree_bench.k26.round import RoundOptions, RoundRunner, host_trees, pack_bits
 from ddtree_bench.ops.attention_peers import PeerUnavailable, load_sglang_extend_attention
 
 PARTS = ("draft", "build", "mask", "forward", "accept")
@@ -42,17 +42,36 @@ class TooSlow(RuntimeError):
 
 
 class StackRound(RoundRunner):
-    """One (batch, budget, prefix) round for every stack of ``stacks``; ``sglang``: the paths of SGLang's
-    code: ``{"builder": builder options (its DDTree file), "accept": that file or checkout,
+    """One round of ``options`` (``k26.round.RoundOptions``) for every stack of ``stacks``; ``sglang``: the
+    paths of SGLang's code: ``{"builder": builder options (its DDTree file), "accept": that file or checkout,
     "attention_files": the folder of its Triton attention files}``; ``max_seconds``: the longest eager
     forward (or round) a stack may take before it is given up (``TooSlow``). Other arguments are
     ``RoundRunner``'s."""
 
-    def __init__(self, weights, drafter_shape, *, stacks, sglang: dict, max_seconds: float, **kwargs):
+    def __init__(
+        self,
+        weights,
+        drafter_shape,
+        options: RoundOptions,
+        *,
+        stacks,
+        sglang: dict,
+        max_seconds: float,
+        attention,
+        accept,
+    ):
         from ddtree_bench.builders import get_builder  # noqa: PLC0415
         from ddtree_bench.stages.insitu import _sglang_call  # noqa: PLC0415
 
-        super().__init__(weights, drafter_shape, builder=catalog.GPU_BUILDER, builder_options=None, **kwargs)
+        super().__init__(
+            weights,
+            drafter_shape,
+            options,
+            builder=catalog.GPU_BUILDER,
+            builder_options=None,
+            attention=attention,
+            accept=accept,
+        )
         self.stacks = [catalog.STACKS[name] for name in stacks]
         self.max_seconds = float(max_seconds)
         self.sglang_paths = sglang
