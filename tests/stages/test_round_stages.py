@@ -255,3 +255,12 @@ def test_round_jobs_from_settings_are_what_the_rules_passed():
 def test_a_round_with_no_builders_has_no_jobs():
     settings = load_settings(ROOT / "config" / "h200-stacks.yaml")
     assert stages.enabled("round", settings) and stages.grid("round", settings) == []
+
+
+def test_the_model_stages_configured_impls_name_its_rows_saying_why():
+    settings = load_settings(ROOT / "config" / "h200.yaml")
+    impls = model.configured_impls(settings)
+    frame = unavailable_stage_frame("model", "no GPU here", impls=impls, machine="m")
+    forward = frame[frame["stage"] == "forward"]
+    assert list(forward["impl"]) == [settings.step.model.forward_impl]
+    assert list(frame[frame["stage"] == "moe"]["impl"]) == list(settings.step.model.moe_impls)

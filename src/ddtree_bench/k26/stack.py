@@ -1,7 +1,7 @@
 """A whole DDTree decode round per stack (``catalog.STACKS``): the same drafter, trees, target forward and
 routing for every stack, each stack's own three kernels (tree build, verify attention with its mask, accept).
 
-``StackRound`` extends ``model.round.RoundRunner`` (one GPU's share of Kimi K2.6, its DFlash drafter) with
+``StackRound`` extends ``k26.round.RoundRunner`` (one GPU's share of Kimi K2.6, its DFlash drafter) with
 SGLang's pieces (``ops.sglang_verify``) and runs a stack's round as its parts, one after another on torch's
 current stream, then one synchronisation:
 

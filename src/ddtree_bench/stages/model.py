@@ -1,5 +1,5 @@
 """The rest of the round, measured: the target's verify forward and its parts on one GPU's share of Kimi
-K2.6 (``model.target``), at one (batch, prefix length) for every budget: a ``Job`` and ``run(job)``.
+K2.6 (``k26.target``), at one (batch, prefix length) for every budget: a ``Job`` and ``run(job)``.
 
 One job builds the rank's weights once (random, distinct per layer) and, per budget N, the state of one
 verify forward of ``T = B x (N + 1)`` tree tokens over a prefix of S rows, the trees' masks built from the
@@ -114,6 +114,12 @@ class Job:
     def stages(self) -> tuple[str, ...]:
         """The stages the job writes: every one of ``MODEL_STAGES`` with ``parts``, else the forward."""
         return MODEL_STAGES if self.parts else ("forward",)
+
+
+def configured_impls(settings) -> dict[str, tuple[str, ...]]:
+    """The impls the configuration runs (its rows saying why name these): the forward's, the MoE parts'."""
+    model = settings.step.model
+    return {"forward": (model.forward_impl,), "moe": tuple(model.moe_impls)}
 
 
 def _check(job: Job) -> None:
