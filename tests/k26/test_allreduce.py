@@ -7,7 +7,7 @@ import pytest
 
 from ddtree_bench.k26.allreduce import collective_plan, measure_collectives, plan_bytes
 from ddtree_bench.k26.shapes import ModelShape
-from ddtree_bench.stages.allreduce import run_allreduce_stage
+from ddtree_bench.stages import allreduce
 from ddtree_bench.timing.records import STAGE_COLUMNS
 
 TIMING = {
@@ -63,17 +63,19 @@ def test_allreduce_stage_rows_over_gloo():
         vocab=64,
         tp=2,
     )
-    rows = run_allreduce_stage(
-        batch=1,
-        budgets=[2, 4],
-        shape=shape,
-        world_size=2,
-        block_size=4,
-        follow_budget=False,
-        topk=4,
-        timing=TIMING,
-        machine="m",
-        backend="gloo",
+    rows = allreduce.run(
+        allreduce.Job(
+            batch=1,
+            budgets=(2, 4),
+            shape=shape,
+            world_size=2,
+            block_size=4,
+            follow_budget=False,
+            topk=4,
+            timing=TIMING,
+            machine="m",
+            backend="gloo",
+        )
     )
     assert set(rows) == {2, 4}
     for budget, frame in rows.items():
@@ -89,16 +91,18 @@ def test_allreduce_stage_without_gpus_says_it_uses_the_estimate():
     torch = pytest.importorskip("torch", reason="PyTorch not installed: the stage says so instead")
     if torch.cuda.is_available() and torch.cuda.device_count() >= 2:
         pytest.skip("this host has several GPUs: the stage measures")
-    rows = run_allreduce_stage(
-        batch=1,
-        budgets=[8],
-        shape=ModelShape(),
-        world_size=8,
-        block_size=16,
-        follow_budget=False,
-        topk=8,
-        timing=TIMING,
-        machine="m",
+    rows = allreduce.run(
+        allreduce.Job(
+            batch=1,
+            budgets=(8,),
+            shape=ModelShape(),
+            world_size=8,
+            block_size=16,
+            follow_budget=False,
+            topk=8,
+            timing=TIMING,
+            machine="m",
+        )
     )
     frame = rows[8]
     assert set(frame["status"]) == {"unavailable"}

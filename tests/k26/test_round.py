@@ -13,8 +13,8 @@ from model_shapes import SMALL_DRAFTER, SMALL_TARGET
 
 from ddtree_bench.builders import get_builder
 from ddtree_bench.cuda.loader import gpu_unavailable_reason
-from ddtree_bench.k26.round import _COPIED, ROUND_BUILDERS, host_trees, pack_bits
-from ddtree_bench.stages.round import run_round_stage
+from ddtree_bench.k26.round import _COPIED, ROUND_BUILDERS, RoundOptions, host_trees, pack_bits
+from ddtree_bench.stages import round as round_stage
 from ddtree_bench.tree import packed_visibility
 
 GPU_REASON = gpu_unavailable_reason()
@@ -66,8 +66,8 @@ def test_round_stage_without_a_gpu_writes_rows_saying_why():
     args = {
         "batch": 1,
         "prefix": 4096,
-        "budgets": [8, 64],
-        "builders": ["gpu", "native-mt", "sglang"],
+        "budgets": (8, 64),
+        "builders": ("gpu", "native-mt", "sglang"),
         "builder_options": {},
         "shape": ModelShape(),
         "drafter_shape": DrafterShape(),
@@ -81,12 +81,14 @@ def test_round_stage_without_a_gpu_writes_rows_saying_why():
         "timing": TIMING,
         "machine": "m",
     }
-    rows = run_round_stage(**args)
+    rows = round_stage.run(round_stage.Job(**args))
     for budget, frame in rows.items():
         assert set(frame["stage"]) == {"round"} and set(frame["status"]) == {"unavailable"}
         assert list(frame["impl"]) == ["gpu", "native-mt", "sglang"] and (frame["budget"] == budget).all()
     with pytest.raises(ValueError, match="unknown builder 'cuda'"):
-        run_round_stage(**{**args, "prefix": 0, "budgets": [8], "builders": ["cuda"], "topk": 8})
+        round_stage.run(
+            round_stage.Job(**{**args, "prefix": 0, "budgets": (8,), "builders": ("cuda",), "topk": 8})
+        )
 
 
 @pytest.mark.skipif(GPU_REASON is not None, reason=f"needs a CUDA GPU: {GPU_REASON}")
@@ -105,14 +107,9 @@ def test_round_on_the_gpu_equals_its_eager_parts_and_the_cpu_walk(builder):
     runner = RoundRunner(
         weights,
         drafter,
+        RoundOptions(batch=2, budget=24, prefix=100, block_size=8, follow_budget=False, topk=16),
         builder=builder,
         builder_options=None,
-        batch=2,
-        budget=24,
-        prefix=100,
-        block_size=8,
-        follow_budget=False,
-        topk=16,
         attention=VerifyAttention(),
         accept=GpuAccept(),
     )

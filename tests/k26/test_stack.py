@@ -174,6 +174,7 @@ def test_sglang_tree_attention_equals_the_reference(impl, budget):
 @needs_gpu
 @needs_fork
 def test_every_stack_round_is_exact_and_accepts_as_the_cpu_walk():
+    from ddtree_bench.k26.round import RoundOptions  # noqa: PLC0415
     from ddtree_bench.k26.stack import StackRound  # noqa: PLC0415
     from ddtree_bench.k26.target import TargetWeights  # noqa: PLC0415
     from ddtree_bench.ops.accept import GpuAccept  # noqa: PLC0415
@@ -183,6 +184,7 @@ def test_every_stack_round_is_exact_and_accepts_as_the_cpu_walk():
     runner = StackRound(
         weights,
         SMALL_DRAFTER,
+        RoundOptions(batch=2, budget=24, prefix=100, block_size=8, follow_budget=False, topk=16),
         stacks=catalog.stack_names(),
         sglang={
             "builder": {"source": str(SGLANG_SOURCE)},
@@ -190,12 +192,6 @@ def test_every_stack_round_is_exact_and_accepts_as_the_cpu_walk():
             "attention_files": str(SGLANG_FILES),
         },
         max_seconds=30.0,
-        batch=2,
-        budget=24,
-        prefix=100,
-        block_size=8,
-        follow_budget=False,
-        topk=16,
         attention=VerifyAttention(),
         accept=GpuAccept(),
     )
@@ -217,14 +213,14 @@ def test_every_stack_round_is_exact_and_accepts_as_the_cpu_walk():
 @needs_gpu
 @needs_fork
 def test_the_round_stage_times_every_stack_and_says_it_is_exact():
-    from ddtree_bench.stages.round import run_round_stage  # noqa: PLC0415
+    from ddtree_bench.stages import round as round_stage  # noqa: PLC0415
 
-    names = list(catalog.stack_names())
-    rows = run_round_stage(
+    names = tuple(catalog.stack_names())
+    job = round_stage.Job(
         batch=2,
         prefix=100,
-        budgets=[8],
-        builders=[],
+        budgets=(8,),
+        builders=(),
         builder_options={catalog.SGLANG: {"source": str(SGLANG_SOURCE)}},
         shape=SMALL_TARGET,
         drafter_shape=SMALL_DRAFTER,
@@ -232,13 +228,11 @@ def test_the_round_stage_times_every_stack_and_says_it_is_exact():
         block_size=8,
         follow_budget=False,
         topk=16,
-        routing="uniform",
-        skew=1.0,
-        sglang_files=None,
         timing={"warmup": 0, "repeats": 2, "min_repeats": 2, "max_repeats": 2, "min_seconds": 0.0},
         machine="m",
         stacks={"stacks": names, "max_seconds": 30.0, "attention_files": str(SGLANG_FILES)},
-    )[8]
+    )
+    rows = round_stage.run(job)[8]
     assert set(rows["stage"]) == {"stack"} and set(rows["status"]) == {"ok"}, rows["status_reason"].tolist()
     assert set(rows["impl"]) == set(names) and rows["correct"].all()
     for name in names:

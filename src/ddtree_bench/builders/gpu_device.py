@@ -36,7 +36,7 @@ def as_device_array(value, name: str):
     if isinstance(value, cp.ndarray):
         return value
     if _is_torch(value) and getattr(value, "is_cuda", False):
-        return _torch_as_cupy(value, name)
+        return torch_as_cupy(value, name)
     try:
         value.__cuda_array_interface__  # noqa: B018 - raises for host tensors
     except (AttributeError, RuntimeError, TypeError):
@@ -58,7 +58,7 @@ _TORCH_TO_NUMPY = {
 }
 
 
-def _torch_as_cupy(tensor, name: str):
+def torch_as_cupy(tensor, name: str):
     """A CuPy view of a contiguous torch CUDA tensor, made without any CUDA call (the device is the tensor's;
     CuPy's own import would ask the driver for the pointer's attributes), so it may run inside a capture."""
     import cupy as cp  # noqa: PLC0415
@@ -172,7 +172,9 @@ _TORCH_DTYPES = {
 _default_builder: DeviceTreeBuilder | None = None
 
 
-def _torch_view(torch, buffer, offsets, name):
+def torch_view(torch, buffer, offsets, name):
+    """A torch view of field ``name`` of a ``DeviceTrees`` region held in the uint8 tensor ``buffer``
+    (``offsets``: the trees' ``{field: (byte offset, shape, dtype)}``)."""
     at, shape, dtype = offsets[name]
     nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
     kind = _TORCH_DTYPES[np.dtype(dtype)]
@@ -220,9 +222,9 @@ def build_ddtree_batch_torch(
     batch = int(lp.shape[0])
     buffer = torch.empty(DeviceTrees.required_bytes(batch, budget), dtype=torch.uint8, device=device)
     with cp.cuda.Device(device.index):
-        out = DeviceTrees(batch, budget, buffer=_torch_as_cupy(buffer, "outputs"))
+        out = DeviceTrees(batch, budget, buffer=torch_as_cupy(buffer, "outputs"))
         builder(top_log_probs, top_token_ids, budget, packed_only=packed_only, out=out)
-    views = {name: _torch_view(torch, buffer, out.offsets, name) for name in out.offsets}
+    views = {name: torch_view(torch, buffer, out.offsets, name) for name in out.offsets}
     return DDTreeBatchOutputs(
         visibility=None if packed_only else views["visibility"],
         retrieve_next_token=views["retrieve_next_token"],

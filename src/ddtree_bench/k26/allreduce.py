@@ -72,67 +72,12 @@ def run_rank(rank: int, world: int, backend: str, port: int, plan, warmup: int, 
         else:
             device = torch.device("cpu")
         dist.init_process_group(backend, rank=rank, world_size=world)
-        dtypes = {"bfloat16": torch.bfloat16, "float32": torch.float32, "int64": torch.int64}
-        buffers = []
-        for c in plan:
-            if c.op == "all-reduce":
-                send = torch.full((c.numel,), float(rank + 1), dtype=dtypes[c.dtype], device=device)
-                buffers.append((c, send, None))
-            else:
-                send = torch.full((c.numel,), rank + 1, dtype=dtypes[c.dtype], device=device)
-                buffers.append((c, send, torch.empty(world * c.numel, dtype=send.dtype, device=device)))
-
-        def round_():
-            for _, send, recv in buffers:
-                if recv is None:
-                    dist.all_reduce(send)
-                else:
-                    dist.all_gather_into_tensor(recv, send)
-
-        def reset():
-            for _, send, recv in buffers:
-                if recv is None:
-                    send.fill_(float(rank + 1))
-
-        expected = world * (world + 1) / 2
-        reset()
-        round_()
-        for c, send, recv in buffers:  # every collective's result, checked once
-            got = send if recv is None else recv.view(world, -1)[:, 0]
-            want = (
-                torch.full_like(got, expected)
-                if recv is None
-                else torch.arange(1, world + 1, dtype=got.dtype, device=got.device)
-            )
-            if not torch.equal(got.float(), want.float()):
-                raise RuntimeError(f"{c.op} of {c.numel} {c.dtype} gave a wrong result on rank {rank}")
-        samples = []
-        if backend == "nccl":
-            side = torch.cuda.Stream()
-            with torch.cuda.stream(side):
-                round_()
-            torch.cuda.synchronize()
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                round_()
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            for i in range(warmup + repeats):
-                dist.barrier()
-                torch.cuda.synchronize()
-                start.record()
-                graph.replay()
-                end.record()
-                end.synchronize()
-                phase, rep = ("warmup", i) if i < warmup else ("timed", i - warmup)
-                samples.append((phase, rep, start.elapsed_time(end) / 1e3))
-        else:
-            for i in range(warmup + repeats):
-                dist.barrier()
-                t0 = time.perf_counter_ns()
-                round_()
-                seconds = (time.perf_counter_ns() - t0) / 1e9
-                phase, rep = ("warmup", i) if i < warmup else ("timed", i - warmup)
-                samples.append((phase, rep, seconds))
+        ranked = _RankedPlan(torch, dist, plan, rank, world, device)
+        ranked.reset()
+        ranked.round()
+        ranked.check()
+        timed = _graph_samples if backend == "nccl" else _wall_samples
+        samples = timed(torch, dist, ranked.round, warmup, repeats)
         dist.barrier()
         if rank == 0:
             queue.put(("ok", samples))
@@ -142,6 +87,85 @@ def run_rank(rank: int, world: int, backend: str, port: int, plan, warmup: int, 
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+class _RankedPlan:
+    """One rank's buffers of the plan: each all-reduce sends ``rank + 1`` (summed in place), each
+    all-gather sends ``rank + 1`` into a buffer of every rank's."""
+
+    def __init__(self, torch, dist, plan, rank: int, world: int, device):
+        self.torch, self.dist, self.rank, self.world = torch, dist, rank, world
+        dtypes = {"bfloat16": torch.bfloat16, "float32": torch.float32, "int64": torch.int64}
+        self.buffers = []
+        for c in plan:
+            if c.op == "all-reduce":
+                send = torch.full((c.numel,), float(rank + 1), dtype=dtypes[c.dtype], device=device)
+                self.buffers.append((c, send, None))
+            else:
+                send = torch.full((c.numel,), rank + 1, dtype=dtypes[c.dtype], device=device)
+                self.buffers.append((c, send, torch.empty(world * c.numel, dtype=send.dtype, device=device)))
+
+    def round(self):
+        for _, send, recv in self.buffers:
+            if recv is None:
+                self.dist.all_reduce(send)
+            else:
+                self.dist.all_gather_into_tensor(recv, send)
+
+    def reset(self):
+        for _, send, recv in self.buffers:
+            if recv is None:
+                send.fill_(float(self.rank + 1))
+
+    def check(self):
+        """Every collective's result after one round from ``reset``; RuntimeError on a wrong one."""
+        torch, world = self.torch, self.world
+        expected = world * (world + 1) / 2
+        for c, send, recv in self.buffers:
+            got = send if recv is None else recv.view(world, -1)[:, 0]
+            want = (
+                torch.full_like(got, expected)
+                if recv is None
+                else torch.arange(1, world + 1, dtype=got.dtype, device=got.device)
+            )
+            if not torch.equal(got.float(), want.float()):
+                raise RuntimeError(f"{c.op} of {c.numel} {c.dtype} gave a wrong result on rank {self.rank}")
+
+
+def _graph_samples(torch, dist, round_, warmup: int, repeats: int) -> list:
+    """The round captured as one CUDA graph, each replay timed by CUDA events (after a barrier)."""
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        round_()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        round_()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    samples = []
+    for i in range(warmup + repeats):
+        dist.barrier()
+        torch.cuda.synchronize()
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        phase, rep = ("warmup", i) if i < warmup else ("timed", i - warmup)
+        samples.append((phase, rep, start.elapsed_time(end) / 1e3))
+    return samples
+
+
+def _wall_samples(torch, dist, round_, warmup: int, repeats: int) -> list:
+    """The round's collectives back to back, each round timed by the wall clock (after a barrier)."""
+    samples = []
+    for i in range(warmup + repeats):
+        dist.barrier()
+        t0 = time.perf_counter_ns()
+        round_()
+        seconds = (time.perf_counter_ns() - t0) / 1e9
+        phase, rep = ("warmup", i) if i < warmup else ("timed", i - warmup)
+        samples.append((phase, rep, seconds))
+    return samples
 
 
 def measure_collectives(

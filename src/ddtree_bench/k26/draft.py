@@ -26,6 +26,14 @@ from ddtree_bench.k26.shapes import DrafterShape
 MASK_TOKEN = 163838
 
 
+def draft_block(budget: int, block_size: int, topk: int, follow_budget: bool) -> tuple[int, int]:
+    """``(block, K)`` of a round at budget ``budget``: the configured block and ``min(budget, topk)``, or
+    (``follow_budget``) SGLang's worker's coupling, a block of ``budget + 1`` and ``K = budget``."""
+    if follow_budget:
+        return budget + 1, budget
+    return block_size, min(budget, topk)
+
+
 def draft_bytes(shape: DrafterShape, batch: int, block: int, context: int, vocab_shard: int) -> float:
     """What ``DraftShard`` allocates: weights, the LM-head shard, the draft KV cache and the logits."""
     kv = 2.0 * shape.layers * batch * (context + block) * 2 * shape.local_kv_heads * shape.head_dim
@@ -111,26 +119,26 @@ class DraftShard:
     def run(self):
         """Drafter forward, LM head, normaliser and top-K; fills ``top_log_probs`` and ``top_token_ids``."""
         torch, s = self.torch, self.shape
-        from ddtree_bench.k26.target import _rms, _rope  # noqa: PLC0415
+        from ddtree_bench.k26.target import rms_norm, rope  # noqa: PLC0415
 
         b, blk = self.batch, self.block
         hq, hk, d = s.local_heads, s.local_kv_heads, s.head_dim
         x = self.embedding[self.tokens]
         for layer, w in enumerate(self.layers):
-            h = _rms(torch, x, w["in_norm"])
+            h = rms_norm(torch, x, w["in_norm"])
             qkv = (h @ w["qkv"]).view(b, blk, hq + 2 * hk, d).transpose(1, 2)
-            q = _rope(torch, qkv[:, :hq], self.freqs)
-            k = _rope(torch, qkv[:, hq : hq + hk], self.freqs)
+            q = rope(torch, qkv[:, :hq], self.freqs)
+            k = rope(torch, qkv[:, hq : hq + hk], self.freqs)
             self.k_cache[layer][:, :, self.context :, :].copy_(k)
             self.v_cache[layer][:, :, self.context :, :].copy_(qkv[:, hq + hk :])
             o = torch.nn.functional.scaled_dot_product_attention(
                 q, self.k_cache[layer], self.v_cache[layer], enable_gqa=True
             )
             x = x + o.transpose(1, 2).reshape(b * blk, hq * d) @ w["o_proj"]
-            h = _rms(torch, x, w["post_norm"])
+            h = rms_norm(torch, x, w["post_norm"])
             gate, up = (h @ w["gate_up"]).chunk(2, dim=-1)
             x = x + (torch.nn.functional.silu(gate) * up) @ w["down"]
-        drafted = _rms(torch, x, self.final_norm).view(b, blk, -1)[:, 1:, :]
+        drafted = rms_norm(torch, x, self.final_norm).view(b, blk, -1)[:, 1:, :]
         logits = (drafted.reshape(self._rows, -1) @ self.lm_head).float()
         normaliser = torch.logsumexp(logits, dim=-1, keepdim=True)
         values, ids = torch.topk(logits, self.k, dim=-1)

@@ -21,9 +21,12 @@ compares the accepted paths with the GPU's.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from ddtree_bench import catalog
+from ddtree_bench.k26.draft import DraftShard, draft_block
 from ddtree_bench.stages.insitu import _sglang_call
 
 #: Builders whose round is one CUDA graph; the others split it around the host build (the catalog's copies).
@@ -44,80 +47,78 @@ def pack_bits(torch, visibility, out):
     out.copy_(torch.where(packed >= 2**31, packed - 2**32, packed).to(torch.int32))
 
 
+@dataclass(frozen=True)
+class RoundOptions:
+    """What one round is: ``batch`` requests at ``budget`` over a prefix of ``prefix`` rows, the draft block
+    (``block_size``, ``follow_budget``; ``k26.draft.draft_block``) and its top-``topk``, the routing of the
+    routed experts (``routing``, ``skew``) and the seed of the drafter's and the target's state."""
+
+    batch: int
+    budget: int
+    prefix: int
+    block_size: int
+    follow_budget: bool
+    topk: int
+    routing: str = "uniform"
+    skew: float = 1.0
+    seed: int = 0
+
+    @property
+    def block(self) -> tuple[int, int]:
+        """``(block, K)``: the draft block and the top-K (``k26.draft.draft_block``)."""
+        return draft_block(self.budget, self.block_size, self.topk, self.follow_budget)
+
+
 class RoundRunner:
-    """One (batch, budget, prefix) round with ``builder`` (module docstring) over ``weights``
-    (``model.target.TargetWeights``, the forward's MoE impl) and a drafter of ``drafter_shape``."""
+    """One round of ``options`` (``RoundOptions``) with ``builder`` (module docstring) over ``weights``
+    (``k26.target.TargetWeights``, the forward's MoE impl) and a drafter of ``drafter_shape``;
+    ``attention`` and ``accept``: our verify-attention and accept kernels."""
 
     def __init__(
         self,
         weights,
         drafter_shape,
+        options: RoundOptions,
         *,
         builder: str,
         builder_options: dict | None,
-        batch: int,
-        budget: int,
-        prefix: int,
-        block_size: int,
-        follow_budget: bool,
-        topk: int,
         attention,
         accept,
-        routing: str = "uniform",
-        skew: float = 1.0,
-        seed: int = 0,
     ):
         import cupy as cp  # noqa: PLC0415
         import torch  # noqa: PLC0415
 
         from ddtree_bench.builders import get_builder  # noqa: PLC0415
-        from ddtree_bench.builders.gpu import DeviceTrees  # noqa: PLC0415
-        from ddtree_bench.builders.gpu_device import DeviceTreeBuilder, _torch_as_cupy, _torch_view  # noqa: PLC0415
-        from ddtree_bench.k26.draft import DraftShard  # noqa: PLC0415
+        from ddtree_bench.builders.gpu_device import DeviceTreeBuilder  # noqa: PLC0415
         from ddtree_bench.k26.target import TargetShard  # noqa: PLC0415
         from ddtree_bench.ops.accept import DeviceAccept  # noqa: PLC0415
-        from ddtree_bench.stages.draft import draft_block  # noqa: PLC0415
 
         if builder not in ROUND_BUILDERS:
             raise ValueError(f"round: unknown builder {builder!r}; expected one of {list(ROUND_BUILDERS)}")
         self.torch, self.cp = torch, cp
-        self.builder, self.batch, self.budget = builder, batch, budget
-        block, k = draft_block(budget, block_size, topk, follow_budget)
-        shape = weights.shape
-        self.drafter = DraftShard(
-            drafter_shape,
-            batch=batch,
-            block=block,
-            context=prefix,
-            k=min(k, shape.vocab_shard),
-            vocab_shard=shape.vocab_shard,
-            seed=seed,
-        )
-        device = weights.device
-        self.buffer = torch.zeros(DeviceTrees.required_bytes(batch, budget), dtype=torch.uint8, device=device)
-        self.trees = DeviceTrees(batch, budget, buffer=_torch_as_cupy(self.buffer, "trees"))
-        views = {
-            name: _torch_view(torch, self.buffer, self.trees.offsets, name) for name in self.trees.offsets
-        }
-        self.mask_bits = views["visibility_bits"].view(torch.int32)
-        self.visibility = views["visibility"]
+        self.options = options
+        self.builder, self.batch, self.budget = builder, options.batch, options.budget
+        self.drafter = _drafter(weights.shape, drafter_shape, options)
+        self._tree_buffer(weights.device)
         self.target = TargetShard(
             weights,
-            batch=batch,
-            budget=budget,
-            prefix=prefix,
+            batch=options.batch,
+            budget=options.budget,
+            prefix=options.prefix,
             attention=attention,
             mask_bits=self.mask_bits,
-            routing=routing,
-            skew=skew,
+            routing=options.routing,
+            skew=options.skew,
         )
-        self.target_tokens = torch.zeros((batch, budget + 1), dtype=torch.int64, device=device)
+        self.target_tokens = torch.zeros(
+            (self.batch, self.budget + 1), dtype=torch.int64, device=weights.device
+        )
         # CuPy views of the torch buffers the kernels read, made here: a conversion inside a capture would
         # synchronise with a stream outside it (the array interface's stream semantics) and break the graph
         self.d_lp = cp.from_dlpack(self.drafter.top_log_probs)
         self.d_ids = cp.from_dlpack(self.drafter.top_token_ids)
         self.d_target = cp.from_dlpack(self.target_tokens)
-        self.accept_out = DeviceAccept(batch, budget)
+        self.accept_out = DeviceAccept(self.batch, self.budget)
         self.accept = accept
         if builder in FUSED_BUILDERS:
             self.device_builder = DeviceTreeBuilder(**(builder_options or {}))
@@ -128,6 +129,21 @@ class RoundRunner:
         self.note = (
             "one CUDA graph" if builder in FUSED_BUILDERS else "split: draft graph, host build, verify graph"
         )
+
+    def _tree_buffer(self, device) -> None:
+        """The trees' device region as one torch buffer, its CuPy ``DeviceTrees`` and the views the verify
+        reads (``mask_bits``, ``visibility``)."""
+        from ddtree_bench.builders.gpu import DeviceTrees  # noqa: PLC0415
+        from ddtree_bench.builders.gpu_device import torch_as_cupy, torch_view  # noqa: PLC0415
+
+        torch, batch, budget = self.torch, self.batch, self.budget
+        self.buffer = torch.zeros(DeviceTrees.required_bytes(batch, budget), dtype=torch.uint8, device=device)
+        self.trees = DeviceTrees(batch, budget, buffer=torch_as_cupy(self.buffer, "trees"))
+        views = {
+            name: torch_view(torch, self.buffer, self.trees.offsets, name) for name in self.trees.offsets
+        }
+        self.mask_bits = views["visibility_bits"].view(torch.int32)
+        self.visibility = views["visibility"]
 
     # ------------------------------------------------------------------------------------------- pieces
     def _stream(self):
@@ -194,9 +210,9 @@ class RoundRunner:
         stream.synchronize()
 
     def _field_view(self, name):
-        from ddtree_bench.builders.gpu_device import _torch_view  # noqa: PLC0415
+        from ddtree_bench.builders.gpu_device import torch_view  # noqa: PLC0415
 
-        return _torch_view(self.torch, self.buffer, self.trees.offsets, name)
+        return torch_view(self.torch, self.buffer, self.trees.offsets, name)
 
     def _torch_host_trees(self, h_lp, h_ids) -> dict:
         extra = self.sglang if self.builder == "sglang" else None
@@ -308,6 +324,20 @@ def host_trees(torch, name: str, builder, h_lp, h_ids, budget: int, sglang=None)
         for field, value in zip(_COPIED, values, strict=True):
             per[field].append(torch.as_tensor(value))
     return {field: torch.stack(values) for field, values in per.items()}
+
+
+def _drafter(shape, drafter_shape, options: RoundOptions):
+    """The round's drafter: its block and top-K (at most the vocab shard) over the target's vocab shard."""
+    block, k = options.block
+    return DraftShard(
+        drafter_shape,
+        batch=options.batch,
+        block=block,
+        context=options.prefix,
+        k=min(k, shape.vocab_shard),
+        vocab_shard=shape.vocab_shard,
+        seed=options.seed,
+    )
 
 
 def _pad(torch, vis, nt, ns, n1):

@@ -1,7 +1,7 @@
 """A whole DDTree decode round per stack (``catalog.STACKS``): the same drafter, trees, target forward and
 routing for every stack, each stack's own three kernels (tree build, verify attention with its mask, accept).
 
-``StackRound`` extends ``model.round.RoundRunner`` (one GPU's share of Kimi K2.6, its DFlash drafter) with
+``StackRound`` extends ``k26.round.RoundRunner`` (one GPU's share of Kimi K2.6, its DFlash drafter) with
 SGLang's pieces (``ops.sglang_verify``) and runs a stack's round as its parts, one after another on torch's
 current stream, then one synchronisation:
 
@@ -31,7 +31,7 @@ import time
 import numpy as np
 
 from ddtree_bench import catalog
-from ddtree_bench.k26.round import RoundRunner, host_trees, pack_bits
+from ddtree_bench.k26.round import RoundOptions, RoundRunner, host_trees, pack_bits
 from ddtree_bench.ops.attention_peers import PeerUnavailable, load_sglang_extend_attention
 
 PARTS = ("draft", "build", "mask", "forward", "accept")
@@ -42,17 +42,36 @@ class TooSlow(RuntimeError):
 
 
 class StackRound(RoundRunner):
-    """One (batch, budget, prefix) round for every stack of ``stacks``; ``sglang``: the paths of SGLang's
-    code: ``{"builder": builder options (its DDTree file), "accept": that file or checkout,
+    """One round of ``options`` (``k26.round.RoundOptions``) for every stack of ``stacks``; ``sglang``: the
+    paths of SGLang's code: ``{"builder": builder options (its DDTree file), "accept": that file or checkout,
     "attention_files": the folder of its Triton attention files}``; ``max_seconds``: the longest eager
     forward (or round) a stack may take before it is given up (``TooSlow``). Other arguments are
     ``RoundRunner``'s."""
 
-    def __init__(self, weights, drafter_shape, *, stacks, sglang: dict, max_seconds: float, **kwargs):
+    def __init__(
+        self,
+        weights,
+        drafter_shape,
+        options: RoundOptions,
+        *,
+        stacks,
+        sglang: dict,
+        max_seconds: float,
+        attention,
+        accept,
+    ):
         from ddtree_bench.builders import get_builder  # noqa: PLC0415
         from ddtree_bench.stages.insitu import _sglang_call  # noqa: PLC0415
 
-        super().__init__(weights, drafter_shape, builder=catalog.GPU_BUILDER, builder_options=None, **kwargs)
+        super().__init__(
+            weights,
+            drafter_shape,
+            options,
+            builder=catalog.GPU_BUILDER,
+            builder_options=None,
+            attention=attention,
+            accept=accept,
+        )
         self.stacks = [catalog.STACKS[name] for name in stacks]
         self.max_seconds = float(max_seconds)
         self.sglang_paths = sglang

@@ -32,12 +32,12 @@ from ddtree_bench.k26.shapes import ModelShape
 GIB = 2**30
 
 
-def _rms(torch, x, weight, eps=1e-6):
+def rms_norm(torch, x, weight, eps=1e-6):
     """RMSNorm (PyTorch's own, one kernel where it has a fused one; SGLang runs a fused norm)."""
     return torch.nn.functional.rms_norm(x, (x.shape[-1],), weight, eps)
 
 
-def _rope(torch, x, freqs):
+def rope(torch, x, freqs):
     """Rotary embedding on the last dim, adjacent pairs rotated by ``freqs`` (complex, broadcastable): a
     complex multiply, the few kernels a fused RoPE saves."""
     pairs = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))
@@ -233,12 +233,12 @@ class TargetShard:
         """Norms, MLA projections, RoPE, absorption, cache write, (attention,) W_UV and o_proj: x + o."""
         torch, s, w = self.torch, self.shape, self.layers[layer]
         heads, t = s.local_heads, self.tokens
-        h = _rms(torch, x, w["in_norm"])
-        q = (_rms(torch, h @ w["q_a"], w["q_norm"]) @ w["q_b"]).view(t, heads, -1)
+        h = rms_norm(torch, x, w["in_norm"])
+        q = (rms_norm(torch, h @ w["q_a"], w["q_norm"]) @ w["q_b"]).view(t, heads, -1)
         kv = h @ w["kv_a"]
-        latent = _rms(torch, kv[:, : s.kv_lora_rank], w["kv_norm"])
-        k_rope = _rope(torch, kv[:, s.kv_lora_rank :], self.freqs)
-        q_rope = _rope(torch, q[..., s.qk_nope_dim :], self.freqs[:, None, :])
+        latent = rms_norm(torch, kv[:, : s.kv_lora_rank], w["kv_norm"])
+        k_rope = rope(torch, kv[:, s.kv_lora_rank :], self.freqs)
+        q_rope = rope(torch, q[..., s.qk_nope_dim :], self.freqs[:, None, :])
         q_latent = torch.bmm(q[..., : s.qk_nope_dim].transpose(0, 1), w["w_uk"]).transpose(0, 1)
         q_view = self.q.view(t, heads, s.latent_dim)
         q_view[..., : s.kv_lora_rank].copy_(q_latent)
@@ -281,7 +281,7 @@ class TargetShard:
         x = self.x
         for layer in range(self.shape.layers):
             x = self._projections(layer, x, attention=True)
-            h = _rms(self.torch, x, self.layers[layer]["post_norm"])
+            h = rms_norm(self.torch, x, self.layers[layer]["post_norm"])
             if layer < self.shape.dense_layers:
                 x = x + self._mlp(self.layers[layer]["gate_up"], self.layers[layer]["down"], h)
             else:
@@ -291,7 +291,7 @@ class TargetShard:
 
     def moe_part(self):
         """Every MoE layer's router, routed and shared experts, on the same normed input."""
-        h = _rms(self.torch, self.x, self.final_norm)
+        h = rms_norm(self.torch, self.x, self.final_norm)
         out = None
         for layer in range(self.shape.dense_layers, self.shape.layers):
             out = self._moe(layer, h)
@@ -303,13 +303,13 @@ class TargetShard:
         for layer in range(self.shape.layers):
             x = self._projections(layer, x, attention=False)
             if layer < self.shape.dense_layers:
-                h = _rms(self.torch, x, self.layers[layer]["post_norm"])
+                h = rms_norm(self.torch, x, self.layers[layer]["post_norm"])
                 x = x + self._mlp(self.layers[layer]["gate_up"], self.layers[layer]["down"], h)
         return x
 
     def _lm_head(self, x):
         torch = self.torch
-        torch.matmul(_rms(torch, x, self.final_norm), self.lm_head, out=self.logits)
+        torch.matmul(rms_norm(torch, x, self.final_norm), self.lm_head, out=self.logits)
 
     def lm_head_part(self):
         self._lm_head(self.x)

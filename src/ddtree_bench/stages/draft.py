@@ -1,4 +1,4 @@
-"""The drafter's share of a round, measured: ``run_draft_stage`` times ``model.draft.DraftShard.run`` (the
+"""The drafter's share of a round, measured: a ``Job`` and ``run(job)`` time ``k26.draft.DraftShard.run`` (the
 DFlash drafter's forward over the block, the LM-head shard over the block's drafted positions, the
 log-softmax normaliser and ``torch.topk``) at one (batch, prefix length) for every budget, as one CUDA graph
 replay timed by CUDA events behind the spin kernel.
@@ -11,104 +11,147 @@ positions a request; ``note``). Where the drafter does not fit or cannot run, ro
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import pandas as pd
 
 from ddtree_bench.environment import ENVIRONMENT_COLUMNS, collect_environment
-from ddtree_bench.k26.draft import DraftShard, draft_bytes
+from ddtree_bench.k26.draft import DraftShard, draft_block, draft_bytes
 from ddtree_bench.k26.shapes import DrafterShape
-from ddtree_bench.stages.model import HEADROOM, _describe, _ok_rows, _Runner, gpu_reason
+from ddtree_bench.paths import layout
+from ddtree_bench.stages.gpu_runner import HEADROOM, GraphRunner, describe_error, gpu_reason, ok_rows
 from ddtree_bench.timing.gpu import EVENT_CLOCK
 from ddtree_bench.timing.policy import TimingPolicy
 from ddtree_bench.timing.records import stage_frame, unavailable_row
 
 
-def draft_block(budget: int, block_size: int, topk: int, follow_budget: bool) -> tuple[int, int]:
-    """``(block, K)`` of a round at budget ``budget``: the configured block and ``min(budget, topk)``, or
-    (``follow_budget``) SGLang's worker's coupling, a block of ``budget + 1`` and ``K = budget``."""
-    if follow_budget:
-        return budget + 1, budget
-    return block_size, min(budget, topk)
+@dataclass(frozen=True)
+class Job:
+    """One draft job: ``batch`` requests with ``prefix`` cached draft positions each, every budget of
+    ``budgets``, a drafter of ``shape`` over the target's vocab shard of ``vocab_shard`` rows; the block
+    (``block_size``, ``follow_budget``) and its top-``topk`` as ``k26.draft.draft_block``. ``timing``:
+    ``TimingPolicy``'s keyword arguments; ``util_fatbin``: a prebuilt ``bench_util.cu`` (None: the cached
+    build)."""
 
+    batch: int
+    prefix: int
+    budgets: tuple[int, ...]
+    shape: DrafterShape
+    vocab_shard: int
+    block_size: int
+    follow_budget: bool
+    topk: int
+    timing: dict
+    machine: str | None = None
+    util_fatbin: str | None = None
+    seed: int = 0
 
-def run_draft_stage(
-    *,
-    batch: int,
-    prefix: int,
-    budgets,
-    shape: DrafterShape,
-    vocab_shard: int,
-    block_size: int,
-    follow_budget: bool,
-    topk: int,
-    timing: dict,
-    machine: str | None,
-    util_fatbin=None,
-    seed: int = 0,
-) -> dict[int, pd.DataFrame]:
-    budgets = [int(b) for b in budgets]
-    if block_size < 2:
-        raise ValueError(f"draft: block_size must be >= 2, got {block_size}")
-    policy = TimingPolicy(**timing)
-    env = collect_environment(machine)
-    regime = "block follows the budget (N + 1, K = N)" if follow_budget else f"block {block_size}"
+    @classmethod
+    def grid(cls, settings) -> list[dict]:
+        step = settings.step_options()
+        return [
+            {"batch": batch, "prefix": prefix}
+            for batch in step["batch_sizes"]
+            for prefix in step["prefix_lengths"]
+        ]
 
-    def base(budget):
-        block, k = draft_block(budget, block_size, topk, follow_budget)
+    @classmethod
+    def from_settings(cls, settings, *, batch, prefix, results=None):
+        step = settings.step_options()
+        draft = step["draft"]
+        return cls(
+            batch=int(batch),
+            prefix=int(prefix),
+            budgets=tuple(int(b) for b in step["budgets"]),
+            shape=draft["shape"],
+            vocab_shard=int(step["model"]["shape"].vocab_shard),
+            block_size=draft["block_size"],
+            follow_budget=draft["follow_budget"],
+            topk=int(settings.trace_columns),
+            timing=step["attention_timing"],
+            machine=settings.machine,
+            util_fatbin=layout(settings, results).artefact("bench_util"),
+        )
+
+    @property
+    def inputs(self) -> dict[str, str]:
+        return {"util": self.util_fatbin}
+
+    @property
+    def regime(self) -> str:
+        """The block's regime, as the rows' notes say it."""
+        if self.follow_budget:
+            return "block follows the budget (N + 1, K = N)"
+        return f"block {self.block_size}"
+
+    def base(self, env: dict, budget: int) -> dict:
+        """The fields every row at ``budget`` carries (``env``: the machine's)."""
+        block, _ = draft_block(budget, self.block_size, self.topk, self.follow_budget)
         return {
             **{key: env.get(key) for key in ENVIRONMENT_COLUMNS},
             "stage": "draft",
             "impl": "torch",
-            "batch": batch,
+            "batch": self.batch,
             "budget": budget,
-            "prefix": prefix,
+            "prefix": self.prefix,
             "depth": block - 1,
-            "tokens": batch * block,
+            "tokens": self.batch * block,
             "timing": "cuda-events",
             "cache": "warm",
             "clock": EVENT_CLOCK,
         }
 
+
+def run(job: Job) -> dict[int, pd.DataFrame]:
+    """One frame of rows per budget (module docstring), as ``timing.records.stage_frame``. Bad arguments are
+    a one-line ValueError before anything runs."""
+    budgets = [int(b) for b in job.budgets]
+    if job.block_size < 2:
+        raise ValueError(f"draft: block_size must be >= 2, got {job.block_size}")
+    policy = TimingPolicy(**job.timing)
+    env = collect_environment(job.machine)
+
     def unavailable(budget, reason, status="unavailable"):
-        return unavailable_row({**base(budget), "note": regime}, reason, status)
+        return stage_frame([unavailable_row({**job.base(env, budget), "note": job.regime}, reason, status)])
 
     reason = gpu_reason()
     if reason is not None:
-        return {budget: stage_frame([unavailable(budget, reason)]) for budget in budgets}
-    runner = _Runner(policy, util_fatbin)
+        return {budget: unavailable(budget, reason) for budget in budgets}
+    runner = GraphRunner(policy, job.util_fatbin)
     out = {}
     for budget in budgets:
-        block, k = draft_block(budget, block_size, topk, follow_budget)
-        k = min(k, vocab_shard)
+        block, k = draft_block(budget, job.block_size, job.topk, job.follow_budget)
+        k = min(k, job.vocab_shard)
         free = runner.free()
-        needed = draft_bytes(shape, batch, block, prefix, vocab_shard)
+        needed = draft_bytes(job.shape, job.batch, block, job.prefix, job.vocab_shard)
         if needed > free * (1 - HEADROOM):
-            out[budget] = stage_frame(
-                [
-                    unavailable(
-                        budget, f"does not fit: needs about {needed / 1e9:.1f} GB, {free / 1e9:.1f} GB free"
-                    )
-                ]
+            out[budget] = unavailable(
+                budget, f"does not fit: needs about {needed / 1e9:.1f} GB, {free / 1e9:.1f} GB free"
             )
             continue
         try:
             with runner.torch.cuda.stream(runner.torch_stream):
                 drafter = DraftShard(
-                    shape, batch=batch, block=block, context=prefix, k=k, vocab_shard=vocab_shard, seed=seed
+                    job.shape,
+                    batch=job.batch,
+                    block=block,
+                    context=job.prefix,
+                    k=k,
+                    vocab_shard=job.vocab_shard,
+                    seed=job.seed,
                 )
             samples, note = runner.measure(drafter.run)
         except Exception as exc:  # noqa: BLE001 (recorded; the other budgets still run)
-            out[budget] = stage_frame([unavailable(budget, _describe(exc), status="failed")])
+            out[budget] = unavailable(budget, describe_error(exc), status="failed")
             continue
-        flops = shape.flops(batch, block, prefix, vocab_shard)
-        nbytes = shape.bytes(vocab_shard)
         out[budget] = stage_frame(
-            _ok_rows(
-                base(budget),
+            ok_rows(
+                job.base(env, budget),
                 samples,
-                flops=flops,
-                nbytes=nbytes,
+                flops=job.shape.flops(job.batch, block, job.prefix, job.vocab_shard),
+                nbytes=job.shape.bytes(job.vocab_shard),
                 experts_touched=None,
-                note=f"{note}; {regime}, K = {k}",
+                note=f"{note}; {job.regime}, K = {k}",
             )
         )
         del drafter

@@ -1,5 +1,5 @@
-"""The round, run: ``run_round_stage`` times whole DDTree rounds (``model.round.RoundRunner``) per builder on
-one GPU's share of Kimi K2.6, at one (batch, prefix length), for every budget.
+"""The round, run: a ``Job`` and ``run(job)`` time whole DDTree rounds (``k26.round.RoundRunner``) per
+builder on one GPU's share of Kimi K2.6, at one (batch, prefix length), for every budget.
 
 Every builder gets the same weights, drafter and target (one job builds them once). Per (budget, builder):
 
@@ -18,236 +18,317 @@ estimated, and labels it). A (B, N, S) that does not fit gets rows saying so; wi
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 import pandas as pd
 
 from ddtree_bench import catalog
 from ddtree_bench.environment import ENVIRONMENT_COLUMNS, collect_environment
 from ddtree_bench.k26 import moe as moe_ops
-from ddtree_bench.k26.round import FUSED_BUILDERS, ROUND_BUILDERS
+from ddtree_bench.k26.draft import draft_block
+from ddtree_bench.k26.round import FUSED_BUILDERS, ROUND_BUILDERS, RoundOptions
 from ddtree_bench.k26.shapes import DrafterShape, ModelShape
-from ddtree_bench.stages.draft import draft_block
-from ddtree_bench.stages.model import HEADROOM, _describe, gpu_reason
+from ddtree_bench.paths import layout
+from ddtree_bench.stages.gpu_runner import HEADROOM, describe_error, gpu_reason
 from ddtree_bench.timing.policy import TimingPolicy
 from ddtree_bench.timing.records import stage_frame, unavailable_row
 
 ROUND_TIMINGS = ("wall", "sum-of-parts")
 
 
-def run_round_stage(
-    *,
-    batch: int,
-    prefix: int,
-    budgets,
-    builders,
-    builder_options: dict,
-    shape: ModelShape,
-    drafter_shape: DrafterShape,
-    forward_impl: str,
-    block_size: int,
-    follow_budget: bool,
-    topk: int,
-    routing: str,
-    skew: float,
-    sglang_files,
-    timing: dict,
-    machine: str | None,
-    attention_fatbin=None,
-    accept_fatbin=None,
-    seed: int = 0,
-    stacks: dict | None = None,
-) -> dict[int, pd.DataFrame]:
-    """Whole rounds per builder (module docstring), then, where ``stacks`` names some (``{"stacks": names,
-    "max_seconds": limit, "attention_files": SGLang's Triton attention files}``), per stack
-    (``run_stack_rounds``) in the same job, on the same weights."""
-    budgets = [int(b) for b in budgets]
-    builders = list(builders)
-    unknown = [b for b in builders if b not in ROUND_BUILDERS]
-    if unknown:
-        raise ValueError(f"round: unknown builder {unknown[0]!r}; expected one of {list(ROUND_BUILDERS)}")
-    policy = TimingPolicy(**timing)
-    env = collect_environment(machine)
+@dataclass(frozen=True)
+class Job:
+    """One round job: ``batch`` requests over a prefix of ``prefix`` rows, every budget of ``budgets``,
+    whole rounds per builder of ``builders`` (``builder_options``: each builder's keyword options, SGLang's
+    too for its stack) and, where ``stacks`` names some (``{"stacks": names, "max_seconds": limit,
+    "attention_files": SGLang's Triton attention files}``), per stack, on the same weights: a target of
+    ``shape`` with the MoE impl ``forward_impl`` (``sglang_files``: the sglang wheel's extracted files; None:
+    the installed sglang), a drafter of ``drafter_shape``, the block of ``k26.round.RoundOptions``.
+    ``timing``: ``TimingPolicy``'s keyword arguments; the fatbins: prebuilt ``verify_attn.cu`` /
+    ``tree_accept.cu`` (None: the cached builds)."""
 
-    def base(builder, budget, timing_name):
-        fused = builder in FUSED_BUILDERS
+    batch: int
+    prefix: int
+    budgets: tuple[int, ...]
+    builders: tuple[str, ...]
+    builder_options: dict
+    shape: ModelShape
+    drafter_shape: DrafterShape
+    forward_impl: str
+    block_size: int
+    follow_budget: bool
+    topk: int
+    timing: dict
+    routing: str = "uniform"
+    skew: float = 1.0
+    sglang_files: str | None = None
+    machine: str | None = None
+    attention_fatbin: str | None = None
+    accept_fatbin: str | None = None
+    stacks: dict | None = None
+    seed: int = 0
+
+    @classmethod
+    def grid(cls, settings) -> list[dict]:
+        step = settings.step_options()
+        round_ = step["round"]
+        if not round_["builders"]:
+            return []
+        return [
+            {"batch": batch, "prefix": prefix}
+            for batch in round_["batch_sizes"]
+            for prefix in step["prefix_lengths"]
+        ]
+
+    @classmethod
+    def from_settings(cls, settings, *, batch, prefix, results=None):
+        step, files = settings.step_options(), layout(settings, results)
+        model, draft, round_ = step["model"], step["draft"], step["round"]
+        builders = tuple(round_["builders"])
+        return cls(
+            batch=int(batch),
+            prefix=int(prefix),
+            budgets=tuple(int(b) for b in step["budgets"]),
+            builders=builders,
+            builder_options={
+                b: {**files.libraries(b), **settings.builder_options(b)}
+                for b in sorted({*builders, catalog.SGLANG})
+                if b in catalog.BUILDERS
+            },
+            shape=model["shape"],
+            drafter_shape=draft["shape"],
+            forward_impl=model["forward_impl"],
+            block_size=draft["block_size"],
+            follow_budget=draft["follow_budget"],
+            topk=int(settings.trace_columns),
+            timing=step["attention_timing"],
+            routing=model["routing"],
+            skew=model["skew"],
+            sglang_files=model["sglang_files"],
+            machine=settings.machine,
+            attention_fatbin=files.artefact("verify_attn"),
+            accept_fatbin=files.artefact("tree_accept"),
+            stacks={
+                "stacks": tuple(round_["stacks"]),
+                "max_seconds": round_["max_round_seconds"],
+                "attention_files": step["sglang_triton_source"],
+            },
+        )
+
+    @property
+    def inputs(self) -> dict[str, str]:
+        """The attention and accept fatbins and every builder's libraries (``<builder>_<option>``)."""
+        inputs = {"attention": self.attention_fatbin, "accept": self.accept_fatbin}
+        for builder in self.builders:
+            options = self.builder_options.get(builder) or {}
+            for option, _ in catalog.BUILDERS[builder].libraries:
+                if options.get(option) is not None:
+                    inputs[f"{builder}_{option}"] = options[option]
+        return inputs
+
+    @property
+    def stack_names(self) -> list[str]:
+        return list(self.stacks["stacks"]) if self.stacks else []
+
+    def options(self, budget: int) -> RoundOptions:
+        """The round at ``budget`` (``k26.round.RoundOptions``)."""
+        return RoundOptions(
+            batch=self.batch,
+            budget=budget,
+            prefix=self.prefix,
+            block_size=self.block_size,
+            follow_budget=self.follow_budget,
+            topk=self.topk,
+            routing=self.routing,
+            skew=self.skew,
+            seed=self.seed,
+        )
+
+
+class _Rows:
+    """A job's rows by budget, and the fields every row of it carries."""
+
+    def __init__(self, job: Job, env: dict):
+        self.job, self.env = job, env
+        self.budgets = [int(b) for b in job.budgets]
+        self.by_budget: dict[int, list[dict]] = {budget: [] for budget in self.budgets}
+
+    def base(self, builder: str, budget: int, timing_name: str) -> dict:
+        job = self.job
         return {
-            **{key: env.get(key) for key in ENVIRONMENT_COLUMNS},
+            **{key: self.env.get(key) for key in ENVIRONMENT_COLUMNS},
             "stage": "round",
             "impl": builder,
-            "batch": batch,
+            "batch": job.batch,
             "budget": budget,
-            "heads": shape.local_heads,
-            "prefix": prefix,
-            "tokens": batch * (budget + 1),
+            "heads": job.shape.local_heads,
+            "prefix": job.prefix,
+            "tokens": job.batch * (budget + 1),
             "timing": timing_name,
             "cache": "n/a",
             "clock": "time.perf_counter_ns",
-            "note": "one CUDA graph" if fused else "split: draft graph, host build, verify graph",
+            "note": "one CUDA graph"
+            if builder in FUSED_BUILDERS
+            else "split: draft graph, host build, verify graph",
         }
 
-    def unavailable(builder, budget, reason, status="unavailable"):
-        return unavailable_row(base(builder, budget, "wall"), reason, status)
+    def stack_base(self, stack: str, budget: int, timing_name: str) -> dict:
+        job = self.job
+        return {
+            **self.base(stack, budget, timing_name),
+            "stage": "stack",
+            "depth": draft_block(budget, job.block_size, job.topk, job.follow_budget)[0] - 1,  # the trees' L
+            "note": None,
+        }
 
-    rows: dict[int, list[dict]] = {budget: [] for budget in budgets}
-    stack_names = list(stacks["stacks"]) if stacks else []
+    def unavailable(self, builder, budget, reason, status="unavailable") -> dict:
+        return unavailable_row(self.base(builder, budget, "wall"), reason, status)
 
-    def unavailable_all(budget, reason):
-        return [unavailable(builder, budget, reason) for builder in builders] + [
-            {**unavailable(name, budget, reason), "stage": "stack", "note": None} for name in stack_names
-        ]
+    def all_unavailable(self, reason: str) -> None:
+        """A row saying ``reason`` per budget, builder and stack."""
+        for budget in self.budgets:
+            self.by_budget[budget] += [self.unavailable(b, budget, reason) for b in self.job.builders] + [
+                {**self.unavailable(name, budget, reason), "stage": "stack", "note": None}
+                for name in self.job.stack_names
+            ]
 
-    reason = gpu_reason() or moe_ops.moe_unavailable_reason(forward_impl, sglang_files)
+    def frames(self) -> dict[int, pd.DataFrame]:
+        return {budget: stage_frame(r) for budget, r in self.by_budget.items()}
+
+
+def run(job: Job) -> dict[int, pd.DataFrame]:
+    """Whole rounds per builder (module docstring), then, where ``job.stacks`` names some, per stack
+    (``run_stack_rounds``) in the same job, on the same weights: one frame of rows per budget. An unknown
+    builder is a one-line ValueError before anything runs."""
+    unknown = [b for b in job.builders if b not in ROUND_BUILDERS]
+    if unknown:
+        raise ValueError(f"round: unknown builder {unknown[0]!r}; expected one of {list(ROUND_BUILDERS)}")
+    policy = TimingPolicy(**job.timing)
+    rows = _Rows(job, collect_environment(job.machine))
+    reason = gpu_reason() or moe_ops.moe_unavailable_reason(job.forward_impl, job.sglang_files)
     if reason is not None:
-        for budget in budgets:
-            rows[budget] += unavailable_all(budget, reason)
-        return {budget: stage_frame(r) for budget, r in rows.items()}
+        rows.all_unavailable(reason)
+        return rows.frames()
 
     import torch  # noqa: PLC0415
 
-    from ddtree_bench.k26.draft import draft_bytes  # noqa: PLC0415
-    from ddtree_bench.k26.round import RoundRunner  # noqa: PLC0415
-    from ddtree_bench.k26.target import TargetWeights, state_bytes, weights_bytes  # noqa: PLC0415
+    from ddtree_bench.k26.target import TargetWeights, weights_bytes  # noqa: PLC0415
     from ddtree_bench.ops.accept import GpuAccept  # noqa: PLC0415
     from ddtree_bench.ops.attention import VerifyAttention  # noqa: PLC0415
 
     torch.cuda.empty_cache()
     free = float(torch.cuda.mem_get_info()[0])
-    need = weights_bytes(shape, forward_impl)
+    need = weights_bytes(job.shape, job.forward_impl)
     if need > free * (1 - HEADROOM):
-        for budget in budgets:
-            rows[budget] += unavailable_all(
-                budget, f"does not fit: needs about {need / 1e9:.1f} GB, {free / 1e9:.1f} GB free"
-            )
-        return {budget: stage_frame(r) for budget, r in rows.items()}
-    weights = TargetWeights(shape, moe_impl=forward_impl, sglang_files=sglang_files, seed=seed)
-    attention = VerifyAttention(attention_fatbin)
-    accept = GpuAccept(accept_fatbin)
-    clock = time.perf_counter_ns
-    inputs = {
-        "batch": batch,
-        "prefix": prefix,
-        "block_size": block_size,
-        "follow_budget": follow_budget,
-        "topk": topk,
-        "attention": attention,
-        "accept": accept,
-        "routing": routing,
-        "skew": skew,
-        "seed": seed,
-    }
-    if stacks and stacks.get("stacks"):
-        stack_rows = run_stack_rounds(
+        rows.all_unavailable(f"does not fit: needs about {need / 1e9:.1f} GB, {free / 1e9:.1f} GB free")
+        return rows.frames()
+    weights = TargetWeights(
+        job.shape, moe_impl=job.forward_impl, sglang_files=job.sglang_files, seed=job.seed
+    )
+    kernels = {"attention": VerifyAttention(job.attention_fatbin), "accept": GpuAccept(job.accept_fatbin)}
+    if job.stacks and job.stacks.get("stacks"):
+        stack_rows = run_stack_rounds(weights, job, kernels, policy, rows.stack_base)
+        for budget in rows.budgets:
+            rows.by_budget[budget] += stack_rows[budget]
+    for budget in rows.budgets:
+        for builder in job.builders:
+            rows.by_budget[budget] += _builder_rows(weights, job, kernels, policy, rows, builder, budget)
+    return rows.frames()
+
+
+def _builder_rows(weights, job: Job, kernels: dict, policy, rows: _Rows, builder: str, budget: int) -> list:
+    """One builder's whole rounds at one budget (``kernels``: our attention and accept): their rows, or one
+    saying why there are none."""
+    import torch  # noqa: PLC0415
+
+    from ddtree_bench.k26.draft import draft_bytes  # noqa: PLC0415
+    from ddtree_bench.k26.round import RoundRunner  # noqa: PLC0415
+    from ddtree_bench.k26.target import state_bytes, weights_bytes  # noqa: PLC0415
+
+    shape, batch, prefix = job.shape, job.batch, job.prefix
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    free = float(torch.cuda.mem_get_info()[0])
+    need = weights_bytes(shape, job.forward_impl)
+    block = budget + 1 if job.follow_budget else job.block_size
+    needed = state_bytes(shape, batch, budget, prefix) + draft_bytes(
+        job.drafter_shape, batch, block, prefix, shape.vocab_shard
+    )
+    if needed > free * (1 - HEADROOM):
+        total = needed + need
+        reason = f"does not fit: needs about {total / 1e9:.1f} GB, {(free + need) / 1e9:.1f} GB free"
+        return [rows.unavailable(builder, budget, reason)]
+    try:
+        runner = RoundRunner(
             weights,
-            drafter_shape,
-            budgets=budgets,
-            inputs=inputs,
-            stacks=stacks,
-            sglang_builder=builder_options.get(catalog.SGLANG, {}),
-            policy=policy,
-            base=lambda stack, budget, timing_name: {
-                **base(stack, budget, timing_name),
-                "stage": "stack",
-                "depth": draft_block(budget, block_size, topk, follow_budget)[0] - 1,  # the trees' L
-                "note": None,
-            },
+            job.drafter_shape,
+            job.options(budget),
+            builder=builder,
+            builder_options=job.builder_options.get(builder),
+            **kernels,
         )
-        for budget in budgets:
-            rows[budget] += stack_rows[budget]
-    for budget in budgets:
-        for builder in builders:
-            torch.cuda.synchronize()
-            torch.cuda.empty_cache()
-            free = float(torch.cuda.mem_get_info()[0])
-            needed = state_bytes(shape, batch, budget, prefix) + draft_bytes(
-                drafter_shape, batch, budget + 1 if follow_budget else block_size, prefix, shape.vocab_shard
-            )
-            if needed > free * (1 - HEADROOM):
-                total = needed + need
-                rows[budget].append(
-                    unavailable(
-                        builder,
-                        budget,
-                        f"does not fit: needs about {total / 1e9:.1f} GB, {(free + need) / 1e9:.1f} GB free",
-                    )
-                )
-                continue
-            try:
-                runner = RoundRunner(
-                    weights,
-                    drafter_shape,
-                    builder=builder,
-                    builder_options=builder_options.get(builder),
-                    batch=batch,
-                    budget=budget,
-                    prefix=prefix,
-                    block_size=block_size,
-                    follow_budget=follow_budget,
-                    topk=topk,
-                    attention=attention,
-                    accept=accept,
-                    routing=routing,
-                    skew=skew,
-                    seed=seed,
-                )
-                runner.capture()
-                parts = runner.parts()
-
-                def whole(runner=runner):
-                    t0 = clock()
-                    runner.run_round()
-                    return (clock() - t0) / 1e9
-
-                def summed(parts=parts):
-                    total = 0.0
-                    for part in parts.values():
-                        t0 = clock()
-                        part()
-                        torch.cuda.current_stream().synchronize()
-                        total += (clock() - t0) / 1e9
-                    return total
-
-                samples = {"wall": [], "sum-of-parts": []}
-
-                def both(samples=samples, whole=whole, summed=summed):
-                    samples["wall"].append(whole())
-                    samples["sum-of-parts"].append(summed())
-                    return samples["wall"][-1] + samples["sum-of-parts"][-1]
-
-                calls = policy.samples(both)  # the round and its parts in turn, call by call
-                samples = {
-                    name: [(phase, rep, v) for (phase, rep, _), v in zip(calls, values, strict=True)]
-                    for name, values in samples.items()
-                }
-                runner.run_round()
-                correct = runner.check_accept()
-                note = runner.note
-            except Exception as exc:  # noqa: BLE001 (a builder failing: recorded, the others still run)
-                rows[budget].append(unavailable(builder, budget, _describe(exc), status="failed"))
-                continue
-            rows[budget] += timed_rows(
-                lambda t, b=builder, n=budget: base(b, n, t),
-                samples,
-                correct=correct,
-                note=note,
-                experts_touched=runner.target.experts_touched,
-            )
-            del runner, parts
-    return {budget: stage_frame(r) for budget, r in rows.items()}
+        runner.capture()
+        samples = _round_samples(runner, policy)
+        runner.run_round()
+        correct = runner.check_accept()
+        note = runner.note
+    except Exception as exc:  # noqa: BLE001 (a builder failing: recorded, the others still run)
+        return [rows.unavailable(builder, budget, describe_error(exc), status="failed")]
+    return timed_rows(
+        lambda t: rows.base(builder, budget, t),
+        samples,
+        correct=correct,
+        note=note,
+        experts_touched=runner.target.experts_touched,
+    )
 
 
-def _stack_fits(torch, shape, drafter_shape, inputs: dict, budget: int, need: float) -> str | None:
+def _round_samples(runner, policy) -> dict:
+    """A whole round (``wall``) and its parts one after another (``sum-of-parts``), call by call:
+    ``{timing: [(phase, repetition, seconds)]}``."""
+    torch, clock, parts = runner.torch, time.perf_counter_ns, runner.parts()
+
+    def whole():
+        t0 = clock()
+        runner.run_round()
+        return (clock() - t0) / 1e9
+
+    def summed():
+        total = 0.0
+        for part in parts.values():
+            t0 = clock()
+            part()
+            torch.cuda.current_stream().synchronize()
+            total += (clock() - t0) / 1e9
+        return total
+
+    samples = {"wall": [], "sum-of-parts": []}
+
+    def both():
+        samples["wall"].append(whole())
+        samples["sum-of-parts"].append(summed())
+        return samples["wall"][-1] + samples["sum-of-parts"][-1]
+
+    calls = policy.samples(both)  # the round and its parts in turn, call by call
+    return {
+        name: [(phase, rep, v) for (phase, rep, _), v in zip(calls, values, strict=True)]
+        for name, values in samples.items()
+    }
+
+
+def _stack_fits(torch, job: Job, budget: int, need: float) -> str | None:
     from ddtree_bench.k26.draft import draft_bytes  # noqa: PLC0415
     from ddtree_bench.k26.target import state_bytes  # noqa: PLC0415
 
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
     free = float(torch.cuda.mem_get_info()[0])
-    batch, prefix = inputs["batch"], inputs["prefix"]
-    block = budget + 1 if inputs["follow_budget"] else inputs["block_size"]
+    shape, batch, prefix = job.shape, job.batch, job.prefix
+    block = budget + 1 if job.follow_budget else job.block_size
     # the round's state plus SGLang's mask (q x (S + q) bools a request) and FA3's scratch
     needed = (
         state_bytes(shape, batch, budget, prefix)
-        + draft_bytes(drafter_shape, batch, block, prefix, shape.vocab_shard)
+        + draft_bytes(job.drafter_shape, batch, block, prefix, shape.vocab_shard)
         + batch * (budget + 1) * (prefix + budget + 1)
         + 2 * batch * (budget + 1) * shape.local_heads * 512 * 4 * 2
     )
@@ -256,46 +337,47 @@ def _stack_fits(torch, shape, drafter_shape, inputs: dict, budget: int, need: fl
     return None
 
 
-def run_stack_rounds(
-    weights, drafter_shape, *, budgets, inputs: dict, stacks: dict, sglang_builder: dict, policy, base
-) -> dict[int, list[dict]]:
-    """Per budget and stack (``catalog.STACKS``): whole rounds (``model.stack.StackRound``) timed as
-    ``wall`` (one round, host-inclusive) and its parts (``part-draft`` ... ``part-accept``, each waited for,
-    and their ``sum-of-parts``), call by call; ``correct``: the accepted paths equal the CPU walk. A stack
-    whose forward or round exceeds ``stacks["max_seconds"]`` gets a row saying so, untimed."""
+def run_stack_rounds(weights, job: Job, kernels: dict, policy, base) -> dict[int, list[dict]]:
+    """Per budget of ``job`` and stack of ``job.stacks`` (``catalog.STACKS``): whole rounds
+    (``k26.stack.StackRound``, on ``weights`` with ``kernels``: our attention and accept) timed as ``wall``
+    (one round, host-inclusive) and its parts (``part-draft`` ... ``part-accept``, each waited for, and their
+    ``sum-of-parts``), call by call; ``correct``: the accepted paths equal the CPU walk. A stack whose forward
+    or round exceeds ``job.stacks["max_seconds"]`` gets a row saying so, untimed. ``base(stack, budget,
+    timing)``: a row's configuration."""
     import torch  # noqa: PLC0415
 
     from ddtree_bench.k26.stack import StackRound  # noqa: PLC0415
     from ddtree_bench.k26.target import weights_bytes  # noqa: PLC0415
 
-    names = list(stacks["stacks"])
+    names = job.stack_names
+    sglang_builder = job.builder_options.get(catalog.SGLANG, {})
     sglang = {
         "builder": dict(sglang_builder),
         "accept": sglang_builder.get("source"),
-        "attention_files": stacks.get("attention_files"),
+        "attention_files": job.stacks.get("attention_files"),
     }
     clock = time.perf_counter_ns
     need = weights_bytes(weights.shape, weights.moe_impl)
-    rows: dict[int, list[dict]] = {budget: [] for budget in budgets}
-    for budget in budgets:
-        reason = _stack_fits(torch, weights.shape, drafter_shape, inputs, budget, need)
+    rows: dict[int, list[dict]] = {budget: [] for budget in (int(b) for b in job.budgets)}
+    for budget in rows:
+        reason = _stack_fits(torch, job, budget, need)
         if reason is not None:
             rows[budget] += [unavailable_row(base(n, budget, "wall"), reason) for n in names]
             continue
         try:
             runner = StackRound(
                 weights,
-                drafter_shape,
+                job.drafter_shape,
+                job.options(budget),
                 stacks=names,
                 sglang=sglang,
-                max_seconds=stacks["max_seconds"],
-                budget=budget,
-                **inputs,
+                max_seconds=job.stacks["max_seconds"],
+                **kernels,
             )
             runner.capture()
         except Exception as exc:  # noqa: BLE001 (every stack of this budget: recorded)
             rows[budget] += [
-                unavailable_row(base(n, budget, "wall"), _describe(exc), "failed") for n in names
+                unavailable_row(base(n, budget, "wall"), describe_error(exc), "failed") for n in names
             ]
             continue
         for stack in runner.stacks:
@@ -360,7 +442,7 @@ def _time_stack(runner, stack, policy, clock, base) -> list[dict]:
         return [unavailable_row(base("wall"), f"not timed: {exc}")]
     except Exception as exc:  # noqa: BLE001 (a stack failing: recorded, the others still run)
         torch.cuda.synchronize()
-        return [unavailable_row(base("wall"), _describe(exc), status="failed")]
+        return [unavailable_row(base("wall"), describe_error(exc), status="failed")]
     samples = {
         name: [(phase, rep, v) for (phase, rep, _), v in zip(calls, values, strict=True)]
         for name, values in samples.items()
