@@ -90,9 +90,12 @@ def test_a_later_runs_step_rows_replace_the_same_configurations_and_keep_the_pea
 def test_round_stages_refuses_a_bad_job_in_one_line(capsys):
     tool = _tool("round_stages")
     config = Path(__file__).resolve().parent.parent / "config" / "smoke.yaml"
-    assert tool.main(["--config", str(config), "forward:1:4096"]) == 2
+    assert tool.main(["--config", str(config), "forward:batch=1"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "expected stage:batch:prefix" in err[0]
+    assert len(err) == 1 and "unknown stage 'forward'" in err[0]
+    assert tool.main(["--config", str(config), "model:batch"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "expected stage:key=value" in err[0]
 
 
 def test_tree_paths_fit_recovers_the_cost_model_and_the_wide_crossover():

@@ -160,8 +160,8 @@ def prepare_inputs(job, settings) -> None:
     from ddtree_bench.traces import generate, save_trace  # noqa: PLC0415
 
     for name, path in job.inputs.items():
-        target = Path(path)
-        if target.is_file():
+        target = Path(path) if path is not None else None
+        if target is None or target.is_file():
             continue
         target.parent.mkdir(parents=True, exist_ok=True)
         if target.suffix == ".fatbin":
