@@ -7,7 +7,6 @@ import json
 import re
 import subprocess
 import sys
-import types
 from pathlib import Path
 
 import numpy as np
@@ -364,22 +363,21 @@ def test_console_script_is_installed():
 
 
 def _fake_bench_module(monkeypatch, module_name, function_name, calls):
-    def fake_run(builder, trace_path, budget, batch, **kwargs):
-        calls.append((builder, str(trace_path), budget, batch, kwargs))
+    """Replace the runner ``module_name.function_name`` with one recording the job it is given."""
+
+    def fake_run(job):
+        calls.append(job)
         return pd.DataFrame(
             {
-                "builder": [builder] * 2,
+                "builder": [job.builder] * 2,
                 "phase": ["warmup", "timed"],
                 "per_tree_seconds": [2e-6, 1e-6],
-                "seconds": [2e-6 * batch, 1e-6 * batch],
+                "seconds": [2e-6 * job.batch, 1e-6 * job.batch],
                 "status": ["ok", "ok"],
             }
         )
 
-    module = types.ModuleType(module_name)
-    setattr(module, function_name, fake_run)
-    monkeypatch.setitem(sys.modules, module_name, module)
-    monkeypatch.setattr(ddtree_bench, module_name.rsplit(".", 1)[1], module, raising=False)
+    monkeypatch.setattr(f"{module_name}.{function_name}", fake_run)
 
 
 @pytest.mark.parametrize(
@@ -399,43 +397,29 @@ def test_bench_calls_the_benchmark_and_writes_parquet(
     argv = ["bench", "--builder", builder, "--trace", trace_path, "--budget", 8, "--batch", 4]
     code, stdout, err = run([*argv, "--warmup", 1, "--repeats", 5, "--machine", "m1", "-o", out], capsys)
     assert code == 0, err
-    assert calls == [
-        (
-            builder,
-            str(trace_path),
-            8,
-            4,
-            {
-                "warmup": 1,
-                "repeats": 5,
-                "min_seconds": 0.05,  # the workflow's timing defaults where not given
-                "max_seconds": 1.0,
-                "min_repeats": 3,
-                "max_repeats": 500,
-                "machine": "m1",
-                "distribution": "bf16",  # from the trace's metadata
-                "builder_options": {},
-                # the timing job's defaults, passed by the one entry (stages.timing_job)
-                "correct": None,
-                "input_columns": "trace",
-                **({"in_situ": False} if builder == "gpu" else {}),
-            },
-        )
-    ]
+    (job,) = calls
+    assert (job.builder, str(job.trace_path), job.budget, job.batch) == (builder, str(trace_path), 8, 4)
+    assert job.timing == {
+        "warmup": 1,
+        "repeats": 5,
+        "min_seconds": 0.05,  # the workflow's timing defaults where not given
+        "max_seconds": 1.0,
+        "min_repeats": 3,
+        "max_repeats": 500,
+    }
+    assert (job.machine, job.distribution, job.builder_options) == ("m1", "bf16", {})  # bf16: the trace's
+    # the timing job's defaults (stages.timing_job)
+    assert (job.correct, job.input_columns, job.job, job.in_situ) == (None, "trace", 1, False)
     frame = pd.read_parquet(out)
-    assert list(frame["phase"]) == ["warmup", "timed"]
+    assert list(frame["phase"]) == ["warmup", "timed"] and list(frame["job"]) == [1, 1]
     assert "1.0 us per tree" in stdout
 
 
 def test_bench_failure_leaves_no_parquet(tmp_path, trace_path, capsys, monkeypatch):
-    module = types.ModuleType("ddtree_bench.stages.build")
-
-    def failing(*args, **kwargs):
+    def failing(job):
         raise ValueError("batch 64 is larger than the 5 requests in trace x")
 
-    module.run_benchmark = failing
-    monkeypatch.setitem(sys.modules, "ddtree_bench.stages.build", module)
-    monkeypatch.setattr(ddtree_bench, "bench", module, raising=False)
+    monkeypatch.setattr("ddtree_bench.stages.build.run_benchmark", failing)
     out = tmp_path / "bench.parquet"
     argv = [
         "bench",
@@ -463,11 +447,11 @@ def test_bench_timing_defaults_are_the_workflows(tmp_path, trace_path, capsys, m
     out = tmp_path / "bench.parquet"
     argv = ["bench", "--builder", "reference", "--trace", trace_path, "--budget", 4, "--batch", 2, "-o", out]
     assert run([*argv, "--max-seconds", "2.5", "--max-repeats", "50"], capsys)[0] == 0
-    assert calls[-1][4]["max_seconds"] == 2.5 and calls[-1][4]["max_repeats"] == 50
+    assert calls[-1].timing["max_seconds"] == 2.5 and calls[-1].timing["max_repeats"] == 50
     assert run([*argv, "--distribution", "peaked"], capsys)[0] == 0
-    assert calls[-1][4]["distribution"] == "peaked"
+    assert calls[-1].distribution == "peaked"
     timing = load_config(ROOT / "config" / "config.yaml")["timing"]
-    assert {key: calls[-1][4][key] for key in TIMING_KEYS} == {key: timing[key] for key in TIMING_KEYS}
+    assert calls[-1].timing == {key: timing[key] for key in TIMING_KEYS}
     code, help_text, _ = run(["bench", "--help"], capsys)
     help_text = " ".join(help_text.split())
     assert f"warm-up calls (default {timing['warmup']})" in help_text

@@ -267,7 +267,7 @@ def cmd_bench(args) -> int:
     _available(args.builder, options)
     _trace_columns(args.trace, budget)
     _writable(args.output)
-    from ddtree_bench.stages.timing_job import TimingJob, run_timing_job  # noqa: PLC0415
+    from ddtree_bench.stages.timing_job import TimingJob, run  # noqa: PLC0415
 
     timing = {
         "warmup": args.warmup,
@@ -278,16 +278,16 @@ def cmd_bench(args) -> int:
         "max_repeats": args.max_repeats,
     }
     job = TimingJob(
-        args.builder,
-        args.trace,
-        budget,
-        args.batch,
-        timing,
+        builder=args.builder,
+        trace_path=args.trace,
+        budget=budget,
+        batch=args.batch,
+        timing=timing,
         machine=args.machine,
         distribution=args.distribution or _trace_distribution(args.trace),
         builder_options=options,
     )
-    frame = run_timing_job(job)
+    frame = run(job)
     with atomic_output(args.output) as tmp:
         frame.to_parquet(tmp, index=False)
     message = f"{PROG}: wrote {args.output}: {len(frame)} rows"

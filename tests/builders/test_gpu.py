@@ -28,6 +28,7 @@ from ddtree_bench.builders.gpu import (
 )
 from ddtree_bench.cuda import loader as cuda
 from ddtree_bench.stages.build_gpu import run_gpu_benchmark
+from ddtree_bench.stages.timing_job import TimingJob
 from ddtree_bench.traces import save_trace
 from ddtree_bench.tree import first_difference, packed_visibility
 
@@ -274,7 +275,7 @@ def test_sanitizer_clean(tool):
         "--error-exitcode=9",
         sys.executable,
         "-m",
-        "ddtree_bench.cuda.selftest",
+        "ddtree_bench.builders.selftest",
         "--budgets",
         "8",
         "32",
@@ -293,9 +294,8 @@ def test_gpu_benchmark_rows(tmp_path):
     lp, ids = topk_inputs("peaked", 8, 16, 64, seed=5)
     trace = tmp_path / "trace.npz"
     save_trace(trace, lp, ids, distribution="peaked")
-    df = run_gpu_benchmark(
-        "gpu", trace, 64, 8, warmup=1, repeats=5, min_seconds=0.0, machine="test", distribution="peaked"
-    )
+    timing = dict(warmup=1, repeats=5, min_seconds=0.0, max_seconds=None, min_repeats=1, max_repeats=None)
+    df = run_gpu_benchmark(TimingJob("gpu", trace, 64, 8, timing, machine="test", distribution="peaked"))
     timed = df[df.phase == "timed"]
     kinds = set(zip(timed.timing, timed.cache, strict=True))
     assert kinds == {

@@ -15,6 +15,7 @@ from ddtree_bench.builders.gpu_device import DeviceTreeBuilder, build_ddtree_bat
 from ddtree_bench.cuda import loader as cuda
 from ddtree_bench.stages.build_gpu import run_gpu_benchmark
 from ddtree_bench.stages.insitu import IN_SITU, run_insitu_benchmark, torch_cuda_reason
+from ddtree_bench.stages.timing_job import TimingJob
 from ddtree_bench.traces import generate_trace, save_trace
 from ddtree_bench.tree import TREE_FIELDS, TreeBatch, first_difference, packed_visibility
 
@@ -192,7 +193,12 @@ def small_trace(tmp_path_factory):
     return path
 
 
-TIMING = dict(warmup=1, repeats=3, min_seconds=0.0, max_repeats=5, machine="test", distribution="bf16")
+TIMING = dict(warmup=1, repeats=3, min_seconds=0.0, max_seconds=None, min_repeats=1, max_repeats=5)
+
+
+def timing_job(builder, trace, budget, **fields) -> TimingJob:
+    """Batch 4 of ``trace`` at ``budget``, timed by ``TIMING``."""
+    return TimingJob(builder, trace, budget, 4, TIMING, machine="test", distribution="bf16", **fields)
 
 
 @needs_gpu
@@ -201,7 +207,7 @@ def test_in_situ_timing_rows_for_the_cpu_builders(small_trace, native_library, b
     if builder == "reference" and TORCH_REASON is not None:
         pytest.skip(f"reference's in-situ path needs torch with CUDA: {TORCH_REASON}")
     options = {"library": str(native_library)} if builder.startswith("native") else None
-    df = run_insitu_benchmark(builder, small_trace, 64, 4, builder_options=options, **TIMING)
+    df = run_insitu_benchmark(timing_job(builder, small_trace, 64, builder_options=options))
     assert set(df["timing"]) == {IN_SITU} and set(df["status"]) == {"ok"}
     assert df["correct"].all()  # the tensors left on the device equal reference's
     timed = df[df["phase"] == "timed"]
@@ -214,13 +220,13 @@ def test_in_situ_timing_rows_for_sglang_where_it_loads(small_trace):
     reason = get_builder("sglang").unavailable_reason()
     if reason is not None:
         pytest.skip(f"SGLang's function is not loadable here: {reason}")
-    df = run_insitu_benchmark("sglang", small_trace, 32, 4, **TIMING)
+    df = run_insitu_benchmark(timing_job("sglang", small_trace, 32))
     assert set(df["timing"]) == {IN_SITU} and set(df["status"]) == {"ok"} and df["correct"].all()
 
 
 @needs_gpu
 def test_in_situ_timing_rows_for_the_gpu_builder(small_trace):
-    df = run_gpu_benchmark("gpu", small_trace, 64, 4, in_situ=True, **TIMING)
+    df = run_gpu_benchmark(timing_job("gpu", small_trace, 64, in_situ=True))
     timed = df[df["phase"] == "timed"]
     kinds = {t: g for t, g in timed.groupby("timing")}
     for timing, clock in (
@@ -233,5 +239,5 @@ def test_in_situ_timing_rows_for_the_gpu_builder(small_trace):
         assert timing in kinds, timing
         assert set(kinds[timing]["clock"]) == {clock} and (kinds[timing]["seconds"] > 0).all()
     assert df["correct"].all()
-    without = run_gpu_benchmark("gpu", small_trace, 64, 4, **TIMING)
+    without = run_gpu_benchmark(timing_job("gpu", small_trace, 64))
     assert not without["timing"].str.startswith("in-situ").any()

@@ -30,6 +30,7 @@ from ddtree_bench.builders import sglang as sglang_builder
 from ddtree_bench.cli import main
 from ddtree_bench.config import check_config
 from ddtree_bench.stages.build import run_benchmark
+from ddtree_bench.stages.timing_job import TimingJob
 from ddtree_bench.summary.build import summarize
 from ddtree_bench.traces import save_trace
 from ddtree_bench.tree import first_difference
@@ -613,17 +614,18 @@ def test_source_provenance_is_in_every_row_and_the_summary(fake_torch_only, tmp_
     trace = tmp_path / "t.npz"
     save_trace(trace, lp, ids)
     path = write_stand_in(tmp_path / "ddtree.py")
+    timing = dict(warmup=1, repeats=2, min_seconds=0.0, max_seconds=None, min_repeats=1, max_repeats=None)
     rows = run_benchmark(
-        "sglang",
-        trace,
-        8,
-        2,
-        warmup=1,
-        repeats=2,
-        min_seconds=0.0,
-        machine="m",
-        distribution="peaked",
-        builder_options={"source": str(path)},
+        TimingJob(
+            "sglang",
+            trace,
+            8,
+            2,
+            timing,
+            machine="m",
+            distribution="peaked",
+            builder_options={"source": str(path)},
+        )
     )
     sha = sglang_builder.file_sha256(path)
     assert (rows["builder_source"] == str(path.resolve())).all() and (
@@ -635,7 +637,15 @@ def test_source_provenance_is_in_every_row_and_the_summary(fake_torch_only, tmp_
         True
     ]
     ref = run_benchmark(
-        "reference", trace, 8, 2, warmup=0, repeats=1, min_seconds=0.0, machine="m", distribution="peaked"
+        TimingJob(
+            "reference",
+            trace,
+            8,
+            2,
+            {**timing, "warmup": 0, "repeats": 1},
+            machine="m",
+            distribution="peaked",
+        )
     )
     assert ref["builder_source"].isna().all() and ref["builder_workspace"].isna().all()
 

@@ -1,5 +1,5 @@
-"""``stages.build.run_benchmark``: one row per call, warm-up rows kept and flagged, the stopping rule, GC off
-while timing, unavailable builders, and the contract's columns."""
+"""``stages.build.run_benchmark`` (given a ``stages.timing_job.TimingJob``): one row per call, warm-up rows
+kept and flagged, the stopping rule, GC off while timing, unavailable builders, and the contract's columns."""
 
 from __future__ import annotations
 
@@ -8,11 +8,13 @@ import math
 import time
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from ddtree_bench.builders import get_builder
 from ddtree_bench.builders.base import Builder
 from ddtree_bench.stages.build import COLUMNS, read_batch, run_benchmark, unavailable_frame
+from ddtree_bench.stages.timing_job import TimingJob
 from ddtree_bench.traces import generate_trace, load_trace, save_trace
 from ddtree_bench.tree import TreeBatch
 
@@ -27,10 +29,23 @@ def trace_path(tmp_path_factory):
     return path
 
 
-def bench(builder, trace_path, budget=BUDGET, batch=4, **overrides):
-    arguments = dict(warmup=2, repeats=5, min_seconds=0.0, machine="test-machine", distribution="uniform")
-    arguments.update(overrides)
-    return run_benchmark(builder, trace_path, budget, batch, **arguments)
+#: The timing section where a test gives no other (``TimingPolicy``'s defaults past the first three).
+TIMING = dict(warmup=2, repeats=5, min_seconds=0.0, max_seconds=None, min_repeats=1, max_repeats=None)
+
+
+def bench(builder, trace_path, budget=BUDGET, batch=4, *, correct=None, input_columns="trace", **timing):
+    job = TimingJob(
+        builder,
+        trace_path,
+        budget,
+        batch,
+        {**TIMING, **timing},
+        machine="test-machine",
+        distribution="uniform",
+        correct=correct,
+        input_columns=input_columns,
+    )
+    return run_benchmark(job)
 
 
 class RecordingBuilder(Builder):
@@ -220,8 +235,19 @@ def test_unavailable_builder_gives_one_row_with_the_reason(trace_path):
 def test_unavailable_frame_for_a_left_out_builder():
     rows = unavailable_frame("gpu", "no CUDA device\n(details)", machine="m")
     assert list(rows.columns) == list(COLUMNS)
-    assert rows.iloc[0]["status_reason"] == "no CUDA device (details)"
-    assert rows.iloc[0]["machine"] == "m"
+    row = rows.iloc[0]
+    assert row["status_reason"] == "no CUDA device (details)" and row["machine"] == "m"
+    assert (row["label"], row["budget"], row["batch"]) == ("gpu", 0, 0)  # every configuration
+    assert all(pd.isna(row[k]) for k in ("depth", "topk", "input_columns", "distribution", "trace_sha256"))
+
+
+def test_unavailable_frame_names_a_configuration():
+    fields = dict(label="GPU", budget=8, batch=4, depth=6, topk=8, input_columns=16, distribution="bf16")
+    rows = unavailable_frame("gpu", "no CUDA device", machine="m", fields={**fields, "trace_sha256": "ab"})
+    row = rows.iloc[0]
+    assert {k: row[k] for k in fields} == fields and row["trace_sha256"] == "ab"
+    with pytest.raises(ValueError, match=r"unknown row fields \['seconds'\]"):
+        unavailable_frame("gpu", "no CUDA device", fields={"seconds": 1.0})
 
 
 def test_correctness_is_checked_when_not_given(trace_path):

@@ -34,6 +34,7 @@ from ddtree_bench.stages.insitu import (
     torch_cuda_reason,
     unavailable_like,
 )
+from ddtree_bench.stages.timing_job import TimingJob
 from ddtree_bench.summary.build import summarize
 from ddtree_bench.summary.step import step_breakdown, summarize_steps
 from ddtree_bench.traces import generate_trace, save_trace
@@ -140,19 +141,15 @@ def _trace(tmp_path):
     return path
 
 
+def _job(builder, trace, distribution) -> TimingJob:
+    """Budget 8, batch 2, one timed call, machine "m"."""
+    timing = dict(warmup=0, repeats=1, min_seconds=0.0, max_seconds=None, min_repeats=1, max_repeats=None)
+    return TimingJob(builder, trace, 8, 2, timing, machine="m", distribution=distribution)
+
+
 @pytest.mark.skipif(torch_cuda_reason() is None, reason="this machine has torch with CUDA")
 def test_in_situ_without_a_gpu_is_one_row_saying_why(tmp_path):
-    df = run_insitu_benchmark(
-        "reference",
-        _trace(tmp_path),
-        8,
-        2,
-        warmup=0,
-        repeats=1,
-        min_seconds=0.0,
-        machine="m",
-        distribution="peaked",
-    )
+    df = run_insitu_benchmark(_job("reference", _trace(tmp_path), distribution="peaked"))
     assert len(df) == 1
     row = df.iloc[0]
     assert row["timing"] == IN_SITU and row["status"] == "unavailable"
@@ -171,9 +168,7 @@ def test_in_situ_refuses_the_gpu_builder(tmp_path):
             return int(budget)
 
     with pytest.raises(ValueError, match="run_gpu_benchmark"):
-        run_insitu_benchmark(
-            Gpu(), _trace(tmp_path), 8, 2, warmup=0, repeats=1, min_seconds=0.0, machine="m", distribution="x"
-        )
+        run_insitu_benchmark(_job(Gpu(), _trace(tmp_path), distribution="x"))
 
 
 # ----------------------------------------------------------------------------------------------- targets
@@ -348,17 +343,7 @@ def test_in_situ_config_key():
 
 
 def test_unavailable_like_names_the_timing_jobs_configuration(tmp_path):
-    rows = run_benchmark(
-        "reference",
-        _trace(tmp_path),
-        8,
-        2,
-        warmup=0,
-        repeats=1,
-        min_seconds=0.0,
-        machine="m",
-        distribution=None,
-    )
+    rows = run_benchmark(_job("reference", _trace(tmp_path), distribution=None))
     extra = unavailable_like(rows, "in-situ timing needs a CUDA GPU: no CUDA device found")
     assert len(extra) == 1
     row = extra.iloc[0]

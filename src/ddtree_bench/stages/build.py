@@ -1,4 +1,5 @@
-"""Timing one configuration (builder, budget, batch size, trace): ``run_benchmark``.
+"""Timing one configuration (builder, budget, batch size, trace) on the CPU: ``run_benchmark(job)``, ``job`` a
+``stages.timing_job.TimingJob``.
 
 Method (the same for every CPU builder, on the same inputs):
 
@@ -33,6 +34,7 @@ import math
 import struct
 import time
 import zipfile
+from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
@@ -78,6 +80,22 @@ PROVENANCE_COLUMNS = (
     "builder_workspace",
 )
 COLUMNS = (*COLUMNS, *PROVENANCE_COLUMNS)
+
+#: The configuration's row fields an "unavailable" row can name (``unavailable_frame``).
+UNAVAILABLE_FIELDS = (
+    "label",
+    "budget",
+    "batch",
+    "depth",
+    "topk",
+    "input_columns",
+    "distribution",
+    "trace_sha256",
+)
+#: The column a timing job's rows add after ``COLUMNS`` (``stages.timing_job.run``): which of the
+#: configuration's independent timing jobs (``timing.jobs``, 1-based) timed them (``summary.spread``); the
+#: summary reads rows without it as job 1.
+JOB_COLUMN = "job"
 
 STATUSES = ("ok", "unavailable", "failed")
 PHASES = ("warmup", "timed")
@@ -131,28 +149,25 @@ def unavailable_frame(
     reason: str,
     *,
     machine: str | None = None,
-    label: str | None = None,
-    budget: int = 0,
-    batch: int = 0,
-    depth: int | None = None,
-    topk: int | None = None,
-    input_columns: int | None = None,
-    distribution: str | None = None,
+    fields: Mapping | None = None,
     environment: dict | None = None,
-    trace_sha256: str | None = None,
 ) -> pd.DataFrame:
-    """One row saying ``builder`` could not run here and why (no timings). ``budget``/``batch`` 0 mean "every
-    configuration" (the workflow writes one such row per builder it leaves out)."""
+    """One row saying ``builder`` could not run here and why (no timings). ``fields``: the configuration's
+    row fields (``UNAVAILABLE_FIELDS``: label, budget, batch, depth, topk, input_columns, distribution,
+    trace_sha256); a field not given is null, but the label (the builder's name) and budget and batch (0:
+    "every configuration"; the workflow writes one such row per builder it leaves out). ``environment``: the
+    environment columns (None: collected here, for ``machine``)."""
     env = environment or collect_environment(machine)
+    given = dict(fields or {})
+    unknown = sorted(set(given) - set(UNAVAILABLE_FIELDS))
+    if unknown:
+        raise ValueError(f"unavailable_frame: unknown row fields {unknown}")
     row = {
         "builder": builder,
-        "label": label or builder,
-        "budget": budget,
-        "batch": batch,
-        "depth": depth,
-        "topk": topk,
-        "input_columns": input_columns,
-        "distribution": distribution,
+        **dict.fromkeys(UNAVAILABLE_FIELDS),
+        "budget": 0,
+        "batch": 0,
+        **given,
         "repetition": -1,
         "phase": "timed",
         "timing": "wall",
@@ -165,9 +180,9 @@ def unavailable_frame(
         "nodes_mean": math.nan,
         "device_memory_bytes": math.nan,
         "threads": None,
-        "trace_sha256": trace_sha256,
         **{k: env.get(k) for k in COLUMNS if k in env},
     }
+    row["label"] = row["label"] or builder
     return frame([row])
 
 
@@ -259,100 +274,98 @@ def check_input_columns(value) -> str:
     return value
 
 
-#: The arguments of a tree-build timing job (``run_benchmark``'s) that go to ``TimingPolicy`` and
-#: ``prepare_run``.
-POLICY_ARGS = ("warmup", "repeats", "min_seconds", "max_seconds", "min_repeats", "max_repeats")
-RUN_ARGS = ("machine", "distribution", "builder_options", "input_columns")
+def start_run(job):
+    """What every tree-build timing job (``run_benchmark``, ``run_gpu_benchmark``, ``run_insitu_benchmark``,
+    each given a ``stages.timing_job.TimingJob``, which imports them) starts with: the timing policy (the
+    job's timing section) and ``prepare_run``'s result."""
+    return TimingPolicy(**job.timing), prepare_run(job)
 
 
-def start_run(job: dict):
-    """What every tree-build timing job (``run_benchmark``, ``run_gpu_benchmark``, ``run_insitu_benchmark``:
-    one signature) starts with, from its arguments ``job`` (``locals()`` at its start): the timing policy and
-    ``prepare_run``'s result."""
-    policy = TimingPolicy(**{key: job[key] for key in POLICY_ARGS})
-    run = {key: job[key] for key in RUN_ARGS}
-    return policy, prepare_run(job["builder"], job["trace_path"], job["budget"], job["batch"], **run)
+def builder_name(builder) -> str:
+    """The rows' ``builder`` of a builder name or object."""
+    return builder if isinstance(builder, str) else getattr(builder, "name", type(builder).__name__)
 
 
-def prepare_run(
-    builder, trace_path, budget, batch, *, machine, distribution, builder_options, input_columns="trace"
-):
+def prepare_run(job):
     """What every timing job starts with: the batch (the trace's first ``batch`` requests; with
     ``input_columns="topk"`` only their first ``min(budget, K)`` columns), the builder object, and the row
     fields every row shares. Returns ``(builder_object, lp, ids, budget, base_row)``, or a one-row
     "unavailable" frame when the builder cannot run here."""
-    budget = check_budget(budget)
-    batch = check_count(batch, "batch", 1)
-    input_columns = check_input_columns(input_columns)
-    lp, ids, columns, metadata = read_batch(trace_path, batch, budget if input_columns == "topk" else None)
+    budget = check_budget(job.budget)
+    batch = check_count(job.batch, "batch", 1)
+    input_columns = check_input_columns(job.input_columns)
+    lp, ids, columns, metadata = read_batch(
+        job.trace_path, batch, budget if input_columns == "topk" else None
+    )
     depth = int(lp.shape[1])
-    topk = min(budget, columns)
-    if distribution is None:
-        distribution = metadata.get("distribution")
-    sha256 = row_sha256(trace_path, metadata)
-    env = collect_environment(machine)
-    name = builder if isinstance(builder, str) else getattr(builder, "name", type(builder).__name__)
-    obj = _builder_object(builder, builder_options)
-    reason = obj.unavailable_reason()
-    if reason is not None:
-        return unavailable_frame(
-            name,
-            reason,
-            label=obj.label or name,
-            budget=budget,
-            batch=batch,
-            depth=depth,
-            topk=topk,
-            input_columns=int(lp.shape[2]),
-            distribution=distribution,
-            environment=env,
-            trace_sha256=sha256,
-        )
-    budget = obj.check(lp, ids, budget)  # validate once; the timed calls skip it (module docstring)
-    base = {
-        "builder": name,
+    if job.depth is not None and depth != job.depth:
+        raise ValueError(f"trace {job.trace_path} has depth {depth}, not the job's {job.depth}")
+    distribution = job.distribution if job.distribution is not None else metadata.get("distribution")
+    sha256 = row_sha256(job.trace_path, metadata)
+    env = collect_environment(job.machine)
+    name = builder_name(job.builder)
+    obj = _builder_object(job.builder, job.builder_options)
+    fields = {
         "label": obj.label or name,
         "budget": budget,
         "batch": batch,
         "depth": depth,
-        "topk": topk,
+        "topk": min(budget, columns),
         "input_columns": int(lp.shape[2]),
         "distribution": distribution,
+        "trace_sha256": sha256,
+    }
+    reason = obj.unavailable_reason()
+    if reason is not None:
+        return unavailable_frame(name, reason, fields=fields, environment=env)
+    budget = obj.check(lp, ids, budget)  # validate once; the timed calls skip it (module docstring)
+    base = {
+        "builder": name,
+        **fields,
+        "budget": budget,
         "status": "ok",
         "status_reason": None,
-        "trace_sha256": sha256,
         **{k: env.get(k) for k in COLUMNS if k in env},
         **provenance_fields(obj),
     }
     return obj, lp, ids, budget, base
 
 
-def run_benchmark(
-    builder,
-    trace_path,
-    budget,
-    batch,
-    *,
-    warmup: int,
-    repeats: int,
-    min_seconds: float,
-    machine: str | None,
-    distribution: str | None,
-    builder_options: dict | None = None,
-    max_seconds: float | None = None,
-    min_repeats: int = 1,
-    max_repeats: int | None = None,
-    correct: bool | None = None,
-    input_columns: str = "trace",
-) -> pd.DataFrame:
-    """Time ``builder`` (a name, or a builder object) on the first ``batch`` requests of the trace at
-    ``trace_path`` with budget ``budget``; one row per call (see the module docstring).
+def samples_without_gc(policy: TimingPolicy, measure) -> list[tuple[str, int, float]]:
+    """``policy.samples(measure)`` with Python's garbage collector off (after a collection); restored."""
+    gc.collect()
+    gc_was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return policy.samples(measure)
+    finally:
+        if gc_was_enabled:
+            gc.enable()
 
-    ``correct``: whether the builder's trees were checked equal to ``reference``'s (the workflow's check job
-    passes ``True``); ``None`` compares the last timed call's trees with ``reference`` here (``reference``
-    itself is correct by definition).
+
+def call_rows(common: dict, samples) -> list[dict]:
+    """One row per ``(phase, repetition, seconds)`` sample: ``common`` with the call's fields."""
+    return [
+        {
+            **common,
+            "repetition": rep,
+            "phase": phase,
+            "seconds": seconds,
+            "per_tree_seconds": seconds / common["batch"],
+        }
+        for phase, rep, seconds in samples
+    ]
+
+
+def run_benchmark(job) -> pd.DataFrame:
+    """Time ``job.builder`` (a name, or a builder object) on the first ``job.batch`` requests of the trace at
+    ``job.trace_path`` with budget ``job.budget``; one row per call (see the module docstring).
+
+    ``job.correct``: whether the builder's trees were checked equal to ``reference``'s (the workflow's check
+    job passes ``True``); ``None`` compares the last timed call's trees with ``reference`` here
+    (``reference`` itself is correct by definition).
     """
-    policy, prepared = start_run(locals())  # first: the arguments, nothing else
+    policy, prepared = start_run(job)
     if isinstance(prepared, pd.DataFrame):
         return prepared
     obj, lp, ids, budget, base = prepared
@@ -373,16 +386,9 @@ def run_benchmark(
         last[:] = [trees]
         return (t1 - t0) / 1e9
 
-    gc.collect()
-    gc_was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        samples = policy.samples(measure)
-    finally:
-        if gc_was_enabled:
-            gc.enable()
-
+    samples = samples_without_gc(policy, measure)
     trees = last[0]
+    correct = job.correct
     if base["builder"] == "reference":
         correct = True
     elif correct is None:
@@ -395,14 +401,4 @@ def run_benchmark(
         "nodes_mean": float(np.mean(trees.node_count)),
         "device_memory_bytes": math.nan,
     }
-    rows = [
-        {
-            **common,
-            "repetition": rep,
-            "phase": phase,
-            "seconds": seconds,
-            "per_tree_seconds": seconds / base["batch"],
-        }
-        for phase, rep, seconds in samples
-    ]
-    return frame(rows)
+    return frame(call_rows(common, samples))

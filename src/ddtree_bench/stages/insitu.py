@@ -1,7 +1,8 @@
 """In-situ cost: what the decode round's critical path pays between the drafter's top-K on the GPU and the
 padded tree on the GPU, for every builder, on the same inputs (``timing = "in-situ"`` rows).
 
-``run_insitu_benchmark`` (same arguments and columns as ``stages.build.run_benchmark``) times one CPU builder:
+``run_insitu_benchmark`` (a ``stages.timing_job.TimingJob``, as ``stages.build.run_benchmark``; the same
+columns) times one CPU builder:
 
 - ``sglang`` and ``reference``, the way SGLang's DDTree worker does it (torch): the [B, L, K] top-K starts as
   torch CUDA tensors; a call copies them to the host with pageable copies (``.to("cpu")``), builds and pads
@@ -15,8 +16,8 @@ padded tree on the GPU, for every builder, on the same inputs (``timing = "in-si
   same stream and synchronises.
 
 Each call is wall time by ``time.perf_counter_ns``. The ``gpu`` builder's in-situ rows come from
-``gpu_bench.run_gpu_benchmark(..., in_situ=True)`` (CUDA events around a CUDA-graph replay; launch +
-synchronise wall as a secondary row; both with the bool mask and with packed bits only).
+``stages.build_gpu.run_gpu_benchmark`` given a job with ``in_situ`` (CUDA events around a CUDA-graph replay;
+launch + synchronise wall as a secondary row; both with the bool mask and with packed bits only).
 
 Where the mode cannot run (no GPU; no torch with CUDA for ``sglang``/``reference``) the result is one row with
 ``status = "unavailable"``, ``timing = "in-situ"`` and the reason. After timing, the five tensors the last
@@ -25,7 +26,6 @@ call left on the device are copied back (untimed) and compared with ``reference`
 
 from __future__ import annotations
 
-import gc
 import time
 
 import numpy as np
@@ -35,7 +35,15 @@ from ddtree_bench import catalog
 from ddtree_bench.builders import get_builder
 from ddtree_bench.builders.gpu import device_layout, device_views
 from ddtree_bench.environment import ENVIRONMENT_COLUMNS
-from ddtree_bench.stages.build import frame, prechecked_budget, start_run, unavailable_frame
+from ddtree_bench.stages.build import (
+    UNAVAILABLE_FIELDS,
+    call_rows,
+    frame,
+    prechecked_budget,
+    samples_without_gc,
+    start_run,
+    unavailable_frame,
+)
 from ddtree_bench.timing.gpu import pinned
 from ddtree_bench.tree import FIELD_DTYPES, TreeBatch
 
@@ -81,8 +89,8 @@ def in_situ_unavailable_reason(builder: str) -> str | None:
     raise ValueError(f"in-situ timing: unknown builder {builder!r}")
 
 
-def _unavailable(base_or_name, reason: str, **fields) -> pd.DataFrame:
-    df = unavailable_frame(base_or_name, reason, **fields)
+def _unavailable(builder: str, reason: str, **keywords) -> pd.DataFrame:
+    df = unavailable_frame(builder, reason, **keywords)
     df["timing"] = IN_SITU
     return df
 
@@ -98,15 +106,9 @@ def unavailable_like(rows: pd.DataFrame, reason: str) -> pd.DataFrame:
     fields = {k: value(k) for k in ("label", "depth", "topk", "input_columns", "distribution")}
     for key in ("depth", "topk", "input_columns"):
         fields[key] = None if fields[key] is None else int(fields[key])
+    fields.update(budget=int(first["budget"]), batch=int(first["batch"]))
     environment = {k: value(k) for k in ENVIRONMENT_COLUMNS if k in first.index}
-    return _unavailable(
-        str(first["builder"]),
-        reason,
-        budget=int(first["budget"]),
-        batch=int(first["batch"]),
-        environment=environment,
-        **fields,
-    )
+    return _unavailable(str(first["builder"]), reason, fields=fields, environment=environment)
 
 
 def pad_request_torch(torch, result, budget: int, pad_function=None):
@@ -250,28 +252,12 @@ def _pinned_measure(obj, lp: np.ndarray, ids: np.ndarray, budget: int, keep: lis
     return measure, fetch, float(d_in.nbytes + d_out.nbytes)
 
 
-def run_insitu_benchmark(
-    builder,
-    trace_path,
-    budget,
-    batch,
-    *,
-    warmup: int,
-    repeats: int,
-    min_seconds: float,
-    machine: str | None,
-    distribution: str | None,
-    builder_options: dict | None = None,
-    max_seconds: float | None = None,
-    min_repeats: int = 1,
-    max_repeats: int | None = None,
-    correct: bool | None = None,
-    input_columns: str = "trace",
-) -> pd.DataFrame:
+def run_insitu_benchmark(job) -> pd.DataFrame:
     """In-situ timing of one CPU builder (module docstring); one row per call, ``timing = "in-situ"``.
-    ``correct``: the check job's verdict on the builder's trees (``None``: not known); the rows' ``correct``
-    is it and-ed with the equality of the tensors the in-situ calls left on the device to ``reference``'s."""
-    policy, prepared = start_run(locals())  # first: the arguments, nothing else
+    ``job.correct``: the check job's verdict on the builder's trees (``None``: not known); the rows'
+    ``correct`` is it and-ed with the equality of the tensors the in-situ calls left on the device to
+    ``reference``'s."""
+    policy, prepared = start_run(job)
     if isinstance(prepared, pd.DataFrame):
         prepared["timing"] = IN_SITU
         return prepared
@@ -283,11 +269,9 @@ def run_insitu_benchmark(
         )
     reason = in_situ_unavailable_reason(name)
     if reason is not None:
-        fields = {k: base[k] for k in ("label", "budget", "batch", "depth", "topk", "input_columns")}
+        fields = {k: base[k] for k in UNAVAILABLE_FIELDS if k != "trace_sha256"}
         environment = {k: v for k, v in base.items() if k in ENVIRONMENT_COLUMNS}
-        return _unavailable(
-            name, reason, distribution=base["distribution"], environment=environment, **fields
-        )
+        return _unavailable(name, reason, fields=fields, environment=environment)
 
     obj.check = prechecked_budget
     base["threads"] = obj.info().get("threads", 1)
@@ -296,42 +280,23 @@ def run_insitu_benchmark(
         measure, fetch, device_bytes = _torch_measure(obj, name, lp, ids, budget, keep)
     else:
         measure, fetch, device_bytes = _pinned_measure(obj, lp, ids, budget, keep)
-
-    gc.collect()
-    gc_was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        samples = policy.samples(measure)
-    finally:
-        if gc_was_enabled:
-            gc.enable()
+    samples = samples_without_gc(policy, measure)
 
     expected = get_builder("reference").build(lp, ids, budget)
-    got = fetch()
     same = all(
         np.array_equal(getattr(expected, field), value)
-        for field, value in zip(VERIFY_FIELDS, got, strict=True)
+        for field, value in zip(VERIFY_FIELDS, fetch(), strict=True)
     )
     common = {
         **base,
         "timing": IN_SITU,
         "cache": "n/a",
-        "correct": bool(same and (True if correct is None else correct)),
+        "correct": bool(same and (True if job.correct is None else job.correct)),
         "nodes_mean": float(np.mean(expected.node_count)),
         "device_memory_bytes": device_bytes,
         "clock": "time.perf_counter_ns",
     }
-    rows = [
-        {
-            **common,
-            "repetition": rep,
-            "phase": phase,
-            "seconds": seconds,
-            "per_tree_seconds": seconds / base["batch"],
-        }
-        for phase, rep, seconds in samples
-    ]
-    return frame(rows)
+    return frame(call_rows(common, samples))
 
 
 __all__ = ["IN_SITU", "IN_SITU_TIMINGS", "VERIFY_FIELDS", "run_insitu_benchmark", "torch_cuda_reason"]

@@ -22,8 +22,8 @@ from ddtree_bench.acceptance import expected_accepted_tokens, sample_target_toke
 from ddtree_bench.builders import get_builder
 from ddtree_bench.io import write_frame, write_json
 from ddtree_bench.ops.accept import GpuAccept, accept_cpu
-from ddtree_bench.stages.build import COLUMNS
-from ddtree_bench.summary.spread import JOB_COLUMN, SPREAD_COLUMNS, job_spread
+from ddtree_bench.stages.build import COLUMNS, JOB_COLUMN
+from ddtree_bench.summary.spread import SPREAD_COLUMNS, job_spread
 from ddtree_bench.traces import load_trace
 
 if TYPE_CHECKING:

@@ -33,8 +33,6 @@ BOUNDS = {
     "median_s": ("job_median_min_s", "job_median_max_s"),
     "median_per_tree_s": ("job_median_min_per_tree_s", "job_median_max_per_tree_s"),
 }
-#: The per-job files' column naming the job (1-based); rows without it are job 1.
-JOB_COLUMN = "job"
 
 
 def job_suffix(job: int) -> str:

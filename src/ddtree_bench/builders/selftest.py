@@ -1,4 +1,5 @@
-"""Run the GPU builder on a few inputs and compare with the reference (used under compute-sanitizer)."""
+"""Run the GPU builder on a few inputs and compare with the reference (used under compute-sanitizer):
+``python -m ddtree_bench.builders.selftest``."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from ddtree_bench.tree import first_difference
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m ddtree_bench.cuda.selftest")
+    parser = argparse.ArgumentParser(prog="python -m ddtree_bench.builders.selftest")
     parser.add_argument("--budgets", type=int, nargs="+", default=[8, 32, 256, 1024])
     parser.add_argument("--batch", type=int, default=2)
     parser.add_argument("--depth", type=int, default=16)
