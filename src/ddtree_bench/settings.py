@@ -286,6 +286,10 @@ class Settings:
             _config=MappingProxyType(copy.deepcopy(c)),
         )
 
+    def __reduce__(self):
+        """Pickled as its checked mapping (Snakemake hands the settings to a rule's script so)."""
+        return (Settings._from_checked, (self.as_config(),))
+
     def as_config(self) -> dict:
         """The checked configuration mapping (defaults filled, keys sorted): a fresh copy."""
         return copy.deepcopy(dict(self._config))

@@ -5,11 +5,14 @@ the settings say."""
 from __future__ import annotations
 
 import dataclasses
+import shutil
+from pathlib import Path
 
 import pandas as pd
 import pytest
 
 from ddtree_bench import catalog
+from ddtree_bench.paths import layout
 from ddtree_bench.settings import Settings
 from ddtree_bench.stages import build, build_gpu
 from ddtree_bench.stages.timing_job import TimingJob, run
@@ -119,8 +122,9 @@ def _settings(**overrides) -> Settings:
     return Settings.from_config(config)
 
 
-def test_from_settings_takes_the_settings_timing_machine_and_columns(trace_path):
+def test_from_settings_takes_the_settings_timing_machine_and_columns(trace_path, tmp_path):
     settings = _settings()
+    results = tmp_path / "results"
     made = TimingJob.from_settings(
         settings,
         builder="reference",
@@ -128,12 +132,13 @@ def test_from_settings_takes_the_settings_timing_machine_and_columns(trace_path)
         depth="4",
         budget="8",
         batch="2",
-        trace=str(trace_path),
         job=2,
+        results=results,
     )
+    trace = layout(settings, results).trace_of("uniform", 4)
     assert made == TimingJob(
         builder="reference",
-        trace_path=str(trace_path),
+        trace_path=trace,
         budget=8,
         batch=2,
         timing=settings.timing.options(),
@@ -145,36 +150,22 @@ def test_from_settings_takes_the_settings_timing_machine_and_columns(trace_path)
         job=2,
         in_situ=False,
     )
+    Path(trace).parent.mkdir(parents=True)
+    shutil.copy(trace_path, trace)
     rows = run(made)
     assert set(rows["machine"]) == {"settings-machine"} and set(rows["job"]) == {2}
     assert set(rows["input_columns"]) == {8}  # "topk": the first min(N, K) columns
     assert (rows["phase"] == "timed").sum() >= settings.timing.repeats
 
 
-def test_from_settings_takes_the_configured_builder_options_and_in_situ(trace_path):
+def test_from_settings_takes_the_configured_builder_options_and_the_built_libraries():
     settings = _settings(timing={"in_situ": True})
     made = TimingJob.from_settings(
-        settings,
-        builder="sglang",
-        distribution="uniform",
-        depth=4,
-        budget=8,
-        batch=2,
-        trace=str(trace_path),
-        in_situ_reason="no GPU",
-        correct=True,
+        settings, builder="sglang", distribution="uniform", depth=4, budget=8, batch=2
     )
     assert made.builder_options == settings.builder_options("sglang") and made.builder_options
-    assert made.in_situ and made.in_situ_reason == "no GPU" and made.correct is True
-    given = {"library": "lib.so"}  # the workflow's: the libraries it built among them
+    assert made.in_situ and made.correct is None and made.in_situ_reason is None
     native = TimingJob.from_settings(
-        settings,
-        builder="native",
-        distribution="uniform",
-        depth=4,
-        budget=8,
-        batch=2,
-        trace="t",
-        builder_options=given,
+        settings, builder="native", distribution="uniform", depth=4, budget=8, batch=2
     )
-    assert native.builder_options == given
+    assert native.builder_options == {"library": layout(settings).native_library}

@@ -1,4 +1,21 @@
+import dataclasses
+
+from ddtree_bench.stages.timing_job import TimingJob
 from ddtree_bench.summary.spread import job_of_suffix
+
+
+def timing_job(wildcards):
+    """The timing job of these wildcards (stages.timing_job.TimingJob.from_settings), with the in-situ probe."""
+    job = TimingJob.from_settings(
+        SETTINGS,
+        builder=wildcards.builder,
+        distribution=wildcards.distribution,
+        depth=wildcards.depth,
+        budget=wildcards.budget,
+        batch=wildcards.batch,
+        job=job_of_suffix(wildcards.rep),
+    )
+    return dataclasses.replace(job, in_situ_reason=IN_SITU_REASON)
 
 
 rule bench:
@@ -22,13 +39,10 @@ rule bench:
         timing_slot=1,
         gpu=builder_gpus,
     params:
-        options=lambda wildcards: builder_options(wildcards.builder),
-        job=lambda wildcards: job_of_suffix(wildcards.rep),
-        timing=TIMING,
-        machine=MACHINE,
-        input_columns=INPUT_COLUMNS,
-        in_situ=IN_SITU,
-        in_situ_reason=IN_SITU_REASON,
+        # the job travels to the script as an object; its fields, as plain values, are what Snakemake's
+        # rerun decisions compare
+        job=timing_job,
+        fields=lambda wildcards: stages.job_fields(timing_job(wildcards)),
     script:
         "../scripts/bench.py"
 

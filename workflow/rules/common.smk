@@ -32,9 +32,6 @@ DISTRIBUTIONS = list(SETTINGS.distributions)
 BUILDERS = list(SETTINGS.builders)
 TRACE_REQUESTS = SETTINGS.trace_requests
 TRACE_COLUMNS = SETTINGS.trace_columns
-# The columns each timing job hands the builders: the first min(N, K) under `topk: budget` (K = N).
-INPUT_COLUMNS = SETTINGS.builder_input_columns
-TIMING = SETTINGS.timing.options()
 # Independent timing jobs per CPU builder configuration (timing.jobs); a GPU builder's take one.
 TIMING_JOBS = int(SETTINGS.timing.jobs)
 # The in-situ timing mode (GPU machines; elsewhere its rows say why): every timing job adds it.

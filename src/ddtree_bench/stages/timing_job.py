@@ -20,6 +20,7 @@ import pandas as pd
 
 from ddtree_bench import catalog
 from ddtree_bench.config import TIMING_KEYS
+from ddtree_bench.paths import layout
 from ddtree_bench.stages import build
 from ddtree_bench.timing.policy import check_count
 
@@ -63,36 +64,32 @@ class TimingJob:
         settings,
         *,
         builder,
-        distribution: str | None,
-        depth: int | None,
+        distribution: str,
+        depth: int,
         budget: int,
         batch: int,
-        trace: str | Path,
         job: int = 1,
-        builder_options: Mapping | None = None,
-        correct: bool | None = None,
-        in_situ_reason: str | None = None,
+        results=None,
     ) -> TimingJob:
-        """The job of one configuration under ``settings`` (``settings.Settings``): its timing section,
-        machine, input columns and in-situ switch. Wildcard-like values (strings of digits) are taken as
-        ints. ``builder_options`` None: the configured ones (``Settings.builder_options``; no libraries)."""
-        if builder_options is None:
-            builder_options = settings.builder_options(builder) if isinstance(builder, str) else {}
+        """The workflow's job of one configuration under ``settings`` (``settings.Settings``): its trace and
+        the builder's libraries where ``paths.layout`` puts them, the configured builder options, timing
+        section, machine, input columns and in-situ switch. Wildcard-like values (strings of digits) are
+        taken as ints. What only the run knows (``correct``, ``in_situ_reason``) is set with
+        ``dataclasses.replace``."""
+        files = layout(settings, results)
         return cls(
             builder=builder,
-            trace_path=trace,
+            trace_path=files.trace_of(distribution, depth),
             budget=int(budget),
             batch=int(batch),
             timing=settings.timing.options(),
             machine=settings.machine,
             distribution=distribution,
-            builder_options=builder_options,
+            builder_options={**files.libraries(builder), **settings.builder_options(builder)},
             input_columns=settings.builder_input_columns,
-            correct=correct,
-            depth=None if depth is None else int(depth),
+            depth=int(depth),
             job=int(job),
             in_situ=bool(settings.timing.in_situ),
-            in_situ_reason=in_situ_reason,
         )
 
     @property
