@@ -174,38 +174,38 @@ def test_fixed_topk():
 
 
 BAD = [
-    ("budgets", [8, 0], "config: budgets: must hold integers >= 1, got 0"),
-    ("budgets", [8, -4], "config: budgets: must hold integers >= 1, got -4"),
-    ("budgets", [8, 1.5], "config: budgets: must hold integers, got 1.5"),
-    ("budgets", [8, "sixteen"], "config: budgets: must hold integers, got 'sixteen'"),
-    ("budgets", [8, "16.5"], "config: budgets: must hold integers, got '16.5'"),
-    ("budgets", [True], "config: budgets: must hold integers, got True"),
-    ("budgets", [], "config: budgets: must be a non-empty list"),
-    ("budgets", 8, "config: budgets: must be a non-empty list"),
-    ("budgets", [8, 16, 8], "config: budgets: has duplicate values [8]"),
-    ("batch_sizes", [], "config: batch_sizes: must be a non-empty list"),
-    ("batch_sizes", [1, 1], "config: batch_sizes: has duplicate values [1]"),
-    ("depths", [16, 0], "config: depths: must hold integers >= 1, got 0"),
-    ("distributions", ["peaked", "zipf"], "config: distributions: unknown distribution 'zipf'"),
-    ("distributions", [], "config: distributions: must be a non-empty list"),
-    ("distributions", ["bf16", "bf16"], "config: distributions: has duplicate values ['bf16']"),
-    ("builders", ["reference", "triton"], "config: builders: unknown builder 'triton'"),
-    ("builders", [], "config: builders: must be a non-empty list"),
-    ("builders", ["native", "native"], "config: builders: has duplicate values ['native']"),
+    ("budgets", [8, 0], "config: budgets[1]: 0 is less than the minimum of 1"),
+    ("budgets", [8, -4], "config: budgets[1]: -4 is less than the minimum of 1"),
+    ("budgets", [8, 1.5], "config: budgets[1]: 1.5 is not of type 'integer'"),
+    ("budgets", [8, "sixteen"], "config: budgets[1]: 'sixteen' is not of type 'integer'"),
+    ("budgets", [8, "16.5"], "config: budgets[1]: '16.5' is not of type 'integer'"),
+    ("budgets", [True], "config: budgets[0]: True is not of type 'integer'"),
+    ("budgets", [], "config: budgets: [] should be non-empty"),
+    ("budgets", 8, "config: budgets: 8 is not of type 'array'"),
+    ("budgets", [8, 16, 8], "config: budgets: [8, 16, 8] has non-unique elements"),
+    ("batch_sizes", [], "config: batch_sizes: [] should be non-empty"),
+    ("batch_sizes", [1, 1], "config: batch_sizes: [1, 1] has non-unique elements"),
+    ("depths", [16, 0], "config: depths[1]: 0 is less than the minimum of 1"),
+    ("distributions", ["peaked", "zipf"], "config: distributions[1]: 'zipf' is not one of"),
+    ("distributions", [], "config: distributions: [] should be non-empty"),
+    ("distributions", ["bf16", "bf16"], "config: distributions: ['bf16', 'bf16'] has non-unique elements"),
+    ("builders", ["reference", "triton"], "config: builders[1]: 'triton' is not one of"),
+    ("builders", [], "config: builders: [] should be non-empty"),
+    ("builders", ["native", "native"], "config: builders: ['native', 'native'] has non-unique elements"),
     ("gpu", "maybe", "config: gpu: 'maybe' is not one of"),
     ("vocab_size", 100, "config: vocab_size: 100 is smaller than the 1024 top-K columns needed"),
     ("machine", "a/b", "config: machine: 'a/b' does not match"),
-    ("cuda_archs", ["ampere"], "config: cuda_archs.0: 'ampere' does not match"),
+    ("cuda_archs", ["ampere"], "config: cuda_archs[0]: 'ampere' does not match"),
     ("timing", {"repeats": 0}, "config: timing.repeats: 0 is less than the minimum of 1"),
     (
         "timing",
         {"min_seconds": 3.0, "max_seconds": 1.0},
         "config: timing: min_seconds (3.0) > max_seconds (1.0)",
     ),
-    ("timing", {"warmup": 1.5}, "config: timing.warmup: must be an integer, got 1.5"),
+    ("timing", {"warmup": 1.5}, "config: timing.warmup: 1.5 is not of type 'integer'"),
     ("timing", {"jobs": 0}, "config: timing.jobs: 0 is less than the minimum of 1"),
-    ("timing", {"jobs": 2.5}, "config: timing.jobs: must be an integer, got 2.5"),
-    ("timing", {"jobs": True}, "config: timing.jobs: must be an integer, got True"),
+    ("timing", {"jobs": 2.5}, "config: timing.jobs: 2.5 is not of type 'integer'"),
+    ("timing", {"jobs": True}, "config: timing.jobs: True is not of type 'integer'"),
     ("distributions", ["recorded"], "config: recorded_trace: distribution 'recorded' needs recorded_trace"),
     ("budget", [8], "config: (top level): Additional properties are not allowed ('budget' was unexpected)"),
     ("topk", "budget", "config: topk: 'budget' is no longer accepted"),
@@ -231,16 +231,16 @@ def test_bad_config_is_one_clear_line(key, value, message):
 
 
 STEP_BAD = [
-    ({"enabled": "yes"}, "config: step.enabled: must be true or false, got 'yes'"),
-    ({"layers": 0}, "config: step.layers: must be an integer >= 1, got 0"),
-    ({"layers": 61.5}, "config: step.layers: must be an integer >= 1, got 61.5"),
-    ({"batch_sizes": []}, "config: step.batch_sizes: must be a non-empty list"),
-    ({"batch_sizes": [1, 0]}, "config: step.batch_sizes: must hold integers >= 1, got 0"),
+    ({"enabled": "yes"}, "config: step.enabled: 'yes' is not of type 'boolean'"),
+    ({"layers": 0}, "config: step.layers: 0 is less than the minimum of 1"),
+    ({"layers": 61.5}, "config: step.layers: 61.5 is not of type 'integer'"),
+    ({"batch_sizes": []}, "config: step.batch_sizes: [] should be non-empty"),
+    ({"batch_sizes": [1, 0]}, "config: step.batch_sizes[1]: 0 is less than the minimum of 1"),
     (
         {"batch_sizes": [1, 512]},
         "config: step.batch_sizes: 512 is more than the 64 requests the traces hold",
     ),
-    ({"budgets": [8, 8]}, "config: step.budgets: has duplicate values [8]"),
+    ({"budgets": [8, 8]}, "config: step.budgets: [8, 8] has non-unique elements"),
     ({"budgets": [8, 2048]}, "config: step.budgets: 2048 is not one of the configured budgets"),
     ({"distribution": "recorded"}, "config: step.distribution: 'recorded' is not one of the configured"),
     (
@@ -249,17 +249,20 @@ STEP_BAD = [
         "['peaked', 'uniform', 'bf16', 'recorded', 'drafter', 'drafter-bf16', 'drafter-k2.6']",
     ),
     ({"depth": 12}, "config: step.depth: 12 is not one of the configured depths [16]"),
-    ({"depth": "sixteen"}, "config: step.depth: must be an integer or null, got 'sixteen'"),
-    ({"attention": {"heads": [8, 0]}}, "config: step.attention.heads: must hold integers >= 1, got 0"),
-    ({"attention": {"prefix_lengths": [4096, 4096]}}, "config: step.attention.prefix_lengths: has duplicate"),
+    ({"depth": "sixteen"}, "config: step.depth: 'sixteen' is not of type 'null', 'integer'"),
+    ({"attention": {"heads": [8, 0]}}, "config: step.attention.heads[1]: 0 is less than the minimum of 1"),
+    (
+        {"attention": {"prefix_lengths": [4096, 4096]}},
+        "config: step.attention.prefix_lengths: [4096, 4096] has non-unique elements",
+    ),
     (
         {"attention": {"impls": ["ours", "flashinfer"]}},
-        "config: step.attention.impls: unknown attention impl",
+        "config: step.attention.impls[1]: 'flashinfer' is not one of",
     ),
-    ({"attention": {"impls": []}}, "config: step.attention.impls: must be a non-empty list"),
+    ({"attention": {"impls": []}}, "config: step.attention.impls: [] should be non-empty"),
     (
         {"attention": {"timing": {"repeats": 1.5}}},
-        "config: step.attention.timing.repeats: must be an integer",
+        "config: step.attention.timing.repeats: 1.5 is not of type 'integer'",
     ),
     (
         {"attention": {"timing": {"min_repeats": 9, "repeats": 3}}},
@@ -291,8 +294,11 @@ def test_bad_step_config_is_one_clear_line(override, message):
 
 
 ROUND_BAD = [
-    ({"model": {"moe_impls": ["triton-w4a16"] * 2}}, "config: step.model.moe_impls: has duplicate"),
-    ({"model": {"forward_impl": "cutlass"}}, "config: step.model.forward_impl: unknown MoE impl 'cutlass'"),
+    (
+        {"model": {"moe_impls": ["triton-w4a16"] * 2}},
+        "config: step.model.moe_impls: ['triton-w4a16', 'triton-w4a16'] has non-unique",
+    ),
+    ({"model": {"forward_impl": "cutlass"}}, "config: step.model.forward_impl: 'cutlass' is not one of"),
     ({"model": {"routing": "zipf"}}, "config: step.model.routing: 'zipf' is not one of"),
     ({"model": {"skew": -1}}, "config: step.model.skew: -1 is less than the minimum of 0"),
     ({"model": {"shape": {"heads": 60}}}, "config: step.model.shape: heads (60) must divide by tp (8)"),
@@ -302,9 +308,9 @@ ROUND_BAD = [
     ({"draft": {"block_size": 1}}, "config: step.draft.block_size: 1 is less than the minimum of 2"),
     ({"draft": {"shape": {"kv_heads": 6}}}, "config: step.draft.shape: kv_heads (6) must divide by tp (8)"),
     ({"allreduce": {"world_size": 8}}, "config: step.allreduce: Additional properties are not allowed"),
-    ({"round": {"builders": ["cuda"]}}, "config: step.round.builders.0: 'cuda' is not one of"),
+    ({"round": {"builders": ["cuda"]}}, "config: step.round.builders[0]: 'cuda' is not one of"),
     ({"round": {"batch_sizes": [8, 2]}}, "config: step.round.batch_sizes: 2 is not one of the step's"),
-    ({"round": {"stacks": ["sglang-cuda"]}}, "config: step.round.stacks.0: 'sglang-cuda' is not one of"),
+    ({"round": {"stacks": ["sglang-cuda"]}}, "config: step.round.stacks[0]: 'sglang-cuda' is not one of"),
     ({"round": {"max_round_seconds": 0}}, "config: step.round.max_round_seconds: 0 is less than or equal"),
 ]
 
@@ -318,6 +324,94 @@ def test_bad_round_stage_config_is_one_clear_line(override, message):
     text = str(error.value)
     assert "\n" not in text
     assert text.startswith(message), text
+
+
+def _ref(node: dict, schema: dict) -> dict:
+    if "$ref" in node:
+        target = schema
+        for part in node["$ref"][2:].split("/"):
+            target = target[part]
+        return {**target, **{k: v for k, v in node.items() if k != "$ref"}}
+    return node
+
+
+def _bad_values(node: dict) -> list:
+    """Values one (non-object) schema node refuses: a wrong type, and one breaking each of its rules."""
+    types = node.get("type", [])
+    types = [types] if isinstance(types, str) else types
+    bad = [["wrong", "type"] if "object" in types else {"wrong": "type"}]
+    if "minimum" in node:
+        bad.append(node["minimum"] - (1 if "integer" in types else 0.5))
+    if "exclusiveMinimum" in node:
+        bad.append(node["exclusiveMinimum"])
+    if "maximum" in node:
+        bad.append(node["maximum"] + 1)
+    if "enum" in node:
+        bad.append("no-such-name")
+    if "pattern" in node:
+        bad.append("!no")
+    if node.get("minLength"):
+        bad.append("")
+    if node.get("minItems"):
+        bad.append([])
+    return bad
+
+
+def _schema_cases(node: dict, schema: dict, path: tuple = ()) -> list[tuple[tuple, object, str, str]]:
+    """Every field of the schema broken once per rule: (the keys to set, the value, the field path the error
+    must name, a text it must hold: the bad value or key)."""
+    node = _ref(node, schema)
+    dotted = ".".join(path)
+    cases = []
+    for branch in [_ref(option, schema) for option in node.get("oneOf", ())] or [node]:
+        if branch.get("type") == "null":
+            continue
+        if "properties" in branch:
+            for key, sub in branch["properties"].items():
+                cases += _schema_cases(sub, schema, (*path, key))
+            if branch.get("additionalProperties") is False:  # an unknown key: named by its mapping's path
+                cases.append(
+                    ((*path, "no_such_key"), 1, dotted or "(top level)", "'no_such_key' was unexpected")
+                )
+            continue
+        cases += [(path, value, dotted, repr(value)) for value in _bad_values(branch)]
+        items = _ref(branch.get("items", {}), schema)
+        cases += [
+            (path, [value], f"{dotted}[0]", repr(value)) for value in (_bad_values(items) if items else ())
+        ]
+    return cases
+
+
+SCHEMA = load_schema()
+SCHEMA_CASES = _schema_cases(SCHEMA, SCHEMA)
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "field", "needle"), SCHEMA_CASES, ids=[f"{f}={v!r}" for _, v, f, _ in SCHEMA_CASES]
+)
+def test_every_schema_error_is_one_line_naming_its_field_path(path, value, field, needle):
+    """Each field of the schema broken once per rule (a wrong type, below a minimum, an unknown name, a list
+    item, an unknown key): one line, ``config: <field path>: <problem>``, naming the field (dotted, list
+    items indexed: ``step.attention.heads[0]``) and the bad value or key."""
+    config = default_config()
+    where = config
+    for key in path[:-1]:
+        where = where.setdefault(key, {})
+    where[path[-1]] = copy.deepcopy(value)
+    with pytest.raises(ValueError) as error:
+        check_config(config, SCHEMA)
+    text = str(error.value)
+    assert "\n" not in text and text.startswith(f"config: {field}: "), text
+    assert needle in text, text
+
+
+def test_the_schema_sweep_breaks_each_kind_of_rule():
+    """The sweep above reaches top-level and deep fields, list items and unknown keys."""
+    fields = {field for _, _, field, _ in SCHEMA_CASES}
+    assert {"budgets[0]", "step.attention.heads[0]", "step.round.stacks[0]", "step.model.shape.tp"} <= fields
+    assert {"gpu", "throughput.draft_ms", "drafter.alt_ranks", "step.depth", "cuda_archs[0]"} <= fields
+    unknown = {field for _, _, field, needle in SCHEMA_CASES if "was unexpected" in needle}
+    assert {"(top level)", "step.attention", "throughput.what_if"} <= unknown
 
 
 def test_round_stage_options_resolve_the_shapes():
@@ -392,12 +486,12 @@ def test_a_text_file_as_the_recorded_trace_is_one_line_before_any_job(tmp_path, 
 
 
 SNAKEMAKE_BAD = [
-    ("budgets", [8, 0], "config: budgets: must hold integers >= 1, got 0"),
-    ("budgets", [8, 2.5], "config: budgets: must hold integers, got 2.5"),
-    ("batch_sizes", [1, 8, 1], "config: batch_sizes: has duplicate values [1]"),
-    ("depths", [0], "config: depths: must hold integers >= 1, got 0"),
-    ("distributions", ["uniform", "cauchy"], "config: distributions: unknown distribution 'cauchy'"),
-    ("builders", ["reference", "cublas"], "config: builders: unknown builder 'cublas'"),
+    ("budgets", [8, 0], "config: budgets[1]: 0 is less than the minimum of 1"),
+    ("budgets", [8, 2.5], "config: budgets[1]: 2.5 is not of type 'integer'"),
+    ("batch_sizes", [1, 8, 1], "config: batch_sizes: [1, 8, 1] has non-unique elements"),
+    ("depths", [0], "config: depths[0]: 0 is less than the minimum of 1"),
+    ("distributions", ["uniform", "cauchy"], "config: distributions[1]: 'cauchy' is not one of"),
+    ("builders", ["reference", "cublas"], "config: builders[1]: 'cublas' is not one of"),
     (
         "step",
         {"batch_sizes": [1, 8, 64], "budgets": [3]},
@@ -410,9 +504,13 @@ SNAKEMAKE_BAD = [
     ),
     ("recorded_trace", "missing.npz", "config: recorded_trace: missing.npz: file not found"),
     ("budgets", [8, 4096], "config: budgets: 4096 is above topk (1024), the traces' K"),
-    ("step", {"layers": 0}, "config: step.layers: must be an integer >= 1, got 0"),
+    ("step", {"layers": 0}, "config: step.layers: 0 is less than the minimum of 1"),
     ("step", {"draft": {"block_size": 0}}, "config: step.draft.block_size: 0 is less than the minimum of 2"),
-    ("step", {"model": {"moe_impls": ["cutlass"]}}, "config: step.model.moe_impls: unknown MoE impl"),
+    (
+        "step",
+        {"model": {"moe_impls": ["cutlass"]}},
+        "config: step.model.moe_impls[0]: 'cutlass' is not one of",
+    ),
 ]
 
 
@@ -602,8 +700,8 @@ def test_numeric_strings_from_the_command_line_are_numbers_where_the_schema_want
 @pytest.mark.parametrize(
     ("key", "value", "message"),
     [
-        ("budgets", ["16"], "config: budgets: must hold integers, got '16'"),
-        ("batch_sizes", [1, "8"], "config: batch_sizes: must hold integers, got '8'"),
+        ("budgets", ["16"], "config: budgets[0]: '16' is not of type 'integer'"),
+        ("batch_sizes", [1, "8"], "config: batch_sizes[1]: '8' is not of type 'integer'"),
         ("seed", "7", "config: seed: '7' is not of type 'integer'"),
     ],
 )
@@ -633,7 +731,7 @@ def test_snakemake_config_option_lists_are_accepted(tmp_path):
     assert "N4-B4" in result.stdout + result.stderr
     result = snakemake(work, *args, "--config", "budgets=[4,x]", "--", "report")
     assert result.returncode == 2
-    assert "config: budgets: must hold integers, got 'x'" in result.stderr + result.stdout
+    assert "config: budgets[1]: 'x' is not of type 'integer'" in result.stderr + result.stdout
 
 
 def test_an_unwritable_report_dir_is_refused_when_the_config_is_loaded(tmp_path):

@@ -1,16 +1,17 @@
 """The workflow configuration: loading, defaults, schema validation and the checks a schema cannot say.
 
 ``check_config(config)`` is what ``settings.Settings.from_config`` runs (once; the Snakefile builds the
-settings before anything else): it fills the schema's defaults,
-normalises YAML's ``on``/``off`` booleans for ``gpu``, and raises ``ValueError`` with one line naming the
-first problem (``config: budgets: must hold integers >= 1, got 0``), so a bad configuration fails the run
-before any job starts.
-"""
+settings before anything else): it fills the schema's defaults, normalises YAML's ``on``/``off`` booleans
+for ``gpu``, checks the configuration against the schema (``workflow/schemas/config.schema.yaml``, the
+catalog's names merged into its enums) and then what a schema cannot say (values across fields, the input
+files named, NaN and infinity), and raises ``ValueError`` with one line naming the first problem: the
+schema's best match as ``config: <field path>: <problem>`` (``config: budgets[1]: 0 is less than the
+minimum of 1``), so a bad configuration fails the run before any job starts."""
 
 from __future__ import annotations
 
 import copy
-import numbers
+import math
 import re
 from collections.abc import Mapping
 from pathlib import Path
@@ -222,89 +223,114 @@ def _fail(field: str, problem: str):
     raise ValueError(f"config: {field}: {problem}")
 
 
-def _int_list(config: dict, key: str, *, field: str | None = None) -> list[int]:
-    """``config[key]`` as a non-empty list of distinct integers >= 1 (``field`` names it in messages)."""
-    values, key = config.get(key), field or key
-    if not isinstance(values, list) or not values:
-        _fail(key, f"must be a non-empty list, got {values!r}")
-    for value in values:
-        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-            _fail(key, f"must hold integers, got {value!r}")
-        if value < 1:
-            _fail(key, f"must hold integers >= 1, got {value}")
-    duplicates = sorted({v for v in values if values.count(v) > 1})
-    if duplicates:
-        _fail(key, f"has duplicate values {duplicates}")
-    return [int(v) for v in values]
+def field_path(path) -> str:
+    """A schema error's place in the configuration, dotted, list items indexed: ``step.attention.heads[1]``
+    (``(top level)`` for the configuration itself)."""
+    text = ""
+    for part in path:
+        text += f"[{part}]" if isinstance(part, int) else f".{part}" if text else str(part)
+    return text or "(top level)"
 
 
-def _name_list(
-    config: dict, key: str, known: tuple[str, ...], what: str, *, field: str | None = None
-) -> list[str]:
-    values, key = config.get(key), field or key
-    if not isinstance(values, list) or not values:
-        _fail(key, f"must be a non-empty list, got {values!r}")
-    for value in values:
-        if value not in known:
-            _fail(key, f"unknown {what} {value!r}; known: {', '.join(known)}")
-    duplicates = sorted({v for v in values if values.count(v) > 1})
-    if duplicates:
-        _fail(key, f"has duplicate values {duplicates}")
-    return list(values)
+def _is_int(_checker, value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _schema_check(config: dict, schema: dict) -> None:
+def schema_validator(schema: dict):
+    """The schema's validator, its ``integer`` a Python int (JSON Schema's admits 8.0, which would name
+    files and rows ``N8.0``)."""
     import jsonschema  # noqa: PLC0415
 
-    validator = jsonschema.validators.validator_for(schema)(schema)
-    error = jsonschema.exceptions.best_match(validator.iter_errors(config))
-    if error is not None:
-        where = ".".join(str(p) for p in error.absolute_path) or "(top level)"
-        _fail(where, " ".join(error.message.split()))
+    cls = jsonschema.validators.validator_for(schema)
+    checker = cls.TYPE_CHECKER.redefine("integer", _is_int)
+    return jsonschema.validators.extend(cls, type_checker=checker)(schema)
+
+
+def schema_error(config: dict, schema: dict) -> str | None:
+    """The schema's best-match error as one line, ``<field path>: <problem>``, or ``None``."""
+    import jsonschema  # noqa: PLC0415
+
+    error = jsonschema.exceptions.best_match(schema_validator(schema).iter_errors(config))
+    if error is None:
+        return None
+    problem = _branches_wording(error) if error.validator in ("oneOf", "anyOf") else error.message
+    return f"{field_path(error.absolute_path)}: {' '.join(problem.split())}"
+
+
+def _branches_wording(error) -> str:
+    """A ``oneOf``/``anyOf`` error that ``best_match`` stopped at (every branch as wrong as the others) in
+    its branches' words: ``'fast' is not of type 'null', 'number'``, not "is not valid under any of the
+    given schemas". Where the value has a branch's type, that branch's problem."""
+    kinds, problems = [], []
+    for branch in sorted({e.relative_schema_path[0] for e in error.context}):
+        errors = [e for e in error.context if e.relative_schema_path[0] == branch and not e.relative_path]
+        types = [e.validator_value for e in errors if e.validator == "type"]
+        kinds += [k for t in types for k in ([t] if isinstance(t, str) else t)]
+        problems += [] if types else [e.message for e in errors]
+    if problems or not kinds:
+        return "; ".join(dict.fromkeys(problems)) or error.message
+    return f"{error.instance!r} is not of type {', '.join(map(repr, dict.fromkeys(kinds)))}"
 
 
 def check_config(config: dict, schema: dict | str | Path | None = None) -> dict:
-    """Fill defaults into ``config`` (in place), check it, and return it. Raises ``ValueError`` with one line
-    naming the first problem."""
+    """Fill defaults into ``config`` (in place), check it against the schema (the catalog's names merged
+    in), then what the schema cannot say (across fields, input files), and return it. Raises ``ValueError``
+    with one line naming the first problem (the schema's: its best match)."""
     if not isinstance(config, dict):
         raise ValueError(f"config: must be a mapping, got {type(config).__name__}")
-    if not isinstance(schema, dict):
-        schema = load_schema(schema)
+    schema = with_catalog_enums(schema) if isinstance(schema, dict) else load_schema(schema)
     # YAML 1.1 reads unquoted on/off as booleans.
     if isinstance(config.get("gpu"), bool):
         config["gpu"] = "on" if config["gpu"] else "off"
     _retired_values(config)
     apply_defaults(config, schema)
+    problem = schema_error(config, schema)
+    if problem is not None:
+        raise ValueError(f"config: {problem}")
+    _finite_numbers(config)
+    _cross_field(config)
+    _sort_keys(config)
+    return config
 
-    budgets = _int_list(config, "budgets")
-    batch_sizes = _int_list(config, "batch_sizes")
-    _depth_follows_budget(config, budgets)
-    depths = _int_list(config, "depths")
-    distributions = _name_list(config, "distributions", DISTRIBUTIONS, "distribution")
-    _name_list(config, "builders", catalog.builder_names(), "builder")
-    _timing_counts(config.get("timing"), "timing")
-    _step_lists(config.get("step"))
-    _throughput_numbers(config.get("throughput"))
-    _drafter_params(config)
-    _schema_check(config, schema)
 
+def _cross_field(config: dict) -> None:
+    """What the schema cannot say: values that depend on other values, and the input files named."""
+    budgets, batch_sizes = config["budgets"], config["batch_sizes"]
+    _depth_follows_budget(config)
     _timing_order(config["timing"], "timing")
-    _step_fields(config, budgets, batch_sizes, depths, distributions)
+    _step_fields(config)
     _throughput_fields(config)
     _sglang_triton_source(config["step"]["attention"])
     _round_shapes(config["step"], batch_sizes)
-    columns = int(config["topk"])  # K, the traces' top-K columns
+    columns = config["topk"]  # K, the traces' top-K columns
     if config["vocab_size"] < columns:
         _fail("vocab_size", f"{config['vocab_size']} is smaller than the {columns} top-K columns needed")
     _budgets_within_topk(budgets, columns)
-    if "recorded" in distributions:
-        recorded = config.get("recorded_trace")
-        if not recorded:
-            _fail("recorded_trace", "distribution 'recorded' needs recorded_trace, the path of a .npz trace")
+    if "recorded" in config["distributions"] and not config.get("recorded_trace"):
+        _fail("recorded_trace", "distribution 'recorded' needs recorded_trace, the path of a .npz trace")
     _sglang_source(config)
     _input_paths(config, columns)
-    _sort_keys(config)
-    return config
+
+
+def _depth_follows_budget(config: dict) -> None:
+    """SGLang's regime: with ``depth_follows_budget`` every budget N runs on traces of L = N positions
+    (SGLang's DDTree worker drafts a block of N + 1 tokens for budget N), so ``depths`` becomes the budgets
+    and the grid pairs each budget with its own depth (``Settings.depth_budget_pairs``)."""
+    if config["depth_follows_budget"]:
+        config["depths"] = sorted(set(config["budgets"]))
+
+
+def _finite_numbers(value, path: tuple = ()) -> None:
+    """No NaN or infinity anywhere: the schema's ranges let NaN through (it compares false) and YAML
+    spells both (``.nan``, ``.inf``)."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            _finite_numbers(item, (*path, key))
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            _finite_numbers(item, (*path, index))
+    elif isinstance(value, float) and not math.isfinite(value):
+        _fail(field_path(path), f"must be a finite number, got {value!r}")
 
 
 def _sort_keys(config: dict) -> None:
@@ -318,21 +344,10 @@ def _sort_keys(config: dict) -> None:
     config.update(items)
 
 
-def _depth_follows_budget(config: dict, budgets: list[int]) -> None:
-    """SGLang's regime: with ``depth_follows_budget`` every budget N runs on traces of L = N positions
-    (SGLang's DDTree worker drafts a block of N + 1 tokens for budget N), so ``depths`` becomes the budgets
-    and the grid pairs each budget with its own depth (``Settings.depth_budget_pairs``)."""
-    follows = config.get("depth_follows_budget", False)
-    if not isinstance(follows, bool):
-        _fail("depth_follows_budget", f"must be true or false, got {follows!r}")
-    if follows:
-        config["depths"] = sorted(set(budgets))
-
-
 def _sglang_source(config: dict) -> None:
     """``sglang.source``, where the sglang builder is configured: the file is found, defines the function and
     torch is installed (the user asked for this builder explicitly: no quiet "unavailable")."""
-    source = (config.get("sglang") or {}).get("source")
+    source = config["sglang"].get("source")
     if source is None or "sglang" not in config["builders"]:
         return
 
@@ -394,30 +409,6 @@ def _input_paths(config: dict, columns: int) -> None:
             _fail("recorded_trace", f"{recorded} holds {have} {name}, fewer than the {need} of {why}")
 
 
-def _drafter_params(config: dict) -> None:
-    """The drafter mapping's values, checked by the generator's own rules (one line naming the key)."""
-    drafter = config.get("drafter")
-    if drafter is None or not isinstance(drafter, dict):
-        _fail("drafter", f"must be a mapping of parameters, got {drafter!r}")
-    from ddtree_bench.drafter import check_params  # noqa: PLC0415
-
-    try:
-        check_params(drafter, where="drafter")
-    except ValueError as error:
-        raise ValueError(f"config: {error}") from None
-
-
-def _timing_counts(timing, field: str) -> None:
-    """The counts of a timing section are integers (YAML's 1.5 or true would pass as numbers otherwise)."""
-    if not isinstance(timing, dict):
-        return
-    for key in ("warmup", "repeats", "min_repeats", "max_repeats", "jobs"):
-        if key in timing:
-            value = timing[key]
-            if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-                _fail(f"{field}.{key}", f"must be an integer, got {value!r}")
-
-
 def _timing_order(timing: dict, field: str) -> None:
     if timing["min_repeats"] > timing["repeats"]:
         _fail(field, f"min_repeats ({timing['min_repeats']}) > repeats ({timing['repeats']})")
@@ -427,42 +418,12 @@ def _timing_order(timing: dict, field: str) -> None:
         _fail(field, f"min_seconds ({timing['min_seconds']}) > max_seconds ({timing['max_seconds']})")
 
 
-def _step_lists(step) -> None:
-    """The step section's lists, checked like the top-level ones (before the schema: clearer messages)."""
-    if not isinstance(step, dict):
-        return  # the schema names the problem
-    if not isinstance(step.get("enabled", True), bool):
-        _fail("step.enabled", f"must be true or false, got {step['enabled']!r}")
-    layers = step.get("layers", 1)
-    if isinstance(layers, bool) or not isinstance(layers, numbers.Integral) or layers < 1:
-        _fail("step.layers", f"must be an integer >= 1, got {layers!r}")
-    if step.get("batch_sizes") is not None:
-        _int_list(step, "batch_sizes", field="step.batch_sizes")
-    if step.get("budgets") is not None:
-        _int_list(step, "budgets", field="step.budgets")
-    depth = step.get("depth")
-    if depth is not None and (isinstance(depth, bool) or not isinstance(depth, numbers.Integral)):
-        _fail("step.depth", f"must be an integer or null, got {depth!r}")
-    attention = step.get("attention")
-    if not isinstance(attention, dict):
-        return
-    _int_list(attention, "heads", field="step.attention.heads")
-    _int_list(attention, "prefix_lengths", field="step.attention.prefix_lengths")
-    _name_list(attention, "impls", ATTENTION_IMPLS, "attention impl", field="step.attention.impls")
-    _timing_counts(attention.get("timing"), "step.attention.timing")
-    model = step.get("model")
-    if isinstance(model, dict) and "moe_impls" in model:
-        _name_list(model, "moe_impls", MOE_IMPLS, "MoE impl", field="step.model.moe_impls")
-    if isinstance(model, dict) and "forward_impl" in model and model["forward_impl"] not in MOE_IMPLS:
-        known = ", ".join(MOE_IMPLS)
-        _fail("step.model.forward_impl", f"unknown MoE impl {model['forward_impl']!r}; known: {known}")
-
-
-def _step_fields(config: dict, budgets, batch_sizes, depths, distributions) -> None:
+def _step_fields(config: dict) -> None:
     """What the step section may name depends on the rest: traces, budgets, depths, distributions."""
     step = config["step"]
+    budgets, depths, distributions = config["budgets"], config["depths"], config["distributions"]
     _timing_order(step["attention"]["timing"], "step.attention.timing")
-    requests = max(batch_sizes)
+    requests = max(config["batch_sizes"])
     for batch in step["batch_sizes"] or ():
         if batch > requests:
             _fail(
@@ -508,60 +469,6 @@ def _round_shapes(step: dict, batch_sizes: list) -> None:
         _fail("step.model.sglang_files", f"{files!r} is not a folder (one holding sglang/ from its wheel)")
 
 
-#: The throughput section's numbers: (path, key, what it must be); "ge0": finite >= 0, "gt0": finite > 0,
-#: "int1": an integer >= 1; a trailing "?" allows null.
-THROUGHPUT_NUMBERS = (
-    ((), "draft_ms", "ge0?"),
-    ((), "forward_ms", "ge0?"),
-    (("what_if",), "dense_weights_gb", "ge0"),
-    (("what_if",), "expert_slice_mb", "ge0"),
-    (("what_if",), "dense_per_token_us", "ge0"),
-    (("what_if",), "expert_per_token_us", "ge0"),
-    (("what_if",), "draft_weights_gb", "ge0"),
-    (("what_if",), "draft_per_token_us", "ge0"),
-    (("what_if",), "bandwidth_tbps", "gt0?"),
-    (("allreduce",), "bus_bandwidth_gbps", "gt0"),
-    (("allreduce",), "latency_us", "ge0"),
-    ((), "prefix_length", "int1?"),
-)
-_THROUGHPUT_RULES = {
-    "ge0": "a finite number >= 0",
-    "gt0": "a finite number > 0",
-    "int1": "an integer >= 1",
-}
-
-
-def _throughput_numbers(section) -> None:
-    """The throughput model's numbers (before the schema: one clear line each)."""
-    if not isinstance(section, dict):
-        return  # the schema names the problem
-    for path, key, rule in THROUGHPUT_NUMBERS:
-        where = section
-        for part in path:
-            where = where.get(part) if isinstance(where, dict) else None
-        if not isinstance(where, dict) or key not in where:
-            continue
-        value = where[key]
-        nullable = rule.endswith("?")
-        rule = rule.rstrip("?")
-        if value is None and nullable:
-            continue
-        if rule == "int1":
-            bad = isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1
-        else:
-            bad = (
-                isinstance(value, bool)
-                or not isinstance(value, numbers.Real)
-                or value != value  # NaN
-                or value in (float("inf"), float("-inf"))
-                or value < 0
-                or (rule == "gt0" and value == 0)
-            )
-        if bad:
-            field = ".".join(("throughput", *path, key))
-            _fail(field, f"must be {_THROUGHPUT_RULES[rule]}{' or null' if nullable else ''}, got {value!r}")
-
-
 def _throughput_fields(config: dict) -> None:
     """The model's prefix length must be one the step stages measure."""
     prefix = config["throughput"]["prefix_length"]
@@ -579,7 +486,7 @@ def _sglang_triton_source(attention: dict) -> None:
     source = attention.get("sglang_triton_source")
     if source is None:
         return
-    if not isinstance(source, str) or not source.strip():
+    if not source.strip():
         _fail("step.attention.sglang_triton_source", f"must be a directory path or null, got {source!r}")
 
     path = Path(source).expanduser()
