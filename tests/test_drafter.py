@@ -115,16 +115,36 @@ def test_every_builder_builds_the_same_trees(native_library):
 
 
 @pytest.mark.parametrize(
-    ("params", "problem"),
+    ("params", "problem", "config_problem"),
     [
-        ({"alt_mass": 1.5}, r"drafter\.alt_mass: must be in \[0, 1\], got 1\.5"),
-        ({"confident_top1": 1.0}, r"drafter\.confident_top1: must be in \(0, 1\)"),
-        ({"alt_ranks": 0}, r"drafter\.alt_ranks: must be an integer >= 1"),
-        ({"uncertain_decay": "x"}, r"drafter\.uncertain_decay: must be a finite number"),
-        ({"bogus": 1}, r"drafter: unknown parameter\(s\) bogus"),
+        (
+            {"alt_mass": 1.5},
+            r"drafter\.alt_mass: must be in \[0, 1\], got 1\.5",
+            r"drafter\.alt_mass: 1\.5 is greater than the maximum of 1",
+        ),
+        (
+            {"confident_top1": 1.0},
+            r"drafter\.confident_top1: must be in \(0, 1\)",
+            r"drafter\.confident_top1: 1\.0 is greater than or equal to the maximum of 1",
+        ),
+        (
+            {"alt_ranks": 0},
+            r"drafter\.alt_ranks: must be an integer >= 1",
+            r"drafter\.alt_ranks: 0 is less than the minimum of 1",
+        ),
+        (
+            {"uncertain_decay": "x"},
+            r"drafter\.uncertain_decay: must be a finite number",
+            r"drafter\.uncertain_decay: 'x' is not of type 'number'",
+        ),
+        (
+            {"bogus": 1},
+            r"drafter: unknown parameter\(s\) bogus",
+            r"drafter: Additional properties are not allowed \('bogus' was unexpected\)",
+        ),
     ],
 )
-def test_bad_parameters_one_line(params, problem):
+def test_bad_parameters_one_line(params, problem, config_problem):
     with pytest.raises(ValueError, match=problem):
         check_params(params)
     config = {
@@ -135,7 +155,7 @@ def test_bad_parameters_one_line(params, problem):
         "builders": ["reference"],
         "drafter": params,
     }
-    with pytest.raises(ValueError, match="^config: " + problem) as info:
+    with pytest.raises(ValueError, match="^config: " + config_problem) as info:
         check_config(config)
     assert "\n" not in str(info.value)
 

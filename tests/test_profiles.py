@@ -50,5 +50,5 @@ def test_a_profile_is_a_checked_configuration_choice():
     with open(REPO_ROOT / "config" / "config.yaml") as handle:
         config = yaml.safe_load(handle)
     assert check_config(copy.deepcopy(config))["acceptance_profiles"] == ["paper", "k2.6-reported"]
-    with pytest.raises(ValueError, match="config: acceptance_profiles.0: 'k3' is not one of"):
+    with pytest.raises(ValueError, match=r"config: acceptance_profiles\[0\]: 'k3' is not one of"):
         check_config({**copy.deepcopy(config), "acceptance_profiles": ["k3"]})

@@ -104,7 +104,7 @@ def test_the_input_mapping_is_left_as_it_was():
 @pytest.mark.parametrize(
     ("edit", "field"),
     [
-        ({"budgets": [0, 8]}, "budgets"),
+        ({"budgets": [0, 8]}, "budgets[0]"),
         ({"timing": {"repeats": 0}}, "timing.repeats"),
         ({"timing": {"min_repeats": 20, "repeats": 10}}, "timing"),
         ({"step": {"attention": {"heads": []}}}, "step.attention.heads"),

@@ -704,20 +704,20 @@ def default_config() -> dict:
 
 
 BAD = [
-    ({"draft_ms": -1}, "config: throughput.draft_ms: must be a finite number >= 0 or null, got -1"),
-    ({"forward_ms": -2}, "config: throughput.forward_ms: must be a finite number >= 0 or null, got -2"),
-    ({"draft_ms": "fast"}, "config: throughput.draft_ms: must be a finite number >= 0 or null, got 'fast'"),
+    ({"draft_ms": -1}, "config: throughput.draft_ms: -1 is less than the minimum of 0"),
+    ({"forward_ms": -2}, "config: throughput.forward_ms: -2 is less than the minimum of 0"),
+    ({"draft_ms": "fast"}, "config: throughput.draft_ms: 'fast' is not of type 'null', 'number'"),
     (
         {"what_if": {"expert_slice_mb": -0.5}},
-        "config: throughput.what_if.expert_slice_mb: must be a finite number >= 0, got -0.5",
+        "config: throughput.what_if.expert_slice_mb: -0.5 is less than the minimum of 0",
     ),
     (
         {"what_if": {"dense_per_token_us": True}},
-        "config: throughput.what_if.dense_per_token_us: must be a finite number >= 0",
+        "config: throughput.what_if.dense_per_token_us: True is not of type 'number'",
     ),
     (
         {"what_if": {"bandwidth_tbps": 0}},
-        "config: throughput.what_if.bandwidth_tbps: must be a finite number > 0",
+        "config: throughput.what_if.bandwidth_tbps: 0 is less than or equal to the minimum of 0",
     ),
     (
         {"what_if": {"dense_weights_gb": float("inf")}},
@@ -729,11 +729,11 @@ BAD = [
     ),
     (
         {"allreduce": {"bus_bandwidth_gbps": 0.0}},
-        "config: throughput.allreduce.bus_bandwidth_gbps: must be a finite number > 0",
+        "config: throughput.allreduce.bus_bandwidth_gbps: 0.0 is less than or equal to the minimum of 0",
     ),
     ({"what_if": {"fixed": 1}}, "config: throughput.what_if: Additional properties are not allowed ('fixed'"),
     ({"rest": {"fixed_ms": 1.0}}, "config: throughput: Additional properties are not allowed ('rest'"),
-    ({"prefix_length": 0}, "config: throughput.prefix_length: must be an integer >= 1 or null, got 0"),
+    ({"prefix_length": 0}, "config: throughput.prefix_length: 0 is less than the minimum of 1"),
     (
         {"prefix_length": 8192},
         "config: throughput.prefix_length: 8192 is not one of step.attention.prefix_lengths",
@@ -778,8 +778,7 @@ def test_cli_budget_takes_a_config_fragment_and_refuses_bad_values(tmp_path):
     bad = run_cli(PUBLISHED, "--configfile", fragment)
     assert bad.returncode == 2
     assert bad.stderr.strip().splitlines() == [
-        "ddtree-bench: error: config: throughput.what_if.expert_slice_mb: must be a finite number >= 0, "
-        "got -3"
+        "ddtree-bench: error: config: throughput.what_if.expert_slice_mb: -3 is less than the minimum of 0"
     ]
     assert bad.stdout == ""
     missing = run_cli(tmp_path / "nowhere")
