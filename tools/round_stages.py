@@ -55,7 +55,7 @@ def main(argv=None) -> int:
     if args.sglang_jit:
         import os  # noqa: PLC0415
 
-        from ddtree_bench.k26.sglang_jit import PREBUILT_ENV  # noqa: PLC0415
+        from ddtree_bench.integrations.sglang import PREBUILT_ENV  # noqa: PLC0415
 
         os.environ[PREBUILT_ENV] = str(Path(args.sglang_jit).resolve())
     step = settings.step_options()

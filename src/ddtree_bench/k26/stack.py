@@ -50,7 +50,7 @@ class StackRound(RoundRunner):
 
     def __init__(self, weights, drafter_shape, *, stacks, sglang: dict, max_seconds: float, **kwargs):
         from ddtree_bench.builders import get_builder  # noqa: PLC0415
-        from ddtree_bench.stages.insitu import _sglang_call  # noqa: PLC0415
+        from ddtree_bench.builders.sglang import sglang_call  # noqa: PLC0415
 
         super().__init__(weights, drafter_shape, builder=catalog.GPU_BUILDER, builder_options=None, **kwargs)
         self.stacks = [catalog.STACKS[name] for name in stacks]
@@ -63,7 +63,7 @@ class StackRound(RoundRunner):
             reason = self.sglang_builder.unavailable_reason()
             if reason is not None:
                 raise RuntimeError(reason)
-            self.sglang = _sglang_call(self.sglang_builder)
+            self.sglang = sglang_call(self.sglang_builder)
         self.h_lp = self.h_ids = None
         self.mask = None
         if any(s.sglang_mask for s in self.stacks):
