@@ -1,5 +1,5 @@
 """Build SGLang's Marlin-MoE JIT modules for a GPU that is not here (default sm_90a, the H200) and write them
-to one folder that a GPU machine loads without compiling (``model.sglang_jit``):
+to one folder that a GPU machine loads without compiling (``integrations.sglang.jit``):
 
     python tools/prebuild_sglang_jit.py --sglang-files .peers/sglang_files -o .jit/sm90
 
@@ -15,7 +15,9 @@ import sys
 import time
 from pathlib import Path
 
-from ddtree_bench.k26 import moe, sglang_jit
+from ddtree_bench.cuda.loader import find_nvcc
+from ddtree_bench.integrations import sglang
+from ddtree_bench.integrations.sglang import jit
 
 
 def main(argv=None) -> int:
@@ -28,16 +30,16 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     try:
         major, minor = (int(part) for part in args.arch.split("."))
-        reason = moe._jit_reason()
+        reason = sglang.jit_reason(find_nvcc())
         if reason is not None:
             raise ValueError(reason)
-        moe.install_sglang_files(args.sglang_files)
-    except (ValueError, moe.MoeUnavailable) as error:
+        sglang.install_sglang_files(args.sglang_files)
+    except (ValueError, sglang.SglangUnavailable) as error:
         print(f"prebuild_sglang_jit: {error}", file=sys.stderr)
         return 2
     t0 = time.perf_counter()
     only = None if args.only is None else {int(i) for i in args.only.split(",")}
-    built = sglang_jit.prebuild(args.out, arch=(major, minor), jobs=args.jobs, only=only)
+    built = jit.prebuild(args.out, arch=(major, minor), jobs=args.jobs, only=only)
     for path in built:
         print(f"{path} ({path.stat().st_size / 2**20:.1f} MiB)")
     print(f"{len(built)} modules in {time.perf_counter() - t0:.0f} s")

@@ -43,7 +43,7 @@ def main(argv=None) -> int:
         settings = load_settings(*args.config)
         fields = overrides(args, settings)
         if args.sglang_jit:
-            from ddtree_bench.k26.sglang_jit import PREBUILT_ENV  # noqa: PLC0415
+            from ddtree_bench.integrations.sglang import PREBUILT_ENV  # noqa: PLC0415
 
             os.environ[PREBUILT_ENV] = str(Path(args.sglang_jit).resolve())
         stages.run_jobs(settings, args.jobs, layout(settings, args.results), fields)

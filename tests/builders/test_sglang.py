@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import heapq
 import importlib.machinery
+import importlib.metadata
 import importlib.util
 import inspect
 import os
@@ -26,9 +27,10 @@ import numpy as np
 import pytest
 
 from ddtree_bench.builders import BuilderUnavailable, get_builder
-from ddtree_bench.builders import sglang as sglang_builder
+from ddtree_bench.builders.sglang import sglang_call
 from ddtree_bench.cli import main
 from ddtree_bench.config import check_config
+from ddtree_bench.integrations.sglang import source as sglang_source
 from ddtree_bench.stages.build import run_benchmark
 from ddtree_bench.stages.timing_job import TimingJob
 from ddtree_bench.summary.build import summarize
@@ -224,7 +226,7 @@ def install(
         monkeypatch.setitem(sys.modules, "sglang", None)
     else:
         monkeypatch.setitem(sys.modules, "sglang", _package("sglang", __version__=version))
-    monkeypatch.setattr(sglang_builder.importlib.metadata, "version", _no_metadata)
+    monkeypatch.setattr(importlib.metadata, "version", _no_metadata)
     if ddtree_module is not None:
         parts = ddtree_module.split(".")
         for i in range(2, len(parts)):
@@ -239,7 +241,7 @@ def install(
 
 
 def _no_metadata(name):
-    raise sglang_builder.importlib.metadata.PackageNotFoundError(name)
+    raise importlib.metadata.PackageNotFoundError(name)
 
 
 TORCH_KINDS = [
@@ -498,6 +500,20 @@ def test_source_file_loads_by_path_and_equals_reference(fake_torch_only, tmp_pat
     assert "sglang" not in sys.modules  # loaded by path: the sglang package was never imported
 
 
+@pytest.mark.parametrize("workspace", [True, False])
+def test_sglang_call_is_how_the_worker_calls_the_function(fake_torch_only, tmp_path, workspace):
+    builder = get_builder("sglang", source=write_stand_in(tmp_path / "ddtree.py", workspace=workspace))
+    function, pad_function, extra = sglang_call(builder)
+    assert function is builder.function and pad_function is builder.pad_function
+    assert extra == ({"workspace": builder.workspace} if workspace else {})
+
+
+def test_sglang_call_without_the_function_says_why(monkeypatch):
+    install(monkeypatch, version=None, ddtree_module=None)
+    with pytest.raises(BuilderUnavailable, match="sglang is not installed"):
+        sglang_call(get_builder("sglang"))
+
+
 @pytest.mark.parametrize("given", ["", "python"])
 @pytest.mark.parametrize("relative", [CHECKOUT_FILE, "python/sglang/srt/speculative/ddtree_utils.py"])
 def test_source_checkout_folder_finds_the_file(fake_torch_only, tmp_path, topk_inputs, given, relative):
@@ -569,7 +585,7 @@ def test_source_bad_inputs_raise_one_line_value_errors(fake_torch_only, tmp_path
 
 def test_source_without_torch_is_one_line_error(monkeypatch, tmp_path):
     path = write_stand_in(tmp_path / "ddtree.py")
-    monkeypatch.setattr(sglang_builder, "_torch_present", lambda: False)
+    monkeypatch.setattr(sglang_source, "torch_present", lambda: False)
     with pytest.raises(ValueError, match=r"^sglang source .*ddtree\.py: torch is not installed"):
         get_builder("sglang", source=path)
 
@@ -598,13 +614,13 @@ def test_source_errors_on_the_command_line_exit_2(
         "build", "--builder", "native", "--trace", trace, "--budget", 8, "--sglang-source", good, "-o", out
     )
     assert code == 2 and "--sglang-source goes with --builder sglang" in captured.err and not out.exists()
-    monkeypatch.setattr(sglang_builder, "_torch_present", lambda: False)
+    monkeypatch.setattr(sglang_source, "torch_present", lambda: False)
     code, captured = run("build", *base, "--sglang-source", tmp_path / "checkout", "-o", out)
     assert (
         code == 2 and "torch is not installed" in captured.err and len(captured.err.strip().splitlines()) == 1
     )
     assert not out.exists()
-    monkeypatch.setattr(sglang_builder, "_torch_present", lambda: True)
+    monkeypatch.setattr(sglang_source, "torch_present", lambda: True)
     code, captured = run("check", *base, "--sglang-source", tmp_path / "checkout")
     assert code == 0 and "ok: sglang equals reference" in captured.out
 
@@ -627,7 +643,7 @@ def test_source_provenance_is_in_every_row_and_the_summary(fake_torch_only, tmp_
             builder_options={"source": str(path)},
         )
     )
-    sha = sglang_builder.file_sha256(path)
+    sha = sglang_source.file_sha256(path)
     assert (rows["builder_source"] == str(path.resolve())).all() and (
         rows["builder_source_sha256"] == sha
     ).all()
@@ -672,7 +688,7 @@ def test_config_sglang_source_is_checked_before_any_job(fake_torch_only, tmp_pat
         text="def build_ddtree_tree_from_topk(a, b, c):\n    pass\n\nraise SystemExit\n",
     )
     check_config(config(source=str(unrunnable)))  # the check reads the file, never runs it
-    monkeypatch.setattr(sglang_builder, "_torch_present", lambda: False)
+    monkeypatch.setattr(sglang_source, "torch_present", lambda: False)
     with pytest.raises(ValueError, match="^config: sglang.source: .*torch is not installed"):
         check_config(config(source=str(good)))
     unused = {

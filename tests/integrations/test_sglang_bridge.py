@@ -1,4 +1,4 @@
-"""The bridge from a live SGLang DDTree service (``ddtree_bench.integrations.sglang``), on the CPU.
+"""The bridge from a live SGLang DDTree service (``ddtree_bench.integrations.sglang.service``), on the CPU.
 
 record: a fake worker module that imported SGLang's function by name (the function loaded from a file, as
 the ``sglang`` builder's ``source`` option loads it) calls it per request; the recording's trace must load as
@@ -24,7 +24,7 @@ from workflow_copy import ROOT
 from ddtree_bench.builders import get_builder
 from ddtree_bench.cli import main
 from ddtree_bench.config import check_config
-from ddtree_bench.integrations import sglang as bridge
+from ddtree_bench.integrations.sglang import service as bridge
 from ddtree_bench.settings import Settings
 from ddtree_bench.throughput import RoundAssumptions
 from ddtree_bench.traces import check_trace_file, import_recorded, load_trace

@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 
 from ddtree_bench.cuda import loader as cuda
+from ddtree_bench.integrations import sglang
+from ddtree_bench.integrations.sglang import stubs
 from ddtree_bench.k26 import moe
 from ddtree_bench.k26.moe import BF16, MARLIN, MOE_IMPLS, TRITON, MoeUnavailable
 
@@ -22,7 +24,7 @@ needs_gpu = pytest.mark.skipif(GPU_REASON is not None, reason=f"needs a CUDA GPU
 REPO = Path(__file__).resolve().parents[2]
 #: SGLang's extracted files (docs/k26_model.md): $DDTREE_SGLANG_FILES, else .peers/sglang_files in the repo
 SGLANG_FILES = Path(os.environ.get("DDTREE_SGLANG_FILES", REPO / ".peers" / "sglang_files"))
-HAVE_FILES = (SGLANG_FILES / moe.REQUIRED_FILES[MARLIN][0]).is_file()
+HAVE_FILES = (SGLANG_FILES / sglang.REQUIRED_FILES[MARLIN][0]).is_file()
 needs_files = pytest.mark.skipif(not HAVE_FILES, reason=f"SGLang's files not at {SGLANG_FILES}")
 SRC = str(REPO / "src")
 
@@ -65,8 +67,8 @@ def test_unknown_impl_is_a_value_error():
 
 def test_uint4b8_id_as_scalar_type_hpp_packs_it():
     # exponent 0 | mantissa 4 << 8 | signed 0 << 16 | bias 8 << 17 | finite 0 << 49 | NAN_IEEE_754 (1) << 50
-    assert moe.UINT4B8_ID == (4 << 8) | (8 << 17) | (1 << 50)
-    assert moe.UINT8B128_ID == (8 << 8) | (128 << 17) | (1 << 50)
+    assert stubs.UINT4B8_ID == (4 << 8) | (8 << 17) | (1 << 50)
+    assert stubs.UINT8B128_ID == (8 << 8) | (128 << 17) | (1 << 50)
 
 
 @needs_files
@@ -84,7 +86,7 @@ def test_uint4b8_id_equals_sglang_header(tmp_path):
         ["g++", "-std=c++20", f"-I{include}", str(program), "-o", str(tmp_path / "id")], check=True
     )
     out = subprocess.run([str(tmp_path / "id")], check=True, capture_output=True, text=True).stdout.split()
-    assert [int(v) for v in out] == [moe.UINT4B8_ID, moe.UINT8B128_ID]
+    assert [int(v) for v in out] == [stubs.UINT4B8_ID, stubs.UINT8B128_ID]
 
 
 # ------------------------------------------------------------------------------------------ refusals
@@ -96,11 +98,11 @@ def test_missing_sglang_files_name_the_path(tmp_path):
         reason = moe.moe_unavailable_reason(impl, str(nowhere))
         assert reason is not None and str(nowhere) in reason and impl in reason and "\n" not in reason
         with pytest.raises(MoeUnavailable, match="not found"):
-            moe.load_sglang_moe(impl, nowhere)
+            sglang.load_sglang_moe(impl, nowhere)
 
 
 def _fake_files(root: Path) -> Path:
-    for rels in moe.REQUIRED_FILES.values():
+    for rels in sglang.REQUIRED_FILES.values():
         for rel in rels:
             (root / rel).parent.mkdir(parents=True, exist_ok=True)
             (root / rel).write_text("")
@@ -118,7 +120,9 @@ def test_without_a_gpu_every_impl_says_so(tmp_path):
 
 def test_bf16_needs_no_sglang_files():
     with pytest.raises(ValueError, match="loads nothing"):
-        moe.load_sglang_moe(BF16, None)
+        sglang.load_sglang_moe(BF16, None)
+    with pytest.raises(ValueError, match="unknown MoE impl 'fp8'"):
+        sglang.load_sglang_moe("fp8", None)
 
 
 # --------------------------------------------------------------------------- CPU math (torch on CPU)
@@ -253,15 +257,17 @@ def test_calls_reject_mismatched_inputs():
 
 _LOAD_SCRIPT = """
 import json, sys
+from ddtree_bench.integrations import sglang
+from ddtree_bench.integrations.sglang import files, stubs
 from ddtree_bench.k26 import moe
-moe._STUB_PLATFORM["cuda"] = True  # take the CUDA import branches on a machine without a GPU
+stubs.PLATFORM_OVERRIDE["cuda"] = True  # take the CUDA import branches on a machine without a GPU
 out = {}
 for impl in (moe.MARLIN, moe.TRITON):
     try:
-        out[impl] = moe.load_sglang_moe(impl, sys.argv[1]).__name__
-    except moe.MoeUnavailable as exc:
+        out[impl] = sglang.load_sglang_moe(impl, sys.argv[1]).__name__
+    except sglang.SglangUnavailable as exc:
         out[impl] = "unavailable: " + str(exc)
-out["modules"] = sorted(n for n in sys.modules if moe._ours(n))
+out["modules"] = sorted(n for n in sys.modules if files.ours(n))
 print(json.dumps(out))
 """
 
@@ -363,7 +369,7 @@ def test_marlin_layout_equals_sglang_repack_kernel():
 
     import torch  # noqa: PLC0415
 
-    repack = importlib.import_module(moe._REPACK_MODULE).gptq_marlin_repack
+    repack = importlib.import_module(sglang.REPACK_MODULE).gptq_marlin_repack
     gen = torch.Generator(device="cuda").manual_seed(9)
     size_k, size_n = 256, 512
     q = torch.randint(0, 16, (size_k, size_n), generator=gen, device="cuda", dtype=torch.int64)

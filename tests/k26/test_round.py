@@ -42,7 +42,7 @@ def test_mask_packed_on_the_device_equals_the_trees_bits(budget):
 @pytest.mark.parametrize("name", ["sglang", "reference"])
 def test_split_round_host_build_gives_the_verify_fields(tmp_path, name):
     torch = pytest.importorskip("torch", reason="the split round's host build runs on torch (not installed)")
-    from ddtree_bench.stages.insitu import _sglang_call  # noqa: PLC0415
+    from ddtree_bench.builders.sglang import sglang_call  # noqa: PLC0415
 
     lp, ids = make_topk("bf16", 4, 8, 16, seed=3)
     budget = 20
@@ -51,7 +51,7 @@ def test_split_round_host_build_gives_the_verify_fields(tmp_path, name):
         if (name == "sglang")
         else get_builder(name)
     )
-    extra = _sglang_call(builder) if name == "sglang" else None
+    extra = sglang_call(builder) if name == "sglang" else None
     fields = host_trees(torch, name, builder, torch.from_numpy(lp), torch.from_numpy(ids), budget, extra)
     want = get_builder("reference").build(lp, ids, budget)
     assert set(fields) == set(_COPIED)

@@ -11,6 +11,7 @@ import sys
 import numpy as np
 import pytest
 
+from ddtree_bench.integrations.sglang import describe
 from ddtree_bench.ops import attention_peers
 from ddtree_bench.ops.attention_peers import PEERS, PeerUnavailable, make_peer
 
@@ -69,10 +70,8 @@ def test_peer_unavailable_carries_the_reason(monkeypatch, name):
 def test_reason_is_one_line():
     assert str(PeerUnavailable("a\n  b\tc")) == "a b c"
     nested = RuntimeError("backend='inductor' raised:\nOutOfResources: smem\nmore")
-    assert (
-        attention_peers._describe(nested) == "RuntimeError: backend='inductor' raised: OutOfResources: smem"
-    )
-    assert attention_peers._describe(KeyError()) == "KeyError"
+    assert describe(nested) == "RuntimeError: backend='inductor' raised: OutOfResources: smem"
+    assert describe(KeyError()) == "KeyError"
 
 
 # --- on a GPU -------------------------------------------------------------------------------------------

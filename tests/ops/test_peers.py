@@ -19,6 +19,7 @@ from step_rows import attention_rows, peak_rows, target_status
 from workflow_copy import ROOT, snakemake, workdir_copy
 
 from ddtree_bench.config import ATTENTION_IMPLS, check_config, load_schema
+from ddtree_bench.integrations.sglang import ATTENTION_FILES
 from ddtree_bench.ops import attention_peers
 from ddtree_bench.ops.attention_peers import (
     CAUSAL_MASK,
@@ -26,7 +27,6 @@ from ddtree_bench.ops.attention_peers import (
     PEER_MASKS,
     PEERS,
     SGLANG_FA3,
-    SGLANG_KERNEL_FILES,
     SGLANG_TRITON,
     TREE_MASK,
     PeerUnavailable,
@@ -130,7 +130,7 @@ def test_new_peers_refuse_without_a_gpu(monkeypatch, name):
 # ------------------------------------------------------------------------------------------- SGLang files
 
 
-def fake_sglang(root, *, helper=True, layout=SGLANG_KERNEL_FILES[0]):
+def fake_sglang(root, *, helper=True, layout=ATTENTION_FILES[0]):
     """A stand-in SGLang tree: packages whose ``__init__.py`` must never run, the kernel file importing a
     sibling file and ``sglang.srt.utils`` (served by the loader's own stand-in)."""
     parts = Path(layout).parent.parts
@@ -159,7 +159,7 @@ def test_sglang_file_loads_without_importing_the_package(tmp_path, monkeypatch):
     before = set(sys.modules)
     fwd, label = load_sglang_extend_attention(root)
     assert fwd() == (42, False)
-    assert label == f"sglang {SGLANG_KERNEL_FILES[0]}"
+    assert label == f"sglang {ATTENTION_FILES[0]}"
     assert sys.modules["sglang"] is real
     assert {n for n in set(sys.modules) - before if n.startswith("sglang")} == set()
     assert load_sglang_extend_attention(root)[0] is fwd  # loaded once per file
@@ -168,9 +168,9 @@ def test_sglang_file_loads_without_importing_the_package(tmp_path, monkeypatch):
 @pytest.mark.parametrize("given", ["root", "python", "package"])
 def test_sglang_source_forms(tmp_path, given):
     checkout = tmp_path / "checkout"
-    root = fake_sglang(checkout / "python", layout=SGLANG_KERNEL_FILES[1])
+    root = fake_sglang(checkout / "python", layout=ATTENTION_FILES[1])
     source = {"root": root, "python": checkout, "package": root / "sglang"}[given]
-    assert find_sglang_kernel(source) == (root.resolve(), SGLANG_KERNEL_FILES[1])
+    assert find_sglang_kernel(source) == (root.resolve(), ATTENTION_FILES[1])
 
 
 def test_sglang_file_with_a_missing_dependency_is_a_stated_reason(tmp_path):
@@ -180,7 +180,7 @@ def test_sglang_file_with_a_missing_dependency_is_a_stated_reason(tmp_path):
     with pytest.raises(PeerUnavailable) as info:
         load_sglang_extend_attention(root)
     text = str(info.value)
-    assert text.startswith(f"sglang-triton: {SGLANG_KERNEL_FILES[0]} under ")
+    assert text.startswith(f"sglang-triton: {ATTENTION_FILES[0]} under ")
     assert "does not load (ModuleNotFoundError: sglang.kernels_helper_marker is not under" in text
     # sys.modules as before the load (a real sglang imported by another test stays; nothing of ours stays)
     after = {n: m for n, m in sys.modules.items() if n == "sglang" or n.startswith("sglang.")}

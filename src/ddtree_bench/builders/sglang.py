@@ -21,167 +21,30 @@ Where the function takes ``workspace=`` and its module defines ``DFlashDDTreeBui
 the DDTree branch), one workspace made with the builder is passed to every call, as SGLang's worker does.
 ``source_info`` records where the function came from (module or file, the file's sha256, the checkout's git
 commit where the file is tracked in one) and whether a workspace is passed; the timing rows carry it.
+
+Finding and loading the function is ``integrations.sglang``'s (``find_function``, ``load_function``); this
+builder times it. ``sglang_call`` gives the function as the in-situ timing and the round call it.
 """
 
 from __future__ import annotations
 
-import ast
-import hashlib
-import importlib
-import importlib.metadata
-import importlib.util
-import inspect
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 
 from ddtree_bench.builders.base import Builder, BuilderUnavailable
-from ddtree_bench.tree import TreeBatch
-
-KNOWN_MODULE_PATHS = (
-    "sglang.srt.speculative.dflash_ddtree_utils",
-    "sglang.srt.speculative.ddtree_utils",
+from ddtree_bench.integrations.sglang import (
+    FUNCTION_NAME,
+    KNOWN_MODULE_PATHS,
+    Found,
+    SglangUnavailable,
+    check_source,
+    find_function,
+    installed_version,
+    load_function,
+    sglang_version,
 )
-FUNCTION_NAME = "build_ddtree_tree_from_topk"
-PAD_FUNCTION_NAME = "pad_ddtree_build_outputs"
-WORKSPACE_CLASS_NAME = "DFlashDDTreeBuildWorkspace"
-#: Where the DDTree file lies inside an SGLang checkout (its root), in the order tried.
-KNOWN_FILE_PATHS = tuple("python/" + path.replace(".", "/") + ".py" for path in KNOWN_MODULE_PATHS)
-
-
-def _module_present(name: str) -> bool:
-    if sys.modules.get(name) is not None:
-        return True
-    try:
-        return importlib.util.find_spec(name) is not None
-    except (ImportError, ValueError):
-        return False
-
-
-def sglang_version() -> str | None:
-    """The installed SGLang's version, or ``None`` when it is not installed."""
-    try:
-        return importlib.metadata.version("sglang")
-    except importlib.metadata.PackageNotFoundError:
-        pass
-    if not _module_present("sglang"):
-        return None
-    try:
-        module = importlib.import_module("sglang")
-    except Exception:  # noqa: BLE001 - a broken install still has "some" version
-        return "unknown"
-    return str(getattr(module, "__version__", "unknown"))
-
-
-def _torch_present() -> bool:
-    """Whether torch can be imported here (without importing it)."""
-    return _module_present("torch")
-
-
-def resolve_source(source) -> Path:
-    """The DDTree ``.py`` file that ``source`` names: the file itself, or the known file paths inside an
-    SGLang checkout (its root or its ``python/`` folder). Raises ``ValueError`` with one line."""
-    path = Path(str(source)).expanduser()
-    if not path.exists():
-        raise ValueError(f"sglang source {path}: no such file or folder")
-    if path.is_file():
-        return path.resolve()
-    tried = []
-    for relative in KNOWN_FILE_PATHS:
-        for candidate in (path / relative, path / relative.removeprefix("python/")):
-            if candidate.is_file():
-                return candidate.resolve()
-            tried.append(str(candidate))
-    raise ValueError(f"sglang source {path}: a folder without SGLang's DDTree file; tried {', '.join(tried)}")
-
-
-def _defines_function(path: Path) -> bool:
-    """Whether the file's top level defines ``build_ddtree_tree_from_topk`` (read, not executed)."""
-    try:
-        tree = ast.parse(path.read_bytes(), filename=str(path))
-    except (OSError, SyntaxError, ValueError):
-        return False
-    return any(
-        isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name == FUNCTION_NAME
-        for node in tree.body
-    )
-
-
-def check_source(source) -> Path:
-    """What the configuration check asks of ``sglang.source`` before any job: the file is found, defines
-    the function (read, not run) and torch is installed. Returns the file; raises ``ValueError``."""
-    path = resolve_source(source)
-    if not _defines_function(path):
-        raise ValueError(f"sglang source {path}: defines no {FUNCTION_NAME}")
-    if not _torch_present():
-        raise ValueError(f"sglang source {path}: torch is not installed, and SGLang's DDTree file needs it")
-    return path
-
-
-def file_sha256(path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def _git(folder: Path, *args: str) -> subprocess.CompletedProcess | None:
-    try:
-        return subprocess.run(
-            ["git", "-C", str(folder), *args], capture_output=True, text=True, timeout=20, check=False
-        )
-    except (OSError, subprocess.SubprocessError):
-        return None
-
-
-def git_provenance(path) -> dict:
-    """``{"git_commit", "git_modified"}`` of the git work tree that tracks the file ``path`` (the HEAD commit,
-    and whether the file differs from it), or ``None`` values where git is absent or the file is not tracked
-    (an ignored copy inside another repository gets no commit: that commit says nothing about the file)."""
-    path = Path(path).resolve()
-    none = {"git_commit": None, "git_modified": None}
-    tracked = _git(path.parent, "ls-files", "--error-unmatch", "--", path.name)
-    if tracked is None or tracked.returncode != 0:
-        return none
-    head = _git(path.parent, "rev-parse", "HEAD")
-    if head is None or head.returncode != 0 or not head.stdout.strip():
-        return none
-    diff = _git(path.parent, "diff", "--quiet", "HEAD", "--", path.name)
-    modified = None if diff is None or diff.returncode not in (0, 1) else diff.returncode == 1
-    return {"git_commit": head.stdout.strip(), "git_modified": modified}
-
-
-def load_source(path: Path):
-    """The module at ``path``, executed under a private name (``sys.modules`` keeps it, so that classes and
-    annotations resolve). Raises ``ValueError`` with one line where executing it fails."""
-    key = hashlib.sha256(f"{Path(path).resolve()}\n{file_sha256(path)}".encode()).hexdigest()
-    name = f"_ddtree_bench_sglang_source_{key[:16]}"  # the same file, unchanged, is loaded once
-    if sys.modules.get(name) is not None:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, path)
-    if spec is None or spec.loader is None:
-        raise ValueError(f"sglang source {path}: cannot be loaded as a Python module")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    try:
-        spec.loader.exec_module(module)
-    except Exception as error:  # noqa: BLE001 - any failure of the user's file is bad input
-        del sys.modules[name]
-        message = " ".join(str(error).split()) or type(error).__name__
-        raise ValueError(
-            f"sglang source {path}: loading it failed: {type(error).__name__}: {message}"
-        ) from None
-    return module
-
-
-def _takes_workspace(function) -> bool:
-    try:
-        return "workspace" in inspect.signature(function).parameters
-    except (TypeError, ValueError):
-        return False
+from ddtree_bench.tree import TreeBatch
 
 
 def _as_numpy(value) -> np.ndarray:
@@ -222,84 +85,29 @@ class SGLangBuilder(Builder):
             self.source = check_source(source)
             self._resolve()
 
-    def _adopt(self, module, function, where: str, kind: str) -> None:
-        """Take ``function`` (from ``module``, found at ``where``), its pad function and, where the function
-        takes one, a workspace made once; record where it came from."""
-        self._function = function
-        pad = getattr(module, PAD_FUNCTION_NAME, None)
-        self._pad_function = pad if callable(pad) else None
-        workspace_class = getattr(module, WORKSPACE_CLASS_NAME, None)
-        if callable(workspace_class) and _takes_workspace(function):
-            self._workspace = workspace_class()
-        file = getattr(module, "__file__", None)
-        info = {"kind": kind, "source": where, "file": file, "sha256": None, "git_commit": None}
-        info["git_modified"] = None
-        if file and Path(file).is_file():
-            info["sha256"] = file_sha256(file)
-            info.update(git_provenance(file))
-        info["workspace"] = self._workspace is not None
-        self._source_info = info
-
-    def _resolve_source(self) -> None:
-        path = self.source
-        try:
-            self._torch = importlib.import_module("torch")
-        except Exception as error:  # noqa: BLE001
-            message = " ".join(str(error).split())
-            raise ValueError(
-                f"sglang source {path}: torch fails to import: {type(error).__name__}: {message}"
-            ) from None
-        module = load_source(path)
-        function = getattr(module, FUNCTION_NAME, None)
-        if not callable(function):
-            raise ValueError(f"sglang source {path}: defines no {FUNCTION_NAME}")
-        self._adopt(module, function, str(path), "file")
-        self._module_path = None
+    def _adopt(self, found: Found) -> None:
+        """Take the function found, its module's pad function and, where the function takes one, a workspace
+        made once; record where it came from."""
+        self._torch = found.torch
+        self._function = found.function
+        self._pad_function = found.pad_function
+        self._workspace = found.make_workspace()
+        self._source_info = {**found.provenance(), "workspace": self._workspace is not None}
 
     def _resolve(self) -> None:
         if self._resolved:
             return
         self._resolved = True
         if self.source is not None:
-            self._resolve_source()
-            return
-        has_torch = _module_present("torch")
-        version = sglang_version()
-        if not has_torch and version is None:
-            self._reason = "neither torch nor sglang is installed (install the extra: pip install .[sglang])"
-            return
-        if not has_torch:
-            self._reason = f"sglang {version} is installed but torch is not (pip install .[sglang])"
-            return
-        if version is None:
-            self._reason = "sglang is not installed (install the extra: pip install .[sglang])"
+            self._adopt(load_function(self.source))  # asked for by path: ValueError, never "unavailable"
             return
         try:
-            self._torch = importlib.import_module("torch")
-        except Exception as error:  # noqa: BLE001 - report any import failure as the reason
-            self._reason = f"torch is installed but fails to import: {type(error).__name__}: {error}"
+            found = find_function(self.module_paths)
+        except SglangUnavailable as exc:
+            self._reason = str(exc)
             return
-        tried = []
-        for path in self.module_paths:
-            try:
-                module = importlib.import_module(path)
-            except ModuleNotFoundError as error:
-                missing = error.name or path
-                tried.append(f"{path} (no module {missing})" if missing != path else f"{path} (absent)")
-                continue
-            except Exception as error:  # noqa: BLE001
-                tried.append(f"{path} (import failed: {type(error).__name__}: {error})")
-                continue
-            function = getattr(module, FUNCTION_NAME, None)
-            if not callable(function):
-                tried.append(f"{path} (no {FUNCTION_NAME})")
-                continue
-            self._adopt(module, function, path, "module")
-            self._module_path = path
-            return
-        self._reason = (
-            f"sglang {version} is installed but has no DDTree {FUNCTION_NAME}; tried: " + "; ".join(tried)
-        )
+        self._adopt(found)
+        self._module_path = found.source
 
     def unavailable_reason(self) -> str | None:
         self._resolve()
@@ -355,13 +163,8 @@ class SGLangBuilder(Builder):
     def info(self) -> dict:
         info = super().info()
         self._resolve()
-        if self.source is None:
-            info["sglang"] = sglang_version()
-        else:  # loaded by path: an installed sglang's version from its metadata, never by importing it
-            try:
-                info["sglang"] = importlib.metadata.version("sglang")
-            except importlib.metadata.PackageNotFoundError:
-                info["sglang"] = None
+        # loaded by path: an installed sglang's version from its metadata, never by importing it
+        info["sglang"] = sglang_version() if self.source is None else installed_version()
         info["module"] = self._module_path
         info["module_paths"] = list(self.module_paths)
         if self._source_info is not None:
@@ -410,3 +213,14 @@ def normalise_into(out: TreeBatch, b: int, result, budget: int) -> None:
     out.visibility[b, : n + 1, : n + 1] = visibility
     out.retrieve_next_token[b, : n + 1] = next_token
     out.retrieve_next_sibling[b, : n + 1] = next_sibling
+
+
+def sglang_call(builder: SGLangBuilder):
+    """``(function, pad_function or None, extra keyword arguments)``: how SGLang's worker calls the function
+    that ``builder`` found, once per request (the extra arguments: the one reused workspace, where it takes
+    one). ``BuilderUnavailable`` where the builder found none."""
+    reason = builder.unavailable_reason()  # resolves the function
+    if builder.function is None:
+        raise BuilderUnavailable(reason)
+    workspace = builder.workspace
+    return builder.function, builder.pad_function, ({} if workspace is None else {"workspace": workspace})

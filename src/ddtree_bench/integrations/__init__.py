@@ -1,1 +1,2 @@
-"""Bridges from live serving systems to this benchmark (``ddtree_bench.integrations.sglang``)."""
+"""Other systems' code, loaded below the rest of the benchmark: ``integrations.sglang`` (SGLang's tree
+builder, its kernel files, its JIT modules, and the bridge from a live SGLang DDTree service)."""

@@ -22,17 +22,11 @@ Impls (``MOE_IMPLS``):
   expert, two grouped GEMMs, silu * up, a weighted sum over the top-k. One layer's BF16 slice is
   ``384 * 3 * 7168 * 256 * 2`` B = 4.2 GB.
 
-SGLang's files are loaded from a folder (``sglang_files``) holding them at their package paths (e.g.
-``<folder>/sglang/kernels/ops/moe/moe_wna16_marlin.py``), or from an installed ``sglang``, WITHOUT running
-``import sglang`` (which pulls in transformers and most of SGLang's dependencies): ``sglang.*`` names
-resolve to the files under that folder, packages as empty modules (no ``__init__.py`` runs), and a few
-modules are our own stand-ins (``_STUBS``): platform queries, no-op registration decorators, the serving
-runtime's defaults (no symmetric memory, no fused all-reduce, no deterministic mode), and for the
-``sgl_kernel`` wheel (not installable next to torch 2.11): ``scalar_types`` (the ``uint4b8`` id computed as
-``scalar_type.hpp`` defines it), ``moe_sum_reduce`` (the top-k sum, in PyTorch) and its AOT
-``moe_align_block_size`` (replaced by SGLang's JIT kernel of the same contract). Once loaded, the finder
-stays installed and the modules stay in ``sys.modules`` for the process (SGLang's functions import
-modules lazily at call time): a process that loads these impls must not also import a real ``sglang``.
+SGLang's entry points are loaded by ``integrations.sglang.load_sglang_moe`` from a folder (``sglang_files``)
+holding its files at their package paths (e.g. ``<folder>/sglang/kernels/ops/moe/moe_wna16_marlin.py``), or
+from an installed ``sglang``, WITHOUT running ``import sglang``, a few modules being our own stand-ins
+(``integrations.sglang.stubs``). The finder stays installed for the process: a process that loads these impls
+must not also import a real ``sglang``. Where they cannot load, ``SglangUnavailable`` (``MoeUnavailable``).
 
 Weights formats (``make_expert_weights``; random bits are valid random weights):
 
@@ -51,21 +45,12 @@ torch is imported inside functions only, so this module imports on machines with
 
 from __future__ import annotations
 
-import contextlib
-import importlib
-import importlib.abc
-import importlib.machinery
-import importlib.util
 import math
-import os
-import shutil
-import sys
-import types
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from ddtree_bench.catalog import MOE_IMPLS
-from ddtree_bench.k26 import sglang_jit
+from ddtree_bench.integrations import sglang
+from ddtree_bench.integrations.sglang import SglangUnavailable
 
 MARLIN, TRITON, BF16 = MOE_IMPLS
 TOP_K = 8
@@ -81,56 +66,23 @@ __all__ = [
     "MoeUnavailable",
     "expert_order",
     "grouped_moe",
-    "load_sglang_moe",
     "make_expert_weights",
     "marlin_pack",
     "marlin_unpack",
     "moe_unavailable_reason",
     "reference_moe",
     "routed_experts",
-    "sglang_moe_root",
     "weight_bytes",
 ]
 
-#: files each SGLang impl needs, relative to the folder that holds ``sglang/`` (checked by name in reasons)
-REQUIRED_FILES = {
-    MARLIN: (
-        "sglang/srt/layers/moe/fused_moe_triton/fused_marlin_moe.py",
-        "sglang/kernels/ops/moe/moe_wna16_marlin.py",
-        "sglang/kernels/jit/csrc/gemm/marlin_moe/moe_wna16_marlin.cuh",
-        "sglang/kernels/ops/moe/moe_align.py",
-        "sglang/kernels/jit/csrc/moe/moe_align_kernel.cu",
-        "sglang/kernels/jit/utils/compile/loader.py",
-    ),
-    TRITON: (
-        "sglang/srt/layers/moe/moe_runner/triton_utils/fused_moe.py",
-        "sglang/kernels/ops/moe/fused_moe_triton_kernels.py",
-        "sglang/srt/layers/moe/moe_runner/triton_utils/moe_align_block_size.py",
-    ),
-}
-_MARLIN_MODULE = "sglang.srt.layers.moe.fused_moe_triton.fused_marlin_moe"
-_TRITON_MODULE = "sglang.srt.layers.moe.moe_runner.triton_utils.fused_moe"
-_REPACK_MODULE = "sglang.kernels.ops.quantization.gptq_marlin_repack"
-#: Python packages the JIT path imports besides torch (the ``ninja`` package only where no ninja is on PATH)
-JIT_PACKAGES = (("tvm_ffi", "apache-tvm-ffi==0.1.11"), ("msgspec", "msgspec"))
-
-
-class MoeUnavailable(RuntimeError):
-    """The impl cannot run here; the message (one line) says why."""
-
-    def __init__(self, reason: str):
-        super().__init__(" ".join(str(reason).split()))
+#: SGLang's code not loading for an impl: the integration's one error (``integrations.sglang``), by the name
+#: the MoE callers know
+MoeUnavailable = SglangUnavailable
 
 
 def _check_impl(impl: str) -> None:
     if impl not in MOE_IMPLS:
         raise ValueError(f"unknown MoE impl {impl!r}; expected one of {list(MOE_IMPLS)}")
-
-
-def _describe(exc: BaseException, limit: int = 300) -> str:
-    from ddtree_bench.ops.attention_peers import _describe as describe  # noqa: PLC0415
-
-    return describe(exc, limit)
 
 
 # ----------------------------------------------------------------------------------------- arithmetic
@@ -164,472 +116,6 @@ def weight_bytes(
     return weights // 2 + 2 * (weights // group_size)
 
 
-# ------------------------------------------------------------------------------- loading SGLang's files
-
-
-def _platform_is_cuda() -> bool:
-    import torch  # noqa: PLC0415
-
-    if _STUB_PLATFORM["cuda"] is not None:  # tests of the import path on machines without a GPU
-        return bool(_STUB_PLATFORM["cuda"])
-    return bool(torch.version.cuda) and torch.cuda.is_available()
-
-
-_STUB_PLATFORM: dict = {"cuda": None}
-
-
-class _Defaults:
-    """A runtime setting object whose every attribute is another falsy ``_Defaults``: SGLang's serving
-    runtime's options all default to off (no fused all-reduce, no deterministic mode, no symmetric
-    memory), which is the configuration measured here."""
-
-    def __init__(self, path: str = "runtime"):
-        self._path = path
-
-    def __getattr__(self, name: str):
-        if name.startswith("__"):
-            raise AttributeError(name)
-        return _Defaults(f"{self._path}.{name}")
-
-    def __bool__(self) -> bool:
-        return False
-
-    def __repr__(self) -> str:
-        return f"<default off: {self._path}>"
-
-
-def _register_custom_op(*args, **kwargs):
-    """SGLang's ``register_custom_op`` registers a torch custom op for torch.compile; eager calls run the
-    function itself, which is what this decorator returns (bare or with arguments)."""
-    if len(args) == 1 and callable(args[0]) and not kwargs:
-        return args[0]
-    return lambda fn: fn
-
-
-def _unavailable_function(name: str, why: str):
-    def call(*args, **kwargs):
-        raise RuntimeError(f"{name} is not available here ({why})")
-
-    call.__name__ = name.rsplit(".", 1)[-1]
-    return call
-
-
-def _stub_srt_utils() -> dict:
-    import torch  # noqa: PLC0415
-
-    def get_bool_env_var(name: str, default: str = "false") -> bool:
-        return os.getenv(name, default).lower() in ("true", "1")
-
-    def capability() -> tuple[int, int]:
-        return torch.cuda.get_device_capability() if _platform_is_cuda() else (0, 0)
-
-    return {
-        "is_cuda": _platform_is_cuda,
-        "is_cuda_alike": _platform_is_cuda,
-        "is_hip": lambda: False,
-        "is_musa": lambda: False,
-        "is_xpu": lambda: False,
-        "is_npu": lambda: False,
-        "is_cpu": lambda: False,
-        "cpu_has_amx_support": lambda: False,
-        "is_gfx95_supported": lambda: False,
-        "is_gfx1250_supported": lambda: False,
-        "is_sm90_supported": lambda device=None: capability()[0] == 9,
-        "is_sm100_supported": lambda device=None: capability()[0] == 10,
-        "get_bool_env_var": get_bool_env_var,
-        "get_device_name": lambda device_id=0: torch.cuda.get_device_name(device_id),
-        "get_device_core_count": lambda device_id=0: (
-            torch.cuda.get_device_properties(device_id).multi_processor_count
-        ),
-    }
-
-
-def _stub_srt_utils_common() -> dict:
-    import torch  # noqa: PLC0415
-
-    def get_cuda_version() -> tuple[int, ...]:
-        return tuple(int(part) for part in (torch.version.cuda or "0.0").split(".")[:2])
-
-    return {"is_cuda": _platform_is_cuda, "get_cuda_version": get_cuda_version}
-
-
-#: the uint4b8 ScalarType, as sglang/kernels/jit/include/sgl_kernel/scalar_type.hpp builds it:
-#: ScalarType::uint(4, 8) = (exponent 0, mantissa 4, signed false, bias 8, finite_values_only false,
-#: nan_repr NAN_IEEE_754 = 1), fields packed low to high at widths 8, 8, 1, 32, 1, 8 bits (``id()``)
-_SCALAR_FIELDS = (("exponent", 8), ("mantissa", 8), ("signed", 1), ("bias", 32), ("finite", 1), ("nan", 8))
-
-
-def scalar_type_id(exponent: int, mantissa: int, signed: bool, bias: int, finite: bool, nan_repr: int) -> int:
-    """``ScalarType::id()`` of ``scalar_type.hpp``: the fields packed in constructor order."""
-    value, offset = 0, 0
-    for (_, bits), member in zip(
-        _SCALAR_FIELDS, (exponent, mantissa, int(signed), bias, int(finite), nan_repr), strict=True
-    ):
-        value |= (int(member) & ((1 << bits) - 1)) << offset
-        offset += bits
-    return value
-
-
-UINT4B8_ID = scalar_type_id(0, 4, False, INT4_BIAS, False, 1)
-UINT8B128_ID = scalar_type_id(0, 8, False, 128, False, 1)
-
-
-@dataclass(frozen=True)
-class _ScalarType:
-    name: str
-    id: int
-    size_bits: int
-
-
-def _stub_sgl_kernel_scalar_type() -> dict:
-    def unavailable(name):
-        return _ScalarType(name, -1, 0)  # not used by the W4A16 path; the kernel rejects id -1
-
-    types_ = types.SimpleNamespace(
-        uint4b8=_ScalarType("uint4b8", UINT4B8_ID, 4),
-        uint8b128=_ScalarType("uint8b128", UINT8B128_ID, 8),
-        uint4=unavailable("uint4"),
-        float4_e2m1f=unavailable("float4_e2m1f"),
-    )
-    return {"ScalarType": _ScalarType, "scalar_types": types_}
-
-
-def _stub_sgl_kernel() -> dict:
-    import torch  # noqa: PLC0415
-
-    def moe_sum_reduce(input, output, routed_scaling_factor: float = 1.0):
-        """sgl_kernel's top-k sum: ``output = sum_k input[:, k] * routed_scaling_factor`` (PyTorch)."""
-        torch.sum(input, dim=1, out=output)
-        if routed_scaling_factor != 1.0:
-            output.mul_(routed_scaling_factor)
-        return output
-
-    why = "the sgl_kernel wheel is not installed; only moe_sum_reduce is provided, in PyTorch"
-    return {
-        "moe_sum_reduce": moe_sum_reduce,
-        "silu_and_mul": _unavailable_function("sgl_kernel.silu_and_mul", why),
-        "__getattr__": _missing("sgl_kernel", why),
-    }
-
-
-def _missing(module: str, why: str):
-    def __getattr__(name: str):
-        if name.startswith("__"):
-            raise AttributeError(name)
-        raise AttributeError(f"{module}.{name} is not available here ({why})")
-
-    return __getattr__
-
-
-def _stub_ops_moe() -> dict:
-    """``sglang.kernels.ops.moe``'s ``moe_align_block_size`` dispatches to sgl_kernel's AOT kernel; here it
-    runs SGLang's JIT kernel of the same contract (``moe_align.py``, no inactive-prefix count)."""
-
-    def moe_align_block_size(
-        topk_ids,
-        num_experts,
-        block_size,
-        sorted_token_ids,
-        experts_ids,
-        num_tokens_post_pad,
-        cumsum_buffer,
-        pad_sorted_token_ids=False,
-        ignore_invalid_expert=False,
-    ):
-        if ignore_invalid_expert:
-            raise RuntimeError("ignore_invalid_expert needs sgl_kernel's AOT moe_align_block_size")
-        jit = importlib.import_module("sglang.kernels.ops.moe.moe_align").moe_align_block_size
-        return jit(
-            topk_ids,
-            num_experts,
-            block_size,
-            sorted_token_ids,
-            experts_ids,
-            num_tokens_post_pad,
-            cumsum_buffer,
-            pad_sorted_token_ids,
-        )
-
-    return {"moe_align_block_size": moe_align_block_size}
-
-
-def _lazy(module: str, attribute: str):
-    """A module ``__getattr__`` that resolves ``attribute`` from ``module`` on first use."""
-
-    def __getattr__(name: str):
-        if name == attribute:
-            return getattr(importlib.import_module(module), attribute)
-        raise AttributeError(f"{name} (only {attribute} is provided by this stand-in)")
-
-    return __getattr__
-
-
-def _stubs() -> dict:
-    """Stand-in modules by name (each a factory of its attributes)."""
-    fp8 = "fp8/int8 activation quantisation is not part of the W4A16 path"
-    runtime = {
-        "get_exec": lambda: _Defaults("get_exec()"),
-        "get_parallel": lambda: _Defaults("get_parallel()"),
-        "get_platform": lambda: types.SimpleNamespace(
-            is_sm90=_stub_srt_utils()["is_sm90_supported"](), is_sm100=False
-        ),
-    }
-    return {
-        "sglang.srt.utils": _stub_srt_utils,
-        "sglang.srt.utils.common": _stub_srt_utils_common,
-        "sglang.srt.utils.custom_op": lambda: {"register_custom_op": _register_custom_op},
-        "sglang.utils": lambda: {"is_in_ci": lambda: False},
-        "sglang.srt.runtime_context": lambda: runtime,
-        "sglang.srt.batch_invariant_ops": lambda: {"is_batch_invariant_mode_enabled": lambda: False},
-        "sglang.srt.distributed": dict,
-        "sglang.srt.distributed.device_communicators": dict,
-        "sglang.srt.distributed.device_communicators.pynccl_allocator": lambda: {
-            "use_symmetric_memory": lambda *a, **k: contextlib.nullcontext()
-        },
-        "sglang.srt.layers.dp_attention": lambda: {"is_allocation_symmetric": lambda: False},
-        "sglang.srt.layers.zero_copy_context": lambda: {"get_moe_output": lambda hidden_states: None},
-        "sglang.srt.layers.moe.moe_runner": lambda: {"MoeRunnerConfig": _MoeRunnerConfig},
-        "sglang.srt.layers.moe.utils": lambda: {
-            "get_moe_padding_size": lambda use_aiter=False: 0,
-            "get_moe_runner_backend": lambda: _Defaults("moe_runner_backend"),
-        },
-        "sglang.srt.layers.moe.fused_moe_triton": lambda: {
-            "__getattr__": _lazy(
-                "sglang.srt.layers.moe.moe_runner.triton_utils.moe_align_block_size", "moe_align_block_size"
-            )
-        },
-        "sglang.srt.layers.moe.moe_runner.triton_utils": lambda: {"get_config": lambda: None},
-        "sglang.kernels.ops.moe": _stub_ops_moe,
-        "sglang.kernels.ops.activation.minimax_m3_swiglu": lambda: {
-            "swiglu_oai_split": _unavailable_function("swiglu_oai_split", "GPT-OSS activation, not used")
-        },
-        "sglang.kernels.ops.quantization.fp8_kernel": lambda: {
-            n: _unavailable_function(n, fp8)
-            for n in ("per_token_group_quant_fp8", "scaled_fp8_quant", "sglang_per_token_group_quant_fp8")
-        },
-        "sglang.kernels.ops.quantization.int8_kernel": lambda: {
-            n: _unavailable_function(n, fp8)
-            for n in (
-                "per_token_group_quant_int8",
-                "per_token_quant_int8",
-                "sglang_per_token_group_quant_int8",
-            )
-        },
-        "sglang.kernels.ops.quantization.per_token_group_quant": lambda: {
-            "per_token_group_quant": _unavailable_function("per_token_group_quant", fp8)
-        },
-        "sgl_kernel": _stub_sgl_kernel,
-        "sgl_kernel.scalar_type": _stub_sgl_kernel_scalar_type,
-    }
-
-
-class _MoeRunnerConfig:
-    """Stand-in for SGLang's MoeRunnerConfig (only constructed as a default argument)."""
-
-    def __init__(self, **kwargs):
-        self.__dict__.update(kwargs)
-
-
-#: packages whose ``__init__.py`` does run: they only re-export their own submodules (SGLang's JIT helpers)
-_RUN_INIT = frozenset({"sglang.kernels.jit.utils", "sglang.kernels.jit.utils.compile"})
-
-
-def _ours(name: str) -> bool:
-    return name in ("sglang", "sgl_kernel") or name.startswith(("sglang.", "sgl_kernel."))
-
-
-class _EmptyPackage(importlib.abc.Loader):
-    def create_module(self, spec):
-        return None
-
-    def exec_module(self, module):
-        pass
-
-
-class _StubLoader(importlib.abc.Loader):
-    def __init__(self, factory):
-        self.factory = factory
-
-    def create_module(self, spec):
-        module = types.ModuleType(spec.name)
-        module.__doc__ = f"ddtree_bench's stand-in for {spec.name}"
-        for key, value in self.factory().items():
-            setattr(module, key, value)
-        return module
-
-    def exec_module(self, module):
-        pass
-
-
-class _SglangFiles(importlib.abc.MetaPathFinder):
-    """``sglang.*`` / ``sgl_kernel.*`` names: stand-ins first, then the files under ``root`` (packages as
-    empty modules whose search path is their folder)."""
-
-    def __init__(self, root: Path, stubs: dict):
-        self.root = root
-        self.stubs = stubs
-
-    def find_spec(self, fullname, path=None, target=None):
-        if not _ours(fullname):
-            return None
-        base = self.root.joinpath(*fullname.split("."))
-        parent_of_stub = any(stub.startswith(fullname + ".") for stub in self.stubs)
-        if fullname in self.stubs:
-            package = base.is_dir() or parent_of_stub
-            spec = importlib.machinery.ModuleSpec(
-                fullname, _StubLoader(self.stubs[fullname]), is_package=package
-            )
-            if package:
-                spec.submodule_search_locations = [str(base)] if base.is_dir() else []
-            return spec
-        if fullname in _RUN_INIT and (base / "__init__.py").is_file():
-            return importlib.util.spec_from_file_location(
-                fullname, base / "__init__.py", submodule_search_locations=[str(base)]
-            )
-        if base.is_dir() or parent_of_stub:
-            # origin names the (unexecuted) __init__.py: SGLang's JIT finds its sources from it
-            init = base / "__init__.py"
-            origin = str(init) if init.is_file() else None
-            spec = importlib.machinery.ModuleSpec(fullname, _EmptyPackage(), origin=origin, is_package=True)
-            spec.submodule_search_locations = [str(base)] if base.is_dir() else []
-            return spec
-        if base.with_suffix(".py").is_file():
-            return importlib.util.spec_from_file_location(fullname, base.with_suffix(".py"))
-        raise ModuleNotFoundError(f"{fullname} is not under {self.root}", name=fullname)
-
-
-_LOADER: dict = {"root": None, "finder": None, "modules": {}}
-
-
-def sglang_moe_root(sglang_files=None) -> Path:
-    """The folder holding ``sglang/``: ``sglang_files`` (the folder itself, a checkout whose ``python/``
-    holds it, or the ``sglang`` package folder), or when None the installed ``sglang``'s parent (found with
-    ``importlib.util.find_spec``, which does not import it). ``MoeUnavailable`` naming the path where the
-    MoE files are not there."""
-    from ddtree_bench.ops.attention_peers import _sglang_roots  # noqa: PLC0415
-
-    needed = REQUIRED_FILES[MARLIN][0], REQUIRED_FILES[TRITON][0]
-    if sglang_files is not None:
-        source = Path(sglang_files).expanduser()
-        for root in _sglang_roots(source):
-            if any((root / rel).is_file() for rel in needed):
-                return root.resolve()
-        raise MoeUnavailable(
-            f"SGLang's MoE files not found at {source} (looked for {' or '.join(needed)} there and under "
-            "its python/); extract them from the sglang 0.5.23 wheel (docs/k26_model.md)"
-        )
-    finder = _LOADER["finder"]
-    if finder is not None:
-        return finder.root
-    try:
-        spec = importlib.util.find_spec("sglang")
-    except Exception as exc:
-        raise MoeUnavailable(f"no usable installed sglang ({_describe(exc)})") from exc
-    if spec is None or not spec.submodule_search_locations:
-        raise MoeUnavailable(
-            "no installed sglang and no sglang_files folder given (SGLang's MoE files extracted from the "
-            "sglang 0.5.23 wheel, docs/k26_model.md)"
-        )
-    for location in spec.submodule_search_locations:
-        root = Path(location).parent
-        if any((root / rel).is_file() for rel in needed):
-            return root.resolve()
-    raise MoeUnavailable(f"the installed sglang ({spec.origin}) has none of {list(needed)}")
-
-
-def _ensure_ninja() -> str | None:
-    """SGLang's JIT runs ``ninja`` from PATH. Where none is, a ``ninja`` binary installed with the ``ninja``
-    Python package is put on PATH: its ``BIN_DIR``, or ``bin/`` beside a ``pip install --target`` folder
-    on ``sys.path``. Returns None, or why there is no ninja."""
-    if shutil.which("ninja"):
-        return None
-    candidates = []
-    try:
-        import ninja  # noqa: PLC0415
-
-        candidates.append(getattr(ninja, "BIN_DIR", "") or "")
-        candidates.append(str(Path(ninja.__file__).resolve().parent.parent / "bin"))
-    except Exception:
-        pass
-    candidates += [str(Path(entry) / "bin") for entry in sys.path if entry]
-    for folder in candidates:
-        binary = Path(folder, "ninja") if folder else None
-        if binary is not None and binary.is_file() and os.access(binary, os.X_OK):
-            os.environ["PATH"] = f"{folder}{os.pathsep}{os.environ.get('PATH', '')}"
-            return None
-    return (
-        "no ninja on PATH or beside the ninja Python package (pip install ninja; SGLang's JIT builds with it)"
-    )
-
-
-def _install_finder(root: Path) -> None:
-    if _LOADER["root"] is not None:
-        if _LOADER["root"] != root:
-            raise MoeUnavailable(
-                f"SGLang's files from {_LOADER['root']} are already loaded in this process; cannot also "
-                f"load {root} (one folder a process)"
-            )
-        if _LOADER["finder"] not in sys.meta_path:
-            sys.meta_path.insert(0, _LOADER["finder"])
-        return
-    present = sys.modules.get("sglang")
-    if present is not None:
-        raise MoeUnavailable(
-            "a sglang package is already imported in this process "
-            f"({getattr(present, '__file__', present)}); load SGLang's MoE files in a process without it"
-        )
-    finder = _SglangFiles(root, _stubs())
-    sys.meta_path.insert(0, finder)
-    _LOADER.update(root=root, finder=finder)
-    prebuilt = os.environ.get(sglang_jit.PREBUILT_ENV)
-    if prebuilt:  # SGLang's JIT modules built ahead of time: loaded, never compiled here
-        sglang_jit.use_prebuilt(prebuilt)
-
-
-def install_sglang_files(sglang_files=None) -> Path:
-    """Put SGLang's files (``sglang_moe_root``) on this process's import path, as the MoE impls load them;
-    returns their root."""
-    root = sglang_moe_root(sglang_files)
-    _install_finder(root)
-    return root
-
-
-def load_sglang_moe(impl: str, sglang_files=None):
-    """The SGLang entry point of ``impl``: ``fused_marlin_moe`` (marlin) or ``fused_experts_impl``
-    (triton), loaded from ``sglang_files`` as the module docstring says. Loaded once per process.
-    ``MoeUnavailable`` (one line) where the files, a package or a stand-in are missing."""
-    _check_impl(impl)
-    if impl == BF16:
-        raise ValueError(f"{BF16} runs PyTorch only; it loads nothing from SGLang")
-    root = sglang_moe_root(sglang_files)
-    missing = [rel for rel in REQUIRED_FILES[impl] if not (root / rel).is_file()]
-    if missing:
-        raise MoeUnavailable(f"{impl}: SGLang's files under {root} lack {', '.join(missing)}")
-    key = (str(root), impl)
-    if key in _LOADER["modules"]:
-        return _LOADER["modules"][key]
-    _install_finder(root)
-    name, attribute = (
-        (_MARLIN_MODULE, "fused_marlin_moe")
-        if impl == MARLIN
-        else (
-            _TRITON_MODULE,
-            "fused_experts_impl",
-        )
-    )
-    try:
-        function = getattr(importlib.import_module(name), attribute)
-    except Exception as exc:
-        raise MoeUnavailable(f"{impl}: {name} does not load from {root} ({_describe(exc)})") from exc
-    _LOADER["modules"][key] = function
-    return function
-
-
-def _sglang_version(root: Path) -> str:
-    metas = sorted(root.glob("sglang-*.dist-info"))
-    return metas[-1].name[len("sglang-") : -len(".dist-info")] if metas else "unknown version"
-
-
 # ----------------------------------------------------------------------------------------- availability
 
 
@@ -644,22 +130,6 @@ def _bf16_reason() -> str | None:
     return None
 
 
-def _jit_reason() -> str | None:
-    for module, package in JIT_PACKAGES:
-        try:
-            importlib.import_module(module)
-        except Exception as exc:
-            return f"{module} does not import ({_describe(exc)}); pip install {package}"
-    from ddtree_bench.cuda.loader import find_nvcc  # noqa: PLC0415
-
-    nvcc = find_nvcc()
-    if nvcc is None:
-        return "no nvcc (SGLang's JIT compiles the kernels with it; set CUDA_HOME or put nvcc on PATH)"
-    if not (os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH") or shutil.which("nvcc")):
-        os.environ["CUDA_HOME"] = str(Path(nvcc).resolve().parent.parent)  # where SGLang's JIT looks
-    return _ensure_ninja()
-
-
 def moe_unavailable_reason(impl: str, sglang_files=None, *, build: bool = True) -> str | None:
     """None where ``impl`` can run here, else one line saying why (no torch, no CUDA GPU, SGLang's files
     not at ``sglang_files``, apache-tvm-ffi or ninja missing, SGLang's module does not load, the JIT build
@@ -670,8 +140,8 @@ def moe_unavailable_reason(impl: str, sglang_files=None, *, build: bool = True) 
 
     if impl != BF16:  # a bad folder is named even where there is no GPU
         try:
-            sglang_moe_root(sglang_files)
-        except MoeUnavailable as exc:
+            sglang.sglang_moe_root(sglang_files)
+        except SglangUnavailable as exc:
             return f"{impl}: {exc}"
     reason = torch_unavailable_reason()
     if reason is not None:
@@ -680,22 +150,24 @@ def moe_unavailable_reason(impl: str, sglang_files=None, *, build: bool = True) 
         reason = _bf16_reason()
         return None if reason is None else f"{impl}: {reason}"
     if impl == MARLIN or impl == TRITON:
-        reason = _jit_reason()
+        from ddtree_bench.cuda.loader import find_nvcc  # noqa: PLC0415
+
+        reason = sglang.jit_reason(find_nvcc())
         if reason is not None:
             return f"{impl}: {reason}"
         if impl == TRITON:
             try:
                 import triton  # noqa: F401, PLC0415
             except Exception as exc:
-                return f"{impl}: triton does not import ({_describe(exc)})"
+                return f"{impl}: triton does not import ({sglang.describe(exc)})"
     try:
-        load_sglang_moe(impl, sglang_files)
+        sglang.load_sglang_moe(impl, sglang_files)
         if build:
             _warm_small(impl, sglang_files)
-    except MoeUnavailable as exc:
+    except SglangUnavailable as exc:
         return str(exc)
     except Exception as exc:
-        return f"{impl}: the JIT build or first call failed ({_describe(exc)})"
+        return f"{impl}: the JIT build or first call failed ({sglang.describe(exc)})"
     return None
 
 
@@ -990,7 +462,7 @@ def routed_experts(
     w = topk_weights if topk_weights.dtype == torch.float32 else topk_weights.to(torch.float32)
     if impl == BF16:
         return grouped_moe(x, weights.w13, weights.w2, ids, w)
-    function = load_sglang_moe(impl, sglang_files)
+    function = sglang.load_sglang_moe(impl, sglang_files)
     if impl == MARLIN:
         # as CompressedTensorsWNA16MarlinMoEMethod / the Marlin runner call it for a symmetric INT4
         # checkpoint without expert parallelism (router logits are only checked for their row count)
@@ -1053,6 +525,6 @@ def describe_impl(impl: str, sglang_files=None) -> str:
     _check_impl(impl)
     if impl == BF16:
         return "torch._grouped_mm (bf16), silu*up, weighted top-k sum in float32"
-    root = sglang_moe_root(sglang_files)
+    root = sglang.sglang_moe_root(sglang_files)
     entry = "fused_marlin_moe" if impl == MARLIN else "fused_experts_impl(use_int4_w4a16, block_shape=[0, g])"
-    return f"sglang {_sglang_version(root)} {entry} (files from {root})"
+    return f"sglang {sglang.files_version(root) or 'unknown version'} {entry} (files from {root})"

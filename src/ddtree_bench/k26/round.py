@@ -26,8 +26,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from ddtree_bench import catalog
+from ddtree_bench.builders.sglang import sglang_call
 from ddtree_bench.k26.draft import DraftShard, draft_block
-from ddtree_bench.stages.insitu import _sglang_call
 
 #: Builders whose round is one CUDA graph; the others split it around the host build (the catalog's copies).
 FUSED_BUILDERS = catalog.builders_where(copies=catalog.DEVICE)
@@ -187,7 +187,7 @@ class RoundRunner:
             self.h_region = pinned(self.trees.tree_bytes)
             self.h_trees = TreeBatch(**device_views(self.h_region, self.trees.tree_offsets))
         elif self.builder == "sglang":
-            self.sglang = _sglang_call(self.host_builder)
+            self.sglang = sglang_call(self.host_builder)
 
     def build_on_host(self):
         """The top-K to the host, the build there, the tree back to the device; returns when the tree is on

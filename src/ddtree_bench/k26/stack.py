@@ -61,7 +61,7 @@ class StackRound(RoundRunner):
         accept,
     ):
         from ddtree_bench.builders import get_builder  # noqa: PLC0415
-        from ddtree_bench.stages.insitu import _sglang_call  # noqa: PLC0415
+        from ddtree_bench.builders.sglang import sglang_call  # noqa: PLC0415
 
         super().__init__(
             weights,
@@ -82,7 +82,7 @@ class StackRound(RoundRunner):
             reason = self.sglang_builder.unavailable_reason()
             if reason is not None:
                 raise RuntimeError(reason)
-            self.sglang = _sglang_call(self.sglang_builder)
+            self.sglang = sglang_call(self.sglang_builder)
         self.h_lp = self.h_ids = None
         self.mask = None
         if any(s.sglang_mask for s in self.stacks):

@@ -52,17 +52,13 @@ time), re-exported here.
 
 from __future__ import annotations
 
-import importlib.abc
-import importlib.machinery
-import importlib.util
 import inspect
-import sys
-import types
 from collections.abc import Callable
-from pathlib import Path
 
 import numpy as np
 
+from ddtree_bench.integrations import sglang
+from ddtree_bench.integrations.sglang import SglangUnavailable, describe
 from ddtree_bench.ops.attention import HEAD_DIM, SOFTMAX_SCALE, VALUE_DIM, reference_attention
 
 FLASHMLA, SGLANG_TRITON, SGLANG_FA3 = "flashmla", "sglang-triton", "sglang-fa3"
@@ -111,24 +107,14 @@ def torch_unavailable_reason() -> str | None:
     try:
         import torch  # noqa: PLC0415
     except Exception as exc:  # ImportError, or a broken install
-        return f"PyTorch is not installed or does not import ({_describe(exc)}); pip install torch"
+        return f"PyTorch is not installed or does not import ({describe(exc)}); pip install torch"
     try:
         available = torch.cuda.is_available()
     except Exception as exc:
-        return f"PyTorch {torch.__version__} cannot query CUDA ({_describe(exc)})"
+        return f"PyTorch {torch.__version__} cannot query CUDA ({describe(exc)})"
     if not available:
         return f"PyTorch {torch.__version__} sees no CUDA device (torch.cuda.is_available() is False)"
     return None
-
-
-def _describe(exc: BaseException, limit: int = 300) -> str:
-    """``Type: first line of the message`` (with the next line where the first only introduces it, as
-    Dynamo's "backend='inductor' raised:" does), truncated to ``limit`` characters."""
-    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-    if len(lines) > 1 and lines[0].endswith(":"):  # e.g. "backend='inductor' raised:" and the cause below
-        lines[0] = f"{lines[0]} {lines[1]}"
-    text = f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
-    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _check_inputs(torch, q, kv, prefix_lengths, visibility) -> tuple[int, int, int, int, list[int]]:
@@ -245,7 +231,7 @@ def _build_flex(torch, q_bhld, kv_used, prefix_lengths, visibility, scale, kerne
         from torch.nn.attention.flex_attention import create_block_mask, flex_attention  # noqa: PLC0415
     except ImportError as exc:
         raise PeerUnavailable(
-            f"torch {torch.__version__} has no torch.nn.attention.flex_attention ({_describe(exc)}); "
+            f"torch {torch.__version__} has no torch.nn.attention.flex_attention ({describe(exc)}); "
             "FlexAttention needs torch >= 2.5"
         ) from exc
     batch, heads, nodes, _ = q_bhld.shape
@@ -318,7 +304,7 @@ def load_flash_mla():
         import flash_mla  # noqa: PLC0415
     except Exception as exc:  # ImportError, or a build for another torch / CUDA (undefined symbols)
         raise PeerUnavailable(
-            f"{FLASHMLA}: the flash_mla package does not import ({_describe(exc)}); install "
+            f"{FLASHMLA}: the flash_mla package does not import ({describe(exc)}); install "
             "tokenspeed-flashmla (a build for torch 2.11) or sgl-flash-mla (torch >= 2.14)"
         ) from exc
     missing = [n for n in ("flash_mla_with_kvcache", "get_mla_metadata") if not hasattr(flash_mla, n)]
@@ -360,160 +346,27 @@ def _build_flashmla(torch, q, kv_used, prefix_lengths, scale, heads: int):
 
 # ----------------------------------------------------------------------- optional extras: SGLang's Triton
 
-#: where SGLang keeps its Triton extend-attention kernel, relative to the directory that holds the ``sglang``
-#: package: sglang 0.5.23's layout, then the older one
-SGLANG_KERNEL_FILES = (
-    "sglang/kernels/ops/attention/extend_attention.py",
-    "sglang/srt/layers/attention/triton_ops/extend_attention.py",
-)
-_SGLANG_LOADED: dict = {}
 
-
-class _SglangStubUtils:
-    """Our own stand-in for ``sglang.srt.utils`` (the real one imports most of SGLang's dependencies): the
-    few platform queries the Triton attention files ask at import time."""
-
-    @staticmethod
-    def module(name: str):
-        import torch  # noqa: PLC0415
-
-        stub = types.ModuleType(name)
-        stub.__doc__ = "ddtree_bench's stand-in for sglang.srt.utils (platform queries only)"
-        stub.is_cuda = lambda: bool(torch.version.cuda) and torch.cuda.is_available()
-        stub.is_hip = lambda: bool(getattr(torch.version, "hip", None))
-        stub.is_gfx95_supported = lambda: False
-        stub.is_gfx1250_supported = lambda: False
-        stub.get_device_core_count = lambda device_id=0: (
-            torch.cuda.get_device_properties(device_id).multi_processor_count
-        )
-        return stub
-
-
-def _sglang_roots(source: Path) -> list[Path]:
-    """Directories that may hold the ``sglang`` package, given a user's path: the path itself, a checkout's
-    ``python/``, or the parent of an ``sglang`` package directory."""
-    roots = [source, source / "python"]
-    if source.name == "sglang":
-        roots.append(source.parent)
-    return roots
-
-
-def find_sglang_kernel(source=None) -> tuple[Path, str]:
-    """``(root, relative path)`` of SGLang's Triton extend-attention file: under ``source`` (a directory
-    holding ``sglang/``, a checkout whose ``python/`` holds it, or the ``sglang`` package directory) or, when
-    None, the installed ``sglang``'s (``importlib.util.find_spec``, which does not import it). A ``source``
-    without the file is a ``ValueError`` (a configuration error); no installed ``sglang``,
-    ``PeerUnavailable``."""
-    if source is not None:
-        source = Path(source).expanduser()
-        for root in _sglang_roots(source):
-            for rel in SGLANG_KERNEL_FILES:
-                if (root / rel).is_file():
-                    return root.resolve(), rel
-        raise ValueError(
-            f"sglang_triton_source: no SGLang Triton extend-attention file under {source} "
-            f"(looked for {' or '.join(SGLANG_KERNEL_FILES)} there and under its python/)"
-        )
+def _peer_loads(name: str, load, source=None):
+    """``load(source)`` (SGLang's loading, ``integrations.sglang``), its ``SglangUnavailable`` as this peer's
+    ``PeerUnavailable`` (the same line, the peer's name first); a bad ``source`` stays a ``ValueError``."""
     try:
-        spec = importlib.util.find_spec("sglang")
-    except Exception as exc:
-        spec, reason = None, _describe(exc)
-    else:
-        reason = "no installed sglang package"
-    if spec is None or not spec.submodule_search_locations:
-        raise PeerUnavailable(
-            f"{SGLANG_TRITON}: {reason}; pip install --no-deps sglang (0.5.23 was measured), or give "
-            "step.attention.sglang_triton_source (a directory holding sglang/'s Triton attention files)"
-        )
-    for location in spec.submodule_search_locations:
-        root = Path(location).parent
-        for rel in SGLANG_KERNEL_FILES:
-            if (root / rel).is_file():
-                return root.resolve(), rel
-    raise PeerUnavailable(
-        f"{SGLANG_TRITON}: the installed sglang ({spec.origin}) has none of {list(SGLANG_KERNEL_FILES)}"
-    )
+        return load(source)
+    except SglangUnavailable as exc:
+        raise PeerUnavailable(f"{name}: {exc}") from exc
+
+
+def find_sglang_kernel(source=None):
+    """``(root, relative path)`` of SGLang's Triton extend-attention file (``sglang.find_attention_file``):
+    ``ValueError`` for a ``source`` without it, ``PeerUnavailable`` where no installed ``sglang`` has it."""
+    return _peer_loads(SGLANG_TRITON, sglang.find_attention_file, source)
 
 
 def load_sglang_extend_attention(source=None):
-    """``(extend_attention_fwd, description)`` from SGLang's file (``find_sglang_kernel``), loaded WITHOUT
-    importing the ``sglang`` package: while it loads, ``sglang.*`` names resolve to the files under its root
-    (packages as empty modules: no ``__init__.py`` runs), except ``sglang.srt.utils``, our own stand-in
-    (``_SglangStubUtils``). ``sys.modules`` is restored afterwards (a real ``sglang`` imported before or
-    after is left alone). Loaded once per file and process. ``ValueError`` for a bad ``source``;
-    ``PeerUnavailable`` (one line) where it cannot load (a file it needs missing, no Triton)."""
-    root, rel = find_sglang_kernel(source)
-    key = str(root / rel)
-    if key in _SGLANG_LOADED:
-        return _SGLANG_LOADED[key]
-    stubs = {"sglang.srt.utils": _SglangStubUtils.module}
-
-    class _EmptyPackage(importlib.abc.Loader):
-        def create_module(self, spec):
-            return None
-
-        def exec_module(self, module):
-            pass
-
-    class _StubLoader(importlib.abc.Loader):
-        def create_module(self, spec):
-            return stubs[spec.name](spec.name)
-
-        def exec_module(self, module):
-            pass
-
-    class _Files(importlib.abc.MetaPathFinder):
-        def find_spec(self, fullname, path=None, target=None):
-            if fullname != "sglang" and not fullname.startswith("sglang."):
-                return None
-            if fullname in stubs:
-                return importlib.machinery.ModuleSpec(fullname, _StubLoader())
-            base = root.joinpath(*fullname.split("."))
-            if not base.is_dir() and any(stub.startswith(fullname + ".") for stub in stubs):
-                spec = importlib.machinery.ModuleSpec(fullname, _EmptyPackage(), is_package=True)
-                spec.submodule_search_locations = []  # only a stub's parent
-                return spec
-            if base.is_dir():
-                spec = importlib.machinery.ModuleSpec(fullname, _EmptyPackage(), is_package=True)
-                spec.submodule_search_locations = [str(base)]
-                return spec
-            if base.with_suffix(".py").is_file():
-                return importlib.util.spec_from_file_location(fullname, base.with_suffix(".py"))
-            raise ModuleNotFoundError(f"{fullname} is not under {root}", name=fullname)
-
-    def ours(name: str) -> bool:
-        return name == "sglang" or name.startswith("sglang.")
-
-    saved = {name: module for name, module in sys.modules.items() if ours(name)}
-    for name in saved:
-        del sys.modules[name]
-    finder = _Files()
-    sys.meta_path.insert(0, finder)
-    module_name = rel[: -len(".py")].replace("/", ".")
-    try:
-        module = importlib.import_module(module_name)
-        fwd = module.extend_attention_fwd
-    except Exception as exc:
-        raise PeerUnavailable(
-            f"{SGLANG_TRITON}: {rel} under {root} does not load ({_describe(exc)})"
-        ) from exc
-    finally:
-        sys.meta_path.remove(finder)
-        for name in [name for name in sys.modules if ours(name)]:
-            del sys.modules[name]
-        sys.modules.update(saved)
-    version = _sglang_version(root)
-    loaded = (fwd, f"sglang{' ' + version if version else ''} {rel}")
-    _SGLANG_LOADED[key] = loaded
-    return loaded
-
-
-def _sglang_version(root: Path) -> str | None:
-    """The version of the sglang distribution whose metadata sits beside ``root/sglang``, if any."""
-    metas = sorted(root.glob("sglang-*.dist-info"))
-    if metas:
-        return metas[-1].name[len("sglang-") : -len(".dist-info")]
-    return None
+    """``(extend_attention_fwd, description)`` from SGLang's file, loaded without importing the ``sglang``
+    package (``sglang.load_extend_attention``); once per file and process. ``ValueError`` for a bad
+    ``source``; ``PeerUnavailable`` (one line) where it cannot load (a file it needs missing, no Triton)."""
+    return _peer_loads(SGLANG_TRITON, sglang.load_extend_attention, source)
 
 
 def _build_sglang_fa3(torch, q, kv_used, prefix_lengths, visibility, scale):
@@ -527,7 +380,7 @@ def _build_sglang_fa3(torch, q, kv_used, prefix_lengths, visibility, scale):
         raise ValueError(f"{SGLANG_FA3} runs at the softmax scale {SOFTMAX_SCALE}, not {scale}")
     try:
         fa3 = sglang_verify.Fa3Attention()
-    except sglang_verify.SglangUnavailable as exc:
+    except SglangUnavailable as exc:
         raise PeerUnavailable(f"{SGLANG_FA3}: {exc}") from exc
     batch, nodes, heads, _ = q.shape
     prefix = [int(s) for s in prefix_lengths.tolist()]
@@ -618,6 +471,25 @@ def check_visibility(name: str, visibility):
     return np.broadcast_to(np.tril(np.ones((nodes, nodes), dtype=bool)), (batch, nodes, nodes)).copy()
 
 
+def _build_call(torch, name: str, q, kv_used, prefix_lengths, visibility, scale: float, options: dict):
+    """Peer ``name``'s callable on the sanitised cache (``make_peer``'s setup; ``options``: its
+    ``kernel_options`` and ``sglang_source``). ``q`` is permuted to ``[B, H, N+1, 576]`` for the PyTorch
+    peers (module docstring)."""
+    heads, used = q.shape[2], kv_used.shape[1]
+    if name == FLASHMLA:
+        return _build_flashmla(torch, q, kv_used, prefix_lengths, scale, heads)
+    if name == SGLANG_FA3:
+        return _build_sglang_fa3(torch, q, kv_used, prefix_lengths, visibility, scale)
+    if name == SGLANG_TRITON:
+        source = options["sglang_source"]
+        return _build_sglang_triton(torch, q, kv_used, prefix_lengths, visibility, scale, heads, source)
+    q_bhld = q.permute(0, 2, 1, 3).contiguous()
+    if name == "sdpa":
+        mask = dense_mask(prefix_lengths, visibility, used)
+        return _build_sdpa(torch, q_bhld, kv_used, mask, scale, heads)
+    return _build_flex(torch, q_bhld, kv_used, prefix_lengths, visibility, scale, options["kernel_options"])
+
+
 def make_peer(
     name: str,
     q,
@@ -666,20 +538,8 @@ def make_peer(
     # mode as the warm call (Dynamo guards on it; a mismatch would recompile inside the timed calls).
     try:
         kv_used = _sanitized_kv(torch, kv, prefix_lengths, nodes, used)
-        q_bhld = q.permute(0, 2, 1, 3).contiguous()
-        if name == "sdpa":
-            mask = dense_mask(prefix_lengths, visibility, used)
-            call = _build_sdpa(torch, q_bhld, kv_used, mask, scale, heads)
-        elif name == FLASHMLA:
-            call = _build_flashmla(torch, q, kv_used, prefix_lengths, scale, heads)
-        elif name == SGLANG_FA3:
-            call = _build_sglang_fa3(torch, q, kv_used, prefix_lengths, visibility, scale)
-        elif name == SGLANG_TRITON:
-            call = _build_sglang_triton(
-                torch, q, kv_used, prefix_lengths, visibility, scale, heads, sglang_source
-            )
-        else:
-            call = _build_flex(torch, q_bhld, kv_used, prefix_lengths, visibility, scale, kernel_options)
+        options = {"kernel_options": kernel_options, "sglang_source": sglang_source}
+        call = _build_call(torch, name, q, kv_used, prefix_lengths, visibility, scale, options)
         out = call()
         torch.cuda.synchronize(q.device)
     except PeerUnavailable:
@@ -689,7 +549,7 @@ def make_peer(
         raise PeerUnavailable(f"{name} ran out of GPU memory at {shape}") from exc
     except Exception as exc:
         torch.cuda.empty_cache()
-        raise PeerUnavailable(f"{name} failed at {shape}: {_describe(exc)}") from exc
+        raise PeerUnavailable(f"{name} failed at {shape}: {describe(exc)}") from exc
     expected = (batch, nodes, heads, VALUE_DIM)
     if tuple(out.shape) != expected:
         raise RuntimeError(f"{name} returned shape {list(out.shape)}, expected {list(expected)}")

@@ -1,6 +1,7 @@
 """SGLang's DDTree verify as its worker runs it: the per-request bool verify mask, the tree-verify attention
 (SGLang's Triton ``extend_attention_fwd`` with that mask, or FA3 two-pass as SGLang's DDTree fork runs it on
-Hopper) and SGLang's Triton tree accept. Used by the round's stacks (``model.stack``).
+Hopper) and SGLang's Triton tree accept. Used by the round's stacks (``k26.stack``). What loads SGLang's code
+(its attention file, FA3, the accept file) is ``integrations.sglang``; this module runs what it loads.
 
 - ``VerifyMask``: ``DFlashDDTreeVerifyInput.prepare_for_verify``'s ``custom_mask``: per request a
   ``[q, S_b + q]`` bool block (q = N + 1), the prefix columns filled True and the tree's visibility copied
@@ -28,25 +29,27 @@ Every adapter's ``prepare`` allocates; ``launch`` only enqueues work on torch's 
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 
+from ddtree_bench.integrations.sglang import (
+    ACCEPT_FUNCTION,
+    SglangUnavailable,
+    describe,
+    find_accept_file,
+    load_accept,
+    load_fa3,
+)
 from ddtree_bench.ops.attention import HEAD_DIM, SOFTMAX_SCALE, VALUE_DIM
 
 ROPE_DIM = HEAD_DIM - VALUE_DIM
-#: the fork's accept kernel, relative to the folder of its DDTree utils file
-ACCEPT_FILE = Path("triton_ops") / "ddtree.py"
-ACCEPT_FUNCTION = "_compute_ddtree_accept_triton_unchecked"
-
-
-class SglangUnavailable(RuntimeError):
-    """One line: why SGLang's piece cannot run here."""
-
-
-def _describe(exc: BaseException, limit: int = 240) -> str:
-    text = " ".join(f"{type(exc).__name__}: {exc}".split())
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+__all__ = [
+    "Fa3Attention",
+    "SglangUnavailable",
+    "TritonAccept",
+    "TritonAttention",
+    "VerifyMask",
+    "find_accept_file",
+]
 
 
 # ----------------------------------------------------------------------------------------------- mask
@@ -97,7 +100,7 @@ def _tree_rows(torch, prefix, q: int, used: int, device):
 
 class TritonAttention:
     """SGLang's Triton tree-verify attention (module docstring): ``fwd``, its ``extend_attention_fwd``, and
-    ``label``, where it came from, as ``ops.attention_peers.load_sglang_extend_attention`` loads them."""
+    ``label``, where it came from, as ``integrations.sglang.load_extend_attention`` loads them."""
 
     def __init__(self, fwd, label: str):
         self.fwd = fwd
@@ -170,27 +173,6 @@ class _PreparedTriton:
 
 
 # ----------------------------------------------------------------------------------------------- FA3
-
-
-def load_fa3():
-    """``(flash_attn_with_kvcache, merge, paged, description)``: SGLang's ``sgl_kernel`` FA3 where it
-    loads (paged KV, SGLang's ``merge_state_v2``), else ``fa3-fwd`` (no paged KV, ``flash_attn_combine``).
-    ``SglangUnavailable`` (one line) where neither loads."""
-    reasons = []
-    try:
-        from sgl_kernel import merge_state_v2  # noqa: PLC0415
-        from sgl_kernel.flash_attn import flash_attn_with_kvcache  # noqa: PLC0415
-
-        return flash_attn_with_kvcache, merge_state_v2, True, "sgl_kernel FA3 (SGLang's own)"
-    except Exception as exc:  # noqa: BLE001 (a missing or ABI-incompatible package: try the next)
-        reasons.append(f"sgl_kernel: {_describe(exc, 120)}")
-    try:
-        import fa3_fwd_interface as fa3  # noqa: PLC0415
-
-        return fa3.flash_attn_with_kvcache, fa3.flash_attn_combine, False, "fa3-fwd (FA3, no paged KV)"
-    except Exception as exc:  # noqa: BLE001
-        reasons.append(f"fa3-fwd: {_describe(exc, 120)}")
-    raise SglangUnavailable("FA3 with the MLA qv path does not load here (" + "; ".join(reasons) + ")")
 
 
 class Fa3Attention:
@@ -331,7 +313,7 @@ class _PreparedFa3:
                 shared["merge_note"] = "merged with flash_attn_combine"
             except Exception as exc:  # noqa: BLE001 (said in the description)
                 shared["merge"] = _torch_merge
-                shared["merge_note"] = f"merged in torch ({_describe(exc, 100)})"
+                shared["merge_note"] = f"merged in torch ({describe(exc, 100)})"
                 _torch_merge(partial, lse.transpose(-1, -2), out=self.out)
         else:
             shared["merge"](partial, lse.transpose(-1, -2), out=self.out)
@@ -349,18 +331,6 @@ def _torch_merge(partial, lse, out):
 # ----------------------------------------------------------------------------------------------- accept
 
 
-def find_accept_file(source) -> Path:
-    """The fork's ``triton_ops/ddtree.py`` beside the DDTree utils file that ``source`` names
-    (``builders.sglang.resolve_source``). ``ValueError`` (one line) where it is not there."""
-    from ddtree_bench.builders.sglang import resolve_source  # noqa: PLC0415
-
-    utils = resolve_source(source)
-    path = utils.parent / ACCEPT_FILE
-    if not path.is_file():
-        raise ValueError(f"sglang source {utils}: no {ACCEPT_FILE} beside it (SGLang's Triton DDTree accept)")
-    return path
-
-
 class TritonAccept:
     """SGLang's Triton tree accept (module docstring) for ``batch`` trees of ``budget``, its outputs
     preallocated as the fork's verify input holds them."""
@@ -368,13 +338,7 @@ class TritonAccept:
     def __init__(self, source, batch: int, budget: int, device):
         import torch  # noqa: PLC0415
 
-        from ddtree_bench.builders.sglang import load_source  # noqa: PLC0415
-
-        path = find_accept_file(source)
-        try:
-            self.fn = getattr(load_source(path), ACCEPT_FUNCTION)
-        except (ValueError, AttributeError) as exc:
-            raise SglangUnavailable(f"{path}: {_describe(exc)}") from exc
+        self.fn, path = load_accept(source)
         self.describe = f"{path.name} {ACCEPT_FUNCTION}"
         self.path = path
         q = budget + 1

@@ -34,6 +34,7 @@ import pandas as pd
 from ddtree_bench import catalog
 from ddtree_bench.builders import get_builder
 from ddtree_bench.builders.gpu import device_layout, device_views
+from ddtree_bench.builders.sglang import sglang_call
 from ddtree_bench.environment import ENVIRONMENT_COLUMNS
 from ddtree_bench.stages.build import (
     UNAVAILABLE_FIELDS,
@@ -144,15 +145,6 @@ def pad_request_torch(torch, result, budget: int, pad_function=None):
     return visibility, next_token, next_sibling, padded_tokens, padded_depths
 
 
-def _sglang_call(obj):
-    """SGLang's function, its pad function (or None) and extra keyword arguments (a reused workspace)."""
-    obj.unavailable_reason()  # resolves the function
-    function = getattr(obj, "function", None) or obj._function
-    pad_function = getattr(obj, "pad_function", None)
-    workspace = getattr(obj, "workspace", None)
-    return function, pad_function, ({} if workspace is None else {"workspace": workspace})
-
-
 def _torch_measure(obj, name: str, lp: np.ndarray, ids: np.ndarray, budget: int, keep: list, device="cuda"):
     """The measured call of ``sglang``/``reference`` (module docstring), a fetch of what the last call left
     on the device, and the device memory it holds (``device="cpu"``: the same steps without a GPU: tests)."""
@@ -166,7 +158,7 @@ def _torch_measure(obj, name: str, lp: np.ndarray, ids: np.ndarray, budget: int,
         torch.cuda.synchronize()
     clock = time.perf_counter_ns
     if name == "sglang":
-        function, pad_function, extra = _sglang_call(obj)
+        function, pad_function, extra = sglang_call(obj)
 
         def build_pad(h_lp, h_ids):
             per_request = [

@@ -1,5 +1,6 @@
 """SGLang's JIT modules built ahead: the names are SGLang's, a prebuilt folder replaces SGLang's loader with a
-lookup that never compiles (a module missing there is an error naming it), and a bad folder is refused."""
+lookup that never compiles (a module missing there is an error naming it), and a bad folder is refused; why
+the JIT cannot build here is one line naming what is missing."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import types
 
 import pytest
 
-from ddtree_bench.k26 import sglang_jit
+from ddtree_bench.integrations.sglang import jit as sglang_jit
 
 
 def test_module_names_are_sglangs():
@@ -46,3 +47,21 @@ def test_the_forward_modules_name_both_marlin_variants():
     modules = sglang_jit.forward_modules(torch)
     marlin = [args for module, _, args, _ in modules if module.endswith("moe_wna16_marlin")]
     assert {args[4] for args in marlin} == {False, True}  # zero_inactive_output, as fused_marlin_moe calls it
+
+
+def test_jit_reason_names_a_missing_package(monkeypatch):
+    monkeypatch.setitem(sys.modules, "tvm_ffi", None)  # "import tvm_ffi" now raises ImportError
+    reason = sglang_jit.jit_reason("/usr/local/cuda/bin/nvcc")
+    assert reason.startswith("tvm_ffi does not import (") and "pip install apache-tvm-ffi==0.1.11" in reason
+    assert "\n" not in reason
+
+
+def test_jit_reason_without_nvcc_or_ninja(monkeypatch, tmp_path):
+    for module, _ in sglang_jit.JIT_PACKAGES:
+        monkeypatch.setitem(sys.modules, module, types.ModuleType(module))
+    assert sglang_jit.jit_reason(None).startswith("no nvcc (SGLang's JIT compiles the kernels with it")
+    monkeypatch.setattr(sglang_jit.shutil, "which", lambda name: None)
+    monkeypatch.setitem(sys.modules, "ninja", None)
+    monkeypatch.setattr(sys, "path", [str(tmp_path)])
+    monkeypatch.setenv("CUDA_HOME", str(tmp_path))
+    assert sglang_jit.jit_reason(str(tmp_path / "bin" / "nvcc")).startswith("no ninja on PATH")

@@ -5,12 +5,12 @@ keys its cache on the GPU's capability, the nvcc and host compiler versions, the
 and every header read. The Marlin GEMM is one translation unit of about 180 template instances: minutes of
 nvcc per variant, paid on the GPU machine's lease. Here instead:
 
-- ``prebuild(sglang_files, out)`` runs on any machine with nvcc, torch and apache-tvm-ffi, GPU or not: it
+- ``prebuild(out)`` runs on any machine with nvcc, torch and apache-tvm-ffi, GPU or not: it
   asks SGLang's own module factories for every module the Marlin forward (and its tests) load, under
   SGLang's ``override_jit_cuda_arch`` (sm_90a by default), with SGLang's own ``load_jit``, and copies each
   built library to ``out/<module name>.so``.
-- ``use_prebuilt(folder)`` (called by ``model.moe`` once SGLang's files are on the import path, when the
-  ``SGLANG_JIT_PREBUILT`` environment variable names a folder) replaces ``load_jit`` by a lookup of
+- ``use_prebuilt(folder)`` (called by ``files.install_files`` once SGLang's files are on the import path,
+  when the ``SGLANG_JIT_PREBUILT`` environment variable names a folder) replaces ``load_jit`` by a lookup of
   ``<folder>/<module name>.so`` loaded with ``tvm_ffi.load_module``: no key, no compiler. A module that is
   not there raises ``RuntimeError`` naming it; nothing is rebuilt silently (``SGLANG_CRASH_ON_JIT_COMPILE``
   is set too).
@@ -18,6 +18,8 @@ nvcc per variant, paid on the GPU machine's lease. Here instead:
 The module name is SGLang's (``sgl_kernel_jit_`` + the module's arguments joined by ``_``), so one folder
 holds every variant. The libraries need the tvm-ffi runtime of the same version (0.1.11, which sglang 0.5.23
 pins) and a driver for the target arch.
+
+``jit_reason`` says why SGLang's JIT cannot build here (a Python package, nvcc or ninja missing).
 """
 
 from __future__ import annotations
@@ -25,14 +27,19 @@ from __future__ import annotations
 import importlib
 import os
 import shutil
+import sys
 import tempfile
 from pathlib import Path
+
+from ddtree_bench.integrations.sglang.errors import describe
 
 #: the environment variable naming a folder of prebuilt modules (``use_prebuilt``)
 PREBUILT_ENV = "SGLANG_JIT_PREBUILT"
 #: SGLang's module-name prefix (``sglang.kernels.jit.utils.compile.spec``)
 MODULE_PREFIX = "sgl_kernel_jit_"
 _JIT_UTILS = "sglang.kernels.jit.utils"
+#: Python packages the JIT path imports besides torch (the ``ninja`` package only where no ninja is on PATH)
+JIT_PACKAGES = (("tvm_ffi", "apache-tvm-ffi==0.1.11"), ("msgspec", "msgspec"))
 
 
 def module_name(*args) -> str:
@@ -90,7 +97,7 @@ def use_prebuilt(folder) -> None:
 def prebuild(out, *, arch: tuple[int, int] = (9, 0), jobs: int | None = None, only=None) -> list[Path]:
     """Build every module of ``forward_modules`` (``only``: those of these indices) for ``arch`` with
     SGLang's own loader and copy each library to ``out/<module name>.so``; returns their paths. SGLang's
-    files must already be importable (``model.moe`` installs them). ``jobs`` caps nvcc's parallel jobs
+    files must already be importable (``files.install_sglang_files``). ``jobs`` caps nvcc's parallel jobs
     (SGLang's ``MAX_JOBS``)."""
     import torch  # noqa: PLC0415
 
@@ -126,3 +133,44 @@ def prebuild(out, *, arch: tuple[int, int] = (9, 0), jobs: int | None = None, on
         utils.load_jit = real
         shutil.rmtree(cache, ignore_errors=True)
     return list(built.values())
+
+
+def ensure_ninja() -> str | None:
+    """SGLang's JIT runs ``ninja`` from PATH. Where none is, a ``ninja`` binary installed with the ``ninja``
+    Python package is put on PATH: its ``BIN_DIR``, or ``bin/`` beside a ``pip install --target`` folder
+    on ``sys.path``. Returns None, or why there is no ninja."""
+    if shutil.which("ninja"):
+        return None
+    candidates = []
+    try:
+        import ninja  # noqa: PLC0415
+
+        candidates.append(getattr(ninja, "BIN_DIR", "") or "")
+        candidates.append(str(Path(ninja.__file__).resolve().parent.parent / "bin"))
+    except Exception:
+        pass
+    candidates += [str(Path(entry) / "bin") for entry in sys.path if entry]
+    for folder in candidates:
+        binary = Path(folder, "ninja") if folder else None
+        if binary is not None and binary.is_file() and os.access(binary, os.X_OK):
+            os.environ["PATH"] = f"{folder}{os.pathsep}{os.environ.get('PATH', '')}"
+            return None
+    return (
+        "no ninja on PATH or beside the ninja Python package (pip install ninja; SGLang's JIT builds with it)"
+    )
+
+
+def jit_reason(nvcc: str | None) -> str | None:
+    """None where SGLang's JIT can build here, else why not (one line): ``JIT_PACKAGES`` that do not import,
+    no ``nvcc`` (the path found by the caller, or None), no ninja. Sets ``CUDA_HOME`` from ``nvcc`` where
+    neither it nor ``CUDA_PATH`` is set and nvcc is not on PATH (where SGLang's JIT looks)."""
+    for module, package in JIT_PACKAGES:
+        try:
+            importlib.import_module(module)
+        except Exception as exc:
+            return f"{module} does not import ({describe(exc)}); pip install {package}"
+    if nvcc is None:
+        return "no nvcc (SGLang's JIT compiles the kernels with it; set CUDA_HOME or put nvcc on PATH)"
+    if not (os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH") or shutil.which("nvcc")):
+        os.environ["CUDA_HOME"] = str(Path(nvcc).resolve().parent.parent)
+    return ensure_ninja()

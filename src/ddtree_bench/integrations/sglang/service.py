@@ -48,11 +48,11 @@ from pathlib import Path
 
 import numpy as np
 
+from ddtree_bench.integrations.sglang.source import FUNCTION_NAME
 from ddtree_bench.io import check_writable
 from ddtree_bench.traces import save_trace
 from ddtree_bench.validation import check_topk_arrays
 
-FUNCTION = "build_ddtree_tree_from_topk"
 WORKER_MODULE = "sglang.srt.speculative.dflash_ddtree_worker"
 DEFAULT_MAX_BYTES = 256 << 20
 SKIP_REASONS = ("shape", "budget", "invalid", "cap")
@@ -162,7 +162,7 @@ class Recording:
         """What the file records besides the arrays."""
         return {
             "distribution": "recorded",
-            "source": f"sglang:{self.module.__name__}.{FUNCTION}",
+            "source": f"sglang:{self.module.__name__}.{FUNCTION_NAME}",
             "recorder": __name__,
             "budget": self.budget,
             "calls": self.calls,
@@ -184,7 +184,7 @@ class Recording:
             if value is not None
         )
         return (
-            f"{self.calls} calls to {self.module.__name__}.{FUNCTION}: kept {self.kept}{shape}, skipped "
+            f"{self.calls} calls to {self.module.__name__}.{FUNCTION_NAME}: kept {self.kept}{shape}, skipped "
             f"{skipped}{f' ({reasons})' if reasons else ''}; caps: {caps}"
         )
 
@@ -207,8 +207,8 @@ class Recording:
             if self.closed:
                 return self.path
             self.closed = True
-            if getattr(getattr(self.module, FUNCTION, None), _MARK, None) is self:
-                setattr(self.module, FUNCTION, self.original)
+            if getattr(getattr(self.module, FUNCTION_NAME, None), _MARK, None) is self:
+                setattr(self.module, FUNCTION_NAME, self.original)
             self._write()
         return self.path
 
@@ -255,13 +255,14 @@ def record(
     if max_rounds is None and max_bytes is None:
         raise ValueError("record needs a cap: max_rounds and/or max_bytes")
     module = _resolve_module(module_or_name)
-    original = getattr(module, FUNCTION, None)
+    original = getattr(module, FUNCTION_NAME, None)
     if not callable(original):
-        raise ValueError(f"module {module.__name__!r} has no function {FUNCTION}")
+        raise ValueError(f"module {module.__name__!r} has no function {FUNCTION_NAME}")
     active = getattr(original, _MARK, None)
     if active is not None:
         raise ValueError(
-            f"{module.__name__}.{FUNCTION} is already wrapped by a recording to {active.path}; close it first"
+            f"{module.__name__}.{FUNCTION_NAME} is already wrapped by a recording to {active.path}; "
+            "close it first"
         )
     path = check_writable(path, "record: path")
     recording = Recording(module, path, max_rounds, max_bytes, original)
@@ -272,7 +273,7 @@ def record(
         return original(top_log_probs, top_token_ids, budget, *args, **kwargs)
 
     setattr(wrapper, _MARK, recording)
-    setattr(module, FUNCTION, wrapper)
+    setattr(module, FUNCTION_NAME, wrapper)
     return recording
 
 
@@ -404,7 +405,6 @@ def fragment_yaml(profile: Profile) -> str:
 
 __all__ = [
     "DEFAULT_MAX_BYTES",
-    "FUNCTION",
     "WORKER_MODULE",
     "Profile",
     "Recording",
