@@ -1,23 +1,3 @@
-import dataclasses
-
-from ddtree_bench.stages.timing_job import TimingJob
-from ddtree_bench.summary.spread import job_of_suffix
-
-
-def timing_job(wildcards):
-    """The timing job of these wildcards (stages.timing_job.TimingJob.from_settings), with the in-situ probe."""
-    job = TimingJob.from_settings(
-        SETTINGS,
-        builder=wildcards.builder,
-        distribution=wildcards.distribution,
-        depth=wildcards.depth,
-        budget=wildcards.budget,
-        batch=wildcards.batch,
-        job=job_of_suffix(wildcards.rep),
-    )
-    return dataclasses.replace(job, in_situ_reason=IN_SITU_REASON)
-
-
 rule bench:
     """Time one configuration (builder, budget, batch, depth, distribution) in one of its timing.jobs
     independent jobs ({rep}: none for the first, -r2, -r3, ...); never beside another job. The gpu builder:

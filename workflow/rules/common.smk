@@ -2,6 +2,7 @@
 Every setting comes from SETTINGS (settings.Settings, built and checked once by the Snakefile).
 """
 
+import dataclasses
 import os
 import re
 import shutil
@@ -16,7 +17,8 @@ from ddtree_bench.consistency import GRID_KEYS
 from ddtree_bench import stages
 from ddtree_bench.paths import KERNEL_SOURCE as KERNEL_SOURCE_PATTERN
 from ddtree_bench.paths import NATIVE_SOURCE, layout, machine_label
-from ddtree_bench.summary.spread import job_suffix
+from ddtree_bench.stages.timing_job import TimingJob
+from ddtree_bench.summary.spread import job_of_suffix, job_suffix
 
 MACHINE = machine_label(SETTINGS)
 LAYOUT = layout(SETTINGS)
@@ -243,6 +245,20 @@ def build_outputs(wildcards=None):
     return outputs
 
 
+def timing_job(wildcards):
+    """The timing job of these wildcards (stages.timing_job.TimingJob.from_settings), with the in-situ probe."""
+    job = TimingJob.from_settings(
+        SETTINGS,
+        builder=wildcards.builder,
+        distribution=wildcards.distribution,
+        depth=wildcards.depth,
+        budget=wildcards.budget,
+        batch=wildcards.batch,
+        job=job_of_suffix(wildcards.rep),
+    )
+    return dataclasses.replace(job, in_situ_reason=IN_SITU_REASON)
+
+
 def builder_gpus(wildcards):
     """The GPUs a check or timing job of the builder takes (the gpu builder: one; the others: no gpu resource)."""
     return 1 if wildcards.builder in GPU_BUILDERS else None
@@ -305,6 +321,21 @@ def step_files(stage):
     if catalog.STAGES[stage].per_budget:
         return expand(pattern, budget=STEP["budgets"], allow_missing=True)
     return pattern
+
+
+def stage_rule_inputs(stage):
+    """A stage rule's input function: the files its job loads."""
+    return lambda wildcards: step_job(stage, wildcards).inputs
+
+
+def stage_rule_job(stage):
+    """A stage rule's job (the object its script runs)."""
+    return lambda wildcards: step_job(stage, wildcards)
+
+
+def stage_rule_fields(stage):
+    """A stage rule's job as plain values (what Snakemake's rerun decisions compare)."""
+    return lambda wildcards: stages.job_fields(step_job(stage, wildcards))
 
 
 def step_outputs():

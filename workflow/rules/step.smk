@@ -4,18 +4,6 @@
 # decisions compare.
 
 
-def stage_rule_inputs(stage):
-    return lambda wildcards: step_job(stage, wildcards).inputs
-
-
-def stage_rule_job(stage):
-    return lambda wildcards: step_job(stage, wildcards)
-
-
-def stage_rule_fields(stage):
-    return lambda wildcards: stages.job_fields(step_job(stage, wildcards))
-
-
 for _stage in catalog.STAGES.values():
 
     rule:
