@@ -14,6 +14,7 @@ from ddtree_bench.calibrate import (
     PAPER_CHAIN,
     PAPER_TAU,
     Evaluator,
+    FitOptions,
     fit,
     fragment_yaml,
     nelder_mead,
@@ -199,7 +200,8 @@ def test_fit_recovers_a_synthetic_curve(tmp_path):
     taus, chain = evaluate(truth)
     start, _ = evaluate(DrafterParams())
     assert max(abs(start[n] / taus[n] - 1) for n in taus) > 0.1  # the fit has ground to cover
-    result = fit(taus, chain=chain, depth=8, requests=48, vocab_size=4096, iterations=60, restarts=1, seed=3)
+    options = FitOptions(depth=8, requests=48, vocab_size=4096, iterations=60, restarts=1, seed=3)
+    result = fit(taus, chain=chain, options=options)
     assert result.worst() <= 0.03, (result.residuals(), result.chain_residual())
     text = fragment_yaml(result)
     mapping = yaml.safe_load(text)["drafter"]

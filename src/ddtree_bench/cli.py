@@ -549,7 +549,7 @@ def _progress_printer(start: float, every: float | None = None):
 
 
 def cmd_calibrate(args) -> int:
-    from ddtree_bench.calibrate import check_tau, fit, fragment_yaml, parse_tau_pairs  # noqa: PLC0415
+    from ddtree_bench.calibrate import FitOptions, check_tau, fit, fragment_yaml, parse_tau_pairs  # noqa: PLC0415
     from ddtree_bench.io import atomic_output  # noqa: PLC0415
     from ddtree_bench.traces import check_positive_int  # noqa: PLC0415
 
@@ -569,16 +569,10 @@ def cmd_calibrate(args) -> int:
         file=sys.stderr,
         flush=True,
     )
-    result = fit(
-        target,
-        chain=chain,
-        depth=depth,
-        requests=requests,
-        vocab_size=vocab_size,
-        iterations=iterations,
-        seed=args.seed,
-        progress=_progress_printer(start),
+    options = FitOptions(
+        depth=depth, requests=requests, vocab_size=vocab_size, iterations=iterations, seed=args.seed
     )
+    result = fit(target, chain=chain, options=options, progress=_progress_printer(start))
     text = fragment_yaml(result)
     with atomic_output(args.output) as tmp:
         Path(tmp).write_text(text)
