@@ -21,7 +21,7 @@ from pathlib import Path
 
 from ddtree_bench.io import write_frame
 from ddtree_bench.settings import load_settings
-from ddtree_bench.traces import generate, save_trace
+from ddtree_bench.traces import TraceSpec, generate, save_trace
 
 STAGES = ("attention", "model", "draft", "round", "allreduce")
 
@@ -76,15 +76,15 @@ def main(argv=None) -> int:
     def step_trace() -> Path:
         trace = results / "traces" / f"{step['distribution']}-L{step['depth']}.npz"
         if not trace.is_file():
-            t = generate(
+            spec = TraceSpec(
                 step["distribution"],
                 settings.trace_requests,
                 step["depth"],
                 topk,
                 vocab_size=settings.vocab_size,
                 seed=settings.seed,
-                device="cpu",
             )
+            t = generate(spec, device="cpu")
             trace.parent.mkdir(parents=True, exist_ok=True)
             save_trace(trace, t.top_log_probs, t.top_token_ids, **t.metadata)
         return trace

@@ -127,6 +127,7 @@ def _trace_columns(path, budget: int) -> tuple[int, int, int]:
 def cmd_trace(args) -> int:
     from ddtree_bench.traces import (  # noqa: PLC0415
         DEFAULT_VOCAB_SIZE,
+        TraceSpec,
         check_distribution,
         generate,
         import_recorded,
@@ -159,13 +160,9 @@ def cmd_trace(args) -> int:
         missing = [f"--{name}" for name in ("requests", "depth", "topk") if getattr(args, name) is None]
         if missing:
             raise ValueError(f"{', '.join(missing)} required for a generated trace")
+        vocab_size = DEFAULT_VOCAB_SIZE if args.vocab_size is None else args.vocab_size
         trace = generate(
-            distribution,
-            args.requests,
-            args.depth,
-            args.topk,
-            DEFAULT_VOCAB_SIZE if args.vocab_size is None else args.vocab_size,
-            args.seed,
+            TraceSpec(distribution, args.requests, args.depth, args.topk, vocab_size, args.seed),
             args.device,
             threads=args.threads,
             drafter=_drafter_params(args.drafter_config),
