@@ -438,7 +438,7 @@ def cmd_report(args) -> int:
     from ddtree_bench import catalog  # noqa: PLC0415
     from ddtree_bench.config import schema_default  # noqa: PLC0415
     from ddtree_bench.consistency import configured_grid  # noqa: PLC0415
-    from ddtree_bench.report import render_report  # noqa: PLC0415
+    from ddtree_bench.report import ReportFiles, render_report  # noqa: PLC0415
     from ddtree_bench.settings import load_settings, merge_recorded  # noqa: PLC0415
 
     folder = args.results
@@ -484,9 +484,11 @@ def cmd_report(args) -> int:
         render_report(
             summary=summary,
             published=published,
-            html=out / "index.html",
-            markdown=out / "summary.md",
-            figures=[out / "figures" / f"{name}.png" for name in catalog.FIGURES],
+            files=ReportFiles(
+                out / "index.html",
+                out / "summary.md",
+                figures=[out / "figures" / f"{name}.png" for name in catalog.FIGURES],
+            ),
             depth=depth,
             distribution=distribution,
             step_layers=int(step.get("layers") or schema_default("step.layers")),
