@@ -171,7 +171,7 @@ def test_a_toy_builder_is_one_catalog_entry_plus_its_module(tmp_path):
 
 
 def test_a_toy_figure_is_drawn_and_shown(tmp_path, monkeypatch):
-    from ddtree_bench.report import render_report  # noqa: PLC0415
+    from ddtree_bench.report import ReportFiles, render_report  # noqa: PLC0415
     from ddtree_bench.report.figures import empty_figure  # noqa: PLC0415
     from ddtree_bench.stages.build import unavailable_frame  # noqa: PLC0415
     from ddtree_bench.summary.build import summarize  # noqa: PLC0415
@@ -195,7 +195,7 @@ def test_a_toy_figure_is_drawn_and_shown(tmp_path, monkeypatch):
     summarize(unavailable_frame("gpu", "no CUDA device", machine="m")).to_parquet(folder / "summary.parquet")
     (folder / "environment.json").write_text(json.dumps({"machine": "m"}))
     out = tmp_path / "r"
-    render_report(summary=folder / "summary.parquet", html=out / "index.html", markdown=out / "summary.md")
+    render_report(summary=folder / "summary.parquet", files=ReportFiles.in_folder(out))
 
     assert drawn == [["m"]]
     assert (out / "figures" / "toy.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -14,6 +14,7 @@ from ddtree_bench.calibrate import (
     PAPER_CHAIN,
     PAPER_TAU,
     Evaluator,
+    FitOptions,
     fit,
     fragment_yaml,
     nelder_mead,
@@ -33,7 +34,7 @@ from ddtree_bench.summary.build import (
     simulated_accept_stats,
     tree_shape,
 )
-from ddtree_bench.traces import generate, load_trace, save_trace
+from ddtree_bench.traces import TraceSpec, generate, load_trace, save_trace
 from ddtree_bench.validation import check_topk_arrays
 
 GPU_REASON = cuda.gpu_unavailable_reason()
@@ -41,7 +42,7 @@ GPU_REASON = cuda.gpu_unavailable_reason()
 
 def drafter(requests=8, depth=6, topk=32, vocab=4096, seed=0, bf16=False, params=None):
     name = "drafter-bf16" if bf16 else "drafter"
-    return generate(name, requests, depth, topk, vocab, seed, "cpu", drafter=params)
+    return generate(TraceSpec(name, requests, depth, topk, vocab, seed), "cpu", drafter=params)
 
 
 # ----------------------------------------------------------------------------------------- the distribution
@@ -219,7 +220,8 @@ def test_fit_recovers_a_synthetic_curve(tmp_path):
     taus, chain = evaluate(truth)
     start, _ = evaluate(DrafterParams())
     assert max(abs(start[n] / taus[n] - 1) for n in taus) > 0.1  # the fit has ground to cover
-    result = fit(taus, chain=chain, depth=8, requests=48, vocab_size=4096, iterations=60, restarts=1, seed=3)
+    options = FitOptions(depth=8, requests=48, vocab_size=4096, iterations=60, restarts=1, seed=3)
+    result = fit(taus, chain=chain, options=options)
     assert result.worst() <= 0.03, (result.residuals(), result.chain_residual())
     text = fragment_yaml(result)
     mapping = yaml.safe_load(text)["drafter"]
@@ -321,7 +323,7 @@ def test_acceptance_report_table_and_figures(tmp_path):
 def test_defaults_reproduce_the_paper_within_3_percent(native_library):
     """The pipeline's drafter trace (256 requests, seed 0, K = 1024), its first 15 positions (the paper's
     block 16): expected tau within 3 % of Fig. 3 at every budget, the top-1 chain within 3 % of 7.79."""
-    trace = generate("drafter", 256, 15, 1024, 163840, 0, "cpu")
+    trace = generate(TraceSpec("drafter", 256, 15, 1024, 163840, 0), "cpu")
     lp, ids = trace.top_log_probs, trace.top_token_ids
     builder = get_builder("native", library=native_library, validate=False)
     for budget, paper in PAPER_TAU.items():

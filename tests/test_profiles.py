@@ -13,7 +13,7 @@ from ddtree_bench import catalog
 from ddtree_bench.calibrate import Evaluator
 from ddtree_bench.config import REPO_ROOT, check_config
 from ddtree_bench.drafter import check_params
-from ddtree_bench.traces import generate
+from ddtree_bench.traces import TraceSpec, generate
 
 
 def test_the_profiles_are_the_papers_first_and_k26s():
@@ -38,11 +38,11 @@ def test_the_k26_parameters_reproduce_their_targets():
 
 def test_the_k26_trace_takes_the_catalogs_parameters():
     configured = {"confident_fraction": 0.9}  # the configured drafter applies to drafter, not to a profile's
-    trace = generate("drafter-k2.6", 2, 4, 8, seed=0, drafter=configured)
+    trace = generate(TraceSpec("drafter-k2.6", 2, 4, 8, seed=0), drafter=configured)
     k26 = dict(catalog.ACCEPTANCE_PROFILES["k2.6-reported"].params)
     assert trace.metadata["drafter_top1_spread"] == pytest.approx(k26["top1_spread"])
     assert trace.metadata["drafter_confident_fraction"] == pytest.approx(k26["confident_fraction"])
-    other = generate("drafter", 2, 4, 8, seed=0, drafter=configured)
+    other = generate(TraceSpec("drafter", 2, 4, 8, seed=0), drafter=configured)
     assert other.metadata["drafter_confident_fraction"] == pytest.approx(0.9)
 
 

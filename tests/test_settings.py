@@ -199,23 +199,22 @@ def test_the_default_runs_the_published_h200_grid_on_the_same_traces():
     run timed (equal sha256), so the report sets this machine's builders beside the H200's."""
     import pandas as pd  # noqa: PLC0415
 
-    from ddtree_bench.traces import arrays_sha256, generate  # noqa: PLC0415
+    from ddtree_bench.traces import TraceSpec, arrays_sha256, generate  # noqa: PLC0415
 
     default = load_settings(ROOT / "config" / "config.yaml")
     h200 = load_settings(ROOT / "config" / "config.yaml", ROOT / "config" / "h200.yaml")
     assert [getattr(default, key) for key in GRID] == [getattr(h200, key) for key in GRID]
     assert default.trace_requests == h200.trace_requests and default.trace_columns == h200.trace_columns
     (distribution,), (depth,) = default.distributions, default.depths
-    trace = generate(
+    spec = TraceSpec(
         distribution,
         default.trace_requests,
         depth,
         default.trace_columns,
         vocab_size=default.vocab_size,
         seed=default.seed,
-        device=default.trace_device,
-        drafter=default.drafter.as_dict(),
     )
+    trace = generate(spec, device=default.trace_device, drafter=default.drafter.as_dict())
     published = pd.read_parquet(ROOT / "results" / "published" / "h200" / "summary.parquet")
     assert set(published["trace_sha256"].dropna()) == {
         arrays_sha256(trace.top_log_probs, trace.top_token_ids)

@@ -18,7 +18,7 @@ from workflow_copy import ROOT
 
 from ddtree_bench.config import check_config
 from ddtree_bench.k26 import estimates as arithmetic
-from ddtree_bench.report import FIGURE_NAMES, load_machines, render_report
+from ddtree_bench.report import FIGURE_NAMES, ReportFiles, load_machines, render_report
 from ddtree_bench.report.throughput import TARGET, budget_targets, sections
 from ddtree_bench.settings import Settings
 from ddtree_bench.summary.step import summarize_steps
@@ -583,8 +583,7 @@ def test_section_names_best_budgets_on_the_published_h200_data(tmp_path):
     out = tmp_path / "report"
     render_report(
         summary=PUBLISHED / "summary.parquet",
-        html=out / "index.html",
-        markdown=out / "summary.md",
+        files=ReportFiles.in_folder(out),
         depth=16,
         distribution="drafter",
         step_depth=16,
@@ -645,7 +644,7 @@ def test_a_configured_distribution_the_machine_lacks_is_named_not_substituted_si
 def test_section_on_a_cpu_only_run_says_it_needs_the_step_stages(tmp_path):
     ours = write_machine(tmp_path / "m", "laptop")
     out = tmp_path / "r"
-    render_report(summary=ours, html=out / "index.html", markdown=out / "summary.md", step_enabled=False)
+    render_report(summary=ours, files=ReportFiles.in_folder(out), step_enabled=False)
     markdown = (out / "summary.md").read_text()
     section = markdown[markdown.index("### Which budget?\n") : markdown.index("## Environment")]
     assert "#### laptop: uniform trees, tau: paper (DDTree paper, Qwen3-8B) (L = 16)" in section

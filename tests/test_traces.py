@@ -13,6 +13,7 @@ from ddtree_bench import traces
 from ddtree_bench.cli import main
 from ddtree_bench.traces import (
     DISTRIBUTIONS,
+    TraceSpec,
     arrays_sha256,
     bf16_round,
     generate,
@@ -152,7 +153,7 @@ def test_a_batch_is_a_prefix_of_a_bigger_trace():
 
 
 def test_metadata_records_device_and_generator():
-    trace = generate("uniform", 2, 2, 4, V, 5, device="cpu")
+    trace = generate(TraceSpec("uniform", 2, 2, 4, V, 5), device="cpu")
     assert trace.metadata["device"] == "cpu"
     assert trace.metadata["distribution"] == "uniform"
     assert trace.metadata["seed"] == 5
@@ -212,7 +213,7 @@ def test_device_falls_back_to_cpu_without_a_working_gpu(monkeypatch):
     assert resolve_device("cpu") == "cpu"
     with pytest.raises(ValueError, match="no working CUDA device"):
         resolve_device("cuda")
-    trace = generate("uniform", 2, 2, 4, V, 0, device="auto")
+    trace = generate(TraceSpec("uniform", 2, 2, 4, V, 0), device="auto")
     assert trace.metadata["device"] == "cpu"
     np.testing.assert_array_equal(trace.top_log_probs, small("uniform", requests=2, depth=2, topk=4)[0])
 
@@ -226,7 +227,7 @@ def test_device_without_cupy(monkeypatch):
 
 
 def test_save_load_round_trip(tmp_path):
-    trace = generate("bf16", 3, 2, 8, V, 4, device="cpu")
+    trace = generate(TraceSpec("bf16", 3, 2, 8, V, 4), device="cpu")
     path = tmp_path / "sub" / "t.npz"
     save_trace(path, trace.top_log_probs, trace.top_token_ids, **trace.metadata)
     loaded = load_trace(path)
@@ -438,7 +439,7 @@ def test_two_generations_with_one_seed_give_identical_bytes(tmp_path):
     the same sha256, which every row computed from it records."""
     paths = []
     for name in ("a", "b"):
-        trace = generate("peaked", 4, 3, 16, V, 7)
+        trace = generate(TraceSpec("peaked", 4, 3, 16, V, 7))
         assert trace.metadata["device"] == "cpu"  # the default: never CuPy's generator unless asked for
         paths.append(tmp_path / f"{name}.npz")
         save_trace(paths[-1], trace.top_log_probs, trace.top_token_ids, **trace.metadata)
@@ -446,7 +447,7 @@ def test_two_generations_with_one_seed_give_identical_bytes(tmp_path):
     assert first == second
     digest = arrays_sha256(trace.top_log_probs, trace.top_token_ids)
     assert trace_sha256(paths[0]) == digest == load_trace(paths[1]).sha256
-    other = generate("peaked", 4, 3, 16, V, 8)
+    other = generate(TraceSpec("peaked", 4, 3, 16, V, 8))
     assert arrays_sha256(other.top_log_probs, other.top_token_ids) != digest
     assert peek_trace(paths[0]) == (4, 3, 16)
 

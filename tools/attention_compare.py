@@ -37,7 +37,7 @@ from ddtree_bench.ops.attention import (
 )
 from ddtree_bench.stages.attention import backend_name
 from ddtree_bench.timing.gpu import EventTimer
-from ddtree_bench.traces import generate
+from ddtree_bench.traces import TraceSpec, generate
 from ddtree_bench.tree import packed_visibility
 
 HEADS = 8
@@ -96,7 +96,7 @@ def main(argv: list[str]) -> None:
     for case in argv or DEFAULT:
         batch, budget, prefix = (int(x) for x in case.split("x"))
         if trees_kind == "drafter":
-            trace = generate("drafter", batch, 16, min(budget, 1024), seed=0)
+            trace = generate(TraceSpec("drafter", batch, 16, min(budget, 1024), seed=0))
             logits, ids = trace.top_log_probs, trace.top_token_ids
         else:
             logits, ids = topk_inputs("peaked", batch, 16, budget, seed=1)

@@ -77,7 +77,7 @@ def measure(batches, budgets, depth, repeats, warmup):  # pragma: no cover - nee
     from ddtree_bench.builders import get_builder  # noqa: PLC0415
     from ddtree_bench.builders.gpu import DeviceTrees, GpuBuilder, plan_launch  # noqa: PLC0415
     from ddtree_bench.timing.gpu import EventTimer  # noqa: PLC0415
-    from ddtree_bench.traces import generate  # noqa: PLC0415
+    from ddtree_bench.traces import TraceSpec, generate  # noqa: PLC0415
     from ddtree_bench.tree import first_difference  # noqa: PLC0415
 
     gpu = GpuBuilder()
@@ -86,7 +86,7 @@ def measure(batches, budgets, depth, repeats, warmup):  # pragma: no cover - nee
         raise SystemExit(f"tree_paths: {reason}")
     k_ = gpu.kernels
     reference = get_builder("reference")
-    trace = generate("drafter", max(batches), depth, 1024, vocab_size=163840, seed=0, device="cpu")
+    trace = generate(TraceSpec("drafter", max(batches), depth, 1024, vocab_size=163840, seed=0), device="cpu")
     stream = cp.cuda.Stream(non_blocking=True)
     timer = EventTimer(stream, k_.spin)
     rows = []

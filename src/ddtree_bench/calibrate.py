@@ -246,36 +246,47 @@ class FitResult:
         return max(abs(v) for v in values)
 
 
+@dataclass(frozen=True)
+class FitOptions:
+    """How ``fit`` fits: the trees' depth, the starting parameters (a ``DrafterParams``, a mapping of some,
+    or None: the defaults), the parameters it moves, the simulated requests and vocabulary, Nelder-Mead's
+    iterations a run and its runs (each from the last one's best: a fresh simplex escapes a collapsed one),
+    and the seed of the draws."""
+
+    depth: int = PAPER_DEPTH
+    start: DrafterParams | dict | None = None
+    free: tuple[str, ...] = FIT_PARAMS
+    requests: int = 256
+    vocab_size: int = 163840
+    iterations: int = 300
+    restarts: int = 2
+    seed: int = 0
+
+
 def fit(
     target: dict[int, float],
     *,
     chain: float | None = None,
-    depth: int = PAPER_DEPTH,
-    start=None,
-    free=FIT_PARAMS,
-    requests: int = 256,
-    vocab_size: int = 163840,
-    iterations: int = 300,
-    restarts: int = 2,
-    seed: int = 0,
+    options: FitOptions | None = None,
     progress=None,
 ) -> FitResult:
-    """Fit the free parameters so that the model's tau matches ``target`` (and ``chain``); ``start``: the
-    starting parameters (default: the current defaults). ``restarts``: Nelder-Mead runs, each from the last
-    one's best (a fresh simplex escapes a collapsed one). ``progress``: called after every evaluation with
-    ``(run, runs, evaluations, best_loss)`` (e.g. to print how far the fit is)."""
-    start = check_params(start)
+    """Fit the free parameters so that the model's tau matches ``target`` (and ``chain``); ``options``: how
+    (``FitOptions``; None: the defaults). ``progress``: called after every evaluation with ``(run, runs,
+    evaluations, best_loss)`` (e.g. to print how far the fit is)."""
+    options = options or FitOptions()
+    depth, free = options.depth, options.free
+    start = check_params(options.start)
     unknown = sorted(set(free) - set(FIT_PARAMS))
     if unknown:
         raise ValueError(f"calibrate: cannot fit {', '.join(unknown)}; fittable: {', '.join(FIT_PARAMS)}")
-    evaluate = Evaluator(tuple(sorted(target)), depth, requests, vocab_size, seed)
+    evaluate = Evaluator(tuple(sorted(target)), depth, options.requests, options.vocab_size, options.seed)
     goal = np.array([target[n] for n in sorted(target)])
 
     def params_of(x) -> DrafterParams:
         values = {name: _from_free(v) * _SCALES.get(name, 1.0) for name, v in zip(free, x, strict=True)}
         return replace(start, **values)
 
-    runs = max(1, restarts)
+    runs = max(1, options.restarts)
     state = {"run": 1, "evaluations": 0, "best": float("inf")}
 
     def loss(x) -> float:
@@ -294,7 +305,7 @@ def fit(
     total = 0
     for attempt in range(runs):
         state["run"] = attempt + 1
-        x, _, used = nelder_mead(loss, x, step=0.5 / (attempt + 1), iterations=iterations)
+        x, _, used = nelder_mead(loss, x, step=0.5 / (attempt + 1), iterations=options.iterations)
         total += used
     params = params_of(x)
     taus, chain_tau = evaluate(params)
@@ -331,6 +342,7 @@ __all__ = [
     "PAPER_DEPTH",
     "PAPER_TAU",
     "Evaluator",
+    "FitOptions",
     "FitResult",
     "fit",
     "fragment_yaml",

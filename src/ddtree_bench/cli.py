@@ -127,6 +127,7 @@ def _trace_columns(path, budget: int) -> tuple[int, int, int]:
 def cmd_trace(args) -> int:
     from ddtree_bench.traces import (  # noqa: PLC0415
         DEFAULT_VOCAB_SIZE,
+        TraceSpec,
         check_distribution,
         generate,
         import_recorded,
@@ -159,13 +160,9 @@ def cmd_trace(args) -> int:
         missing = [f"--{name}" for name in ("requests", "depth", "topk") if getattr(args, name) is None]
         if missing:
             raise ValueError(f"{', '.join(missing)} required for a generated trace")
+        vocab_size = DEFAULT_VOCAB_SIZE if args.vocab_size is None else args.vocab_size
         trace = generate(
-            distribution,
-            args.requests,
-            args.depth,
-            args.topk,
-            DEFAULT_VOCAB_SIZE if args.vocab_size is None else args.vocab_size,
-            args.seed,
+            TraceSpec(distribution, args.requests, args.depth, args.topk, vocab_size, args.seed),
             args.device,
             threads=args.threads,
             drafter=_drafter_params(args.drafter_config),
@@ -441,7 +438,7 @@ def cmd_report(args) -> int:
     from ddtree_bench import catalog  # noqa: PLC0415
     from ddtree_bench.config import schema_default  # noqa: PLC0415
     from ddtree_bench.consistency import configured_grid  # noqa: PLC0415
-    from ddtree_bench.report import render_report  # noqa: PLC0415
+    from ddtree_bench.report import ReportFiles, render_report  # noqa: PLC0415
     from ddtree_bench.settings import load_settings, merge_recorded  # noqa: PLC0415
 
     folder = args.results
@@ -487,9 +484,11 @@ def cmd_report(args) -> int:
         render_report(
             summary=summary,
             published=published,
-            html=out / "index.html",
-            markdown=out / "summary.md",
-            figures=[out / "figures" / f"{name}.png" for name in catalog.FIGURES],
+            files=ReportFiles(
+                out / "index.html",
+                out / "summary.md",
+                figures=[out / "figures" / f"{name}.png" for name in catalog.FIGURES],
+            ),
             depth=depth,
             distribution=distribution,
             step_layers=int(step.get("layers") or schema_default("step.layers")),
@@ -549,7 +548,7 @@ def _progress_printer(start: float, every: float | None = None):
 
 
 def cmd_calibrate(args) -> int:
-    from ddtree_bench.calibrate import check_tau, fit, fragment_yaml, parse_tau_pairs  # noqa: PLC0415
+    from ddtree_bench.calibrate import FitOptions, check_tau, fit, fragment_yaml, parse_tau_pairs  # noqa: PLC0415
     from ddtree_bench.io import atomic_output  # noqa: PLC0415
     from ddtree_bench.traces import check_positive_int  # noqa: PLC0415
 
@@ -569,16 +568,10 @@ def cmd_calibrate(args) -> int:
         file=sys.stderr,
         flush=True,
     )
-    result = fit(
-        target,
-        chain=chain,
-        depth=depth,
-        requests=requests,
-        vocab_size=vocab_size,
-        iterations=iterations,
-        seed=args.seed,
-        progress=_progress_printer(start),
+    options = FitOptions(
+        depth=depth, requests=requests, vocab_size=vocab_size, iterations=iterations, seed=args.seed
     )
+    result = fit(target, chain=chain, options=options, progress=_progress_printer(start))
     text = fragment_yaml(result)
     with atomic_output(args.output) as tmp:
         Path(tmp).write_text(text)
@@ -662,15 +655,7 @@ def _timing_defaults() -> dict:
     return {key: timing[key] for key in TIMING_KEYS}
 
 
-def build_parser() -> argparse.ArgumentParser:
-    from ddtree_bench import __version__  # noqa: PLC0415
-
-    parser = _Parser(
-        prog=PROG, description="DDTree tree-build benchmark: traces, builders, checks, timings, the report."
-    )
-    parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-
+def _trace_command(sub) -> None:
     p = sub.add_parser("trace", help="make a trace file (.npz)", description="Generate or import a trace.")
     p.add_argument(
         "--distribution", help="uniform, peaked, bf16, drafter, drafter-bf16, drafter-k2.6 or recorded"
@@ -701,90 +686,79 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", type=Path, required=True, help="output .npz")
     p.set_defaults(func=cmd_trace)
 
-    def common(p, *, batch_required=False):
-        names = " or ".join(", ".join(catalog.BUILDERS).rsplit(", ", 1))
-        p.add_argument("--builder", required=True, help=names)
-        p.add_argument("--trace", type=Path, required=True, help="trace file (.npz)")
-        p.add_argument("--budget", type=_integer, required=True, help="N, nodes per tree")
-        p.add_argument(
-            "--batch",
-            type=_integer,
-            required=batch_required,
-            help="the batch: the trace's first b requests (required)"
-            if batch_required
-            else "the trace's first b requests (default: all)",
-        )
-        p.add_argument(
-            "--builder-option", action="append", metavar="KEY=VALUE", help="builder option (repeatable)"
-        )
-        p.add_argument(
-            "--sglang-source",
-            type=Path,
-            metavar="PATH",
-            help="with --builder sglang: an SGLang checkout (root or python/) or the .py file defining "
-            "build_ddtree_tree_from_topk, loaded by path (only torch needed)",
-        )
 
+def _builder_arguments(p, *, batch_required=False) -> None:
+    """The options ``build``, ``check`` and ``bench`` share: the builder, its trace, budget and batch."""
+    names = " or ".join(", ".join(catalog.BUILDERS).rsplit(", ", 1))
+    p.add_argument("--builder", required=True, help=names)
+    p.add_argument("--trace", type=Path, required=True, help="trace file (.npz)")
+    p.add_argument("--budget", type=_integer, required=True, help="N, nodes per tree")
+    p.add_argument(
+        "--batch",
+        type=_integer,
+        required=batch_required,
+        help="the batch: the trace's first b requests (required)"
+        if batch_required
+        else "the trace's first b requests (default: all)",
+    )
+    p.add_argument(
+        "--builder-option", action="append", metavar="KEY=VALUE", help="builder option (repeatable)"
+    )
+    p.add_argument(
+        "--sglang-source",
+        type=Path,
+        metavar="PATH",
+        help="with --builder sglang: an SGLang checkout (root or python/) or the .py file defining "
+        "build_ddtree_tree_from_topk, loaded by path (only torch needed)",
+    )
+
+
+def _build_command(sub) -> None:
     p = sub.add_parser("build", help="run one builder on a trace, write its trees (.npz)")
-    common(p)
+    _builder_arguments(p)
     p.add_argument("-o", "--output", type=Path, required=True, help="output trees .npz (TreeBatch)")
     p.set_defaults(func=cmd_build)
 
+
+def _check_command(sub) -> None:
     p = sub.add_parser("check", help="compare a builder's trees with another's on a trace")
-    common(p)
+    _builder_arguments(p)
     p.add_argument("--against", default="reference", help="builder to compare with (default reference)")
     p.add_argument("-o", "--output", type=Path, help="write the summary as JSON")
     p.set_defaults(func=cmd_check)
 
+
+#: ``bench``'s timing options: (option, its timing key, its type, its help before the default).
+_TIMING_OPTIONS = (
+    ("--warmup", "warmup", _integer, "warm-up calls"),
+    ("--repeats", "repeats", _integer, "timed calls, at least"),
+    ("--min-seconds", "min_seconds", _number, "time at least this long"),
+    ("--max-seconds", "max_seconds", _number, "stop a slow configuration after this long"),
+    ("--min-repeats", "min_repeats", _integer, "timed calls even past --max-seconds"),
+    ("--max-repeats", "max_repeats", _integer, "stop a fast configuration after this many calls"),
+)
+
+
+def _bench_command(sub) -> None:
     p = sub.add_parser(
         "bench",
         help="time one configuration, write one parquet file",
         description="Time one builder on one trace, budget and batch. The timing defaults are the "
         "workflow's (config/config.yaml's timing section), so a run here samples as a pipeline job does.",
     )
-    common(p, batch_required=True)
+    _builder_arguments(p, batch_required=True)
     timing = _timing_defaults()
-    p.add_argument(
-        "--warmup",
-        type=_integer,
-        default=timing["warmup"],
-        help=f"warm-up calls (default {timing['warmup']})",
-    )
-    p.add_argument(
-        "--repeats",
-        type=_integer,
-        default=timing["repeats"],
-        help=f"timed calls, at least (default {timing['repeats']})",
-    )
-    p.add_argument(
-        "--min-seconds",
-        type=_number,
-        default=timing["min_seconds"],
-        help=f"time at least this long (default {timing['min_seconds']:g})",
-    )
-    p.add_argument(
-        "--max-seconds",
-        type=_number,
-        default=timing["max_seconds"],
-        help=f"stop a slow configuration after this long (default {timing['max_seconds']:g})",
-    )
-    p.add_argument(
-        "--min-repeats",
-        type=_integer,
-        default=timing["min_repeats"],
-        help=f"timed calls even past --max-seconds (default {timing['min_repeats']})",
-    )
-    p.add_argument(
-        "--max-repeats",
-        type=_integer,
-        default=timing["max_repeats"],
-        help=f"stop a fast configuration after this many calls (default {timing['max_repeats']})",
-    )
+    for option, key, kind, text in _TIMING_OPTIONS:
+        default = timing[key]
+        shown = f"{default:g}" if kind is _number else f"{default}"
+        p.add_argument(option, type=kind, default=default, help=f"{text} (default {shown})")
     p.add_argument("--machine", help="machine label (default: derived from host name and GPU)")
     p.add_argument("--distribution", help="distribution label (default: from the trace's metadata)")
     p.add_argument("-o", "--output", type=Path, required=True, help="output .parquet")
     p.set_defaults(func=cmd_bench)
 
+
+def _budget_command(sub) -> None:
     p = sub.add_parser(
         "budget",
         help="which budget? the throughput model on a results folder",
@@ -803,6 +777,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prefix-length", type=_integer, help="throughput.prefix_length (S)")
     p.set_defaults(func=cmd_budget)
 
+
+def _report_command(sub) -> None:
     p = sub.add_parser(
         "report",
         help="render the report from existing results (runs nothing)",
@@ -839,6 +815,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", type=Path, required=True, help="output folder (e.g. /tmp/report)")
     p.set_defaults(func=cmd_report)
 
+
+def _calibrate_command(sub) -> None:
     p = sub.add_parser(
         "calibrate",
         help="fit the drafter distribution to measured tau per budget, write a config fragment (.yaml)",
@@ -862,6 +840,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", type=Path, required=True, help="output config fragment (.yaml)")
     p.set_defaults(func=cmd_calibrate)
 
+
+def _sglang_profile_command(sub) -> None:
     p = sub.add_parser(
         "sglang-profile",
         help="SGLang DDTree worker's profile log -> a throughput config fragment (.yaml)",
@@ -874,6 +854,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", type=Path, required=True, help="output config fragment (.yaml)")
     p.set_defaults(func=cmd_sglang_profile)
 
+
+def _workflow_command(sub) -> None:
     sub.add_parser(
         "workflow",
         help="run snakemake with the given arguments, naming the file and line of a YAML error in a "
@@ -883,11 +865,9 @@ def build_parser() -> argparse.ArgumentParser:
         "arguments as given.",
         add_help=False,
     )
-    add_stage_parser(sub)
-    return parser
 
 
-def add_stage_parser(sub) -> None:
+def _stage_command(sub) -> None:
     p = sub.add_parser(
         "stage",
         help="run step-stage jobs of a configuration, writing their rows where the workflow does",
@@ -900,6 +880,34 @@ def add_stage_parser(sub) -> None:
     p.add_argument("--results", type=Path, help="default: results/<machine>")
     p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="a job field (YAML)")
     p.set_defaults(func=cmd_stage)
+
+
+#: The subcommands in the order ``--help`` lists them, each added by its function.
+_COMMANDS = (
+    _trace_command,
+    _build_command,
+    _check_command,
+    _bench_command,
+    _budget_command,
+    _report_command,
+    _calibrate_command,
+    _sglang_profile_command,
+    _stage_command,
+    _workflow_command,
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from ddtree_bench import __version__  # noqa: PLC0415
+
+    parser = _Parser(
+        prog=PROG, description="DDTree tree-build benchmark: traces, builders, checks, timings, the report."
+    )
+    parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for add_command in _COMMANDS:
+        add_command(sub)
+    return parser
 
 
 def cmd_stage(args) -> int:

@@ -305,6 +305,20 @@ def _value(costs: dict, key: str) -> float | None:
     return float(value)
 
 
+@dataclass(frozen=True)
+class Bandwidth:
+    """The what-if's bandwidth in TB/s and where it comes from, as said after the number (e.g.
+    ``" (entered)"``)."""
+
+    tbps: float
+    source: str = ""
+
+
+def _because(reasons: dict, stage: str) -> str:
+    """``" (why)"`` where ``stage``'s rows were not ok (``reasons``), else ``""``."""
+    return f" ({reasons[stage]})" if reasons.get(stage) else ""
+
+
 def round_terms(
     model: RoundAssumptions,
     batch: int,
@@ -313,107 +327,122 @@ def round_terms(
     *,
     build: Term,
     costs: dict,
-    bandwidth_tbps: float,
-    bandwidth_from: str = "",
+    bandwidth: Bandwidth,
     reasons: dict | None = None,
 ) -> dict[str, Term]:
     """Every term of the round at (B, N) with its source: ``ROUND_TERMS`` and the forward's parts
     (``FORWARD_PARTS``; where the forward is one measured graph, the parts are informational). ``costs``: the
-    measured values at (B, N) (``StageCosts.costs`` columns; absent or NaN: not measured); ``reasons``: per
-    stage, why its rows were not ok."""
+    measured values at (B, N) (``StageCosts.costs`` columns; absent or NaN: not measured); ``bandwidth``: the
+    what-if's; ``reasons``: per stage, why its rows were not ok."""
     reasons = reasons or {}
-    tokens = batch * (budget + 1)
-    why = lambda stage: f" ({reasons[stage]})" if reasons.get(stage) else ""  # noqa: E731
     terms: dict[str, Term] = {"build": build}
-
-    draft = _value(costs, "draft_s")
-    if draft is not None:
-        terms["draft"] = Term(draft, MEASURED, "draft stage")
-    elif model.draft_ms is not None:
-        terms["draft"] = Term(model.draft_ms * 1e-3, ENTERED, "throughput.draft_ms" + why("draft"))
-    else:
-        terms["draft"] = Term(
-            model.what_if.draft_s(batch, depth, bandwidth_tbps),
-            model.what_if_source,
-            f"drafter weights / bandwidth + per token x B x L (L = {depth}){why('draft')}",
-        )
-
+    terms["draft"] = _draft_term(model, costs, batch, depth, bandwidth, reasons)
     attention_layer = _value(costs, "attention_layer_s")
-    attention = (
+    terms["attention"] = (
         Term(attention_layer * model.layers, MEASURED, f"ours x {model.layers} layers")
         if attention_layer is not None
-        else _missing("no measured verify attention (ours)" + why("verify-attention"))
+        else _missing("no measured verify attention (ours)" + _because(reasons, "verify-attention"))
     )
-    terms["attention"] = attention
+    tokens = batch * (budget + 1)
+    terms |= _forward_terms(model, costs, terms["attention"], tokens, bandwidth, reasons)
+    terms["allreduce"] = _allreduce_term(model, costs, terms["forward"], batch, budget, depth, reasons)
+    accept = _value(costs, "accept_s")
+    terms["accept"] = (
+        Term(accept, MEASURED, "gpu kernel")
+        if accept is not None
+        else _missing("no measured tree accept (GPU kernel)" + _because(reasons, "accept"))
+    )
+    return terms
+
+
+def _draft_term(model: RoundAssumptions, costs: dict, batch: int, depth: int, bandwidth: Bandwidth, reasons):
+    """The drafter: measured, else entered (``throughput.draft_ms``), else the what-if's estimate."""
+    draft = _value(costs, "draft_s")
+    if draft is not None:
+        return Term(draft, MEASURED, "draft stage")
+    if model.draft_ms is not None:
+        return Term(model.draft_ms * 1e-3, ENTERED, "throughput.draft_ms" + _because(reasons, "draft"))
+    return Term(
+        model.what_if.draft_s(batch, depth, bandwidth.tbps),
+        model.what_if_source,
+        f"drafter weights / bandwidth + per token x B x L (L = {depth}){_because(reasons, 'draft')}",
+    )
+
+
+def _forward_terms(
+    model: RoundAssumptions, costs: dict, attention: Term, tokens: int, bandwidth: Bandwidth, reasons
+) -> dict[str, Term]:
+    """The target forward of ``tokens`` tree tokens and its parts (moe, dense, lm_head): one measured graph,
+    else entered (``throughput.forward_ms``), else the sum of the measured parts, else our verify attention
+    plus the linear what-if; missing where it does not fit on the GPU or our attention was not measured."""
     measured_parts = {
         "moe": (_value(costs, "moe_s"), str(costs.get("moe_impl") or "")),
         "dense": (_value(costs, "dense_s"), "torch"),
         "lm_head": (_value(costs, "lm_head_s"), "torch"),
     }
+    as_measured = {
+        part: Term(seconds, MEASURED, impl) if seconds is not None else _missing("not measured")
+        for part, (seconds, impl) in measured_parts.items()
+    }
+    not_measured = {part: _missing("not measured") for part in measured_parts}
     forward = _value(costs, "forward_s")
     unfit = costs.get("forward_unfit")
     if forward is None and isinstance(unfit, str) and unfit:
-        terms["forward"] = _missing(f"the forward {unfit} (one GPU)")
-        for part in measured_parts:
-            terms[part] = _missing("not measured")
-    elif forward is not None:
-        terms["forward"] = Term(forward, MEASURED, f"one graph, MoE {costs.get('forward_impl')}")
-        for part, (seconds, impl) in measured_parts.items():
-            terms[part] = Term(seconds, MEASURED, impl) if seconds is not None else _missing("not measured")
-    elif model.forward_ms is not None:
-        terms["forward"] = Term(model.forward_ms * 1e-3, ENTERED, "throughput.forward_ms" + why("forward"))
-        for part, (seconds, impl) in measured_parts.items():
-            terms[part] = Term(seconds, MEASURED, impl) if seconds is not None else _missing("not measured")
-    elif attention.missing:
-        terms["forward"] = _missing(f"no measured forward and {attention.note}")
-        for part in measured_parts:
-            terms[part] = _missing("not measured")
-    elif all(seconds is not None for seconds, _ in measured_parts.values()):
-        for part, (seconds, impl) in measured_parts.items():
-            terms[part] = Term(seconds, MEASURED, impl)
+        return {"forward": _missing(f"the forward {unfit} (one GPU)"), **not_measured}
+    if forward is not None:
+        return {
+            "forward": Term(forward, MEASURED, f"one graph, MoE {costs.get('forward_impl')}"),
+            **as_measured,
+        }
+    if model.forward_ms is not None:
+        entered = Term(
+            model.forward_ms * 1e-3, ENTERED, "throughput.forward_ms" + _because(reasons, "forward")
+        )
+        return {"forward": entered, **as_measured}
+    if attention.missing:
+        return {"forward": _missing(f"no measured forward and {attention.note}"), **not_measured}
+    lacking = [part for part, (seconds, _) in measured_parts.items() if seconds is None]
+    if not lacking:
         total = attention.seconds + sum(seconds for seconds, _ in measured_parts.values())
-        terms["forward"] = Term(total, SUM_OF_PARTS, "moe + dense + lm-head + verify attention x layers")
-    else:
-        lacking = [p for p, (s, _) in measured_parts.items() if s is None]
-        source = model.what_if_source
-        estimate = model.what_if.parts_s(tokens, bandwidth_tbps)
-        note = f"linear what-if at {bandwidth_tbps:g} TB/s{bandwidth_from}"
-        terms["moe"] = Term(
+        forward_term = Term(total, SUM_OF_PARTS, "moe + dense + lm-head + verify attention x layers")
+        return {**as_measured, "forward": forward_term}
+    source = model.what_if_source
+    estimate = model.what_if.parts_s(tokens, bandwidth.tbps)
+    note = f"linear what-if at {bandwidth.tbps:g} TB/s{bandwidth.source}"
+    return {
+        "moe": Term(
             estimate["moe"],
             source,
             note + f"; E(T = {tokens}) = {arithmetic.experts_touched(tokens):.1f} experts per layer",
-        )
-        terms["dense"] = Term(estimate["dense"], source, note + "; LM head included")
-        terms["lm_head"] = Term(0.0, source, "in dense")
-        terms["forward"] = Term(
+        ),
+        "dense": Term(estimate["dense"], source, note + "; LM head included"),
+        "lm_head": Term(0.0, source, "in dense"),
+        "forward": Term(
             attention.seconds + estimate["moe"] + estimate["dense"],
             source,
             "measured verify attention x layers + the linear what-if"
             + (f" (not measured: {', '.join(lacking)})" if len(lacking) < len(measured_parts) else ""),
-        )
+        ),
+    }
 
+
+def _allreduce_term(
+    model: RoundAssumptions, costs: dict, forward: Term, batch: int, budget: int, depth: int, reasons
+) -> Term:
+    """The communication: in an entered forward, else measured, else the estimate (``Comm``)."""
     allreduce = _value(costs, "allreduce_s")
-    if terms["forward"].note.startswith("throughput.forward_ms"):
-        terms["allreduce"] = Term(0.0, ENTERED, "in throughput.forward_ms")
-    elif allreduce is not None:
+    if forward.note.startswith("throughput.forward_ms"):
+        return Term(0.0, ENTERED, "in throughput.forward_ms")
+    if allreduce is not None:
         world = costs.get("world_size")
         world = "" if world is None or pd.isna(world) else f"world size {int(world)}"
-        terms["allreduce"] = Term(allreduce, MEASURED, world)
-    else:
-        k = min(budget, model.topk)
-        terms["allreduce"] = Term(
-            model.comm.allreduce_s(tokens) + model.comm.allgather_s(batch, depth, k),
-            model.comm_source,
-            model.comm.describe() + why("allreduce"),
-        )
-
-    accept = _value(costs, "accept_s")
-    terms["accept"] = (
-        Term(accept, MEASURED, "gpu kernel")
-        if accept is not None
-        else _missing("no measured tree accept (GPU kernel)" + why("accept"))
+        return Term(allreduce, MEASURED, world)
+    k = min(budget, model.topk)
+    return Term(
+        model.comm.allreduce_s(batch * (budget + 1)) + model.comm.allgather_s(batch, depth, k),
+        model.comm_source,
+        model.comm.describe() + _because(reasons, "allreduce"),
     )
-    return terms
 
 
 def round_parts(terms: dict[str, Term]) -> list[str]:
@@ -652,23 +681,33 @@ def stage_costs(
         )
     heads_measured = sorted(int(h) for h in anchor["heads"].dropna().unique())
     heads = 8 if 8 in heads_measured else (heads_measured[0] if heads_measured else None)
+    where = {"trees": trees, "prefix": prefix, "heads": heads}
+    frames = _cost_frames(measured, depth, where, with_attention=not attention.empty)
+    unfit = _unfit(step, depth, prefix)
+    if not unfit.empty:
+        frames.append(unfit)
+    return StageCosts(
+        _merged_costs(frames), prefix, heads, trees, None, reasons, copy_tbps, run_rounds(step, prefix)
+    )
+
+
+def _cost_frames(measured: pd.DataFrame, depth: int, where: dict, *, with_attention: bool) -> list:
+    """Per measured term, its (batch, budget, column...) frame: our verify attention per layer (where
+    ``with_attention``), then ``STAGE_COLUMNS``' stages; ``where``: the trees, prefix and heads to
+    ``_select``."""
     frames = []
-    if not attention.empty:
-        rows = _select(
-            at_depth, "verify-attention", ("ours",), depth=depth, trees=trees, prefix=prefix, heads=heads
-        )
+    if with_attention:
+        rows = _select(measured, "verify-attention", ("ours",), depth=depth, **where)
         frames.append(rows[["batch", "budget", "median_s"]].rename(columns={"median_s": "attention_layer_s"}))
     forward_impls = None
     for stage, impls, column in STAGE_COLUMNS:
         # the drafter's rows count its block's positions, not the trees' depth
         at = None if stage == "draft" else depth
-        rows = _select(measured, stage, impls, depth=at, trees=trees, prefix=prefix, heads=heads)
+        rows = _select(measured, stage, impls, depth=at, **where)
         if stage == "forward" and not rows.empty:
             forward_impls = rows.set_index(["batch", "budget"])["impl"]
         if stage == "moe" and forward_impls is not None:
-            rows = _same_impl(
-                measured, rows, forward_impls, depth=at, trees=trees, prefix=prefix, heads=heads
-            )
+            rows = _same_impl(measured, rows, forward_impls, depth=at, **where)
         if rows.empty:
             continue
         keep = {"median_s": column}
@@ -679,9 +718,12 @@ def stage_costs(
         if stage == "allreduce" and "world_size" in rows:
             keep["world_size"] = "world_size"
         frames.append(rows[["batch", "budget", *keep]].rename(columns=keep))
-    unfit = _unfit(step, depth, prefix)
-    if not unfit.empty:
-        frames.append(unfit)
+    return frames
+
+
+def _merged_costs(frames: list) -> pd.DataFrame:
+    """The frames merged on (batch, budget) as ``COST_COLUMNS``, sorted; a measured forward (another impl)
+    clears a does-not-fit reason."""
     costs = frames[0]
     for frame in frames[1:]:
         costs = costs.merge(frame, on=["batch", "budget"], how="outer")
@@ -690,9 +732,7 @@ def stage_costs(
     costs = costs.reindex(columns=list(COST_COLUMNS))
     costs = costs[(costs["batch"] > 0) & (costs["budget"] > 0)]
     costs = costs.astype({"batch": "int64", "budget": "int64"}).sort_values(["batch", "budget"])
-    return StageCosts(
-        costs.reset_index(drop=True), prefix, heads, trees, None, reasons, copy_tbps, run_rounds(step, prefix)
-    )
+    return costs.reset_index(drop=True)
 
 
 def _unfit(step: pd.DataFrame, depth: int, prefix: int | None) -> pd.DataFrame:
@@ -790,12 +830,12 @@ class Throughput:
     bandwidth: str = ""  # the what-if's bandwidth and where it comes from
 
 
-def _bandwidth(model: RoundAssumptions, costs: StageCosts) -> tuple[float, str]:
+def _bandwidth(model: RoundAssumptions, costs: StageCosts) -> Bandwidth:
     if model.what_if.bandwidth_tbps is not None:
-        return model.what_if.bandwidth_tbps, " (entered)"
+        return Bandwidth(model.what_if.bandwidth_tbps, " (entered)")
     if costs.copy_tbps:
-        return costs.copy_tbps, " (the measured device-copy peak)"
-    return arithmetic.H200_COPY_TBPS, " (the H200's device copy; no measured peak here)"
+        return Bandwidth(costs.copy_tbps, " (the measured device-copy peak)")
+    return Bandwidth(arithmetic.H200_COPY_TBPS, " (the H200's device copy; no measured peak here)")
 
 
 def throughput(
@@ -819,20 +859,14 @@ def throughput(
         return Throughput(empty, costs, distribution, depth, f"needs the step stages: {costs.missing}")
     tau = tau_per_budget(shapes, tau_from or distribution, depth)
     if tau.empty:
-        return Throughput(
-            empty,
-            costs,
-            distribution,
-            depth,
-            f"no expected acceptance of the {tau_from or distribution} trees (L = {depth})",
-        )
+        why = f"no expected acceptance of the {tau_from or distribution} trees (L = {depth})"
+        return Throughput(empty, costs, distribution, depth, why)
     builds = build_costs(summary, distribution, depth)
     if builds.empty:
-        return Throughput(
-            empty, costs, distribution, depth, f"no tree-build timings on the {distribution} trees"
-        )
+        why = f"no tree-build timings on the {distribution} trees"
+        return Throughput(empty, costs, distribution, depth, why)
     builds = builds[builds["budget"].isin(tau.index)]
-    bandwidth, bandwidth_from = _bandwidth(model, costs)
+    bandwidth = _bandwidth(model, costs)
     measured = costs.costs.set_index(["batch", "budget"])
     records, unmodelled, all_terms = [], [], {}
     for row in builds.itertuples(index=False):
@@ -845,81 +879,85 @@ def throughput(
             depth,
             build=Term(float(row.build_s), MEASURED, row.build_from),
             costs=here,
-            bandwidth_tbps=bandwidth,
-            bandwidth_from=bandwidth_from,
+            bandwidth=bandwidth,
             reasons=costs.reasons,
         )
         all_terms[(batch, budget, row.builder)] = terms
-        round_s = round_seconds(terms)
-        if round_s is None:
-            lacking = [f"{TERM_LABELS[n]}: {terms[n].note}" for n in ROUND_TERMS if terms[n].missing]
-            unmodelled.append(
-                {"batch": batch, "budget": budget, "builder": row.builder, "missing": "; ".join(lacking)}
-            )
+        lacking = _not_modelled(terms, costs.rounds, (batch, budget, row.builder))
+        if lacking:
+            unmodelled.append({"batch": batch, "budget": budget, "builder": row.builder, "missing": lacking})
             continue
         run = costs.rounds.get((batch, budget, row.builder))
-        if run is None and any(key[:2] == (batch, budget) for key in costs.rounds):
-            # rounds run beside modelled ones would not compare alike: where some builders' rounds at (B, N)
-            # were run, a builder without one is left out, named
-            unmodelled.append(
-                {
-                    "batch": batch,
-                    "budget": budget,
-                    "builder": row.builder,
-                    "missing": "round: the other builders' rounds here were run, this one's was not "
-                    "(step.round.builders)",
-                }
-            )
-            continue
-        model_s = round_s
-        if run is not None:  # the run round on one GPU, plus the communication it cannot hold
-            round_s = run[0] + terms["allreduce"].seconds
-        record = {
-            "batch": batch,
-            "budget": budget,
-            "builder": row.builder,
-            "label": row.label,
-            "build_from": row.build_from,
-            "tau": float(tau[budget]),
-            "attention_layer_s": _value(here, "attention_layer_s"),
-            "parts": tuple(round_parts(terms)),
-            "round_s": round_s,
-            "round_from": RUN_ROUND if run is not None else MODELLED_ROUND,
-            "model_round_s": model_s,
-            "run_round_s": None if run is None else run[0],
-            "run_parts_s": None if run is None else run[1],
-            "run_note": None if run is None else run[2],
-            "run_spread": None if run is None else run[3],
-            "tokens_per_s": tokens_per_second(float(tau[budget]), batch, round_s),
-        }
-        for name in PART_TERMS:
-            record[f"{name}_s"] = terms[name].seconds
-            record[f"{name}_source"] = terms[name].source
-        records.append(record)
+        records.append(_table_record(row, terms, float(tau[budget]), here, run))
     missing = None
     if not records:
         missing = "no (batch, budget) with every term of the round: " + (
             "; ".join(f"B={u['batch']} N={u['budget']}: {u['missing']}" for u in unmodelled[:2])
             or "no tree build at a budget with tau"
         )
-    order = {builder: i for i, (builder, *_) in enumerate(BUILDERS)}
-    table = pd.DataFrame.from_records(records, columns=list(TABLE_COLUMNS))
-    if not table.empty:
-        table = (
-            table.assign(_o=table["builder"].map(order))
-            .sort_values(["batch", "_o", "budget"])
-            .drop(columns="_o")
-            .reset_index(drop=True)
-        )
     return Throughput(
-        table,
+        _in_builder_order(records),
         costs,
         distribution,
         depth,
         missing,
         pd.DataFrame.from_records(unmodelled, columns=list(UNMODELLED_COLUMNS)),
         all_terms,
-        f"{bandwidth:.3g} TB/s{bandwidth_from}",
+        f"{bandwidth.tbps:.3g} TB/s{bandwidth.source}",
+    )
+
+
+def _not_modelled(terms: dict[str, Term], rounds: dict, key: tuple) -> str | None:
+    """Why the round of ``key`` (batch, budget, builder) is not modelled: its missing terms, or the other
+    builders' rounds at (batch, budget) were run and its own was not (rounds run beside modelled ones would
+    not compare alike); None where it is modelled."""
+    if round_seconds(terms) is None:
+        return "; ".join(f"{TERM_LABELS[n]}: {terms[n].note}" for n in ROUND_TERMS if terms[n].missing)
+    if key not in rounds and any(other[:2] == key[:2] for other in rounds):
+        return "round: the other builders' rounds here were run, this one's was not (step.round.builders)"
+    return None
+
+
+def _table_record(row, terms: dict[str, Term], tau: float, here: dict, run: tuple | None) -> dict:
+    """One ``TABLE_COLUMNS`` row: ``row`` a build (``build_costs``), ``run`` its run round (``run_rounds``)
+    or None; the round is the run round plus the communication it cannot hold, else the sum of the terms."""
+    model_s = round_seconds(terms)
+    round_s = model_s if run is None else run[0] + terms["allreduce"].seconds
+    record = {
+        "batch": int(row.batch),
+        "budget": int(row.budget),
+        "builder": row.builder,
+        "label": row.label,
+        "build_from": row.build_from,
+        "tau": tau,
+        "attention_layer_s": _value(here, "attention_layer_s"),
+        "parts": tuple(round_parts(terms)),
+        "round_s": round_s,
+        "round_from": RUN_ROUND if run is not None else MODELLED_ROUND,
+        "model_round_s": model_s,
+        "run_round_s": None if run is None else run[0],
+        "run_parts_s": None if run is None else run[1],
+        "run_note": None if run is None else run[2],
+        "run_spread": None if run is None else run[3],
+        "tokens_per_s": tokens_per_second(tau, int(row.batch), round_s),
+    }
+    for name in PART_TERMS:
+        record[f"{name}_s"] = terms[name].seconds
+        record[f"{name}_source"] = terms[name].source
+    return record
+
+
+def _in_builder_order(records: list[dict]) -> pd.DataFrame:
+    """The records as ``TABLE_COLUMNS``, by batch, builder (``BUILDERS``' order) and budget."""
+    order = {builder: i for i, (builder, *_) in enumerate(BUILDERS)}
+    table = pd.DataFrame.from_records(records, columns=list(TABLE_COLUMNS))
+    if table.empty:
+        return table
+    return (
+        table.assign(_o=table["builder"].map(order))
+        .sort_values(["batch", "_o", "budget"])
+        .drop(columns="_o")
+        .reset_index(drop=True)
     )
 
 

@@ -155,6 +155,35 @@ def check_distribution(distribution) -> str:
     return distribution
 
 
+@dataclass(frozen=True)
+class TraceSpec:
+    """What a generated trace is (module docstring): its distribution, ``requests`` (R), ``depth`` (L),
+    ``topk`` (K), the vocabulary size (V) and the seed; the same spec gives the same trace."""
+
+    distribution: str
+    requests: int
+    depth: int
+    topk: int
+    vocab_size: int = DEFAULT_VOCAB_SIZE
+    seed: int = 0
+
+    def checked(self) -> TraceSpec:
+        """The spec with every field checked (one-line ValueError naming the first bad one)."""
+        check_distribution(self.distribution)
+        if self.distribution == "recorded":
+            raise ValueError("distribution 'recorded' is not generated: import the file with import_recorded")
+        requests = check_positive_int(self.requests, "requests")
+        depth = check_positive_int(self.depth, "depth")
+        topk = check_positive_int(self.topk, "topk")
+        vocab_size = check_positive_int(self.vocab_size, "vocab_size")
+        if topk > vocab_size:
+            raise ValueError(f"topk {topk} is larger than the vocabulary size {vocab_size}")
+        seed = self.seed
+        if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0:
+            raise ValueError(f"seed must be an integer >= 0, got {seed!r}")
+        return TraceSpec(self.distribution, requests, depth, topk, vocab_size, int(seed))
+
+
 # ----------------------------------------------------------------------------------------- bfloat16
 
 
@@ -211,9 +240,10 @@ def _log_softmax_inplace_cpu(x: np.ndarray) -> None:
     np.subtract(x, lse[:, None], out=x)
 
 
-def _chunk_cpu(distribution, first, count, depth, topk, vocab_size, seed):
+def _chunk_cpu(spec: TraceSpec, first: int, count: int):
+    depth, topk, vocab_size, seed = spec.depth, spec.topk, spec.vocab_size, spec.seed
     logits = np.empty((count, depth, vocab_size), np.float32)
-    boosts = peaked_boosts(depth, vocab_size) if distribution in ("peaked", "bf16") else None
+    boosts = peaked_boosts(depth, vocab_size) if spec.distribution in ("peaked", "bf16") else None
     positions = np.arange(depth)
     for i in range(count):
         rng = np.random.Generator(np.random.PCG64(_seed_sequence(seed, first + i, 0)))
@@ -221,18 +251,19 @@ def _chunk_cpu(distribution, first, count, depth, topk, vocab_size, seed):
         if boosts is not None:
             logits[i, positions, _hot_tokens(seed, first + i, depth, vocab_size)] += boosts
     x = logits.reshape(count * depth, vocab_size)
-    if distribution == "bf16":
+    if spec.distribution == "bf16":
         bf16_round(x, out=x)
     _log_softmax_inplace_cpu(x)
-    if distribution == "bf16":
+    if spec.distribution == "bf16":
         bf16_round(x, out=x)
     vals, ids = _topk_canonical(x, topk)
     return vals.reshape(count, depth, topk), ids.reshape(count, depth, topk)
 
 
-def _chunk_gpu(cp, distribution, first, count, depth, topk, vocab_size, seed):
+def _chunk_gpu(cp, spec: TraceSpec, first: int, count: int):
+    depth, topk, vocab_size, seed = spec.depth, spec.topk, spec.vocab_size, spec.seed
     logits = cp.empty((count, depth, vocab_size), cp.float32)
-    boosts = peaked_boosts(depth, vocab_size) if distribution in ("peaked", "bf16") else None
+    boosts = peaked_boosts(depth, vocab_size) if spec.distribution in ("peaked", "bf16") else None
     positions = np.arange(depth)
     for i in range(count):
         request_seed = int(_seed_sequence(seed, first + i, 0).generate_state(1, np.uint32)[0])
@@ -247,13 +278,13 @@ def _chunk_gpu(cp, distribution, first, count, depth, topk, vocab_size, seed):
         bits += ((bits >> cp.uint32(16)) & cp.uint32(1)) + cp.uint32(0x7FFF)
         bits &= cp.uint32(0xFFFF0000)
 
-    if distribution == "bf16":
+    if spec.distribution == "bf16":
         round_bf16(x)
     peak = x.max(axis=-1, keepdims=True)
     total = cp.exp(x - peak).sum(axis=-1, dtype=cp.float64)
     lse = (peak[:, 0].astype(cp.float64) + cp.log(total)).astype(cp.float32)
     x -= lse[:, None]
-    if distribution == "bf16":
+    if spec.distribution == "bf16":
         round_bf16(x)
     # Candidates on the device (a stable sort), the canonical order of the k survivors on the host.
     order = cp.argsort(-x, axis=-1)[:, :topk]
@@ -293,85 +324,82 @@ def resolve_device(device: str = "auto") -> str:
     return "cpu"
 
 
+def _metadata(spec: TraceSpec) -> dict:
+    return {
+        "distribution": spec.distribution,
+        "seed": spec.seed,
+        "vocab_size": spec.vocab_size,
+        "generator_version": GENERATOR_VERSION,
+        "numpy": np.__version__,
+    }
+
+
 def generate(
-    distribution: str,
-    requests: int,
-    depth: int,
-    topk: int,
-    vocab_size: int = DEFAULT_VOCAB_SIZE,
-    seed: int = 0,
+    spec: TraceSpec,
     device: str = "cpu",
     *,
     chunk_bytes: int = DEFAULT_CHUNK_BYTES,
     threads: int | None = None,
     drafter: dict | None = None,
 ) -> Trace:
-    """Generate a trace (see the module docstring) and its metadata (including the device actually used).
+    """Generate the trace ``spec`` describes (see the module docstring) and its metadata (including the
+    device actually used); ``drafter``: the ``drafter`` distributions' parameters (None: the defaults).
 
     Work is split into chunks of requests whose logits take at most ``chunk_bytes`` (at least one request
     per chunk), run on ``threads`` threads (default: all cores); the result does not depend on either.
     """
-    check_distribution(distribution)
-    if distribution == "recorded":
-        raise ValueError("distribution 'recorded' is not generated: import the file with import_recorded")
-    requests = check_positive_int(requests, "requests")
-    depth = check_positive_int(depth, "depth")
-    topk = check_positive_int(topk, "topk")
-    vocab_size = check_positive_int(vocab_size, "vocab_size")
-    if topk > vocab_size:
-        raise ValueError(f"topk {topk} is larger than the vocabulary size {vocab_size}")
-    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0:
-        raise ValueError(f"seed must be an integer >= 0, got {seed!r}")
-    seed = int(seed)
+    spec = spec.checked()
     chunk_bytes = check_positive_int(chunk_bytes, "chunk_bytes")
     if threads is not None:
         threads = check_positive_int(threads, "threads")
-    if distribution in DRAFTER_DISTRIBUTIONS:
-        return _generate_drafter(distribution, requests, depth, topk, vocab_size, seed, device, drafter)
-    resolved = resolve_device(device)
+    if spec.distribution in DRAFTER_DISTRIBUTIONS:
+        return _generate_drafter(spec, device, drafter)
+    if resolve_device(device) == "cuda":
+        trace = _generate_gpu(spec, device)
+        if trace is not None:
+            return trace
+    return _generate_cpu(spec, chunk_bytes, threads)
 
-    lp = np.empty((requests, depth, topk), np.float32)
-    ids = np.empty((requests, depth, topk), np.int64)
-    per_request = depth * vocab_size * 4
-    metadata = {
-        "distribution": distribution,
-        "seed": seed,
-        "vocab_size": vocab_size,
-        "generator_version": GENERATOR_VERSION,
-        "numpy": np.__version__,
-    }
 
-    if resolved == "cuda":
-        cp = _cuda_module()
-        try:
-            step = max(1, (1 << 30) // per_request)
-            for first in range(0, requests, step):
-                count = min(step, requests - first)
-                lp[first : first + count], ids[first : first + count] = _chunk_gpu(
-                    cp, distribution, first, count, depth, topk, vocab_size, seed
-                )
-            props = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)
-            name = props["name"]
-            metadata["device"] = "cuda"
-            metadata["device_name"] = name.decode() if isinstance(name, bytes) else str(name)
-            metadata["cupy"] = cp.__version__
-            return Trace(lp, ids, metadata)
-        except Exception as error:
-            if device == "cuda":
-                raise
-            warnings.warn(
-                f"trace generation on the GPU failed ({error}); generating on the CPU", stacklevel=2
-            )
+def _generate_gpu(spec: TraceSpec, device: str) -> Trace | None:
+    """The trace from CuPy's generator (chunks of at most 1 GiB of logits); None where the GPU failed and
+    ``device`` is "auto" (a warning says why; the CPU generates it instead)."""
+    requests = spec.requests
+    lp = np.empty((requests, spec.depth, spec.topk), np.float32)
+    ids = np.empty((requests, spec.depth, spec.topk), np.int64)
+    cp = _cuda_module()
+    try:
+        step = max(1, (1 << 30) // (spec.depth * spec.vocab_size * 4))
+        for first in range(0, requests, step):
+            count = min(step, requests - first)
+            lp[first : first + count], ids[first : first + count] = _chunk_gpu(cp, spec, first, count)
+        props = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)
+        name = props["name"]
+        metadata = _metadata(spec)
+        metadata["device"] = "cuda"
+        metadata["device_name"] = name.decode() if isinstance(name, bytes) else str(name)
+        metadata["cupy"] = cp.__version__
+        return Trace(lp, ids, metadata)
+    except Exception as error:
+        if device == "cuda":
+            raise
+        warnings.warn(f"trace generation on the GPU failed ({error}); generating on the CPU", stacklevel=3)
+    return None
 
-    step = max(1, chunk_bytes // per_request)
+
+def _generate_cpu(spec: TraceSpec, chunk_bytes: int, threads: int | None) -> Trace:
+    """The trace on the CPU: chunks of requests whose logits take at most ``chunk_bytes``, on ``threads``
+    threads (default: all cores)."""
+    requests = spec.requests
+    lp = np.empty((requests, spec.depth, spec.topk), np.float32)
+    ids = np.empty((requests, spec.depth, spec.topk), np.int64)
+    step = max(1, chunk_bytes // (spec.depth * spec.vocab_size * 4))
     starts = list(range(0, requests, step))
     workers = max(1, min(threads or os.cpu_count() or 1, len(starts)))
 
     def run(first: int) -> None:
         count = min(step, requests - first)
-        lp[first : first + count], ids[first : first + count] = _chunk_cpu(
-            distribution, first, count, depth, topk, vocab_size, seed
-        )
+        lp[first : first + count], ids[first : first + count] = _chunk_cpu(spec, first, count)
 
     if workers == 1:
         for first in starts:
@@ -379,22 +407,19 @@ def generate(
     else:
         with ThreadPoolExecutor(max_workers=workers) as pool:
             list(pool.map(run, starts))  # numpy releases the GIL in the heavy loops
-    metadata["device"] = "cpu"
-    return Trace(lp, ids, metadata)
+    return Trace(lp, ids, {**_metadata(spec), "device": "cpu"})
 
 
-def _generate_drafter(distribution, requests, depth, topk, vocab_size, seed, device, drafter) -> Trace:
+def _generate_drafter(spec: TraceSpec, device: str, drafter) -> Trace:
     """The ``drafter`` distributions (``ddtree_bench.drafter``): always on the CPU, whatever ``device``."""
     resolve_device(device)  # the device name is still checked
-    profile = catalog.profile_of_distribution(distribution)
+    profile = catalog.profile_of_distribution(spec.distribution)
     params = check_drafter_params(dict(profile.params) if profile is not None else drafter)
-    lp, ids = generate_drafter(distribution, requests, depth, topk, vocab_size, seed, params)
+    lp, ids = generate_drafter(
+        spec.distribution, spec.requests, spec.depth, spec.topk, spec.vocab_size, spec.seed, params
+    )
     metadata = {
-        "distribution": distribution,
-        "seed": seed,
-        "vocab_size": vocab_size,
-        "generator_version": GENERATOR_VERSION,
-        "numpy": np.__version__,
+        **_metadata(spec),
         "device": "cpu",
         **{f"drafter_{key}": value for key, value in params.as_dict().items()},
     }
@@ -412,7 +437,7 @@ def generate_trace(
     **options,
 ) -> tuple[np.ndarray, np.ndarray]:
     """``(top_log_probs [R, L, K] float32, top_token_ids [R, L, K] int64)``; see ``generate``."""
-    trace = generate(distribution, requests, depth, topk, vocab_size, seed, device, **options)
+    trace = generate(TraceSpec(distribution, requests, depth, topk, vocab_size, seed), device, **options)
     return trace.top_log_probs, trace.top_token_ids
 
 
@@ -655,6 +680,7 @@ __all__ = [
     "DISTRIBUTIONS",
     "GENERATOR_VERSION",
     "Trace",
+    "TraceSpec",
     "arrays_sha256",
     "bf16_round",
     "check_trace_file",

@@ -206,11 +206,11 @@ def test_tau_and_e_accepted_are_explained_as_one_plus_the_other_where_each_sits(
 def test_a_builder_modelled_at_fewer_budgets_is_not_compared_for_the_best_budget(tmp_path):
     """On the published H200 set, reference and native were modelled at batch 64 at N = 512 only: their
     best budget is no answer to "does the best budget move?", and the verdict names them as not compared."""
-    from ddtree_bench.report import render_report  # noqa: PLC0415
+    from ddtree_bench.report import ReportFiles, render_report  # noqa: PLC0415
 
     out = Path(__file__).resolve().parents[2] / "results" / "published" / "h200"
     target = tmp_path
-    render_report(summary=out / "summary.parquet", html=target / "index.html", markdown=target / "summary.md")
+    render_report(summary=out / "summary.parquet", files=ReportFiles.in_folder(target))
     markdown = (target / "summary.md").read_text()
     verdict = next(line for line in markdown.splitlines() if "**B = 64:**" in line)
     moves = verdict[verdict.index("Best budgets:") :]

@@ -16,6 +16,7 @@ from ddtree_bench.catalog import all_series
 from ddtree_bench.report import (
     FIGURE_NAMES,
     SGLANG_FUNCTION_TARGET,
+    ReportFiles,
     evaluate_targets,
     load_machines,
     reference_vs_sglang_table,
@@ -225,9 +226,7 @@ def test_report_renders_self_contained_html_and_markdown(tmp_path):
     render_report(
         summary=ours,
         published=[published],
-        html=out / "index.html",
-        markdown=out / "summary.md",
-        figures=figures,
+        files=ReportFiles(out / "index.html", out / "summary.md", figures=figures),
         depth=16,
         distribution="uniform",
     )
@@ -254,8 +253,7 @@ def test_report_renders_with_no_timings(tmp_path):
     (folder / "environment.json").write_text(json.dumps({"machine": "m"}))
     render_report(
         summary=folder / "summary.parquet",
-        html=tmp_path / "r" / "index.html",
-        markdown=tmp_path / "r" / "summary.md",
+        files=ReportFiles.in_folder(tmp_path / "r"),
     )
     assert "no CUDA device" in (tmp_path / "r" / "summary.md").read_text()
     assert (tmp_path / "r" / "index.html").read_text().count("data:image/png;base64,") == len(FIGURE_NAMES)
@@ -374,8 +372,7 @@ def test_published_report_opens_with_the_answer_and_collapses_the_detail(tmp_pat
     render_report(
         summary=PUBLISHED_H200 / "summary.parquet",
         published=[PUBLISHED_SGLANG / "summary.parquet"],
-        html=out / "index.html",
-        markdown=out / "summary.md",
+        files=ReportFiles.in_folder(out),
         depth=16,
         distribution="drafter",
         step_depth=16,
@@ -709,8 +706,7 @@ def test_a_cpu_only_report_opens_with_the_named_published_answer_then_what_this_
     render_report(
         summary=ours,
         published=published,
-        html=out / "index.html",
-        markdown=out / "summary.md",
+        files=ReportFiles.in_folder(out),
         distribution="uniform",
         step_enabled=False,
     )

@@ -8,12 +8,12 @@ import pytest
 from ddtree_bench.builders import Builder, BuilderUnavailable, get_builder
 from ddtree_bench.stages import check
 from ddtree_bench.stages.check import TreeMismatch, check_builder
-from ddtree_bench.traces import generate, load_trace, save_trace
+from ddtree_bench.traces import TraceSpec, generate, load_trace, save_trace
 
 
 @pytest.fixture
 def trace_path(tmp_path):
-    trace = generate("bf16", 6, 4, 8, 512, 1, device="cpu")
+    trace = generate(TraceSpec("bf16", 6, 4, 8, 512, 1), device="cpu")
     path = tmp_path / "trace.npz"
     save_trace(path, trace.top_log_probs, trace.top_token_ids, **trace.metadata)
     return path

@@ -17,6 +17,7 @@ from ddtree_bench.builders.reference import build_one
 from ddtree_bench.config import check_config
 from ddtree_bench.report import (
     FIGURE_NAMES,
+    ReportFiles,
     evaluate_targets,
     in_situ_tables,
     load_machines,
@@ -287,9 +288,11 @@ def test_in_situ_table_and_report_section(tmp_path):
     out = tmp_path / "report"
     render_report(
         summary=path,
-        html=out / "index.html",
-        markdown=out / "summary.md",
-        figures=[out / "figures" / f"{name}.png" for name in FIGURE_NAMES],
+        files=ReportFiles(
+            out / "index.html",
+            out / "summary.md",
+            figures=[out / "figures" / f"{name}.png" for name in FIGURE_NAMES],
+        ),
         depth=16,
         distribution="uniform",
     )

@@ -29,7 +29,7 @@ from ddtree_bench import stages
 from ddtree_bench.acceptance import expected_accepted_tokens
 from ddtree_bench.builders import get_builder
 from ddtree_bench.cuda.loader import gpu_unavailable_reason
-from ddtree_bench.report import FIGURE_NAMES, evaluate_targets, load_machines, render_report
+from ddtree_bench.report import FIGURE_NAMES, ReportFiles, evaluate_targets, load_machines, render_report
 from ddtree_bench.report.step import (
     PEER_TARGETS,
     TARGET_ACCEPT,
@@ -347,8 +347,7 @@ def test_report_renders_the_step_part(tmp_path):
     render_report(
         summary=ours,
         published=[old],
-        html=out / "index.html",
-        markdown=out / "summary.md",
+        files=ReportFiles.in_folder(out),
         depth=16,
         distribution="peaked",
         step_layers=61,
@@ -386,7 +385,7 @@ def test_report_renders_the_step_part(tmp_path):
 def test_report_renders_without_any_step_data(tmp_path):
     ours = write_machine(tmp_path / "m", "laptop")
     out = tmp_path / "r"
-    render_report(summary=ours, html=out / "index.html", markdown=out / "summary.md", step_enabled=False)
+    render_report(summary=ours, files=ReportFiles.in_folder(out), step_enabled=False)
     markdown = (out / "summary.md").read_text()
     assert "laptop: no data (step stages off (step.enabled: false in the configuration))" in markdown
     assert "## Step-time breakdown" in markdown and "_no data_" in markdown
@@ -409,7 +408,7 @@ def test_report_with_unavailable_step_rows(tmp_path):
     )
     summarize_steps(rows).to_parquet(folder / "step_summary.parquet")
     out = tmp_path / "r"
-    render_report(summary=ours, html=out / "index.html", markdown=out / "summary.md")
+    render_report(summary=ours, files=ReportFiles.in_folder(out))
     markdown = (out / "summary.md").read_text()
     assert "unavailable: no usable CUDA device" in markdown
     assert "GPU peaks: laptop: not measured (no usable CUDA device)" in markdown

@@ -1,6 +1,6 @@
 from _job import logged
 
-from ddtree_bench.report import render_report
+from ddtree_bench.report import ReportFiles, render_report
 
 snakemake = snakemake  # noqa: F821 (the job object Snakemake's script preamble defines)
 
@@ -12,9 +12,9 @@ with logged(snakemake):
         environment=snakemake.input.environment,
         step_summary=next(iter(snakemake.input.step_summary), None),
         published=list(snakemake.input.published),
-        html=snakemake.output.html,
-        markdown=snakemake.output.markdown,
-        figures=list(snakemake.output.figures),
+        files=ReportFiles(
+            snakemake.output.html, snakemake.output.markdown, figures=list(snakemake.output.figures)
+        ),
         depth=snakemake.params.depth,
         distribution=snakemake.params.distribution,
         step_layers=step["layers"],

@@ -1,6 +1,6 @@
 from _job import logged
 
-from ddtree_bench.traces import generate, save_trace
+from ddtree_bench.traces import TraceSpec, generate, save_trace
 
 snakemake = snakemake  # noqa: F821 (the job object Snakemake's script preamble defines)
 
@@ -8,12 +8,7 @@ with logged(snakemake):
     params = snakemake.params
     distribution, depth = snakemake.wildcards.distribution, int(snakemake.wildcards.depth)
     trace = generate(
-        distribution,
-        params.requests,
-        depth,
-        params.topk,
-        vocab_size=params.vocab_size,
-        seed=params.seed,
+        TraceSpec(distribution, params.requests, depth, params.topk, params.vocab_size, params.seed),
         device=params.device,
         threads=snakemake.threads,
         drafter=getattr(params, "drafter", None),

@@ -476,6 +476,24 @@ def _kernel_info(module, name: str) -> tuple[int, int, int]:
     return smem, compiled, tile
 
 
+def _set_shared_memory(chosen: dict, optin: int) -> None:
+    """Check that the chosen kernels' (``AttentionKernels`` fields) shared memory a block fits the GPU's
+    ``optin`` and set each kernel's dynamic shared memory to its own."""
+    smem = chosen["smem_bytes"]
+    wide_smem, seesaw_smem = chosen.get("wide_smem_bytes", 0), chosen.get("seesaw_smem_bytes", 0)
+    needed = max(smem, wide_smem, seesaw_smem)
+    if needed > optin:
+        raise AttentionUnavailable(
+            f"gpu verify attention needs {needed} bytes of shared memory per block; this GPU allows {optin}"
+        )
+    chosen["attn"].max_dynamic_shared_size_bytes = smem
+    if chosen.get("attn_seesaw") is not None:
+        chosen["attn_seesaw"].max_dynamic_shared_size_bytes = seesaw_smem
+    wide = [chosen["attn_wide"]] if chosen.get("attn_wide") is not None else []
+    for kernel in wide + list(chosen.get("attn_wide_clusters", {}).values()):
+        kernel.max_dynamic_shared_size_bytes = wide_smem
+
+
 class VerifyAttention:
     """The CUDA verify attention (``kernels/verify_attn/verify_attn.cu``), loaded from ``fatbin`` or the
     cached build.
@@ -526,119 +544,127 @@ class VerifyAttention:
     @property
     def kernels(self) -> AttentionKernels:
         if self._kernels is None:
-            reason = self.unavailable_reason()
-            if reason:
-                raise AttentionUnavailable(f"gpu verify attention unavailable: {reason}")
-            import cupy as cp  # noqa: PLC0415
-
-            fatbin = self._fatbin or cuda.cached_fatbin(KERNEL_SOURCE, self._archs or cuda.DEFAULT_ARCHS)
-            module = cp.RawModule(path=str(fatbin))
-            probe = cp.zeros(3, cp.int32)
-            wgmma_smem, wgmma_compiled, wgmma_keys_per_tile = _kernel_info(
-                module, "ddtree_verify_attn_wgmma_info"
-            )
-            if self._path == "wgmma" and not wgmma_compiled:
-                raise AttentionUnavailable(
-                    "gpu verify attention: the wgmma path needs sm_90a code for this GPU (compute capability "
-                    "9.0 and sm_90 in cuda_archs)"
-                )
-            path = "wgmma" if wgmma_compiled and self._path in ("auto", "wgmma") else "mma"
-            dev = cp.cuda.Device()
-            optin = cp.cuda.runtime.deviceGetAttribute(
-                cp.cuda.runtime.cudaDevAttrMaxSharedMemoryPerBlockOptin, dev.id
-            )
-            attn_wide, wide_smem, attn_wide_clusters = None, 0, {}
-            rows_per_block, overhead_tiles = ROWS_PER_BLOCK, BLOCK_OVERHEAD_TILES[path]
-            attn_seesaw, seesaw_smem = None, 0
-            if path == "wgmma":
-                smem, keys_per_tile = wgmma_smem, wgmma_keys_per_tile
-                attn = module.get_function("ddtree_verify_attn_wgmma")
-                if self._seesaw:
-                    seesaw_smem, seesaw_compiled, seesaw_keys = _kernel_info(
-                        module, "ddtree_verify_attn_seesaw_info"
-                    )
-                    if not seesaw_compiled or seesaw_keys != keys_per_tile:
-                        raise AttentionUnavailable(
-                            f"gpu verify attention: the seesaw kernel reports compiled={seesaw_compiled}, "
-                            f"{seesaw_keys}-key tiles beside the wgmma kernel's {keys_per_tile}"
-                        )
-                    attn_seesaw = module.get_function("ddtree_verify_attn_seesaw")
-                if self._wide_rows:
-                    wide_smem, wide_compiled, wide_rows = _kernel_info(
-                        module, "ddtree_verify_attn_wgmma72_info"
-                    )
-                    if not wide_compiled or wide_rows != WIDE_ROWS_PER_BLOCK:
-                        raise AttentionUnavailable(
-                            f"gpu verify attention: the 72-row kernel reports compiled={wide_compiled}, "
-                            f"rows={wide_rows} beside the wgmma kernel"
-                        )
-                    attn_wide = module.get_function("ddtree_verify_attn_wgmma72")
-                    attn_wide_clusters = {
-                        size: module.get_function(f"ddtree_verify_attn_wgmma72_cluster{size}")
-                        for size in SPLIT_CLUSTER_SIZES
-                    }
-            else:
-                info = cp.zeros(6, cp.int32)
-                module.get_function("ddtree_verify_attn_smem_bytes")((1,), (1,), (info,))
-                smem, rows, keys_per_tile, small_smem, small_rows, small_keys = (int(x) for x in info.get())
-                if (rows, keys_per_tile, small_rows, small_keys) != (
-                    ROWS_PER_BLOCK,
-                    KEYS_PER_TILE,
-                    SMALL_ROWS_PER_BLOCK,
-                    SMALL_KEYS_PER_TILE,
-                ):
-                    raise AttentionUnavailable(
-                        f"gpu verify attention: the mma.sync kernels report {rows} x {keys_per_tile} and "
-                        f"{small_rows} x {small_keys} tiles, not the {ROWS_PER_BLOCK} x {KEYS_PER_TILE} and "
-                        f"{SMALL_ROWS_PER_BLOCK} x {SMALL_KEYS_PER_TILE} this loader plans for"
-                    )
-                if small_smem > optin:  # neither fits
-                    raise AttentionUnavailable(
-                        f"gpu verify attention needs {smem} bytes of shared memory per block ({rows}-row "
-                        f"tiles) or {small_smem} ({small_rows}-row tiles); this GPU allows {optin}"
-                    )
-                if self._path == "mma-small" or smem > optin:
-                    smem, keys_per_tile = small_smem, small_keys
-                    rows_per_block, overhead_tiles = small_rows, SMALL_OVERHEAD_TILES
-                    attn = module.get_function("ddtree_verify_attn_small")
-                else:
-                    attn = module.get_function("ddtree_verify_attn")
-            needed = max(smem, wide_smem, seesaw_smem)
-            if needed > optin:
-                raise AttentionUnavailable(
-                    f"gpu verify attention needs {needed} bytes of shared memory per block; this GPU allows "
-                    f"{optin}"
-                )
-            attn.max_dynamic_shared_size_bytes = smem
-            if attn_seesaw is not None:
-                attn_seesaw.max_dynamic_shared_size_bytes = seesaw_smem
-            for kernel in ([attn_wide] if attn_wide is not None else []) + list(attn_wide_clusters.values()):
-                kernel.max_dynamic_shared_size_bytes = wide_smem
-            module.get_function("ddtree_verify_attn_combine_threads")((1,), (1,), (probe,))
-            combine_threads = int(probe.get()[0])
-            props = cp.cuda.runtime.getDeviceProperties(dev.id)
-            cc = int(props["major"]) * 10 + int(props["minor"])
-            self._kernels = AttentionKernels(
-                attn=attn,
-                combine=module.get_function("ddtree_verify_attn_combine"),
-                combine_threads=combine_threads,
-                smem_bytes=smem,
-                sm_count=int(props["multiProcessorCount"]),
-                keys_per_tile=keys_per_tile,
-                overhead_tiles=overhead_tiles,
-                runs=f"{cuda.fatbin_runs(Path(fatbin), cc)}, {path} path"
-                + (f", {rows_per_block}-row tiles" if rows_per_block != ROWS_PER_BLOCK else ""),
-                fatbin=Path(fatbin),
-                path=path,
-                rows_per_block=rows_per_block,
-                attn_wide=attn_wide,
-                wide_smem_bytes=wide_smem,
-                attn_wide_clusters=attn_wide_clusters,
-                merge_in_kernel=self._merge_in_kernel,
-                attn_seesaw=attn_seesaw,
-                seesaw_smem_bytes=seesaw_smem,
-            )
+            self._kernels = self._load()
         return self._kernels
+
+    def _load(self) -> AttentionKernels:
+        """Load the module, choose the path and its kernels (``_wgmma_kernels``, ``_mma_kernels``), check
+        that their shared memory fits the GPU and set it; AttentionUnavailable says why where it cannot."""
+        reason = self.unavailable_reason()
+        if reason:
+            raise AttentionUnavailable(f"gpu verify attention unavailable: {reason}")
+        import cupy as cp  # noqa: PLC0415
+
+        fatbin = self._fatbin or cuda.cached_fatbin(KERNEL_SOURCE, self._archs or cuda.DEFAULT_ARCHS)
+        module = cp.RawModule(path=str(fatbin))
+        wgmma_smem, wgmma_compiled, wgmma_keys_per_tile = _kernel_info(
+            module, "ddtree_verify_attn_wgmma_info"
+        )
+        if self._path == "wgmma" and not wgmma_compiled:
+            raise AttentionUnavailable(
+                "gpu verify attention: the wgmma path needs sm_90a code for this GPU (compute capability "
+                "9.0 and sm_90 in cuda_archs)"
+            )
+        path = "wgmma" if wgmma_compiled and self._path in ("auto", "wgmma") else "mma"
+        dev = cp.cuda.Device()
+        optin = cp.cuda.runtime.deviceGetAttribute(
+            cp.cuda.runtime.cudaDevAttrMaxSharedMemoryPerBlockOptin, dev.id
+        )
+        if path == "wgmma":
+            chosen = self._wgmma_kernels(module, wgmma_smem, wgmma_keys_per_tile)
+        else:
+            chosen = self._mma_kernels(module, optin)
+        _set_shared_memory(chosen, optin)
+        probe = cp.zeros(3, cp.int32)
+        module.get_function("ddtree_verify_attn_combine_threads")((1,), (1,), (probe,))
+        props = cp.cuda.runtime.getDeviceProperties(dev.id)
+        cc = int(props["major"]) * 10 + int(props["minor"])
+        rows_per_block = chosen["rows_per_block"]
+        return AttentionKernels(
+            combine=module.get_function("ddtree_verify_attn_combine"),
+            combine_threads=int(probe.get()[0]),
+            sm_count=int(props["multiProcessorCount"]),
+            runs=f"{cuda.fatbin_runs(Path(fatbin), cc)}, {path} path"
+            + (f", {rows_per_block}-row tiles" if rows_per_block != ROWS_PER_BLOCK else ""),
+            fatbin=Path(fatbin),
+            path=path,
+            merge_in_kernel=self._merge_in_kernel,
+            **chosen,
+        )
+
+    def _wgmma_kernels(self, module, smem: int, keys_per_tile: int) -> dict:
+        """The Hopper path's kernels (``AttentionKernels`` fields): the wgmma kernel, and where not switched
+        off the seesaw kernel and the 72-row kernels (each checked against what its info kernel reports)."""
+        chosen = {
+            "attn": module.get_function("ddtree_verify_attn_wgmma"),
+            "smem_bytes": smem,
+            "keys_per_tile": keys_per_tile,
+            "rows_per_block": ROWS_PER_BLOCK,
+            "overhead_tiles": BLOCK_OVERHEAD_TILES["wgmma"],
+        }
+        if self._seesaw:
+            seesaw_smem, seesaw_compiled, seesaw_keys = _kernel_info(module, "ddtree_verify_attn_seesaw_info")
+            if not seesaw_compiled or seesaw_keys != keys_per_tile:
+                raise AttentionUnavailable(
+                    f"gpu verify attention: the seesaw kernel reports compiled={seesaw_compiled}, "
+                    f"{seesaw_keys}-key tiles beside the wgmma kernel's {keys_per_tile}"
+                )
+            chosen["attn_seesaw"] = module.get_function("ddtree_verify_attn_seesaw")
+            chosen["seesaw_smem_bytes"] = seesaw_smem
+        if self._wide_rows:
+            wide_smem, wide_compiled, wide_rows = _kernel_info(module, "ddtree_verify_attn_wgmma72_info")
+            if not wide_compiled or wide_rows != WIDE_ROWS_PER_BLOCK:
+                raise AttentionUnavailable(
+                    f"gpu verify attention: the 72-row kernel reports compiled={wide_compiled}, "
+                    f"rows={wide_rows} beside the wgmma kernel"
+                )
+            chosen["attn_wide"] = module.get_function("ddtree_verify_attn_wgmma72")
+            chosen["wide_smem_bytes"] = wide_smem
+            chosen["attn_wide_clusters"] = {
+                size: module.get_function(f"ddtree_verify_attn_wgmma72_cluster{size}")
+                for size in SPLIT_CLUSTER_SIZES
+            }
+        return chosen
+
+    def _mma_kernels(self, module, optin: int) -> dict:
+        """The mma.sync path's kernel (``AttentionKernels`` fields): 64-row tiles of 32 keys where the GPU
+        allows their shared memory (and ``path`` is not "mma-small"), else 32-row tiles of 16 keys."""
+        import cupy as cp  # noqa: PLC0415
+
+        info = cp.zeros(6, cp.int32)
+        module.get_function("ddtree_verify_attn_smem_bytes")((1,), (1,), (info,))
+        smem, rows, keys_per_tile, small_smem, small_rows, small_keys = (int(x) for x in info.get())
+        if (rows, keys_per_tile, small_rows, small_keys) != (
+            ROWS_PER_BLOCK,
+            KEYS_PER_TILE,
+            SMALL_ROWS_PER_BLOCK,
+            SMALL_KEYS_PER_TILE,
+        ):
+            raise AttentionUnavailable(
+                f"gpu verify attention: the mma.sync kernels report {rows} x {keys_per_tile} and "
+                f"{small_rows} x {small_keys} tiles, not the {ROWS_PER_BLOCK} x {KEYS_PER_TILE} and "
+                f"{SMALL_ROWS_PER_BLOCK} x {SMALL_KEYS_PER_TILE} this loader plans for"
+            )
+        if small_smem > optin:  # neither fits
+            raise AttentionUnavailable(
+                f"gpu verify attention needs {smem} bytes of shared memory per block ({rows}-row "
+                f"tiles) or {small_smem} ({small_rows}-row tiles); this GPU allows {optin}"
+            )
+        if self._path == "mma-small" or smem > optin:
+            return {
+                "attn": module.get_function("ddtree_verify_attn_small"),
+                "smem_bytes": small_smem,
+                "keys_per_tile": small_keys,
+                "rows_per_block": small_rows,
+                "overhead_tiles": SMALL_OVERHEAD_TILES,
+            }
+        return {
+            "attn": module.get_function("ddtree_verify_attn"),
+            "smem_bytes": smem,
+            "keys_per_tile": keys_per_tile,
+            "rows_per_block": ROWS_PER_BLOCK,
+            "overhead_tiles": BLOCK_OVERHEAD_TILES["mma"],
+        }
 
     def prepare(self, q, kv, prefix_lengths, mask_bits, out) -> PreparedAttention:
         """Validate one call's arrays (module docstring) and get it ready to launch."""

@@ -31,7 +31,7 @@ from ddtree_bench.report.load import (
     timings,
 )
 from ddtree_bench.report.names import BUILD_FIGURES, FIGURE_NAMES, FIGURES, SERIES_NAMES
-from ddtree_bench.report.render import render_report, to_html, to_markdown
+from ddtree_bench.report.render import ReportFiles, render_report, to_html, to_markdown
 from ddtree_bench.report.tables import (
     compact_table,
     html_table,
@@ -49,6 +49,7 @@ __all__ = [
     "SERIES_NAMES",
     "SGLANG_FUNCTION_TARGET",
     "Machine",
+    "ReportFiles",
     "ReportPage",
     "ReportOptions",
     "TargetResult",

@@ -446,50 +446,60 @@ def _round_verdict(batch: int, rows: pd.DataFrame, section) -> tuple[dict[str, s
     best = section.best[section.best["batch"] == batch].set_index("builder")
     if "gpu" not in best.index:
         return {q: NO_GPU_ROWS for q in QUESTIONS}, f"**B = {batch}:** no GPU builder rows at this batch."
-    gpu = best.loc["gpu"]
     cells, notes = {}, []
-
-    def versus(builder: str) -> tuple[str, str]:
-        other = best.loc[builder]
-        gain = gpu["tokens_per_s"] / other["tokens_per_s"]
-        low, high, moves = gain_range(rows, gpu, other)
-        build = build_ratio(rows, builder, "gpu", int(gpu["best_budget"]))
-        spans_one = (moves and low <= 1.0 <= high) or (build is not None and build.includes_one)
-        parts = [
-            f"gpu against {builder}: {gpu['tokens_per_s']:,.0f} tokens/s at N = "
-            f"{int(gpu['best_budget'])} against {other['tokens_per_s']:,.0f} at N = "
-            f"{int(other['best_budget'])} ({gain:.3f}x)"
-        ]
-        if moves:
-            span = f"{low:.3f}x to {high:.3f}x across the builds' timing jobs"
-            parts.append(span + ("; the spread includes 1.0x" if low <= 1.0 <= high else ""))
-        rounds = _rounds_note(rows, gpu, other)
-        if rounds:
-            parts.append(rounds)
-        if not moves and not rounds.startswith("both"):
-            parts.append("one timing job per build: no spread measured")
-        if build is not None:
-            parts.append(
-                f"the build alone at N = {int(gpu['best_budget'])}: {builder}'s over the gpu builder's "
-                f"{ratio_text(build)}"
-            )
-        return _call(gain, spans_one), "; ".join(parts)
-
     if "sglang" in best.index:
-        cells[PAY], note = versus("sglang")
+        cells[PAY], note = _versus(best, rows, "sglang")
         notes.append(note)
     else:
         cells[PAY] = "- (SGLang's function not measured here)"
     cpu = [b for b in best.index if b in CPU_BUILDERS]
     if cpu:
         top = max(cpu, key=lambda b: best.loc[b, "tokens_per_s"])
-        call, note = versus(top)
+        call, note = _versus(best, rows, top)
         cells[BEATS_CPU] = call.replace(":", f" (over {top}):", 1)
         if top != "sglang" or "sglang" not in best.index:
             notes.append(note)
     else:
         cells[BEATS_CPU] = "- (no CPU builder measured here)"
-    # a builder modelled over fewer budgets than the gpu builder has no comparable best budget
+    cells[MOVES], note = _budget_moves(best, rows)
+    notes.append(note)
+    return cells, f"**B = {batch}:** " + ". ".join(notes) + "."
+
+
+def _versus(best: pd.DataFrame, rows: pd.DataFrame, builder: str) -> tuple[str, str]:
+    """The GPU builder against ``builder``, each at its best budget (``best``: by builder): the verdict's
+    cell and its note (tokens/s, the gain's spread across timing jobs, the run rounds, the build alone)."""
+    gpu, other = best.loc["gpu"], best.loc[builder]
+    gain = gpu["tokens_per_s"] / other["tokens_per_s"]
+    low, high, moves = gain_range(rows, gpu, other)
+    build = build_ratio(rows, builder, "gpu", int(gpu["best_budget"]))
+    spans_one = (moves and low <= 1.0 <= high) or (build is not None and build.includes_one)
+    parts = [
+        f"gpu against {builder}: {gpu['tokens_per_s']:,.0f} tokens/s at N = "
+        f"{int(gpu['best_budget'])} against {other['tokens_per_s']:,.0f} at N = "
+        f"{int(other['best_budget'])} ({gain:.3f}x)"
+    ]
+    if moves:
+        span = f"{low:.3f}x to {high:.3f}x across the builds' timing jobs"
+        parts.append(span + ("; the spread includes 1.0x" if low <= 1.0 <= high else ""))
+    rounds = _rounds_note(rows, gpu, other)
+    if rounds:
+        parts.append(rounds)
+    if not moves and not rounds.startswith("both"):
+        parts.append("one timing job per build: no spread measured")
+    if build is not None:
+        parts.append(
+            f"the build alone at N = {int(gpu['best_budget'])}: {builder}'s over the gpu builder's "
+            f"{ratio_text(build)}"
+        )
+    return _call(gain, spans_one), "; ".join(parts)
+
+
+def _budget_moves(best: pd.DataFrame, rows: pd.DataFrame) -> tuple[str, str]:
+    """Whether the best budget moves between the builders (``best``: by builder): the verdict's cell and the
+    note naming each builder's best budget (a builder modelled over fewer budgets than the GPU builder has
+    no comparable best budget: named, not compared)."""
+    gpu = best.loc["gpu"]
     gpu_budgets = set(gpu["budgets"]) if "budgets" in best.columns else set()
     partial = [b for b in best.index if gpu_budgets and not gpu_budgets <= set(best.loc[b, "budgets"])]
     budgets = {b: int(best.loc[b, "best_budget"]) for b in best.index if b not in partial}
@@ -497,14 +507,14 @@ def _round_verdict(batch: int, rows: pd.DataFrame, section) -> tuple[dict[str, s
     set_by = gpu.get("set_by") if "set_by" in best.columns else None
     edge = {b for b in budgets if budgets[b] in (min(best.loc[b, "budgets"]), max(best.loc[b, "budgets"]))}
     each = ", ".join(f"{b} N = {n}" + (" (the grid's edge)" if b in edge else "") for b, n in budgets.items())
-    cells[MOVES] = (
+    cell = (
         f"yes: {', '.join(f'{b} N = {n}' for b, n in budgets.items())}"
         if moved
         else f"no: N = {next(iter(budgets.values()))} for {', '.join(budgets)}"
         if budgets
         else "-"
     )
-    notes.append(
+    note = (
         "Best budgets: "
         + each
         + (f" (the GPU builder's is set by its {set_by})" if isinstance(set_by, str) and set_by else "")
@@ -517,7 +527,7 @@ def _round_verdict(batch: int, rows: pd.DataFrame, section) -> tuple[dict[str, s
             else ""
         )
     )
-    return cells, f"**B = {batch}:** " + ". ".join(notes) + "."
+    return cell, note
 
 
 def _budget_spread(rows: pd.DataFrame, budgets: dict[str, int]) -> str:

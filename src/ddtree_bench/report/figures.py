@@ -141,10 +141,11 @@ def builder_facets(data: pd.DataFrame, **grid):
     )
 
 
-def builder_series(*, data, x, y, color, label, marker, linestyle, band=None, name=None) -> None:
+def builder_series(*, data, x, y, color, label, band=None, name=None, **style) -> None:
     """A builder's one line in a facet (``FacetGrid.map_dataframe``): ``label`` is the builder, set as the
     line's ``gid`` (a check counts lines per builder) and named in the legend by ``BUILDER_LABELS`` (or by
-    the rows' column ``name``); ``band``: the columns of a shaded band (low, high)."""
+    the rows' column ``name``); ``band``: the columns of a shaded band (low, high); ``style``: the line's
+    marker and linestyle (``builder_facets``' per-builder keywords)."""
     import matplotlib.pyplot as plt  # noqa: PLC0415
 
     ax = plt.gca()
@@ -153,8 +154,8 @@ def builder_series(*, data, x, y, color, label, marker, linestyle, band=None, na
         line[x],
         line[y],
         color=color,
-        marker=marker,
-        linestyle=linestyle,
+        marker=style["marker"],
+        linestyle=style["linestyle"],
         markersize=5,
         linewidth=1.7,
         label=str(line[name].iloc[0]) if name else BUILDER_LABELS.get(label, label),

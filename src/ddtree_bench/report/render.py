@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import re
+from dataclasses import dataclass
 from html import escape
 from pathlib import Path
 
@@ -38,27 +39,41 @@ figure{margin:0}figcaption{color:#555;font-size:.9em}
 """
 
 
+@dataclass(frozen=True)
+class ReportFiles:
+    """Where ``render_report`` writes: the HTML page, the Markdown summary and the figures' PNG files
+    (``figures``: their paths, by file name; a figure not among them goes into the same folder; None: all
+    in ``figures/`` beside the page)."""
+
+    html: str | Path = "report/index.html"
+    markdown: str | Path = "report/summary.md"
+    figures: tuple | list | None = None
+
+    @classmethod
+    def in_folder(cls, folder: str | Path) -> ReportFiles:
+        """``folder/index.html``, ``folder/summary.md`` and ``folder/figures/``."""
+        return cls(Path(folder) / "index.html", Path(folder) / "summary.md")
+
+
 def render_report(
     *,
     summary,
     shapes=None,
     environment=None,
     published=(),
-    html: str | Path = "report/index.html",
-    markdown: str | Path = "report/summary.md",
-    figures=None,
     step_summary=None,
+    files: ReportFiles | None = None,
     grid: dict | None = None,
     **options,
 ) -> None:
-    """Render the HTML page and the Markdown summary (and the figures as PNG files next to them).
+    """Render the HTML page and the Markdown summary (and the figures as PNG files next to them) where
+    ``files`` says (``ReportFiles``; None: its defaults, under report/).
 
     ``options``: ``model.ReportOptions``'s fields (depth, distribution, step_layers, step_depth,
     step_distribution, step_enabled, throughput_options, distributions). ``grid``: the configuration's grid
     lists (``consistency.configured_grid``); where given, a summary or tree-shape table that does not hold
     exactly that grid is refused (``ValueError``) before anything is written. ``step_summary``: this run's
-    step summary (default: ``step_summary.parquet`` beside ``summary``). ``figures``: the PNG paths by file
-    name (a figure not among them goes into the same folder)."""
+    step summary (default: ``step_summary.parquet`` beside ``summary``)."""
     import matplotlib  # noqa: PLC0415
 
     from ddtree_bench import consistency  # noqa: PLC0415
@@ -72,8 +87,9 @@ def render_report(
     if not options.step_enabled:
         machines[0].step = pd.DataFrame()
         machines[0].step_missing = "step stages off (step.enabled: false in the configuration)"
-    html_path, md_path = Path(html), Path(markdown)
-    figure_paths = _figure_paths(figures, html_path.parent / "figures")
+    files = files or ReportFiles()
+    html_path, md_path = Path(files.html), Path(files.markdown)
+    figure_paths = _figure_paths(files.figures, html_path.parent / "figures")
     for path in (html_path, md_path, *figure_paths.values()):
         path.parent.mkdir(parents=True, exist_ok=True)
     matplotlib.use("Agg")

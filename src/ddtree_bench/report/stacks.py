@@ -547,10 +547,28 @@ def report_section(machines, figures, published_answer: str | None = None) -> Se
             *figures,
         )
     table = stack_table(machine.step, machine.shapes)
-    best = best_budgets(table)
     spread = run_to_run(machine.step)
     profiles = profiles_with_tau(machine) or [catalog.PAPER_PROFILE]
     # the verdicts first (a table each, its numbers in notes under it), then how they were measured
+    _add_verdicts(section, machine, profiles, spread)
+    section.add(*_method(machine, profiles, table, spread))
+    section.add(*figures)
+    section.add(
+        _best_budgets_section(machine, profiles),
+        _per_budget_section(table),
+        _waterfalls_section(table, best_budgets(table), spread),
+        Section("Every stack round").add(
+            Table(display_table(table), collapsed=True, summary="median round and parts per configuration")
+        ),
+        Section("Stack rounds that could not run").add(Table(unavailable(machine.step), collapsed=True)),
+    )
+    return section
+
+
+def _add_verdicts(section: Section, machine, profiles: list[str], spread) -> None:
+    """Per SGLang stack (every stack under the first profile, the first stack under the others) and
+    acceptance profile: what it gains from our kernels, a table and its notes; then whether the answer is
+    the same under every profile."""
     section.add(
         Text(
             f"**{machine.label}** ({machine.source}): does SGLang's DDTree round gain from our three "
@@ -573,7 +591,12 @@ def report_section(machines, figures, published_answer: str | None = None) -> Se
     same = sameness_line(machine)
     if same:
         section.add(Text(f"**Is the answer the same under every acceptance profile?** {same}"))
-    section.add(
+
+
+def _method(machine, profiles: list[str], table: pd.DataFrame, spread) -> list:
+    """How the rounds were run: the stacks, tau per acceptance profile, the run-to-run spread and the
+    correctness check."""
+    return [
         Text(INTRO),
         Text(
             f"**{machine.label}** ({machine.source}). tau(N) = 1 + the expected accepted tokens of the "
@@ -588,8 +611,11 @@ def report_section(machines, figures, published_answer: str | None = None) -> Se
         ),
         Text(spread_line(spread), "note"),
         Text(correct_line(table)),
-    )
-    section.add(*figures)
+    ]
+
+
+def _best_budgets_section(machine, profiles: list[str]) -> Section:
+    """Each stack's best budget under every acceptance profile (one collapsed table)."""
     every = []
     for profile in profiles:
         b = best_budgets(stack_table(machine.step, machine.shapes, profile))
@@ -604,7 +630,11 @@ def report_section(machines, figures, published_answer: str | None = None) -> Se
     shown = pd.concat(every, ignore_index=True).rename(
         columns={"tokens_per_s": "tokens/s", "round_s": "round", "budget": "best N", "edge": "grid edge"}
     )
-    section.add(Section("Each stack's best budget").add(Table(shown, collapsed=True)))
+    return Section("Each stack's best budget").add(Table(shown, collapsed=True))
+
+
+def _per_budget_section(table: pd.DataFrame) -> Section:
+    """Tokens/s per stack and budget, a collapsed table per (batch, prefix)."""
     per_budget = Section("Tokens/s per stack and budget")
     for batch, prefix in sorted(
         {(int(b), int(p)) for b, p in zip(table["batch"], table["prefix"], strict=True)}
@@ -612,7 +642,11 @@ def report_section(machines, figures, published_answer: str | None = None) -> Se
         per_budget.add(
             Text(f"B = {batch}, S = {prefix}"), Table(tokens_pivot(table, batch, prefix), collapsed=True)
         )
-    section.add(per_budget)
+    return per_budget
+
+
+def _waterfalls_section(table: pd.DataFrame, best: pd.DataFrame, spread) -> Section:
+    """The waterfall at each SGLang stack's best budget (``best``), a collapsed table each."""
     falls = Section("Waterfalls at each SGLang stack's best budget")
     for _, row in best[best["stack"].isin(BASES)].iterrows():
         steps = waterfall(
@@ -638,14 +672,7 @@ def report_section(machines, figures, published_answer: str | None = None) -> Se
             ),
             Table(shown_steps, collapsed=True),
         )
-    section.add(falls)
-    section.add(
-        Section("Every stack round").add(
-            Table(display_table(table), collapsed=True, summary="median round and parts per configuration")
-        ),
-        Section("Stack rounds that could not run").add(Table(unavailable(machine.step), collapsed=True)),
-    )
-    return section
+    return falls
 
 
 def profiles_with_tau(machine) -> list[str]:

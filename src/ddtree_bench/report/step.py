@@ -149,55 +149,40 @@ def _not_ok(step: pd.DataFrame, stage: str) -> pd.DataFrame:
     return step[(step["stage"] == stage) & (step["status"] != "ok")]
 
 
+_ATTENTION_COLUMNS = (
+    "machine",
+    "impl",
+    "B",
+    "N",
+    "S",
+    "H",
+    "median [p10-p90] per layer",
+    "TFLOP/s",
+    "TB/s",
+    "% GEMM peak",
+    "% copy peak",
+    "vs flexattention",
+    "% of read stream",
+    "mask",
+    "ours / FlashMLA",
+    "ours / SGLang Triton",
+    "ours / SGLang FA3",
+    "kernel",
+    "status",
+)
+#: The attention rows' keys: one shape of one run, which an impl's row and its peers' share.
+_SHAPE_KEYS = ["batch", "budget", "prefix", "heads", "depth", "distribution"]
+
+
 def attention_table(step: pd.DataFrame, machine: str) -> pd.DataFrame:
     """Every verify-attention configuration of one machine (warm device time where measured): median
     [p10-p90] per layer, TFLOP/s, TB/s, their % of the GPU's peaks, speedup over FlexAttention, the mask
     the impl applies, on our kernel's rows its speed over FlashMLA's and SGLang Triton's (their time over
     ours, same shape, same run), how the impl ran (its rows' recorded backend) and status."""
-    columns = [
-        "machine",
-        "impl",
-        "B",
-        "N",
-        "S",
-        "H",
-        "median [p10-p90] per layer",
-        "TFLOP/s",
-        "TB/s",
-        "% GEMM peak",
-        "% copy peak",
-        "vs flexattention",
-        "% of read stream",
-        "mask",
-        "ours / FlashMLA",
-        "ours / SGLang Triton",
-        "ours / SGLang FA3",
-        "kernel",
-        "status",
-    ]
-    if step is None or step.empty:
-        return pd.DataFrame(columns=columns)
-    measured = preferred(step)
-    measured = measured[measured["stage"] == "verify-attention"]
-    rows = pd.concat([measured, _not_ok(step, "verify-attention")], ignore_index=True)
+    columns = list(_ATTENTION_COLUMNS)
+    rows = _attention_rows(step)
     if rows.empty:
         return pd.DataFrame(columns=columns)
-    keys = ["batch", "budget", "prefix", "heads", "depth", "distribution"]
-    flex = measured[measured["impl"] == "flexattention"][keys + ["median_s"]].rename(
-        columns={"median_s": "flex_s"}
-    )
-    stream = measured[measured["impl"] == STREAM_IMPL][keys + ["median_s"]].rename(
-        columns={"median_s": "stream_s"}
-    )
-    rows = rows.merge(flex, on=keys, how="left").merge(stream, on=keys, how="left")
-    for impl, column in (
-        (FLASHMLA_IMPL, "flashmla_s"),
-        (SGLANG_TRITON_IMPL, "sglang_s"),
-        (SGLANG_FA3_IMPL, "fa3_s"),
-    ):
-        peer = measured[measured["impl"] == impl][keys + ["median_s"]].rename(columns={"median_s": column})
-        rows = rows.merge(peer.drop_duplicates(keys), on=keys, how="left")
-    rows = rows.sort_values(["prefix", "heads", "batch", "budget", "impl"], na_position="first")
     return pd.DataFrame(
         {
             "machine": machine,
@@ -230,6 +215,35 @@ def attention_table(step: pd.DataFrame, machine: str) -> pd.DataFrame:
         },
         columns=columns,
     ).reset_index(drop=True)
+
+
+def _attention_rows(step: pd.DataFrame) -> pd.DataFrame:
+    """The verify-attention rows (measured and not ok), each with the same shape's times of FlexAttention
+    (``flex_s``), the read stream (``stream_s``), FlashMLA (``flashmla_s``), SGLang's Triton kernel
+    (``sglang_s``) and its FA3 (``fa3_s``), sorted by prefix, heads, batch, budget and impl."""
+    if step is None or step.empty:
+        return pd.DataFrame()
+    measured = preferred(step)
+    measured = measured[measured["stage"] == "verify-attention"]
+    rows = pd.concat([measured, _not_ok(step, "verify-attention")], ignore_index=True)
+    if rows.empty:
+        return rows
+    keys = _SHAPE_KEYS
+    flex = measured[measured["impl"] == "flexattention"][keys + ["median_s"]].rename(
+        columns={"median_s": "flex_s"}
+    )
+    stream = measured[measured["impl"] == STREAM_IMPL][keys + ["median_s"]].rename(
+        columns={"median_s": "stream_s"}
+    )
+    rows = rows.merge(flex, on=keys, how="left").merge(stream, on=keys, how="left")
+    for impl, column in (
+        (FLASHMLA_IMPL, "flashmla_s"),
+        (SGLANG_TRITON_IMPL, "sglang_s"),
+        (SGLANG_FA3_IMPL, "fa3_s"),
+    ):
+        peer = measured[measured["impl"] == impl][keys + ["median_s"]].rename(columns={"median_s": column})
+        rows = rows.merge(peer.drop_duplicates(keys), on=keys, how="left")
+    return rows.sort_values(["prefix", "heads", "batch", "budget", "impl"], na_position="first")
 
 
 def _mask(row) -> str:
@@ -553,113 +567,123 @@ def peer_targets(step: pd.DataFrame) -> list[tuple[str, str, str, str]]:
     shortfall) and where it is met."""
     measured = preferred(step)
     attention = measured[measured["stage"] == "verify-attention"]
-    keys = ["batch", "budget", "prefix", "heads", "depth", "distribution"]
     ours = attention[attention["impl"] == "ours"]
-    results = []
-
-    def pairs_with(impl: str) -> pd.DataFrame:
-        peer = attention[(attention["impl"] == impl) & attention["median_s"].notna()]
-        pairs = ours[ours["median_s"].notna()][keys + ["median_s", "correct"]].merge(
-            peer[keys + ["median_s", "correct"]], on=keys, suffixes=("", "_peer")
-        )
-        return pairs.assign(ratio=pairs["median_s_peer"] / pairs["median_s"])
-
-    def minimum(target, sel, column, limit, fmt, nodata, note=""):
-        if sel.empty:
-            results.append((target, PEER_SOURCE, "no data", nodata))
-            return
-        worst = sel.loc[sel[column].idxmin()]
-        status = "met" if worst[column] >= limit else "not met"
-        text = f"min {fmt(worst[column])} ({_where(worst)}) over {len(sel)} configurations"
-        if status == "not met":
-            text += f", {fmt(limit - worst[column])} short"
-            met = sel[sel[column] >= limit]
-            if len(met):
-                named = "; ".join(_where(row) for _, row in met.iterrows()) if len(met) <= 3 else ""
-                text += f", met at {len(met)}" + (f" ({named})" if named else "")
-        wrong = _wrong(sel)
-        if wrong:
-            status, text = "not met", f"{text}; our output wrong at {wrong} configurations"
-        if "correct_peer" in sel:
-            peer_wrong = int(
-                (sel["correct_peer"].notna() & ~sel["correct_peer"].fillna(True).astype(bool)).sum()
-            )
-            if peer_wrong:
-                text += f"; the peer's output failed its own check at {peer_wrong} configurations"
-        if note:
-            text += f"; {note}"
-        results.append((target, PEER_SOURCE, status, text))
-
-    def times(value) -> str:
-        return f"{value:,.2f}x"
-
-    minimum(
-        TARGET_VS_FLASHMLA,
-        pairs_with(FLASHMLA_IMPL),
-        "ratio",
-        1.0,
-        times,
-        "no shape where both ours and FlashMLA ran in this run",
-        note="FlashMLA's time / ours; FlashMLA applies a causal mask, not the tree's",
-    )
-    sel = ours[
+    stream = attention[(attention["impl"] == STREAM_IMPL) & attention["median_s"].notna()]
+    compute_bound = ours[
         (ours["budget"] >= 64)
         & (ours["prefix"] == 32768)
         & (ours["batch"] * (ours["budget"] + 1) * ours["heads"] >= COMPUTE_BOUND_ROWS)
         & ours["median_tflops"].notna()
     ]
-    minimum(
-        TARGET_COMPUTE_700,
-        sel,
-        "median_tflops",
-        700.0,
-        lambda v: f"{v:,.0f} TFLOP/s",
-        f"no timings of ours at N >= 64, S = 32768 with B·(N+1)·H >= {COMPUTE_BOUND_ROWS}",
-    )
-    stream = attention[(attention["impl"] == STREAM_IMPL) & attention["median_s"].notna()]
-    sel = ours[
-        (ours["budget"] == 8) & (ours["prefix"] == 32768) & (ours["batch"] >= 8) & ours["median_s"].notna()
-    ]
-    sel = sel[keys + ["median_s", "correct"]].merge(
-        stream[keys + ["median_s"]], on=keys, suffixes=("", "_stream")
-    )
-    sel = sel.assign(share=100.0 * sel["median_s_stream"] / sel["median_s"])
-    minimum(
-        TARGET_STREAM_85,
-        sel,
-        "share",
-        85.0,
-        lambda v: f"{v:.1f}%",
-        "no shape at N = 8, S = 32768, batch >= 8 with both ours and the read stream",
-        note="the read stream's time / ours (the same bytes)",
-    )
-    minimum(
-        TARGET_VS_SGLANG,
-        pairs_with(SGLANG_TRITON_IMPL),
-        "ratio",
-        10.0,
-        times,
-        "no shape where both ours and SGLang's Triton kernel ran in this run",
-        note="SGLang Triton's time / ours",
-    )
-    sel = ours[
+    wide = ours[(ours["budget"] == 8) & (ours["prefix"] == 32768) & (ours["batch"] >= 8)]
+    batch1 = ours[
         (ours["batch"] == 1)
         & (ours["prefix"] == BATCH1_STREAM_PREFIX)
         & (ours["budget"] <= BATCH1_STREAM_MAX_BUDGET)
-        & ours["median_s"].notna()
-    ][keys + ["median_s", "correct"]].merge(stream[keys + ["median_s"]], on=keys, suffixes=("", "_stream"))
-    # the stream's share of our time, so that the worst shape is the minimum (2x the stream = 50 %)
-    minimum(
-        TARGET_BATCH1_STREAM,
-        sel.assign(share=100.0 * sel["median_s_stream"] / sel["median_s"]),
-        "share",
-        100.0 / BATCH1_STREAM_FACTOR,
-        lambda v: f"{v:.1f}%",
-        f"no shape at batch 1, S = {BATCH1_STREAM_PREFIX}, N <= {BATCH1_STREAM_MAX_BUDGET} with both ours "
-        "and the read stream",
-        note="the read stream's time / ours (50% is 2x the stream)",
+    ]
+    return [
+        _minimum(
+            TARGET_VS_FLASHMLA,
+            _pairs_with(attention, ours, FLASHMLA_IMPL),
+            "ratio",
+            1.0,
+            _times,
+            "no shape where both ours and FlashMLA ran in this run",
+            note="FlashMLA's time / ours; FlashMLA applies a causal mask, not the tree's",
+        ),
+        _minimum(
+            TARGET_COMPUTE_700,
+            compute_bound,
+            "median_tflops",
+            700.0,
+            lambda v: f"{v:,.0f} TFLOP/s",
+            f"no timings of ours at N >= 64, S = 32768 with B·(N+1)·H >= {COMPUTE_BOUND_ROWS}",
+        ),
+        _minimum(
+            TARGET_STREAM_85,
+            _stream_share(wide, stream),
+            "share",
+            85.0,
+            _percent,
+            "no shape at N = 8, S = 32768, batch >= 8 with both ours and the read stream",
+            note="the read stream's time / ours (the same bytes)",
+        ),
+        _minimum(
+            TARGET_VS_SGLANG,
+            _pairs_with(attention, ours, SGLANG_TRITON_IMPL),
+            "ratio",
+            10.0,
+            _times,
+            "no shape where both ours and SGLang's Triton kernel ran in this run",
+            note="SGLang Triton's time / ours",
+        ),
+        # the stream's share of our time, so that the worst shape is the minimum (2x the stream = 50 %)
+        _minimum(
+            TARGET_BATCH1_STREAM,
+            _stream_share(batch1, stream),
+            "share",
+            100.0 / BATCH1_STREAM_FACTOR,
+            _percent,
+            f"no shape at batch 1, S = {BATCH1_STREAM_PREFIX}, N <= {BATCH1_STREAM_MAX_BUDGET} with both "
+            "ours and the read stream",
+            note="the read stream's time / ours (50% is 2x the stream)",
+        ),
+    ]
+
+
+def _times(value) -> str:
+    return f"{value:,.2f}x"
+
+
+def _percent(value) -> str:
+    return f"{value:.1f}%"
+
+
+def _pairs_with(attention: pd.DataFrame, ours: pd.DataFrame, impl: str) -> pd.DataFrame:
+    """Our timed rows beside ``impl``'s of the same shape (``_peer`` columns), with ``ratio``: its time over
+    ours."""
+    peer = attention[(attention["impl"] == impl) & attention["median_s"].notna()]
+    pairs = ours[ours["median_s"].notna()][_SHAPE_KEYS + ["median_s", "correct"]].merge(
+        peer[_SHAPE_KEYS + ["median_s", "correct"]], on=_SHAPE_KEYS, suffixes=("", "_peer")
     )
-    return results
+    return pairs.assign(ratio=pairs["median_s_peer"] / pairs["median_s"])
+
+
+def _stream_share(ours: pd.DataFrame, stream: pd.DataFrame) -> pd.DataFrame:
+    """Our timed rows beside the read stream's of the same shape, with ``share``: its time over ours, in
+    %."""
+    sel = ours[ours["median_s"].notna()][_SHAPE_KEYS + ["median_s", "correct"]].merge(
+        stream[_SHAPE_KEYS + ["median_s"]], on=_SHAPE_KEYS, suffixes=("", "_stream")
+    )
+    return sel.assign(share=100.0 * sel["median_s_stream"] / sel["median_s"])
+
+
+def _minimum(target: str, sel: pd.DataFrame, column: str, limit: float, fmt, nodata: str, note: str = ""):
+    """``(target, source, status, measured)`` of a target that ``column`` meets at every row of ``sel``: at
+    least ``limit`` (``fmt`` writes a value). Says the worst row, by how much it falls short and where the
+    target is met, and the rows where our or the peer's output was wrong; ``nodata`` where ``sel`` is
+    empty."""
+    if sel.empty:
+        return (target, PEER_SOURCE, "no data", nodata)
+    worst = sel.loc[sel[column].idxmin()]
+    status = "met" if worst[column] >= limit else "not met"
+    text = f"min {fmt(worst[column])} ({_where(worst)}) over {len(sel)} configurations"
+    if status == "not met":
+        text += f", {fmt(limit - worst[column])} short"
+        met = sel[sel[column] >= limit]
+        if len(met):
+            named = "; ".join(_where(row) for _, row in met.iterrows()) if len(met) <= 3 else ""
+            text += f", met at {len(met)}" + (f" ({named})" if named else "")
+    wrong = _wrong(sel)
+    if wrong:
+        status, text = "not met", f"{text}; our output wrong at {wrong} configurations"
+    if "correct_peer" in sel:
+        peer_wrong = int((sel["correct_peer"].notna() & ~sel["correct_peer"].fillna(True).astype(bool)).sum())
+        if peer_wrong:
+            text += f"; the peer's output failed its own check at {peer_wrong} configurations"
+    if note:
+        text += f"; {note}"
+    return (target, PEER_SOURCE, status, text)
 
 
 # ----------------------------------------------------------------------------------------------- the sections

@@ -145,53 +145,20 @@ def sections(
     )
     out = []
     for index, machine in enumerate(machines):
-        own, own_depth = _configured(machine, None)
-        label = machine.label
-        layers = int(settings.get(label, {}).get("layers") or 61)
+        own_depth = _configured(machine, None)[1]
+        layers = int(settings.get(machine.label, {}).get("layers") or 61)
         model = RoundAssumptions.from_options(options, layers)
         machine_depth = (depth if index == 0 else None) or own_depth or first_depth or _first_depth(machine)
-        present = _distributions_of(machine)
-        shown = set()
-        for wanted_distribution in wanted:
-            note = ""
-            distribution = wanted_distribution
-            if distribution not in present:
-                substitute = next((d for d in own + present if d in present and d not in shown), None)
-                if substitute is None:
-                    out.append(
-                        BudgetSection(
-                            label,
-                            distribution,
-                            machine_depth,
-                            None,
-                            f"no tree-build rows of the {distribution} trees on this machine",
-                        )
-                    )
-                    continue
-                note = (
-                    f"The configured {distribution} trees are absent on {label}; shown instead: its "
-                    f"{substitute} trees."
-                )
-                distribution = substitute
-            if distribution in shown:
+        # a machine without step stages (no GPU) borrows the verify attention and accept of the first
+        # machine that measured them, named in the section: its own builds and trees, their round
+        step, donor, borrowed = _step_terms(machines, machine, published_answer)
+        # the donor's S: where its whole rounds were run (those rows are not borrowed)
+        prefix = options.get("prefix_length") or (None if donor is None else _round_prefix(donor.step))
+        for distribution, shown, note in _shown_distributions(machine, wanted):
+            if shown is None:
+                out.append(BudgetSection(machine.label, distribution, machine_depth, None, note))
                 continue
-            shown.add(distribution)
-            # a machine without step stages (no GPU) borrows the verify attention and accept of the first
-            # machine that measured them, named in the section: its own builds and trees, their round
-            step, donor = machine.step, None
-            if not _measured_verify(step):
-                donor = _donor(machines, machine, published_answer)
-                if donor is not None:
-                    step = borrowed_step(donor.step)
-                    note = (
-                        f"{note} Verify attention, tree accept and the rest of the round's terms measured on "
-                        f"{donor.label} ({donor.source}): {label} has no step stages "
-                        f"({no_step_reason(machine)}); "
-                        f"tree builds and tau are {label}'s, and every round is the sum of its terms (a "
-                        f"round run whole on {donor.label} holds {donor.label}'s build)."
-                    ).strip()
-            # the donor's S: where its whole rounds were run (those rows are not borrowed)
-            prefix = options.get("prefix_length") or (None if donor is None else _round_prefix(donor.step))
+            note = f"{note} {borrowed}".strip() if borrowed else note
             for profile in _profiles(machine, profiles, index):
                 acceptance = catalog.ACCEPTANCE_PROFILES[profile]
                 result = throughput(
@@ -199,7 +166,7 @@ def sections(
                     step,
                     machine.shapes,
                     model,
-                    distribution=distribution,
+                    distribution=shown,
                     depth=machine_depth,
                     prefix=prefix,
                     tau_from=acceptance.distribution if acceptance.params is not None else None,
@@ -211,8 +178,8 @@ def sections(
                 best = best_budgets(result.table)
                 out.append(
                     BudgetSection(
-                        label,
-                        distribution,
+                        machine.label,
+                        shown,
                         machine_depth,
                         result,
                         note,
@@ -223,6 +190,55 @@ def sections(
                     )
                 )
     return out
+
+
+def _shown_distributions(machine, wanted: list[str]) -> list[tuple[str, str | None, str]]:
+    """Per wanted distribution, once each: ``(wanted, the distribution shown or None, note)``: the wanted
+    trees where the machine has them, else a substitute of its own (named in the note), else None (the note
+    says why); a distribution already shown is not shown again."""
+    own = _configured(machine, None)[0]
+    present = _distributions_of(machine)
+    out, shown = [], set()
+    for distribution in wanted:
+        note = ""
+        chosen = distribution
+        if chosen not in present:
+            substitute = next((d for d in own + present if d in present and d not in shown), None)
+            if substitute is None:
+                out.append(
+                    (distribution, None, f"no tree-build rows of the {distribution} trees on this machine")
+                )
+                continue
+            note = (
+                f"The configured {distribution} trees are absent on {machine.label}; shown instead: its "
+                f"{substitute} trees."
+            )
+            chosen = substitute
+        if chosen in shown:
+            continue
+        shown.add(chosen)
+        out.append((distribution, chosen, note))
+    return out
+
+
+def _step_terms(machines, machine, published_answer: str | None) -> tuple:
+    """The step rows ``machine``'s round is modelled on: its own where it measured the verify attention,
+    else a donor's (``_donor``) without its whole rounds; ``(step, donor or None, the note that says
+    so)``."""
+    if _measured_verify(machine.step):
+        return machine.step, None, ""
+    donor = _donor(machines, machine, published_answer)
+    if donor is None:
+        return machine.step, None, ""
+    label = machine.label
+    note = (
+        f"Verify attention, tree accept and the rest of the round's terms measured on "
+        f"{donor.label} ({donor.source}): {label} has no step stages "
+        f"({no_step_reason(machine)}); "
+        f"tree builds and tau are {label}'s, and every round is the sum of its terms (a "
+        f"round run whole on {donor.label} holds {donor.label}'s build)."
+    )
+    return borrowed_step(donor.step), donor, note
 
 
 def _donor(machines, machine, published_answer: str | None):
@@ -587,10 +603,6 @@ def figure_round_parts(found: list[BudgetSection], path) -> str:
     """The round's parts per budget at batch 1 and 64 (else the smallest and largest modelled), stacked:
     a bar each for the gpu builder, the fastest other CPU builder and sglang, each topped by its builder's
     marker; parts not measured are hatched (a legend entry says what each hatch is)."""
-    from matplotlib.lines import Line2D  # noqa: PLC0415
-    from matplotlib.patches import Patch  # noqa: PLC0415
-    from matplotlib.transforms import offset_copy  # noqa: PLC0415
-
     rows = [s for s in found if s.result is not None and not s.result.table.empty]
     if not rows:
         empty_figure(path, "The round's parts: no data (needs the step stages)")
@@ -598,64 +610,13 @@ def figure_round_parts(found: list[BudgetSection], path) -> str:
     modelled = sorted({int(b) for s in rows for b in s.result.table["batch"]})
     batches = [b for b in (1, 64) if b in modelled] or sorted({modelled[0], modelled[-1]})
     fig, axes = panels(len(rows), len(batches), height=3.4)
-    parts, sources, builders = set(), set(), set()
-    width = 0.27
+    drawn = {"parts": set(), "sources": set(), "builders": set()}  # what the legends name
     for i, section in enumerate(rows):
         for j, batch in enumerate(batches):
-            ax = axes[i][j]
             bars = _bar_rows(section.result.table, batch)
-            if not bars:
-                continue
-            above = offset_copy(ax.transData, fig=fig, y=5, units="points")
-            budgets = sorted(bars)
-            for x, budget in enumerate(budgets):
-                for k, (name, row) in enumerate(bars[budget]):
-                    left = x + (k - (len(bars[budget]) - 1) / 2) * width
-                    bottom = 0.0
-                    for part in row["parts"]:
-                        seconds = float(row[f"{part}_s"]) * 1e3
-                        hatch = _HATCHES.get(row[f"{part}_source"])
-                        ax.bar(
-                            left,
-                            seconds,
-                            width * 0.92,
-                            bottom=bottom,
-                            color=colour(_PART_COLOURS[part]),
-                            hatch=hatch,
-                            edgecolor="white" if hatch else None,
-                            linewidth=0,
-                        )
-                        if seconds <= 0:
-                            continue
-                        parts.add(part)
-                        if hatch:
-                            sources.add(row[f"{part}_source"])
-                        bottom += seconds
-                    color, marker, _ = BUILDER_STYLES[name]
-                    ax.plot(
-                        left, bottom, marker=marker, color=colour(color), ms=5, ls="none", transform=above
-                    )
-                    builders.add(name)
-            ax.set_xticks(range(len(budgets)), [str(b) for b in budgets])
-            ax.set_ylim(top=ax.get_ylim()[1] * 1.08)
-            ax.grid(False, axis="x")
-            ax.set_title(f"{_row_title(section)}: B = {batch}")
-    part_legend = [
-        (Patch(facecolor=colour(_PART_COLOURS[p])), TERM_LABELS[p]) for p in _PART_COLOURS if p in parts
-    ]
-    bar_legend = [
-        (
-            Line2D([], [], marker=BUILDER_STYLES[b][1], color=colour(BUILDER_STYLES[b][0]), ls="none"),
-            BUILDER_LABELS[b],
-        )
-        for b in BUILDER_STYLES
-        if b in builders
-    ]
-    bar_legend += [
-        (Patch(facecolor="0.6", hatch=_HATCHES[s], edgecolor="white"), f"{s}, not measured")
-        for s in _HATCHES
-        if s in sources
-    ]
+            if bars:
+                _round_parts_panel(fig, axes[i][j], bars, drawn)
+                axes[i][j].set_title(f"{_row_title(section)}: B = {batch}")
     finish(
         fig,
         axes,
@@ -663,9 +624,83 @@ def figure_round_parts(found: list[BudgetSection], path) -> str:
         ncol=6,
         xlabel="budget N (bars: gpu | fastest other CPU builder | sglang)",
         ylabel="round (ms)",
-        legends=[part_legend, bar_legend],
+        legends=_round_parts_legends(drawn),
     )
     return ""
+
+
+_BAR_WIDTH = 0.27
+
+
+def _round_parts_panel(fig, ax, bars: dict, drawn: dict) -> None:
+    """One facet: per budget (``_bar_rows``), a stacked bar per builder, topped by its builder's marker;
+    ``drawn`` collects the parts, hatched sources and builders shown."""
+    from matplotlib.transforms import offset_copy  # noqa: PLC0415
+
+    above = offset_copy(ax.transData, fig=fig, y=5, units="points")
+    budgets = sorted(bars)
+    for x, budget in enumerate(budgets):
+        for k, (name, row) in enumerate(bars[budget]):
+            left = x + (k - (len(bars[budget]) - 1) / 2) * _BAR_WIDTH
+            top = _stacked_bar(ax, left, row, drawn)
+            color, marker, _ = BUILDER_STYLES[name]
+            ax.plot(left, top, marker=marker, color=colour(color), ms=5, ls="none", transform=above)
+            drawn["builders"].add(name)
+    ax.set_xticks(range(len(budgets)), [str(b) for b in budgets])
+    ax.set_ylim(top=ax.get_ylim()[1] * 1.08)
+    ax.grid(False, axis="x")
+
+
+def _stacked_bar(ax, left: float, row: pd.Series, drawn: dict) -> float:
+    """A row's round as a bar at ``left``, its parts (``row["parts"]``) stacked bottom first, those not
+    measured hatched; returns the bar's top (ms)."""
+    bottom = 0.0
+    for part in row["parts"]:
+        seconds = float(row[f"{part}_s"]) * 1e3
+        hatch = _HATCHES.get(row[f"{part}_source"])
+        ax.bar(
+            left,
+            seconds,
+            _BAR_WIDTH * 0.92,
+            bottom=bottom,
+            color=colour(_PART_COLOURS[part]),
+            hatch=hatch,
+            edgecolor="white" if hatch else None,
+            linewidth=0,
+        )
+        if seconds <= 0:
+            continue
+        drawn["parts"].add(part)
+        if hatch:
+            drawn["sources"].add(row[f"{part}_source"])
+        bottom += seconds
+    return bottom
+
+
+def _round_parts_legends(drawn: dict) -> list:
+    """The legends of the parts drawn and of the bars (each builder's marker, each hatch's source)."""
+    from matplotlib.lines import Line2D  # noqa: PLC0415
+    from matplotlib.patches import Patch  # noqa: PLC0415
+
+    part_legend = [
+        (Patch(facecolor=colour(_PART_COLOURS[p])), TERM_LABELS[p])
+        for p in _PART_COLOURS
+        if p in drawn["parts"]
+    ]
+    bar_legend = [
+        (
+            Line2D([], [], marker=BUILDER_STYLES[b][1], color=colour(BUILDER_STYLES[b][0]), ls="none"),
+            BUILDER_LABELS[b],
+        )
+        for b in BUILDER_STYLES
+        if b in drawn["builders"]
+    ]
+    bar_legend += [
+        (Patch(facecolor="0.6", hatch=_HATCHES[s], edgecolor="white"), f"{s}, not measured")
+        for s in _HATCHES
+        if s in drawn["sources"]
+    ]
+    return [part_legend, bar_legend]
 
 
 def figure_round_parts_for_report(inputs, path) -> str:

@@ -157,7 +157,7 @@ def prepare_inputs(job, settings) -> None:
     """Make a job's missing inputs as the workflow's rules would: its trace (generated) and its fatbins
     (from the compiled kernels' cache)."""
     from ddtree_bench.cuda.loader import cached_fatbin, kernel_source  # noqa: PLC0415
-    from ddtree_bench.traces import generate, save_trace  # noqa: PLC0415
+    from ddtree_bench.traces import TraceSpec, generate, save_trace  # noqa: PLC0415
 
     for name, path in job.inputs.items():
         target = Path(path) if path is not None else None
@@ -170,13 +170,14 @@ def prepare_inputs(job, settings) -> None:
             )
         elif name == "trace":
             distribution, _, depth = target.stem.rpartition("-L")
-            trace = generate(
+            spec = TraceSpec(
                 distribution,
                 settings.trace_requests,
                 int(depth),
                 settings.trace_columns,
                 vocab_size=settings.vocab_size,
                 seed=settings.seed,
-                device="cpu",
             )
+            drafter = settings.drafter.as_dict() if distribution in ("drafter", "drafter-bf16") else None
+            trace = generate(spec, "cpu", drafter=drafter)
             save_trace(target, trace.top_log_probs, trace.top_token_ids, **trace.metadata)

@@ -332,6 +332,22 @@ def expected_acceptance(shapes: pd.DataFrame, depth=None, distribution=None) -> 
     return sel.sort_values(["distribution", "depth", "budget"]).reset_index(drop=True)
 
 
+_BREAKDOWN_COLUMNS = (
+    "prefix",
+    "heads",
+    "batch",
+    "budget",
+    "builder",
+    "build_s",
+    "attention_layer_s",
+    "attention_s",
+    "accept_s",
+    "total_s",
+    "share",
+    "expected_accept_mean",
+)
+
+
 def step_breakdown(
     summary: pd.DataFrame,
     step: pd.DataFrame,
@@ -347,20 +363,7 @@ def step_breakdown(
     ``share`` (build / total), and ``expected_accept_mean`` of the budget's trees (the accept job's, i.e. the
     first ``batch`` requests' trees; else the tree-shape table's mean over all requests). ``depth`` and
     ``distribution``: the step's trees (default: the first in the step rows)."""
-    columns = [
-        "prefix",
-        "heads",
-        "batch",
-        "budget",
-        "builder",
-        "build_s",
-        "attention_layer_s",
-        "attention_s",
-        "accept_s",
-        "total_s",
-        "share",
-        "expected_accept_mean",
-    ]
+    columns = list(_BREAKDOWN_COLUMNS)
     measured = preferred(step) if step is not None else pd.DataFrame()
     if measured.empty:
         return pd.DataFrame(columns=columns)
@@ -381,7 +384,32 @@ def step_breakdown(
     grid = attention[["prefix", "heads", "batch", "budget"]].drop_duplicates()
     if grid.empty:
         return pd.DataFrame(columns=columns)
+    build = _breakdown_builds(summary, depth, distribution)
+    present = [label for label in BUILD_LABELS if label in set(build["builder"])]
+    rows = grid.merge(pd.DataFrame({"builder": present or [None]}), how="cross")
+    rows = rows.merge(build, on=["batch", "budget", "builder"], how="left")
+    rows = rows.merge(attention, on=["prefix", "heads", "batch", "budget"], how="left")
+    rows = rows.merge(accept, on=["batch", "budget"], how="left")
+    rows["attention_s"] = rows["attention_layer_s"] * int(layers)
+    rows["total_s"] = rows[["build_s", "attention_s", "accept_s"]].astype("float64").sum(axis=1, min_count=3)
+    rows["share"] = rows["build_s"].astype("float64") / rows["total_s"]
+    accepts = expected_acceptance(shapes, depth, distribution)
+    rows = rows.merge(accepts[["budget", "expected_accept_mean"]], on="budget", how="left")
+    rows["expected_accept_mean"] = (
+        rows["accept_expected"].astype("float64").fillna(rows["expected_accept_mean"].astype("float64"))
+    )
+    order = {label: i for i, label in enumerate(BUILD_LABELS)}
+    rows["_order"] = rows["builder"].map(order)
+    rows = rows.sort_values(["prefix", "heads", "batch", "budget", "_order"]).drop(columns="_order")
+    for column in columns[columns.index("build_s") :]:  # every measured column
+        rows[column] = rows[column].astype("float64")
+    return rows[columns].reset_index(drop=True)
 
+
+def _breakdown_builds(summary: pd.DataFrame | None, depth, distribution) -> pd.DataFrame:
+    """(batch, budget, build_s, builder): each builder's fastest median per call at ``depth`` and
+    ``distribution``, labelled by its series (``BUILD_LABELS``): its in-situ timing where measured, else
+    its own (``BUILD_SERIES``)."""
     builds = []
     if summary is not None and not summary.empty:
         ok = summary[
@@ -398,27 +426,6 @@ def step_breakdown(
             if len(sel):
                 sel = sel.groupby(["batch", "budget"], as_index=False)["median_s"].min()
                 builds.append(sel.assign(builder=label).rename(columns={"median_s": "build_s"}))
-    labels = list(BUILD_LABELS)
-    if builds:
-        build = pd.concat(builds, ignore_index=True)
-    else:
-        build = pd.DataFrame(columns=["batch", "budget", "build_s", "builder"])
-    present = [label for label in labels if label in set(build["builder"])]
-    rows = grid.merge(pd.DataFrame({"builder": present or [None]}), how="cross")
-    rows = rows.merge(build, on=["batch", "budget", "builder"], how="left")
-    rows = rows.merge(attention, on=["prefix", "heads", "batch", "budget"], how="left")
-    rows = rows.merge(accept, on=["batch", "budget"], how="left")
-    rows["attention_s"] = rows["attention_layer_s"] * int(layers)
-    rows["total_s"] = rows[["build_s", "attention_s", "accept_s"]].astype("float64").sum(axis=1, min_count=3)
-    rows["share"] = rows["build_s"].astype("float64") / rows["total_s"]
-    accepts = expected_acceptance(shapes, depth, distribution)
-    rows = rows.merge(accepts[["budget", "expected_accept_mean"]], on="budget", how="left")
-    rows["expected_accept_mean"] = (
-        rows["accept_expected"].astype("float64").fillna(rows["expected_accept_mean"].astype("float64"))
-    )
-    order = {label: i for i, label in enumerate(labels)}
-    rows["_order"] = rows["builder"].map(order)
-    rows = rows.sort_values(["prefix", "heads", "batch", "budget", "_order"]).drop(columns="_order")
-    for column in columns[columns.index("build_s") :]:  # every measured column
-        rows[column] = rows[column].astype("float64")
-    return rows[columns].reset_index(drop=True)
+    if not builds:
+        return pd.DataFrame(columns=["batch", "budget", "build_s", "builder"])
+    return pd.concat(builds, ignore_index=True)
