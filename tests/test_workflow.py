@@ -437,11 +437,11 @@ from ddtree_bench.io import write_frame
 from ddtree_bench.timing.records import stage_frame
 
 job = snakemake  # noqa: F821
-w, common = job.wildcards, {"phase": "timed", "status": "ok", "machine": job.params.machine}
+w, common = job.wildcards, {"phase": "timed", "status": "ok", "machine": job.params.job.machine}
 if job.rule in ("step_model", "step_draft", "step_allreduce", "step_round"):  # a file per budget
     stages = {"step_model": "forward", "step_draft": "draft", "step_allreduce": "allreduce"}
     stage = stages.get(job.rule, "round")
-    for budget, path in zip(job.params.budgets, job.output.rows):
+    for budget, path in zip(job.params.job.budgets, job.output):
         row = dict(common, stage=stage, impl="torch", batch=int(w.batch), budget=int(budget), seconds=1e-3)
         write_frame(stage_frame([row]), path)
     raise SystemExit(0)
@@ -456,12 +456,12 @@ else:
     grid.update(distribution=w.distribution)
     if job.rule == "step_attention":
         grid.update(stage="verify-attention", prefix=int(w.prefix), heads=int(w.heads), flops=1e9, bytes=1e9)
-        impls = list(job.params.impls)
+        impls = list(job.params.job.impls)
     else:
         grid.update(stage="accept", expected_accept_mean=1.0, accept_length_mean=2.0)
         impls = ["gpu-kernel", "floor"]
     rows = [dict(grid, impl=i, seconds=1e-4, timing="cuda-events", cache="warm", correct=True) for i in impls]
-write_frame(stage_frame(rows), job.output.rows)
+write_frame(stage_frame(rows), job.output[0])
 """
 STUB_FATBIN = """
 from pathlib import Path
@@ -479,8 +479,7 @@ def test_adding_a_budget_schedules_only_its_step_jobs(tmp_path):
     work = workdir_copy(tmp_path)
     env = pretend_gpu(tmp_path)
     scripts = work / "workflow" / "scripts"
-    for name in ("step_attention", "step_accept", "step_peaks", "step_model", "step_draft", "step_allreduce"):
-        (scripts / f"{name}.py").write_text(STUB_STEP)
+    (scripts / "stage.py").write_text(STUB_STEP)  # every step stage's rule runs this one script
     (scripts / "build_fatbin.py").write_text(STUB_FATBIN)
     config = smoke_config()
     config.update(builders=["reference"], distributions=["uniform"])
