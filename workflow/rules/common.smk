@@ -17,6 +17,7 @@ from ddtree_bench.consistency import GRID_KEYS
 from ddtree_bench import stages
 from ddtree_bench.paths import KERNEL_SOURCE as KERNEL_SOURCE_PATTERN
 from ddtree_bench.paths import NATIVE_SOURCE, layout, machine_label
+from ddtree_bench.report.compose import ReportOptions
 from ddtree_bench.stages.timing_job import TimingJob
 from ddtree_bench.summary.spread import job_of_suffix, job_suffix
 
@@ -42,8 +43,6 @@ IN_SITU = bool(SETTINGS.timing.in_situ)
 DRAFTER = SETTINGS.drafter.as_dict()
 # The step stages (verify attention, tree accept, peaks): nulls resolved (budgets, distribution, depth).
 STEP = SETTINGS.step_options()
-# The report's "Which budget?" model (draft, rest of the target's forward, prefix length S).
-THROUGHPUT = SETTINGS.throughput_options()
 
 # A timing job takes every core Snakemake may use here (Snakemake scales this down to --cores), so no trace,
 # check or other job runs beside it; and the timing_slot resource (one globally) keeps timing jobs apart
@@ -286,6 +285,8 @@ def bench_inputs(wildcards):
 
 # The published machine whose answer the report shows where this run has none (config published_answer).
 PUBLISHED_ANSWER = SETTINGS.published_answer
+# What the report shows (its options, from the settings).
+REPORT_OPTIONS = ReportOptions.from_settings(SETTINGS)
 
 
 def published_summaries():

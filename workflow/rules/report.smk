@@ -35,14 +35,10 @@ rule render_report:
     conda:
         "../envs/ddtree-bench.yaml"
     params:
-        machine=MACHINE,
-        depth=DEPTHS[0],
-        distribution=DISTRIBUTIONS[0],
-        step=STEP,
-        throughput=THROUGHPUT,
-        distributions=DISTRIBUTIONS,
-        profiles=list(SETTINGS.acceptance_profiles),
-        published_answer=PUBLISHED_ANSWER,
+        # what the report shows, made from the settings (report.compose.ReportOptions.from_settings); its
+        # fields, as plain values, are what Snakemake's rerun decisions compare
+        options=REPORT_OPTIONS,
+        fields=dataclasses.asdict(REPORT_OPTIONS),
         # the configured grid: the report refuses a summary that does not hold exactly it, and a change of
         # any of these lists reruns the report (as it reruns the aggregation, whose inputs are exactly
         # the configured jobs' files)

@@ -1,3 +1,5 @@
+import dataclasses
+
 from _job import logged
 
 from ddtree_bench.report import ReportFiles, render_report
@@ -5,7 +7,7 @@ from ddtree_bench.report import ReportFiles, render_report
 snakemake = snakemake  # noqa: F821 (the job object Snakemake's script preamble defines)
 
 with logged(snakemake):
-    step = snakemake.params.step
+    options = snakemake.params.options  # report.compose.ReportOptions, made from the run's settings
     render_report(
         summary=snakemake.input.summary,
         shapes=snakemake.input.shapes,
@@ -15,15 +17,6 @@ with logged(snakemake):
         files=ReportFiles(
             snakemake.output.html, snakemake.output.markdown, figures=list(snakemake.output.figures)
         ),
-        depth=snakemake.params.depth,
-        distribution=snakemake.params.distribution,
-        step_layers=step["layers"],
-        step_depth=step["depth"],
-        step_distribution=step["distribution"],
-        step_enabled=step["enabled"],
-        throughput_options=dict(snakemake.params.throughput),
-        distributions=list(snakemake.params.distributions),
-        profiles=list(snakemake.params.profiles),
-        published_answer=snakemake.params.published_answer,
         grid=snakemake.params.grid,
+        **dataclasses.asdict(options),
     )

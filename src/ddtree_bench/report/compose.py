@@ -86,6 +86,25 @@ class ReportOptions:
     #: the published machine whose answer is shown where this run has none (config ``published_answer``)
     published_answer: str = field(default_factory=lambda: schema_default("published_answer"))
 
+    @classmethod
+    def from_settings(cls, settings) -> ReportOptions:
+        """What a run's configuration (``settings.Settings``) shows: its first depth and distribution, the
+        step's layers, depth, distribution and switch, the throughput model's settings, its distributions,
+        acceptance profiles and published answer."""
+        step = settings.step_options()
+        return cls(
+            depth=settings.depths[0],
+            distribution=settings.distributions[0],
+            step_layers=step["layers"],
+            step_depth=step["depth"],
+            step_distribution=step["distribution"],
+            step_enabled=step["enabled"],
+            throughput_options=settings.throughput_options(),
+            distributions=list(settings.distributions),
+            profiles=list(settings.acceptance_profiles),
+            published_answer=settings.published_answer,
+        )
+
 
 @dataclass
 class FigureInputs:
