@@ -15,7 +15,7 @@ import types
 from pathlib import Path
 
 import yaml
-from workflow_copy import ROOT, snakemake, workdir_copy
+from workflow_copy import ROOT, needs_snakemake, snakemake, workdir_copy
 
 from ddtree_bench import catalog
 from ddtree_bench.config import CATALOG_ENUMS, SCHEMA_PATH, load_schema, schema_enum
@@ -150,6 +150,7 @@ def _toy_environment(base: Path) -> dict:
     return env
 
 
+@needs_snakemake
 def test_a_toy_builder_is_one_catalog_entry_plus_its_module(tmp_path):
     env = _toy_environment(tmp_path)
     result = subprocess.run(

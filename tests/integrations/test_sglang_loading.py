@@ -67,6 +67,7 @@ def test_files_on_path_serves_files_and_stand_ins_and_restores_sys_modules(tmp_p
     real = types.ModuleType("sglang")  # a real sglang imported before: left exactly as it was
     monkeypatch.setitem(sys.modules, "sglang", real)
     before = dict(sys.modules)
+    finders = [f for f in sys.meta_path if isinstance(f, files.SglangFiles)]  # (the MoE files', where loaded)
     with files.files_on_path(root):
         user = importlib.import_module("sglang.kernels.ops.user")
         assert user.VALUE == 42 and user.is_in_ci() is False  # a stand-in: sglang.utils is ours
@@ -77,7 +78,7 @@ def test_files_on_path_serves_files_and_stand_ins_and_restores_sys_modules(tmp_p
             importlib.import_module("sglang.kernels.nothing")
     after = {n: m for n, m in sys.modules.items() if files.ours(n)}
     assert after == {n: m for n, m in before.items() if files.ours(n)} and sys.modules["sglang"] is real
-    assert not any(isinstance(f, files.SglangFiles) for f in sys.meta_path)
+    assert [f for f in sys.meta_path if isinstance(f, files.SglangFiles)] == finders
 
 
 @pytest.mark.parametrize("given", ["root", "python", "package"])
@@ -131,6 +132,8 @@ def test_the_accept_file_is_found_and_loaded_or_said_why(tmp_path):
 
 def test_no_installed_sglang_is_one_line(monkeypatch):
     monkeypatch.setattr(files.importlib.util, "find_spec", lambda name: None)
+    # no MoE files loaded in this process either (an earlier test on a GPU machine may have loaded them)
+    monkeypatch.setattr(files, "_INSTALLED", {"root": None, "finder": None, "modules": {}})
     with pytest.raises(sglang.SglangUnavailable, match=r"^no installed sglang package; pip install"):
         sglang.find_attention_file(None)
     with pytest.raises(sglang.SglangUnavailable, match=r"^no installed sglang and no sglang_files folder"):

@@ -16,7 +16,7 @@ import pandas as pd
 import pytest
 import yaml
 from step_rows import attention_rows, peak_rows, target_status
-from workflow_copy import ROOT, snakemake, workdir_copy
+from workflow_copy import ROOT, needs_snakemake, snakemake, workdir_copy
 
 from ddtree_bench.config import ATTENTION_IMPLS, check_config, load_schema
 from ddtree_bench.integrations.sglang import ATTENTION_FILES
@@ -225,6 +225,7 @@ def test_config_takes_an_sglang_path_and_refuses_a_bad_one(tmp_path, monkeypatch
         assert str(error.value).startswith(message) and "\n" not in str(error.value)
 
 
+@needs_snakemake
 def test_snakemake_stops_on_a_bad_sglang_path(tmp_path):
     work = workdir_copy(tmp_path)
     config = default_config()

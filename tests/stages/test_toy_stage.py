@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pandas as pd
 import yaml
-from workflow_copy import ROOT, snakemake, workdir_copy
+from workflow_copy import ROOT, needs_snakemake, snakemake, workdir_copy
 
 TOY_ENTRY = """
 from ddtree_bench import catalog
@@ -107,6 +107,7 @@ def _toy_environment(base: Path) -> dict:
     return env
 
 
+@needs_snakemake
 def test_a_toy_stage_is_one_catalog_entry_plus_its_module(tmp_path):
     env = _toy_environment(tmp_path)
     work = workdir_copy(tmp_path)

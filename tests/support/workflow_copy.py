@@ -9,9 +9,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 SNAKEMAKE = shutil.which("snakemake", path=str(BIN)) or "snakemake"
+#: Tests that run Snakemake skip where it is not installed (a GPU machine may lack it).
+needs_snakemake = pytest.mark.skipif(
+    shutil.which(SNAKEMAKE) is None, reason="snakemake is not installed here (pip install -e '.[test]')"
+)
 
 
 def workdir_copy(base: Path) -> Path:

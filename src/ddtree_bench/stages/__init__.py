@@ -154,9 +154,10 @@ def run_jobs(settings, selectors, layout: Layout, fields: dict | None = None) ->
 
 
 def prepare_inputs(job, settings) -> None:
-    """Make a job's missing inputs as the workflow's rules would: its trace (generated) and its fatbins
-    (from the compiled kernels' cache)."""
+    """Make a job's missing inputs as the workflow's rules would: its trace (generated), its fatbins and the
+    native builder's library (from the compiled kernels' cache)."""
     from ddtree_bench.cuda.loader import cached_fatbin, kernel_source  # noqa: PLC0415
+    from ddtree_bench.native_build import cached_native_library  # noqa: PLC0415
     from ddtree_bench.traces import TraceSpec, generate, save_trace  # noqa: PLC0415
 
     for name, path in job.inputs.items():
@@ -164,7 +165,9 @@ def prepare_inputs(job, settings) -> None:
         if target is None or target.is_file():
             continue
         target.parent.mkdir(parents=True, exist_ok=True)
-        if target.suffix == ".fatbin":
+        if target.suffix == ".so":
+            target.write_bytes(cached_native_library().read_bytes())
+        elif target.suffix == ".fatbin":
             target.write_bytes(
                 cached_fatbin(kernel_source(target.stem), tuple(settings.cuda_archs)).read_bytes()
             )
