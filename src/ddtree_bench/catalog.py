@@ -97,6 +97,9 @@ class Builder:
 
 
 SGLANG, REFERENCE, NATIVE, NATIVE_MT, GPU_BUILDER = "sglang", "reference", "native", "native-mt", "gpu"
+#: The builders' roles. SUBJECT: what the benchmark asks about (our GPU kernel); BASELINE: what speedups are
+#: over (SGLang's function); ORACLE: every tree is checked against its trees.
+SUBJECT, BASELINE, ORACLE = GPU_BUILDER, SGLANG, REFERENCE
 _NATIVE_LIBRARY = (("library", "native"),)
 
 #: Every builder, in the report's order.
@@ -308,18 +311,23 @@ def profile_of_distribution(distribution: str) -> AcceptanceProfile | None:
 #: The trace distributions (``traces``); ``drafter-k2.6`` is the drafter with the k2.6-reported profile's
 #: parameters.
 DISTRIBUTIONS = ("uniform", "peaked", "bf16", "recorded", "drafter", "drafter-bf16", "drafter-k2.6")
-#: "read-stream" is no attention: a kernel that reads as many bytes as the call moves (its measured bound).
+#: The verify-attention impls: ours (the packed-bit mask; OURS_MMA: its tensor-core path), torch's
+#: FlexAttention and SDPA, FlashMLA, SGLang's Triton ``extend_attention_fwd`` and FA3 two-pass. STREAM_IMPL
+#: is no attention: a kernel that reads as many bytes as the call moves (its measured bound).
+OURS = "ours"
+OURS_MMA, FLEXATTENTION, SDPA, FLASHMLA = "ours-mma", "flexattention", "sdpa", "flashmla"
+SGLANG_TRITON_ATTENTION, SGLANG_FA3_ATTENTION = "sglang-triton", "sglang-fa3"
 STREAM_IMPL = "read-stream"
-#: The verify-attention impls; "flashmla" and "sglang-triton" are optional extras (rows saying why where they
-#: do not load).
+#: Every verify-attention impl, in the report's order; FLASHMLA and SGLANG_TRITON_ATTENTION are optional
+#: extras (rows saying why where they do not load).
 ATTENTION_IMPLS = (
-    "ours",
-    "ours-mma",
-    "flexattention",
-    "sdpa",
-    "flashmla",
-    "sglang-triton",
-    "sglang-fa3",
+    OURS,
+    OURS_MMA,
+    FLEXATTENTION,
+    SDPA,
+    FLASHMLA,
+    SGLANG_TRITON_ATTENTION,
+    SGLANG_FA3_ATTENTION,
     STREAM_IMPL,
 )
 
@@ -333,8 +341,6 @@ MOE_IMPLS = ("marlin-w4a16", "triton-w4a16", "bf16-grouped-mm")
 #: copies, or our GPU kernel. Verify attention: ours (packed-bit mask), SGLang's Triton
 #: ``extend_attention_fwd`` (its per-request bool mask), or FA3 two-pass as SGLang's DDTree fork runs it
 #: (the same bool mask). Accept: ours, or SGLang's Triton accept kernel.
-OURS = "ours"
-SGLANG_TRITON_ATTENTION, SGLANG_FA3_ATTENTION = "sglang-triton", "sglang-fa3"
 SGLANG_ACCEPT = "sglang-triton"
 STACK_KERNELS = ("build", "attention", "accept")
 
