@@ -100,7 +100,9 @@ SGLANG, REFERENCE, NATIVE, NATIVE_MT, GPU_BUILDER = "sglang", "reference", "nati
 #: The builders' roles. SUBJECT: what the benchmark asks about (our GPU kernel); BASELINE: what speedups are
 #: over (SGLang's function); ORACLE: every tree is checked against its trees.
 SUBJECT, BASELINE, ORACLE = GPU_BUILDER, SGLANG, REFERENCE
-_NATIVE_LIBRARY = (("library", "native"),)
+#: The C++ builders' compiled library, by its artefact name (``paths.Layout.artefact``).
+NATIVE_ARTEFACT = "native"
+_NATIVE_LIBRARY = (("library", NATIVE_ARTEFACT),)
 
 #: Every builder, in the report's order.
 BUILDERS: dict[str, Builder] = {
