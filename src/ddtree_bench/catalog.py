@@ -313,7 +313,7 @@ def profile_of_distribution(distribution: str) -> AcceptanceProfile | None:
 #: The trace distributions (``traces``); ``drafter-k2.6`` is the drafter with the k2.6-reported profile's
 #: parameters.
 DISTRIBUTIONS = ("uniform", "peaked", "bf16", "recorded", "drafter", "drafter-bf16", "drafter-k2.6")
-#: The verify-attention impls: ours (the packed-bit mask; OURS_MMA: its tensor-core path), torch's
+#: The verify-attention impls: ours (the packed-bit mask; OURS_MMA: forced onto its mma.sync kernel), torch's
 #: FlexAttention and SDPA, FlashMLA, SGLang's Triton ``extend_attention_fwd`` and FA3 two-pass. STREAM_IMPL
 #: is no attention: a kernel that reads as many bytes as the call moves (its measured bound).
 OURS = "ours"
