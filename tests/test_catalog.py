@@ -42,6 +42,19 @@ def test_names_are_spelled_in_at_most_two_files():
         assert "catalog.py" in files and len(files) <= 2, (name, files)
 
 
+def test_builder_and_impl_names_are_spelled_only_in_the_catalog():
+    """Every builder and verify-attention impl name that means nothing else is a string literal in
+    catalog.py only; code says ``catalog.ORACLE``, ``catalog.NATIVE``, ``catalog.OURS``...
+
+    Not checked: "gpu" (also the configuration's ``gpu`` key, on/off/auto; a machine label's fallback; the
+    device side of the stacks' host/gpu split) and "sglang" (also the configuration's ``sglang`` section,
+    the Python package ``sglang`` and the environment's column of its version)."""
+    names = (catalog.REFERENCE, catalog.NATIVE, catalog.NATIVE_MT, *catalog.ATTENTION_IMPLS)
+    assert catalog.OURS in names and catalog.STREAM_IMPL in names
+    spelled = {name: files for name in names if set(files := _literal_files(name)) != {"catalog.py"}}
+    assert spelled == {}
+
+
 def test_the_schema_files_enums_hold_the_catalogs_names():
     """The builders', stacks' and acceptance profiles' nodes name none in the file (each is one catalog
     entry); every other catalog enum in the file equals the catalog's, and the loaded schema holds the

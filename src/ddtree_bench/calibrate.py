@@ -22,6 +22,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from ddtree_bench import catalog
 from ddtree_bench.builders import get_builder
 from ddtree_bench.builders.base import BuilderUnavailable
 from ddtree_bench.drafter import DrafterParams, check_params, draws, row_probabilities, top1_probabilities
@@ -97,12 +98,12 @@ def check_tau(tau, depth: int, what: str) -> float:
 
 
 def _builder():
-    native = get_builder("native", validate=False)
+    native = get_builder(catalog.NATIVE, validate=False)
     try:
         native._ensure_loaded()
         return native
     except (BuilderUnavailable, RuntimeError, OSError):
-        return get_builder("reference")
+        return get_builder(catalog.ORACLE)
 
 
 def tree_accept(lp: np.ndarray, trees) -> np.ndarray:

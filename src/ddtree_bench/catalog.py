@@ -97,7 +97,12 @@ class Builder:
 
 
 SGLANG, REFERENCE, NATIVE, NATIVE_MT, GPU_BUILDER = "sglang", "reference", "native", "native-mt", "gpu"
-_NATIVE_LIBRARY = (("library", "native"),)
+#: The builders' roles. SUBJECT: what the benchmark asks about (our GPU kernel); BASELINE: what speedups are
+#: over (SGLang's function); ORACLE: every tree is checked against its trees.
+SUBJECT, BASELINE, ORACLE = GPU_BUILDER, SGLANG, REFERENCE
+#: The C++ builders' compiled library, by its artefact name (``paths.Layout.artefact``).
+NATIVE_ARTEFACT = "native"
+_NATIVE_LIBRARY = (("library", NATIVE_ARTEFACT),)
 
 #: Every builder, in the report's order.
 BUILDERS: dict[str, Builder] = {
@@ -308,18 +313,23 @@ def profile_of_distribution(distribution: str) -> AcceptanceProfile | None:
 #: The trace distributions (``traces``); ``drafter-k2.6`` is the drafter with the k2.6-reported profile's
 #: parameters.
 DISTRIBUTIONS = ("uniform", "peaked", "bf16", "recorded", "drafter", "drafter-bf16", "drafter-k2.6")
-#: "read-stream" is no attention: a kernel that reads as many bytes as the call moves (its measured bound).
+#: The verify-attention impls: ours (the packed-bit mask; OURS_MMA: forced onto its mma.sync kernel), torch's
+#: FlexAttention and SDPA, FlashMLA, SGLang's Triton ``extend_attention_fwd`` and FA3 two-pass. STREAM_IMPL
+#: is no attention: a kernel that reads as many bytes as the call moves (its measured bound).
+OURS = "ours"
+OURS_MMA, FLEXATTENTION, SDPA, FLASHMLA = "ours-mma", "flexattention", "sdpa", "flashmla"
+SGLANG_TRITON_ATTENTION, SGLANG_FA3_ATTENTION = "sglang-triton", "sglang-fa3"
 STREAM_IMPL = "read-stream"
-#: The verify-attention impls; "flashmla" and "sglang-triton" are optional extras (rows saying why where they
-#: do not load).
+#: Every verify-attention impl, in the report's order; FLASHMLA and SGLANG_TRITON_ATTENTION are optional
+#: extras (rows saying why where they do not load).
 ATTENTION_IMPLS = (
-    "ours",
-    "ours-mma",
-    "flexattention",
-    "sdpa",
-    "flashmla",
-    "sglang-triton",
-    "sglang-fa3",
+    OURS,
+    OURS_MMA,
+    FLEXATTENTION,
+    SDPA,
+    FLASHMLA,
+    SGLANG_TRITON_ATTENTION,
+    SGLANG_FA3_ATTENTION,
     STREAM_IMPL,
 )
 
@@ -333,8 +343,6 @@ MOE_IMPLS = ("marlin-w4a16", "triton-w4a16", "bf16-grouped-mm")
 #: copies, or our GPU kernel. Verify attention: ours (packed-bit mask), SGLang's Triton
 #: ``extend_attention_fwd`` (its per-request bool mask), or FA3 two-pass as SGLang's DDTree fork runs it
 #: (the same bool mask). Accept: ours, or SGLang's Triton accept kernel.
-OURS = "ours"
-SGLANG_TRITON_ATTENTION, SGLANG_FA3_ATTENTION = "sglang-triton", "sglang-fa3"
 SGLANG_ACCEPT = "sglang-triton"
 STACK_KERNELS = ("build", "attention", "accept")
 

@@ -78,7 +78,7 @@ def _with_sglang_source(args, options: dict) -> dict:
     source = getattr(args, "sglang_source", None)
     if source is None:
         return options
-    if args.builder != "sglang":
+    if args.builder != catalog.SGLANG:
         raise ValueError(f"--sglang-source goes with --builder sglang, not {args.builder!r}")
     return {**options, "source": str(source)}
 
@@ -723,7 +723,9 @@ def _build_command(sub) -> None:
 def _check_command(sub) -> None:
     p = sub.add_parser("check", help="compare a builder's trees with another's on a trace")
     _builder_arguments(p)
-    p.add_argument("--against", default="reference", help="builder to compare with (default reference)")
+    p.add_argument(
+        "--against", default=catalog.ORACLE, help=f"builder to compare with (default {catalog.ORACLE})"
+    )
     p.add_argument("-o", "--output", type=Path, help="write the summary as JSON")
     p.set_defaults(func=cmd_check)
 

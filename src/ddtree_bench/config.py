@@ -348,7 +348,7 @@ def _sglang_source(config: dict) -> None:
     """``sglang.source``, where the sglang builder is configured: the file is found, defines the function and
     torch is installed (the user asked for this builder explicitly: no quiet "unavailable")."""
     source = config["sglang"].get("source")
-    if source is None or "sglang" not in config["builders"]:
+    if source is None or catalog.SGLANG not in config["builders"]:
         return
 
     from ddtree_bench.builders.sglang import check_source  # noqa: PLC0415

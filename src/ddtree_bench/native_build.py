@@ -16,9 +16,10 @@ from pathlib import Path
 
 from ddtree_bench.compile_cache import cached_path, toolchain_key
 from ddtree_bench.io import atomic_output
+from ddtree_bench.paths import NATIVE_SOURCE
 
 CXX_FLAGS = ("-O3", "-fPIC", "-shared", "-std=c++17", "-pthread", "-ffp-contract=off", "-fno-fast-math")
-DEFAULT_SOURCE = Path(__file__).resolve().parents[2] / "kernels" / "native" / "tree_build_cpu.cpp"
+DEFAULT_SOURCE = Path(__file__).resolve().parents[2] / NATIVE_SOURCE
 
 
 def find_compiler() -> list[str] | None:

@@ -48,7 +48,7 @@ class Layout:
 
     def artefact(self, name: str) -> str:
         """A compiled artefact's file: "native" (the C++ library) or a fatbin (``FATBINS``)."""
-        if name == "native":
+        if name == catalog.NATIVE_ARTEFACT:
             return self.native_library
         if name not in FATBINS:
             raise ValueError(f"unknown artefact {name!r}; expected native or one of {list(FATBINS)}")

@@ -654,7 +654,9 @@ def stage_costs(
     copy_tbps = _copy_peak(measured)
     at_depth = measured[_matching(measured, "depth", depth)]
     attention = at_depth[
-        (at_depth["stage"] == "verify-attention") & (at_depth["impl"] == "ours") & at_depth["depth"].notna()
+        (at_depth["stage"] == "verify-attention")
+        & (at_depth["impl"] == catalog.OURS)
+        & at_depth["depth"].notna()
     ]
     forward = at_depth[at_depth["stage"] == "forward"]
     anchor = attention if not attention.empty else forward
@@ -697,7 +699,7 @@ def _cost_frames(measured: pd.DataFrame, depth: int, where: dict, *, with_attent
     ``_select``."""
     frames = []
     if with_attention:
-        rows = _select(measured, "verify-attention", ("ours",), depth=depth, **where)
+        rows = _select(measured, "verify-attention", (catalog.OURS,), depth=depth, **where)
         frames.append(rows[["batch", "budget", "median_s"]].rename(columns={"median_s": "attention_layer_s"}))
     forward_impls = None
     for stage, impls, column in STAGE_COLUMNS:
@@ -1067,12 +1069,12 @@ def gpu_gains(best: pd.DataFrame) -> pd.DataFrame:
         "gpu_tokens_per_s",
         "gain",
     ]
-    if best is None or best.empty or not (best["builder"] == "gpu").any():
+    if best is None or best.empty or not (best["builder"] == catalog.SUBJECT).any():
         return pd.DataFrame(columns=columns)
-    base = "sglang" if (best["builder"] == "sglang").any() else "reference"
+    base = catalog.BASELINE if (best["builder"] == catalog.BASELINE).any() else catalog.REFERENCE
     records = []
     for batch, group in best.groupby("batch", sort=True):
-        gpu, other = group[group["builder"] == "gpu"], group[group["builder"] == base]
+        gpu, other = group[group["builder"] == catalog.SUBJECT], group[group["builder"] == base]
         if gpu.empty or other.empty:
             continue
         gpu, other = gpu.iloc[0], other.iloc[0]
@@ -1092,8 +1094,10 @@ def gpu_gains(best: pd.DataFrame) -> pd.DataFrame:
 
 
 BASELINE_LABELS = {
-    "sglang": "SGLang's CPU builder",
-    "reference": "reference (ours, Python; a stand-in for SGLang's builder, which was not measured here)",
+    catalog.BASELINE: "SGLang's CPU builder",
+    catalog.REFERENCE: (
+        "reference (ours, Python; a stand-in for SGLang's builder, which was not measured here)"
+    ),
 }
 
 

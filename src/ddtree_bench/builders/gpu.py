@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ddtree_bench import catalog
 from ddtree_bench.builders.base import Builder, BuilderUnavailable
 from ddtree_bench.cuda import loader as cuda
 from ddtree_bench.tree import TreeBatch
@@ -330,7 +331,7 @@ class DeviceTrees:
 
 
 class GpuBuilder(Builder):
-    name = "gpu"
+    name = catalog.GPU_BUILDER
     label = "gpu (ours, CUDA kernel)"
     device = "cuda"
 

@@ -12,6 +12,7 @@ import heapq
 
 import numpy as np
 
+from ddtree_bench import catalog
 from ddtree_bench.builders.base import Builder
 from ddtree_bench.tree import TreeBatch
 
@@ -69,7 +70,7 @@ def build_one(top_log_probs: np.ndarray, top_token_ids: np.ndarray, budget: int,
 
 
 class ReferenceBuilder(Builder):
-    name = "reference"
+    name = catalog.REFERENCE
     label = "reference (ours, pure Python heapq)"
     device = "cpu"
 

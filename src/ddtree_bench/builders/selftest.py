@@ -8,6 +8,7 @@ import sys
 
 import numpy as np
 
+from ddtree_bench import catalog
 from ddtree_bench.builders import get_builder
 from ddtree_bench.tree import first_difference
 
@@ -19,7 +20,7 @@ def main(argv=None) -> int:
     parser.add_argument("--depth", type=int, default=16)
     args = parser.parse_args(argv)
     rng = np.random.default_rng(0)
-    gpu, ref = get_builder("gpu"), get_builder("reference")
+    gpu, ref = get_builder(catalog.GPU_BUILDER), get_builder(catalog.ORACLE)
     failures = 0
     for budget in args.budgets:
         logits = rng.standard_normal((args.batch, args.depth, 4096))

@@ -32,6 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ddtree_bench import catalog
 from ddtree_bench.builders.base import Builder, BuilderUnavailable
 from ddtree_bench.integrations.sglang import (
     FUNCTION_NAME,
@@ -58,7 +59,7 @@ def _as_numpy(value) -> np.ndarray:
 
 
 class SGLangBuilder(Builder):
-    name = "sglang"
+    name = catalog.SGLANG
     label = "SGLang build_ddtree_tree_from_topk (Python heapq)"
     device = "cpu"
 

@@ -186,7 +186,7 @@ class RoundRunner:
 
             self.h_region = pinned(self.trees.tree_bytes)
             self.h_trees = TreeBatch(**device_views(self.h_region, self.trees.tree_offsets))
-        elif self.builder == "sglang":
+        elif self.builder == catalog.SGLANG:
             self.sglang = sglang_call(self.host_builder)
 
     def build_on_host(self):
@@ -215,7 +215,7 @@ class RoundRunner:
         return torch_view(self.torch, self.buffer, self.trees.offsets, name)
 
     def _torch_host_trees(self, h_lp, h_ids) -> dict:
-        extra = self.sglang if self.builder == "sglang" else None
+        extra = self.sglang if self.builder == catalog.SGLANG else None
         return host_trees(self.torch, self.builder, self.host_builder, h_lp, h_ids, self.budget, extra)
 
     # ------------------------------------------------------------------------------------------- rounds
@@ -297,7 +297,7 @@ def host_trees(torch, name: str, builder, h_lp, h_ids, budget: int, sglang=None)
     to N + 1 as SGLang pads. ``sglang``: ``(function, pad_function, extra)`` of SGLang's builder, called per
     request as its worker does."""
     n1 = budget + 1
-    if name == "reference":
+    if name == catalog.REFERENCE:
         trees = builder.build(h_lp.numpy(), h_ids.numpy(), budget)
         return {field: torch.from_numpy(np.ascontiguousarray(getattr(trees, field))) for field in _COPIED}
     function, pad_function, extra = sglang

@@ -57,17 +57,19 @@ from collections.abc import Callable
 
 import numpy as np
 
+from ddtree_bench import catalog
 from ddtree_bench.integrations import sglang
 from ddtree_bench.integrations.sglang import SglangUnavailable, describe
 from ddtree_bench.ops.attention import HEAD_DIM, SOFTMAX_SCALE, VALUE_DIM, reference_attention
 
-FLASHMLA, SGLANG_TRITON, SGLANG_FA3 = "flashmla", "sglang-triton", "sglang-fa3"
-PEERS = ("flexattention", "sdpa", FLASHMLA, SGLANG_TRITON, SGLANG_FA3)
+FLASHMLA = catalog.FLASHMLA
+SGLANG_TRITON, SGLANG_FA3 = catalog.SGLANG_TRITON_ATTENTION, catalog.SGLANG_FA3_ATTENTION
+PEERS = (catalog.FLEXATTENTION, catalog.SDPA, FLASHMLA, SGLANG_TRITON, SGLANG_FA3)
 #: what a peer's rows record as its mask: the exact tree mask, or FlashMLA's causal mask (no tree mask)
 TREE_MASK, CAUSAL_MASK = "tree", "causal (no tree mask)"
 PEER_MASKS = {
-    "flexattention": TREE_MASK,
-    "sdpa": TREE_MASK,
+    catalog.FLEXATTENTION: TREE_MASK,
+    catalog.SDPA: TREE_MASK,
     FLASHMLA: CAUSAL_MASK,
     SGLANG_TRITON: TREE_MASK,
     SGLANG_FA3: TREE_MASK,
@@ -484,7 +486,7 @@ def _build_call(torch, name: str, q, kv_used, prefix_lengths, visibility, scale:
         source = options["sglang_source"]
         return _build_sglang_triton(torch, q, kv_used, prefix_lengths, visibility, scale, heads, source)
     q_bhld = q.permute(0, 2, 1, 3).contiguous()
-    if name == "sdpa":
+    if name == catalog.SDPA:
         mask = dense_mask(prefix_lengths, visibility, used)
         return _build_sdpa(torch, q_bhld, kv_used, mask, scale, heads)
     return _build_flex(torch, q_bhld, kv_used, prefix_lengths, visibility, scale, options["kernel_options"])
@@ -528,7 +530,7 @@ def make_peer(
     import torch  # noqa: PLC0415
 
     scale = SOFTMAX_SCALE if scale is None else float(scale)
-    if kernel_options is not None and name != "flexattention":
+    if kernel_options is not None and name != catalog.FLEXATTENTION:
         raise ValueError("kernel_options applies to the flexattention peer only")
     batch, budget, heads, _length, prefix = _check_inputs(torch, q, kv, prefix_lengths, visibility)
     nodes = budget + 1

@@ -132,7 +132,7 @@ def _answer_of(machine, breakdowns: dict, settings: dict, budget_sections) -> An
     """One machine's answer, or None where it has no GPU builder rows to answer the questions from."""
     labels = [label for label, *_ in IN_SITU_COLUMNS]
     section = _modelled_section(budget_sections, machine.label)
-    if section is not None and (section.best["builder"] == "gpu").any():
+    if section is not None and (section.best["builder"] == catalog.SUBJECT).any():
         out = answer_from_round(section, settings.get(machine.label, {}), machine.summary)
         out.verdict += profile_verdict(list(budget_sections), section)
         return out
@@ -140,7 +140,7 @@ def _answer_of(machine, breakdowns: dict, settings: dict, budget_sections) -> An
     if df.empty:
         return None
     df = df[df["builder"].isin(labels) & df["build_s"].notna() & df["share"].notna()]
-    gpu = {label for label, builder, _ in IN_SITU_COLUMNS if builder == "gpu"}
+    gpu = {label for label, builder, _ in IN_SITU_COLUMNS if builder == catalog.SUBJECT}
     if df.empty or not df["builder"].isin(gpu).any():
         return None
     heads = 8 if (df["heads"] == 8).any() else int(df["heads"].iloc[0])
@@ -279,7 +279,8 @@ def answer_from_round(section, setting: dict, summary: pd.DataFrame | None = Non
         budgets = sorted(int(n) for n in rows["budget"].unique())
         by = rows.set_index(["builder", "budget"])
         gpu_round = [
-            fmt_us(by.loc[("gpu", n), "round_s"]) if ("gpu", n) in by.index else "-" for n in budgets
+            fmt_us(by.loc[(catalog.SUBJECT, n), "round_s"]) if (catalog.SUBJECT, n) in by.index else "-"
+            for n in budgets
         ]
         frame = pd.DataFrame(
             {
@@ -377,7 +378,7 @@ def gain_range(rows: pd.DataFrame, gpu: pd.Series, other: pd.Series) -> tuple[fl
     lowest and highest across the builds' jobs (rows of ``with_spread``), and whether any side moves at all
     (False: every round one run or every build one job)."""
     by = rows.set_index(["builder", "budget"])
-    g = by.loc[("gpu", int(gpu["best_budget"]))]
+    g = by.loc[(catalog.SUBJECT, int(gpu["best_budget"]))]
     o = by.loc[(other.name, int(other["best_budget"]))]
     low = (g["tau"] / g["round_high"]) / (o["tau"] / o["round_low"])
     high = (g["tau"] / g["round_low"]) / (o["tau"] / o["round_high"])
@@ -405,7 +406,7 @@ def _rounds_note(rows: pd.DataFrame, gpu: pd.Series, other: pd.Series) -> str:
     by = rows.set_index(["builder", "budget"])
     run = [
         b
-        for b, n in (("gpu", gpu["best_budget"]), (other.name, other["best_budget"]))
+        for b, n in ((catalog.SUBJECT, gpu["best_budget"]), (other.name, other["best_budget"]))
         if by.loc[(b, int(n)), "round_from"] == RUN_ROUND
     ]
     if len(run) == 2:
@@ -444,11 +445,11 @@ def _round_verdict(batch: int, rows: pd.DataFrame, section) -> tuple[dict[str, s
     tokens/s, each gain's range across the builds' timing jobs, the builds' own ratio at the GPU builder's
     best budget with its range (a range that includes 1.0x is said so and is no win), and the best budgets."""
     best = section.best[section.best["batch"] == batch].set_index("builder")
-    if "gpu" not in best.index:
+    if catalog.SUBJECT not in best.index:
         return {q: NO_GPU_ROWS for q in QUESTIONS}, f"**B = {batch}:** no GPU builder rows at this batch."
     cells, notes = {}, []
-    if "sglang" in best.index:
-        cells[PAY], note = _versus(best, rows, "sglang")
+    if catalog.BASELINE in best.index:
+        cells[PAY], note = _versus(best, rows, catalog.BASELINE)
         notes.append(note)
     else:
         cells[PAY] = "- (SGLang's function not measured here)"
@@ -457,7 +458,7 @@ def _round_verdict(batch: int, rows: pd.DataFrame, section) -> tuple[dict[str, s
         top = max(cpu, key=lambda b: best.loc[b, "tokens_per_s"])
         call, note = _versus(best, rows, top)
         cells[BEATS_CPU] = call.replace(":", f" (over {top}):", 1)
-        if top != "sglang" or "sglang" not in best.index:
+        if top != catalog.BASELINE or catalog.BASELINE not in best.index:
             notes.append(note)
     else:
         cells[BEATS_CPU] = "- (no CPU builder measured here)"
@@ -469,10 +470,10 @@ def _round_verdict(batch: int, rows: pd.DataFrame, section) -> tuple[dict[str, s
 def _versus(best: pd.DataFrame, rows: pd.DataFrame, builder: str) -> tuple[str, str]:
     """The GPU builder against ``builder``, each at its best budget (``best``: by builder): the verdict's
     cell and its note (tokens/s, the gain's spread across timing jobs, the run rounds, the build alone)."""
-    gpu, other = best.loc["gpu"], best.loc[builder]
+    gpu, other = best.loc[catalog.SUBJECT], best.loc[builder]
     gain = gpu["tokens_per_s"] / other["tokens_per_s"]
     low, high, moves = gain_range(rows, gpu, other)
-    build = build_ratio(rows, builder, "gpu", int(gpu["best_budget"]))
+    build = build_ratio(rows, builder, catalog.SUBJECT, int(gpu["best_budget"]))
     spans_one = (moves and low <= 1.0 <= high) or (build is not None and build.includes_one)
     parts = [
         f"gpu against {builder}: {gpu['tokens_per_s']:,.0f} tokens/s at N = "
@@ -499,7 +500,7 @@ def _budget_moves(best: pd.DataFrame, rows: pd.DataFrame) -> tuple[str, str]:
     """Whether the best budget moves between the builders (``best``: by builder): the verdict's cell and the
     note naming each builder's best budget (a builder modelled over fewer budgets than the GPU builder has
     no comparable best budget: named, not compared)."""
-    gpu = best.loc["gpu"]
+    gpu = best.loc[catalog.SUBJECT]
     gpu_budgets = set(gpu["budgets"]) if "budgets" in best.columns else set()
     partial = [b for b in best.index if gpu_budgets and not gpu_budgets <= set(best.loc[b, "budgets"])]
     budgets = {b: int(best.loc[b, "best_budget"]) for b in best.index if b not in partial}

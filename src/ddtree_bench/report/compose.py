@@ -147,7 +147,9 @@ def step_settings(machine: Machine, layers: int) -> dict:
 
 def _has_gpu_rows(machine: Machine) -> bool:
     summary, step = machine.summary, machine.step
-    built = not summary.empty and ((summary["builder"] == "gpu") & (summary["status"] == "ok")).any()
+    built = (
+        not summary.empty and ((summary["builder"] == catalog.SUBJECT) & (summary["status"] == "ok")).any()
+    )
     stepped = not step.empty and "status" in step and (step["status"] == "ok").any()
     return bool(built or stepped)
 

@@ -86,7 +86,7 @@ def _build_targets(machines: list[Machine]) -> list[TargetResult]:
             add("any timing", "-", "no data", "no timings on this machine")
             continue
         # the kernel's own time (CUDA events, warm L2), on every distribution and depth measured
-        kernel = medians_of(ok, "gpu", "kernel-events")
+        kernel = medians_of(ok, catalog.SUBJECT, "kernel-events")
         nodata = "no gpu kernel timings at batch 64"
 
         sel = kernel[(kernel["batch"] == 64) & (kernel["budget"] == 1024)]
@@ -160,7 +160,7 @@ def sglang_function_targets(machines: list[Machine]) -> list[TargetResult]:
             results.append(TargetResult(machine.label, SGLANG_FUNCTION_TARGET, source, "no data", why))
             continue
         ok = df[(df["status"] == "ok") & (df["n"] > 0)]
-        kernel = medians_of(ok, "gpu", "kernel-events")
+        kernel = medians_of(ok, catalog.SUBJECT, "kernel-events")
         kernel = kernel[kernel["batch"] == 64]  # every distribution, depth and trace width measured
         pairs = ratio_pairs(sglang, kernel, "median_s") if len(kernel) else pd.DataFrame()
         if pairs.empty:
@@ -240,7 +240,7 @@ def in_situ_targets(ok: pd.DataFrame) -> list[tuple[str, str, str]]:
     """The decode round's targets on the in-situ rows (``gpu``: its bool-mask graph replay, the outputs the
     CPU builders hand over): ``(target, status, measured)``; a target not met says by how much."""
     out = []
-    gpu = _in_situ_medians(ok, "gpu")
+    gpu = _in_situ_medians(ok, catalog.SUBJECT)
     nodata = "no gpu in-situ timings on this machine (timing.in_situ needs a CUDA GPU)"
 
     def versus(other: pd.DataFrame, batch: int, budgets) -> pd.DataFrame:
@@ -258,15 +258,15 @@ def in_situ_targets(ok: pd.DataFrame) -> list[tuple[str, str, str]]:
         out.append((target, *_factor_target(pairs, lambda n: 10.0 if n >= 64 else 5.0, catalog.NATIVE_MT)))
 
     target = "in-situ, batch 64: gpu >= 1000x sglang (SGLang's function) at every budget >= 32"
-    pairs = versus(_in_situ_medians(ok, "sglang"), 64, lambda b: b >= 32)
+    pairs = versus(_in_situ_medians(ok, catalog.BASELINE), 64, lambda b: b >= 32)
     if pairs.empty:
         why = nodata if gpu.empty else "needs sglang in-situ timings at batch 64, budgets >= 32"
-        ref = versus(_in_situ_medians(ok, "reference"), 64, lambda b: b >= 32)
+        ref = versus(_in_situ_medians(ok, catalog.REFERENCE), 64, lambda b: b >= 32)
         if len(ref):
             why += f"; gpu vs reference (ours) in-situ: min {fmt_x(ref['ratio'].min())} (not SGLang)"
         out.append((target, "no data", why))
     else:
-        out.append((target, *_factor_target(pairs, lambda n: 1000.0, "sglang")))
+        out.append((target, *_factor_target(pairs, lambda n: 1000.0, catalog.BASELINE)))
 
     target = "in-situ, batch 1: gpu >= 3x the fastest CPU builder at every budget"
     cpu = pd.concat([_in_situ_medians(ok, b).assign(builder=b) for b in CPU_BUILDERS], ignore_index=True)
@@ -285,7 +285,7 @@ def in_situ_targets(ok: pd.DataFrame) -> list[tuple[str, str, str]]:
         out.append((target, status, f"{measured}; fastest CPU builder: {', '.join(names)}"))
 
     target = f"in-situ, batch 1: gpu <= {BATCH1_N64_LIMIT_US:g} µs at N = 64"
-    at = _in_situ_medians(ok, "gpu")
+    at = _in_situ_medians(ok, catalog.SUBJECT)
     at = at[(at["batch"] == 1) & (at["budget"] == 64)] if len(at) else at
     if at.empty:
         why = nodata if gpu.empty else "needs gpu in-situ timings at batch 1, N = 64"

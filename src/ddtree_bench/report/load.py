@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from ddtree_bench.catalog import IN_SITU
+from ddtree_bench.catalog import BASELINE, IN_SITU, REFERENCE, SGLANG
 from ddtree_bench.report.fmt import regime
 from ddtree_bench.report.names import BASELINE_NAMES, IN_SITU_TIMINGS, SERIES_NAMES
 from ddtree_bench.summary.spread import SPREAD_COLUMNS, ratio_ranges
@@ -136,7 +136,7 @@ def timings(machines: list[Machine]) -> pd.DataFrame:
 def baseline_of(df: pd.DataFrame) -> str | None:
     """``sglang`` where SGLang's builder was measured, else ``reference``, else ``None``."""
     builders = set(df.loc[df["timing"] == "wall", "builder"]) if not df.empty else set()
-    for name in ("sglang", "reference"):
+    for name in (BASELINE, REFERENCE):
         if name in builders:
             return name
     return None
@@ -222,7 +222,7 @@ def sglang_rows(df: pd.DataFrame) -> pd.DataFrame:
     """The rows where SGLang's own function ran (builder sglang, status ok, timed calls)."""
     if df.empty:
         return df
-    return df[(df["builder"] == "sglang") & (df["status"] == "ok") & (df["n"] > 0) & (df["timing"] == "wall")]
+    return df[(df["builder"] == SGLANG) & (df["status"] == "ok") & (df["n"] > 0) & (df["timing"] == "wall")]
 
 
 def selection_heading(rows: pd.DataFrame, machine: str, depth, distribution) -> str:

@@ -81,7 +81,7 @@ def _forward_target(step: pd.DataFrame, layers: int) -> tuple[str, str, str, str
     forward = _ok(step, "forward")
     parts = {stage: _ok(step, stage) for stage in ("moe", "dense", "lm-head")}
     attention = _ok(step, "verify-attention")
-    attention = attention[(attention["impl"] == "ours") & (attention["cache"] == "warm")]
+    attention = attention[(attention["impl"] == catalog.OURS) & (attention["cache"] == "warm")]
     ratios = []
     for row in forward.itertuples():
         key = (row.batch, row.budget)
@@ -117,7 +117,9 @@ def _forward_target(step: pd.DataFrame, layers: int) -> tuple[str, str, str, str
 def _round_targets(step: pd.DataFrame) -> list[tuple[str, str, str, str]]:
     rounds = _ok(step, "round")
     wall = rounds[rounds["timing"] == "wall"]
-    gpu = wall[(wall["impl"] == "gpu") & (wall["batch"] == 1)].set_index(["budget", "prefix"])["median_s"]
+    gpu = wall[(wall["impl"] == catalog.SUBJECT) & (wall["batch"] == 1)].set_index(["budget", "prefix"])[
+        "median_s"
+    ]
     cpu = wall[(wall["impl"] == catalog.NATIVE_MT) & (wall["batch"] == 1)].set_index(["budget", "prefix"])[
         "median_s"
     ]
@@ -134,7 +136,7 @@ def _round_targets(step: pd.DataFrame) -> list[tuple[str, str, str, str]]:
             f"gpu / native-mt {min(r for *_, r in wins):.3f}-{max(r for *_, r in wins):.3f}x over "
             f"{len(wins)} budgets" + (f"; not faster at {', '.join(lost)}" if lost else ""),
         )
-    pivot = rounds[rounds["impl"] == "gpu"].pivot_table(
+    pivot = rounds[rounds["impl"] == catalog.SUBJECT].pivot_table(
         index=["batch", "budget", "prefix"], columns="timing", values="median_s"
     )
     if pivot.empty or not {"wall", "sum-of-parts"} <= set(pivot.columns):

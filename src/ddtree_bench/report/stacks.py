@@ -370,7 +370,7 @@ def tokens_pivot(table: pd.DataFrame, batch: int, prefix: int) -> pd.DataFrame:
 #: A one-kernel swap's line: (line style, marker) per kernel swapped; whole stacks are solid with dots.
 SWAP_STYLES = {"build": ("--", "s"), "attention": (":", "^"), "accept": ("-.", "D")}
 #: The waterfall's steps, top to bottom.
-WATERFALL_STEPS = ("SGLang", "build", "attention", "accept", "rest", "ours")
+WATERFALL_STEPS = ("SGLang", "build", "attention", "accept", "rest", catalog.OURS)
 
 
 def figure(table: pd.DataFrame, best: pd.DataFrame, path: Path, spread: dict | None = None) -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pandas as pd
 
+from ddtree_bench import catalog
 from ddtree_bench.config import STREAM_IMPL
 from ddtree_bench.report.document import Bullets, Section, Table, Text
 from ddtree_bench.report.figures import (
@@ -54,8 +55,7 @@ STEP_TARGETS = (TARGET_ACCEPT,)
 # extend-attention kernel and its FA3 two-pass tree verify, both with the tree mask), evaluated on the run's
 # own rows
 PEER_SOURCE = "verify attention"
-FLASHMLA_IMPL, SGLANG_TRITON_IMPL, SGLANG_FA3_IMPL = "flashmla", "sglang-triton", "sglang-fa3"
-OUR_IMPLS = ("ours", "ours-mma")
+OUR_IMPLS = (catalog.OURS, catalog.OURS_MMA)
 #: a call is compute-bound once its query rows B·(N+1)·H reach this: then its row tiles fill the GPU and the
 #: tensor cores set the pace. With fewer (on the H200 grid: B = 1 at N = 64 and 256, 520 and 2056 rows) the
 #: few row tiles do, whatever the kernel
@@ -199,7 +199,9 @@ def attention_table(step: pd.DataFrame, machine: str) -> pd.DataFrame:
             "% GEMM peak": rows["pct_gemm_peak"].map(_pct),
             "% copy peak": rows["pct_copy_peak"].map(_pct),
             "vs flexattention": [
-                "-" if impl in ("flexattention", STREAM_IMPL) or missing(f) or missing(m) else f"{f / m:.2f}x"
+                "-"
+                if impl in (catalog.FLEXATTENTION, STREAM_IMPL) or missing(f) or missing(m)
+                else f"{f / m:.2f}x"
                 for impl, f, m in zip(rows["impl"], rows["flex_s"], rows["median_s"], strict=True)
             ],
             "% of read stream": [
@@ -229,7 +231,7 @@ def _attention_rows(step: pd.DataFrame) -> pd.DataFrame:
     if rows.empty:
         return rows
     keys = _SHAPE_KEYS
-    flex = measured[measured["impl"] == "flexattention"][keys + ["median_s"]].rename(
+    flex = measured[measured["impl"] == catalog.FLEXATTENTION][keys + ["median_s"]].rename(
         columns={"median_s": "flex_s"}
     )
     stream = measured[measured["impl"] == STREAM_IMPL][keys + ["median_s"]].rename(
@@ -237,9 +239,9 @@ def _attention_rows(step: pd.DataFrame) -> pd.DataFrame:
     )
     rows = rows.merge(flex, on=keys, how="left").merge(stream, on=keys, how="left")
     for impl, column in (
-        (FLASHMLA_IMPL, "flashmla_s"),
-        (SGLANG_TRITON_IMPL, "sglang_s"),
-        (SGLANG_FA3_IMPL, "fa3_s"),
+        (catalog.FLASHMLA, "flashmla_s"),
+        (catalog.SGLANG_TRITON_ATTENTION, "sglang_s"),
+        (catalog.SGLANG_FA3_ATTENTION, "fa3_s"),
     ):
         peer = measured[measured["impl"] == impl][keys + ["median_s"]].rename(columns={"median_s": column})
         rows = rows.merge(peer.drop_duplicates(keys), on=keys, how="left")
@@ -567,7 +569,7 @@ def peer_targets(step: pd.DataFrame) -> list[tuple[str, str, str, str]]:
     shortfall) and where it is met."""
     measured = preferred(step)
     attention = measured[measured["stage"] == "verify-attention"]
-    ours = attention[attention["impl"] == "ours"]
+    ours = attention[attention["impl"] == catalog.OURS]
     stream = attention[(attention["impl"] == STREAM_IMPL) & attention["median_s"].notna()]
     compute_bound = ours[
         (ours["budget"] >= 64)
@@ -584,7 +586,7 @@ def peer_targets(step: pd.DataFrame) -> list[tuple[str, str, str, str]]:
     return [
         _minimum(
             TARGET_VS_FLASHMLA,
-            _pairs_with(attention, ours, FLASHMLA_IMPL),
+            _pairs_with(attention, ours, catalog.FLASHMLA),
             "ratio",
             1.0,
             _times,
@@ -610,7 +612,7 @@ def peer_targets(step: pd.DataFrame) -> list[tuple[str, str, str, str]]:
         ),
         _minimum(
             TARGET_VS_SGLANG,
-            _pairs_with(attention, ours, SGLANG_TRITON_IMPL),
+            _pairs_with(attention, ours, catalog.SGLANG_TRITON_ATTENTION),
             "ratio",
             10.0,
             _times,

@@ -8,7 +8,7 @@ from html import escape
 import numpy as np
 import pandas as pd
 
-from ddtree_bench.catalog import BUILDERS, IN_SITU, NATIVE, NATIVE_MT
+from ddtree_bench.catalog import BUILDERS, GPU_BUILDER, IN_SITU, NATIVE, NATIVE_MT, REFERENCE
 from ddtree_bench.environment import ENVIRONMENT_COLUMNS
 from ddtree_bench.report.fmt import fmt_us, fmt_x
 from ddtree_bench.report.load import (
@@ -193,12 +193,12 @@ def unavailable_table(machines: list[Machine]) -> pd.DataFrame:
                     }
                 )
         env = machine.environment
-        wanted = "gpu" in (env.get("config") or {}).get("builders", [])
+        wanted = GPU_BUILDER in (env.get("config") or {}).get("builders", [])
         if wanted and not (env.get("builds") or {}).get("fatbin"):
             rows.append(
                 {
                     "machine": machine.label,
-                    "builder": "gpu",
+                    "builder": GPU_BUILDER,
                     "what did not run": "its kernel build",
                     "status": "not compiled",
                     "reason": "no nvcc found" if not env.get("nvcc") else "gpu: off",
@@ -253,7 +253,7 @@ def reference_vs_sglang_table(machines: list[Machine]) -> pd.DataFrame:
         if sglang.empty:
             continue
         ok = machine.summary[(machine.summary["status"] == "ok") & (machine.summary["n"] > 0)]
-        ref = medians_of(ok, "reference")
+        ref = medians_of(ok, REFERENCE)
         pairs = ratio_pairs(ref, sglang, "median_s") if len(ref) else pd.DataFrame()
         for _, row in pairs.sort_values(["depth", "distribution", "budget", "batch"]).iterrows():
             rows.append(

@@ -379,7 +379,7 @@ def run_round_lines(section: BudgetSection) -> list[str]:
         + noise
     ]
     for batch, rows in run.groupby("batch"):
-        gpu = rows[rows["builder"] == "gpu"].set_index("budget")
+        gpu = rows[rows["builder"] == catalog.SUBJECT].set_index("budget")
         for builder in CPU_BUILDERS:
             other = rows[rows["builder"] == builder].set_index("budget")
             common = gpu.index.intersection(other.index)
@@ -585,16 +585,16 @@ def _bar_rows(table: pd.DataFrame, batch: int) -> dict[int, list[tuple[str, pd.S
     sel = table[table["batch"] == batch]
     for budget, group in sel.groupby("budget", sort=True):
         bars = []
-        gpu = group[group["builder"] == "gpu"]
+        gpu = group[group["builder"] == catalog.SUBJECT]
         if len(gpu):
-            bars.append(("gpu", gpu.iloc[0]))
-        cpu = group[group["builder"].isin([b for b in CPU_BUILDERS if b != "sglang"])]
+            bars.append((catalog.SUBJECT, gpu.iloc[0]))
+        cpu = group[group["builder"].isin([b for b in CPU_BUILDERS if b != catalog.BASELINE])]
         if len(cpu):
             best = cpu.loc[cpu["build_s"].idxmin()]
             bars.append((str(best["builder"]), best))
-        sglang = group[group["builder"] == "sglang"]
+        sglang = group[group["builder"] == catalog.BASELINE]
         if len(sglang):
-            bars.append(("sglang", sglang.iloc[0]))
+            bars.append((catalog.BASELINE, sglang.iloc[0]))
         out[int(budget)] = bars
     return out
 

@@ -41,6 +41,7 @@ from types import SimpleNamespace
 import numpy as np
 import pandas as pd
 
+from ddtree_bench import catalog
 from ddtree_bench.acceptance import expected_accepted_tokens, sample_target_tokens
 from ddtree_bench.builders import get_builder
 from ddtree_bench.cuda import loader as cuda
@@ -84,9 +85,9 @@ def timing_policy(timing) -> TimingPolicy:
 
 
 def _build_trees(lp, ids, budget):
-    builder = get_builder("native")
+    builder = get_builder(catalog.NATIVE)
     if builder.unavailable_reason() is not None:
-        builder = get_builder("reference")  # identical trees (the project's checks), only slower to build
+        builder = get_builder(catalog.ORACLE)  # identical trees (the project's checks), only slower to build
     return builder.build(lp, ids, budget)
 
 

@@ -35,7 +35,15 @@ import numpy as np
 import pandas as pd
 
 from ddtree_bench.builders import get_builder
-from ddtree_bench.catalog import ATTENTION_IMPLS, STREAM_IMPL
+from ddtree_bench.catalog import (
+    ATTENTION_IMPLS,
+    FLEXATTENTION,
+    NATIVE,
+    OURS,
+    OURS_MMA,
+    SGLANG_TRITON_ATTENTION,
+    STREAM_IMPL,
+)
 from ddtree_bench.environment import ENVIRONMENT_COLUMNS, collect_environment
 from ddtree_bench.ops.attention import (
     HEAD_DIM,
@@ -67,7 +75,7 @@ STREAM_THREADS, STREAM_BLOCKS_PER_SM = 1024, 2
 STREAM_NEVER = 0x9E3779B9  # the kernel stores its fold only if it equals this; a buffer of ones folds to 0
 # our kernel's paths: "ours" is what VerifyAttention picks (wgmma on sm_90a, else mma.sync); "ours-mma" forces
 # the mma.sync kernel, to set the two side by side on a Hopper GPU
-OUR_PATHS = {"ours": "auto", "ours-mma": "mma"}
+OUR_PATHS = {OURS: "auto", OURS_MMA: "mma"}
 TOLERANCE = 2e-2  # max abs error against float32 on outputs of unit-variance inputs (bf16 output rounding)
 ATTENTION_SPIN_NS = 2 * SPIN_NS  # the peers' (PyTorch) calls take longer to queue than a raw launch
 
@@ -183,14 +191,14 @@ def run(job: Job) -> pd.DataFrame:
     (``timing.records.stage_frame``). Bad arguments are a one-line ValueError before anything runs."""
     impls = list(job.impls)
     _check_args(job.budget, job.batch, job.heads, job.prefix, impls)
-    if job.sglang_triton_source is not None and "sglang-triton" in impls:
+    if job.sglang_triton_source is not None and SGLANG_TRITON_ATTENTION in impls:
         find_sglang_kernel(
             job.sglang_triton_source
         )  # a path without SGLang's file: ValueError, nothing measured
     policy = TimingPolicy(**job.timing)
     problem = _Problem.of(job)
     ours = {impl: VerifyAttention(job.attention_fatbin, path=path) for impl, path in OUR_PATHS.items()}
-    reason = ours["ours"].unavailable_reason()
+    reason = ours[OURS].unavailable_reason()
     if reason is not None:
         return stage_frame([problem.unavailable(impl, reason) for impl in impls])
     session = _Session(job, problem, ours, policy)
@@ -227,7 +235,7 @@ class _Problem:
             "trace_sha256": row_sha256(job.trace, metadata),
             **{key: env.get(key) for key in ENVIRONMENT_COLUMNS},
         }
-        trees = get_builder("native").build(
+        trees = get_builder(NATIVE).build(
             np.ascontiguousarray(lp[..., :topk]), np.ascontiguousarray(ids[..., :topk]), budget
         )
         bits_host = packed_visibility(trees.visibility)
@@ -331,7 +339,7 @@ class _Session:
         reference = reference_attention(
             self.q, self.kv, problem.lengths, problem.trees.visibility, requests=self.check_requests
         )
-        self.references = {_mask_of("ours"): reference}
+        self.references = {_mask_of(OURS): reference}
 
     def reference_for(self, impl):
         """The float32 reference with the mask ``impl`` applies (computed once per mask)."""
@@ -384,8 +392,8 @@ class _Session:
             self.kv,
             self.prefix_t,
             self.visibility,
-            kernel_options=job.flex_kernel_options if impl == "flexattention" else None,
-            sglang_source=job.sglang_triton_source if impl == "sglang-triton" else None,
+            kernel_options=job.flex_kernel_options if impl == FLEXATTENTION else None,
+            sglang_source=job.sglang_triton_source if impl == SGLANG_TRITON_ATTENTION else None,
         )
 
         def call(peer=peer):

@@ -40,6 +40,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from ddtree_bench import catalog
 from ddtree_bench.builders import get_builder
 from ddtree_bench.environment import ENVIRONMENT_COLUMNS, collect_environment
 from ddtree_bench.timing.policy import TimingPolicy, check_count
@@ -260,7 +261,7 @@ def read_batch(
 
 
 def _trees_equal_reference(lp, ids, budget, trees) -> bool:
-    expected = get_builder("reference").build(lp, ids, budget)
+    expected = get_builder(catalog.ORACLE).build(lp, ids, budget)
     return first_difference(expected, trees) is None
 
 
@@ -389,7 +390,7 @@ def run_benchmark(job) -> pd.DataFrame:
     samples = samples_without_gc(policy, measure)
     trees = last[0]
     correct = job.correct
-    if base["builder"] == "reference":
+    if base["builder"] == catalog.ORACLE:
         correct = True
     elif correct is None:
         correct = _trees_equal_reference(lp, ids, budget, trees)

@@ -37,6 +37,7 @@ from functools import partial
 import numpy as np
 import pandas as pd
 
+from ddtree_bench import catalog
 from ddtree_bench.builders import get_builder
 from ddtree_bench.builders.gpu import STAT_NAMES, DeviceTrees, GpuBuilder, device_layout, device_views
 from ddtree_bench.builders.gpu_device import DeviceTreeBuilder
@@ -183,7 +184,7 @@ def _rows(device: DeviceRun, base: dict, samples: list, correct: bool | None) ->
     paths = np.bincount(out.stats.get(), minlength=len(_PATH_NAMES))
     gpu.last_paths = {label: int(c) for label, c in zip(_PATH_NAMES, paths, strict=True) if c}
     if correct is None:
-        expected = get_builder("reference").build(device.lp, device.ids, device.budget)
+        expected = get_builder(catalog.ORACLE).build(device.lp, device.ids, device.budget)
         correct = first_difference(expected, trees) is None
     base.update(
         correct=bool(correct),

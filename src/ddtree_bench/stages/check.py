@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ddtree_bench import catalog
 from ddtree_bench.builders import BuilderUnavailable, get_builder
 from ddtree_bench.traces import load_trace
 from ddtree_bench.tree import first_difference
@@ -27,7 +28,7 @@ def _builder(builder, options: dict | None):
 
 
 def check_builder(
-    builder, trace_path, budget, *, against="reference", batch=None, builder_options=None
+    builder, trace_path, budget, *, against=catalog.ORACLE, batch=None, builder_options=None
 ) -> dict:
     """Build the first ``batch`` requests (all when ``None``) of the trace at ``trace_path`` with ``builder``
     (a name, built with ``builder_options``, or a builder object) and with ``against``, and compare.

@@ -157,7 +157,7 @@ def _torch_measure(obj, name: str, lp: np.ndarray, ids: np.ndarray, budget: int,
     if on_gpu:
         torch.cuda.synchronize()
     clock = time.perf_counter_ns
-    if name == "sglang":
+    if name == catalog.SGLANG:
         function, pad_function, extra = sglang_call(obj)
 
         def build_pad(h_lp, h_ids):
@@ -274,7 +274,7 @@ def run_insitu_benchmark(job) -> pd.DataFrame:
         measure, fetch, device_bytes = _pinned_measure(obj, lp, ids, budget, keep)
     samples = samples_without_gc(policy, measure)
 
-    expected = get_builder("reference").build(lp, ids, budget)
+    expected = get_builder(catalog.ORACLE).build(lp, ids, budget)
     same = all(
         np.array_equal(getattr(expected, field), value)
         for field, value in zip(VERIFY_FIELDS, fetch(), strict=True)

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from ddtree_bench import catalog
 from ddtree_bench.environment import ENVIRONMENT_COLUMNS, collect_environment
 from ddtree_bench.k26 import moe as moe_ops
 from ddtree_bench.k26.shapes import ModelShape
@@ -233,7 +234,7 @@ def _trees_mask(trace_path, batch: int, budget: int):
 
     lp, ids, columns, _ = read_batch(trace_path, batch)
     topk = min(budget, columns)
-    trees = get_builder("native").build(
+    trees = get_builder(catalog.NATIVE).build(
         np.ascontiguousarray(lp[..., :topk]), np.ascontiguousarray(ids[..., :topk]), budget
     )
     bits = packed_visibility(trees.visibility)

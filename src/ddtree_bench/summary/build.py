@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
+from ddtree_bench import catalog
 from ddtree_bench.acceptance import expected_accepted_tokens, sample_target_tokens
 from ddtree_bench.builders import get_builder
 from ddtree_bench.io import write_frame, write_json
@@ -213,7 +214,7 @@ def paper_depth_accept_mean(lp, ids, budget: int) -> float | None:
         return None
     sub_lp = np.ascontiguousarray(lp[:, :PAPER_DEPTH])
     sub_ids = np.ascontiguousarray(ids[:, :PAPER_DEPTH])
-    trees = get_builder("reference").build(sub_lp, sub_ids, budget)
+    trees = get_builder(catalog.ORACLE).build(sub_lp, sub_ids, budget)
     return float(1.0 + np.mean(expected_accepted_tokens(sub_lp, sub_ids, trees)))
 
 
@@ -234,7 +235,7 @@ def tree_shape(trace_path, budget: int, *, distribution: str | None = None) -> l
     (Plain records, no pandas: the workflow runs this once per budget and writes JSON.)"""
     trace = load_trace(trace_path)
     lp, ids = trace.batch()
-    trees = get_builder("reference").build(lp, ids, budget)
+    trees = get_builder(catalog.ORACLE).build(lp, ids, budget)
     depth = trace.depth
     counts = np.zeros((trees.batch_size, depth + 1), np.int64)
     for request in range(trees.batch_size):

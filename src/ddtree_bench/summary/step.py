@@ -372,7 +372,7 @@ def step_breakdown(
     if distribution is None and measured["distribution"].notna().any():
         distribution = str(measured["distribution"].dropna().iloc[0])
     measured = measured[(measured["depth"] == depth) & (measured["distribution"] == distribution)]
-    attention = measured[(measured["stage"] == "verify-attention") & (measured["impl"] == "ours")]
+    attention = measured[(measured["stage"] == "verify-attention") & (measured["impl"] == catalog.OURS)]
     accept = measured[(measured["stage"] == "accept") & (measured["impl"] == "gpu-kernel")]
     attention = attention[["prefix", "heads", "batch", "budget", "median_s"]].rename(
         columns={"median_s": "attention_layer_s"}
