@@ -78,7 +78,7 @@ def run(job):
 
 REPORT_CHECK = """
 import sys
-from ddtree_bench.report import render_report
+from ddtree_bench.report import ReportFiles, render_report
 from ddtree_bench.stages.build import unavailable_frame
 from ddtree_bench.summary.build import summarize
 import json, pathlib
@@ -89,8 +89,7 @@ summarize(unavailable_frame("gpu", "no CUDA device", machine="toy")).to_parquet(
 render_report(
     summary=folder / "summary.parquet",
     step_summary=folder / "step_summary.parquet",
-    html=folder / "r" / "index.html",
-    markdown=folder / "r" / "summary.md",
+    files=ReportFiles.in_folder(folder / "r"),
 )
 """
 
