@@ -141,7 +141,7 @@ def test_one_default_per_setting_the_schemas():
     for path, field in settings_fields(settings):
         owner = attribute(settings, path[:-1])
         if type(owner).__module__ != "ddtree_bench.settings":
-            continue  # model.shapes' classes: checked against the schema below
+            continue  # k26.shapes' classes: checked against the schema below
         assert field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING, path
     schema = load_schema()
     required = set(schema["required"])

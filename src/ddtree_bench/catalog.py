@@ -333,13 +333,13 @@ ATTENTION_IMPLS = (
     STREAM_IMPL,
 )
 
-#: The routed experts' kernels (``model.moe``), preferred first: SGLang's Marlin and Triton W4A16, BF16.
+#: The routed experts' kernels (``k26.moe``), preferred first: SGLang's Marlin and Triton W4A16, BF16.
 MOE_IMPLS = ("marlin-w4a16", "triton-w4a16", "bf16-grouped-mm")
 
 
 # ----------------------------------------------------------------------------------------- round stacks
 
-#: The kernels a stack's round runs (``model.stack``). Tree build: SGLang's function per request with its
+#: The kernels a stack's round runs (``k26.stack``). Tree build: SGLang's function per request with its
 #: copies, or our GPU kernel. Verify attention: ours (packed-bit mask), SGLang's Triton
 #: ``extend_attention_fwd`` (its per-request bool mask), or FA3 two-pass as SGLang's DDTree fork runs it
 #: (the same bool mask). Accept: ours, or SGLang's Triton accept kernel.

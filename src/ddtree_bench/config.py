@@ -23,7 +23,7 @@ from ddtree_bench.catalog import ATTENTION_IMPLS, DISTRIBUTIONS, MOE_IMPLS, STRE
 from ddtree_bench.io import check_writable
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-#: The keys of a timing section that ``timing.policy.TimingPolicy`` (and ``stages.build.run_benchmark``) take.
+#: The keys of a timing section: ``timing.policy.TimingPolicy``'s keyword arguments (a job's ``timing``).
 TIMING_KEYS = ("warmup", "repeats", "min_repeats", "max_repeats", "min_seconds", "max_seconds")
 SCHEMA_PATH = REPO_ROOT / "workflow" / "schemas" / "config.schema.yaml"
 

@@ -48,7 +48,7 @@ class SamplingSettings:
     max_seconds: float
 
     def options(self) -> dict:
-        """The keyword arguments of ``stages.build.run_benchmark`` / ``TimingPolicy`` (``TIMING_KEYS``)."""
+        """``TimingPolicy``'s keyword arguments (``TIMING_KEYS``): a job's ``timing``."""
         return {key: getattr(self, key) for key in TIMING_KEYS}
 
 
@@ -101,7 +101,7 @@ class AttentionSettings:
 
 @dataclass(frozen=True)
 class ModelSettings:
-    """``step.model``; ``shape`` is the ``model.shapes.ModelShape`` (its layers: ``step.layers``)."""
+    """``step.model``; ``shape`` is the ``k26.shapes.ModelShape`` (its layers: ``step.layers``)."""
 
     enabled: bool
     moe_impls: tuple[str, ...]
@@ -114,7 +114,7 @@ class ModelSettings:
 
 @dataclass(frozen=True)
 class DraftSettings:
-    """``step.draft``; ``shape`` is the ``model.shapes.DrafterShape``."""
+    """``step.draft``; ``shape`` is the ``k26.shapes.DrafterShape``."""
 
     enabled: bool
     block_size: int
@@ -360,7 +360,7 @@ class Settings:
     def round_options(self) -> dict:
         """The rest of the round's stages (step.model, step.draft, step.allreduce, step.round), resolved:
         dicts with ``enabled`` (and the step's switch) and their settings; ``model["shape"]`` and
-        ``draft["shape"]`` the ``model.shapes`` objects; the round's builders those configured."""
+        ``draft["shape"]`` the ``k26.shapes`` objects; the round's builders those configured."""
         step = self.step
         model, draft, round_ = step.model, step.draft, step.round
         return {

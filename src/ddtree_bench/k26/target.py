@@ -8,7 +8,7 @@ weights to the next), the latent KV cache of ``batch`` requests with ``prefix`` 
   absorption into the latent space (``W_UK``), the tree tokens' latent rows written into the cache, the
   verify attention (``ops.attention``, the tree's packed-bit mask), ``W_UV``, ``o_proj``, the residual;
   then RMSNorm and the MLP: the dense MLP in the first ``dense_layers``, else the router (its matmul and
-  top-k run, their cost paid) and the routed experts through the MoE impl (``model.moe``) on the routing
+  top-k run, their cost paid) and the routed experts through the MoE impl (``k26.moe``) on the routing
   drawn for the layer (``shapes.simulate_routing``'s distribution: random weights would route arbitrarily)
   plus the shared expert;
 - the final norm and the LM-head shard (logits of the rank's vocab slice).
