@@ -1,5 +1,3 @@
-import dataclasses
-
 from _job import logged
 
 from ddtree_bench.report import ReportFiles, render_report
@@ -18,5 +16,5 @@ with logged(snakemake):
             snakemake.output.html, snakemake.output.markdown, figures=list(snakemake.output.figures)
         ),
         grid=snakemake.params.grid,
-        **dataclasses.asdict(options),
+        options=options,
     )

@@ -7,11 +7,11 @@ It reads this machine's summary (``results/<machine>/summary.parquet``, its ``tr
 per builder and budget, and its share of the round. Then the figures, the detail tables (collapsed), the
 environment, and the project's goals.
 
-One pass: ``load`` (machines, parquet/json, once) -> ``model`` (``compose_report``: the answer, the tables,
+One pass: ``load`` (machines, parquet/json, once) -> ``compose`` (``compose_report``: the answer, the tables,
 the figures' files, as sections of ``document`` blocks) -> ``render`` (Markdown and HTML, two writers of that
-one model). ``names`` declares the series, builders and figures once; ``fmt`` writes numbers; ``figures``,
+one page). ``names`` declares the series, builders and figures once; ``fmt`` writes numbers; ``figures``,
 ``tables``, ``goals``, ``answer`` and the sections ``step``, ``throughput``, ``acceptance`` compute the
-model's parts.
+page's parts.
 """
 
 from ddtree_bench.report.compose import ReportOptions, ReportPage, compose_report

@@ -1,4 +1,4 @@
-"""The report as one object: load -> model -> render. ``compose_report`` takes the loaded machines and the
+"""The report as one object: load -> compose -> render. ``compose_report`` takes the loaded machines and the
 options, computes everything the report says (the answer, the tables, the figures' files) once, and returns
 a ``ReportPage``: a title, an optional banner, a lead and sections of blocks (``document``). The Markdown and
 the HTML writer (``render``) are two views of that one object."""
@@ -218,9 +218,9 @@ def compose_report(
     specs = [s for s in catalog.FIGURES.values() if s.name in figure_paths]
     figures = {s.name: _draw(s, inputs, figure_paths[s.name]) for s in specs}
     answer = answer_module.answer(machines, breakdowns, settings, budget_sections, options.published_answer)
-    model = ReportPage(TITLE, LEAD, banner(machines, answer), answer)
+    page = ReportPage(TITLE, LEAD, banner(machines, answer), answer)
     stacks = [f for f in figures.values() if _place(f) == "stacks"]
-    model.sections = [
+    page.sections = [
         stacks_report.report_section(machines, stacks, options.published_answer),
         _answer_section(answer, [f for f in figures.values() if _place(f) == "answer"]),
         _adds_section(machines, data, answer, options),
@@ -229,8 +229,8 @@ def compose_report(
         _environment_section(machines),
         _goals_section(machines, budget_sections),
     ]
-    model.sections = [s for s in model.sections if s is not None]
-    return model
+    page.sections = [s for s in page.sections if s is not None]
+    return page
 
 
 def _draw(spec, inputs: FigureInputs, path: Path) -> Figure:

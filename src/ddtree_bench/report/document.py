@@ -1,4 +1,4 @@
-"""The blocks a report model is made of. A section holds blocks and sections; the Markdown and the HTML
+"""The blocks a report page is made of. A section holds blocks and sections; the Markdown and the HTML
 writer (``render``) each walk the same tree. Text may hold ``**bold**`` and ```code``` spans."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The report's pages: ``index.html`` (self-contained, figures embedded as base64 PNG) and ``summary.md``,
-two writers of one ``model.ReportPage``."""
+two writers of one ``compose.ReportPage``."""
 
 from __future__ import annotations
 
@@ -69,17 +69,19 @@ def render_report(
     """Render the HTML page and the Markdown summary (and the figures as PNG files next to them) where
     ``files`` says (``ReportFiles``; None: its defaults, under report/).
 
-    ``options``: ``model.ReportOptions``'s fields (depth, distribution, step_layers, step_depth,
-    step_distribution, step_enabled, throughput_options, distributions). ``grid``: the configuration's grid
-    lists (``consistency.configured_grid``); where given, a summary or tree-shape table that does not hold
-    exactly that grid is refused (``ValueError``) before anything is written. ``step_summary``: this run's
+    ``options``: ``compose.ReportOptions``'s fields (depth, distribution, step_layers, step_depth,
+    step_distribution, step_enabled, throughput_options, distributions, profiles, published_answer), or
+    ``options=`` one ``ReportOptions`` (the workflow's, ``ReportOptions.from_settings``). ``grid``: the
+    configuration's grid lists (``consistency.configured_grid``); where given, a summary or tree-shape
+    table that does not hold exactly that grid is refused (``ValueError``) before anything is written. ``step_summary``: this run's
     step summary (default: ``step_summary.parquet`` beside ``summary``)."""
     import matplotlib  # noqa: PLC0415
 
     from ddtree_bench import consistency  # noqa: PLC0415
     from ddtree_bench.traces import atomic_output  # noqa: PLC0415
 
-    options = ReportOptions(**options)
+    given = options.pop("options", None)
+    options = given if given is not None else ReportOptions(**options)
     machines = load_machines(summary, shapes, environment, published, step=step_summary)
     if grid is not None:
         consistency.check_summary(machines[0].summary, grid, where=f"summary {summary}")
@@ -93,11 +95,11 @@ def render_report(
     for path in (html_path, md_path, *figure_paths.values()):
         path.parent.mkdir(parents=True, exist_ok=True)
     matplotlib.use("Agg")
-    model = compose_report(machines, options, figure_paths)
+    page = compose_report(machines, options, figure_paths)
     with atomic_output(md_path) as tmp:
-        Path(tmp).write_text(to_markdown(model, md_path.parent))
+        Path(tmp).write_text(to_markdown(page, md_path.parent))
     with atomic_output(html_path) as tmp:
-        Path(tmp).write_text(to_html(model))
+        Path(tmp).write_text(to_html(page))
 
 
 def _figure_paths(figures, folder: Path) -> dict[str, Path]:
@@ -113,13 +115,13 @@ def _figure_paths(figures, folder: Path) -> dict[str, Path]:
 # ----------------------------------------------------------------------------------------------- Markdown
 
 
-def to_markdown(model: ReportPage, folder: Path | None = None) -> str:
-    """The model as Markdown (figures linked relative to ``folder``, the summary's folder)."""
-    lines = [f"# {model.title}\n"]
-    if model.banner:
-        lines.append(f"**{model.banner}**\n")
-    lines.append(f"{model.lead}\n")
-    for section in model.sections:
+def to_markdown(page: ReportPage, folder: Path | None = None) -> str:
+    """The page as Markdown (figures linked relative to ``folder``, the summary's folder)."""
+    lines = [f"# {page.title}\n"]
+    if page.banner:
+        lines.append(f"**{page.banner}**\n")
+    lines.append(f"{page.lead}\n")
+    for section in page.sections:
         lines += _md_section(section, 2, folder)
     return "\n".join(lines)
 
@@ -175,18 +177,18 @@ def _inline(text: str) -> str:
     return _CODE.sub(r"<code>\1</code>", _BOLD.sub(r"<b>\1</b>", escape(text)))
 
 
-def to_html(model: ReportPage) -> str:
-    """The model as one self-contained HTML page (figures embedded)."""
+def to_html(page: ReportPage) -> str:
+    """The page as one self-contained HTML page (figures embedded)."""
     parts = [
         "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>",
-        f"<title>{escape(model.title)}</title>",
+        f"<title>{escape(page.title)}</title>",
         f"<style>{CSS}</style></head><body>",
-        f"<h1>{escape(model.title)}</h1>",
+        f"<h1>{escape(page.title)}</h1>",
     ]
-    if model.banner:
-        parts.append(f"<p class='banner'>{escape(model.banner)}</p>")
-    parts.append(f"<p class='note'>{escape(model.lead)}</p>")
-    for section in model.sections:
+    if page.banner:
+        parts.append(f"<p class='banner'>{escape(page.banner)}</p>")
+    parts.append(f"<p class='note'>{escape(page.lead)}</p>")
+    for section in page.sections:
         parts += _html_section(section, 2)
     parts.append("</body></html>")
     return "\n".join(parts)

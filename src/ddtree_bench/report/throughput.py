@@ -147,7 +147,7 @@ def sections(
     for index, machine in enumerate(machines):
         own_depth = _configured(machine, None)[1]
         layers = int(settings.get(machine.label, {}).get("layers") or 61)
-        model = RoundAssumptions.from_options(options, layers)
+        assumptions = RoundAssumptions.from_options(options, layers)
         machine_depth = (depth if index == 0 else None) or own_depth or first_depth or _first_depth(machine)
         # a machine without step stages (no GPU) borrows the verify attention and accept of the first
         # machine that measured them, named in the section: its own builds and trees, their round
@@ -165,7 +165,7 @@ def sections(
                     machine.summary,
                     step,
                     machine.shapes,
-                    model,
+                    assumptions,
                     distribution=shown,
                     depth=machine_depth,
                     prefix=prefix,
@@ -463,10 +463,10 @@ def detail_table(section: BudgetSection) -> pd.DataFrame:
 
 def model_line(options: dict | None) -> str:
     options = options or {}
-    model = RoundAssumptions.from_options(options, 61)
+    assumptions = RoundAssumptions.from_options(options, 61)
     prefix = options.get("prefix_length")
     return (
-        f"Model: {model.describe()}; E(T) = 384 (1 - (1 - 8/384)^T); verify attention at "
+        f"Model: {assumptions.describe()}; E(T) = 384 (1 - (1 - 8/384)^T); verify attention at "
         f"{'S = ' + str(prefix) if prefix else 'the largest measured S'} (throughput section of the "
         "configuration; docs/throughput.md)."
     )
