@@ -73,8 +73,8 @@ def render_report(
     step_distribution, step_enabled, throughput_options, distributions, profiles, published_answer), or
     ``options=`` one ``ReportOptions`` (the workflow's, ``ReportOptions.from_settings``). ``grid``: the
     configuration's grid lists (``consistency.configured_grid``); where given, a summary or tree-shape
-    table that does not hold exactly that grid is refused (``ValueError``) before anything is written. ``step_summary``: this run's
-    step summary (default: ``step_summary.parquet`` beside ``summary``)."""
+    table that does not hold exactly that grid is refused (``ValueError``) before anything is written.
+    ``step_summary``: this run's step summary (default: ``step_summary.parquet`` beside ``summary``)."""
     import matplotlib  # noqa: PLC0415
 
     from ddtree_bench import consistency  # noqa: PLC0415
