@@ -3,15 +3,15 @@ write each job's rows where the workflow writes them (results/<machine>/step/<st
 ``ddtree-bench stage`` (``stages.run_jobs``): each job made from the configuration as the workflow makes it,
 its missing trace and fatbins made first.
 
-    python tools/round_stages.py --config config/h200.yaml --sglang-source .sglang \\
-        --sglang-files .peers/sglang_files round:batch=1,prefix=4096 allreduce:batch=8
+    python tools/round_stages.py --config config/h200.yaml --config config/h200-sources.yaml \\
+        round:batch=1,prefix=4096 allreduce:batch=8
 
 A job selector is ``stage`` (every configured job of the stage) or ``stage:key=value,...`` (those with these
-wildcards: ``catalog.STAGES``' paths name them). The flags override the configuration's fields of the jobs
-that have them: ``--forward-impl`` and ``--moe-impls`` (step.model's), ``--sglang-files`` (the sglang wheel's
-extracted files), ``--sglang-source`` (SGLang's DDTree file or checkout, the sglang round builder's),
-``--budgets`` (these of the configuration's budgets only); ``--set field=value`` any other field (a YAML
-value).
+wildcards: ``catalog.STAGES``' paths name them). Where SGLang's code is (its DDTree file, the sglang wheel's
+extracted files) is the configuration's (``sglang.source``, ``step.attention.sglang_triton_source``,
+``step.model.sglang_files``: config/h200-sources.yaml). The flags override fields of the jobs that have them:
+``--forward-impl`` and ``--moe-impls`` (step.model's), ``--budgets`` (these of the configuration's budgets
+only); ``--set field=value`` any other field (a YAML value; a field no job picked has is refused).
 """
 
 from __future__ import annotations
@@ -30,8 +30,6 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", type=Path, action="append", required=True, help="repeat to merge")
     parser.add_argument("--results", type=Path, help="default: results/<machine>")
-    parser.add_argument("--sglang-source", help="SGLang's DDTree file or checkout (the sglang round builder)")
-    parser.add_argument("--sglang-files", help="the sglang wheel's extracted files (the MoE kernels)")
     parser.add_argument("--forward-impl")
     parser.add_argument("--moe-impls", help="comma-separated")
     parser.add_argument("--budgets", help="comma-separated: these of the configuration's budgets only")
@@ -60,11 +58,6 @@ def overrides(args, settings) -> dict:
         fields["forward_impl"] = args.forward_impl
     if args.moe_impls:
         fields["moe_impls"] = tuple(args.moe_impls.split(","))
-    if args.sglang_files:
-        fields["sglang_files"] = args.sglang_files
-        fields["attention_files"] = args.sglang_files
-    if args.sglang_source:
-        fields["sglang_source"] = args.sglang_source
     if args.budgets:
         wanted = {int(b) for b in args.budgets.split(",")}
         fields["budgets"] = tuple(b for b in settings.step_options()["budgets"] if b in wanted)

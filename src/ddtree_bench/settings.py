@@ -422,6 +422,12 @@ class Settings:
         groups["step"] = {"step": {key: config["step"][key] for key in RECORDED_STEP}}
         return groups
 
+    def drafter_params(self, distribution: str) -> dict | None:
+        """The configured drafter parameters a trace of ``distribution`` is generated with: the ``drafter``
+        mapping for the drafter distributions it configures, None for the others (an acceptance profile's
+        own drafter takes the catalog's parameters)."""
+        return self.drafter.as_dict() if distribution in ("drafter", "drafter-bf16") else None
+
     def builder_options(self, builder: str) -> dict:
         """The configured keyword options of ``builders.get_builder(builder)`` (SGLang's lookup), besides
         the libraries a workflow builds."""

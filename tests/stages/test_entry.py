@@ -76,3 +76,10 @@ def test_the_stage_command_runs_and_writes_where_the_workflow_does(tmp_path, cap
     assert list(rows.columns) == list(STAGE_COLUMNS) and set(rows["stage"]) == {"accept"}
     assert (rows["budget"] == budget).all() and (rows["batch"] == batch).all()
     assert (tmp_path / "traces").is_dir()  # its trace was made first
+
+
+def test_a_field_no_picked_job_has_is_refused(tmp_path):
+    settings = load_settings(SMOKE)
+    with pytest.raises(ValueError, match="--set forward_impl: no job picked has that field"):
+        stages.run_jobs(settings, ["accept"], layout(settings, tmp_path), {"forward_impl": "bf16-grouped-mm"})
+    assert not (tmp_path / "step").exists()  # refused before any job ran

@@ -39,8 +39,6 @@ TRACE_COLUMNS = SETTINGS.trace_columns
 TIMING_JOBS = int(SETTINGS.timing.jobs)
 # The in-situ timing mode (GPU machines; elsewhere its rows say why): every timing job adds it.
 IN_SITU = bool(SETTINGS.timing.in_situ)
-# The drafter distributions' parameters (the trace rule's, for those distributions).
-DRAFTER = SETTINGS.drafter.as_dict()
 # The step stages (verify attention, tree accept, peaks): nulls resolved (budgets, distribution, depth).
 STEP = SETTINGS.step_options()
 

@@ -17,9 +17,7 @@ rule trace:
         device=SETTINGS.trace_device,
         # the configured drafter's parameters (None for the others, and for an acceptance profile's own
         # drafter, whose parameters are the catalog's: changing them reruns only these)
-        drafter=lambda wildcards: (
-            DRAFTER if wildcards.distribution in ("drafter", "drafter-bf16") else None
-        ),
+        drafter=lambda wildcards: SETTINGS.drafter_params(wildcards.distribution),
     script:
         "../scripts/trace.py"
 

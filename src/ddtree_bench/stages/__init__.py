@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import shutil
 from pathlib import Path
 
 from ddtree_bench import catalog
-from ddtree_bench.io import write_frame
+from ddtree_bench.io import atomic_output, write_frame
 from ddtree_bench.paths import Layout
 from ddtree_bench.timing.records import describe_rows
 
@@ -124,6 +125,14 @@ def override(job, fields: dict):
     return dataclasses.replace(job, **{key: value for key, value in fields.items() if key in names})
 
 
+def check_fields(jobs, fields: dict) -> None:
+    """A field that none of the jobs has is a one-line ValueError (a misspelt override must not vanish)."""
+    names = {field.name for job in jobs for field in dataclasses.fields(job)}
+    unknown = sorted(set(fields) - names - {"budgets"})
+    if unknown:
+        raise ValueError(f"--set {unknown[0]}: no job picked has that field; they have {sorted(names)}")
+
+
 def run_jobs(settings, selectors, layout: Layout, fields: dict | None = None) -> list[str]:
     """Run the jobs the selectors pick (``parse_selector``), each made as the workflow makes it, with
     ``fields`` overridden, and write their rows where the workflow writes them (``layout``), making any
@@ -136,17 +145,20 @@ def run_jobs(settings, selectors, layout: Layout, fields: dict | None = None) ->
         if not matched:
             raise ValueError(f"job {text!r}: no configured job of stage {stage} matches")
         picked += [(stage, wildcards) for wildcards in matched]
+    fields = fields or {}
+    budgets_wanted = fields.get("budgets")
+    picked = [
+        (stage, wildcards)
+        for stage, wildcards in picked
+        if budgets_wanted is None or "budget" not in wildcards or wildcards["budget"] in budgets_wanted
+    ]
+    jobs = [override(make_job(stage, settings, results=layout.results, **w), fields) for stage, w in picked]
+    check_fields(jobs, fields)
     written = []
-    budgets_wanted = (fields or {}).get("budgets")
-    for stage, wildcards in picked:
-        if budgets_wanted is not None and "budget" in wildcards and wildcards["budget"] not in budgets_wanted:
-            continue
-        job = override(make_job(stage, settings, results=layout.results, **wildcards), fields or {})
+    for (stage, wildcards), job in zip(picked, jobs, strict=True):
         prepare_inputs(job, settings)
         budgets = getattr(job, "budgets", ())
         paths = outputs(stage, layout, wildcards, budgets)
-        for path in paths:
-            Path(path).parent.mkdir(parents=True, exist_ok=True)
         write_rows(run(job), paths, budgets)
         print(f"{stage} {wildcards}: done", flush=True)
         written += paths
@@ -164,13 +176,14 @@ def prepare_inputs(job, settings) -> None:
         target = Path(path) if path is not None else None
         if target is None or target.is_file():
             continue
-        target.parent.mkdir(parents=True, exist_ok=True)
-        if target.suffix == ".so":
-            target.write_bytes(cached_native_library().read_bytes())
-        elif target.suffix == ".fatbin":
-            target.write_bytes(
-                cached_fatbin(kernel_source(target.stem), tuple(settings.cuda_archs)).read_bytes()
+        if target.suffix in (".so", ".fatbin"):
+            built = (
+                cached_native_library()
+                if target.suffix == ".so"
+                else cached_fatbin(kernel_source(target.stem), tuple(settings.cuda_archs))
             )
+            with atomic_output(target) as tmp:
+                shutil.copyfile(built, tmp)
         elif name == "trace":
             distribution, _, depth = target.stem.rpartition("-L")
             spec = TraceSpec(
@@ -181,6 +194,5 @@ def prepare_inputs(job, settings) -> None:
                 vocab_size=settings.vocab_size,
                 seed=settings.seed,
             )
-            drafter = settings.drafter.as_dict() if distribution in ("drafter", "drafter-bf16") else None
-            trace = generate(spec, "cpu", drafter=drafter)
+            trace = generate(spec, "cpu", drafter=settings.drafter_params(distribution))
             save_trace(target, trace.top_log_probs, trace.top_token_ids, **trace.metadata)
