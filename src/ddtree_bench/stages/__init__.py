@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import itertools
 import shutil
 from pathlib import Path
 
@@ -29,6 +30,11 @@ def enabled(stage: str, settings) -> bool:
     """Whether the configuration runs the stage (``step.enabled`` and its own switch, where it has one)."""
     switch = catalog.STAGES[stage].switch
     return bool(settings.step.enabled and (switch is None or getattr(settings.step, switch).enabled))
+
+
+def points(**axes) -> list[dict]:
+    """Every combination of the axes' values as wildcards (the first axis varies slowest): a ``Job.grid``."""
+    return [dict(zip(axes, values, strict=True)) for values in itertools.product(*axes.values())]
 
 
 def grid(stage: str, settings) -> list[dict]:

@@ -48,6 +48,7 @@ from ddtree_bench.cuda import loader as cuda
 from ddtree_bench.environment import ENVIRONMENT_COLUMNS, collect_environment
 from ddtree_bench.ops.accept import TREE_LINK_FIELDS, DeviceAccept, GpuAccept, accept_cpu, host_field
 from ddtree_bench.paths import layout
+from ddtree_bench.stages import points
 from ddtree_bench.stages.build import read_batch
 from ddtree_bench.timing.gpu import EVENT_CLOCK, EventTimer, pinned
 from ddtree_bench.timing.policy import TimingPolicy
@@ -131,11 +132,12 @@ class Job:
     @classmethod
     def grid(cls, settings) -> list[dict]:
         step = settings.step_options()
-        return [
-            {"distribution": step["distribution"], "depth": step["depth"], "budget": budget, "batch": batch}
-            for budget in step["budgets"]
-            for batch in step["batch_sizes"]
-        ]
+        return points(
+            distribution=[step["distribution"]],
+            depth=[step["depth"]],
+            budget=step["budgets"],
+            batch=step["batch_sizes"],
+        )
 
     @classmethod
     def from_settings(cls, settings, *, distribution, depth, budget, batch, results=None):

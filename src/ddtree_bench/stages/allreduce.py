@@ -17,6 +17,7 @@ from ddtree_bench.environment import ENVIRONMENT_COLUMNS, collect_environment
 from ddtree_bench.k26.allreduce import collective_plan, measure_collectives, plan_bytes
 from ddtree_bench.k26.draft import draft_block
 from ddtree_bench.k26.shapes import ModelShape
+from ddtree_bench.stages import points
 from ddtree_bench.timing.records import stage_frame, unavailable_row
 
 
@@ -40,7 +41,7 @@ class Job:
 
     @classmethod
     def grid(cls, settings) -> list[dict]:
-        return [{"batch": batch} for batch in settings.step_options()["batch_sizes"]]
+        return points(batch=settings.step_options()["batch_sizes"])
 
     @classmethod
     def from_settings(cls, settings, *, batch, results=None):

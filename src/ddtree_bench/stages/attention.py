@@ -60,6 +60,7 @@ from ddtree_bench.ops.attention import (
 )
 from ddtree_bench.ops.attention_peers import PEER_MASKS, TREE_MASK, check_visibility, find_sglang_kernel
 from ddtree_bench.paths import layout
+from ddtree_bench.stages import points
 from ddtree_bench.stages.build import read_batch
 from ddtree_bench.timing.gpu import SPIN_NS, EventTimer
 from ddtree_bench.timing.policy import TimingPolicy
@@ -143,14 +144,14 @@ class Job:
     @classmethod
     def grid(cls, settings) -> list[dict]:
         step = settings.step_options()
-        return [
-            {"distribution": step["distribution"], "depth": step["depth"], "budget": budget, "batch": batch}
-            | {"prefix": prefix, "heads": heads}
-            for budget in step["budgets"]
-            for batch in step["batch_sizes"]
-            for prefix in step["prefix_lengths"]
-            for heads in step["heads"]
-        ]
+        return points(
+            distribution=[step["distribution"]],
+            depth=[step["depth"]],
+            budget=step["budgets"],
+            batch=step["batch_sizes"],
+            prefix=step["prefix_lengths"],
+            heads=step["heads"],
+        )
 
     @classmethod
     def from_settings(cls, settings, *, distribution, depth, budget, batch, prefix, heads, results=None):

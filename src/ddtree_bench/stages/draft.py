@@ -19,6 +19,7 @@ from ddtree_bench.environment import ENVIRONMENT_COLUMNS, collect_environment
 from ddtree_bench.k26.draft import DraftShard, draft_block, draft_bytes
 from ddtree_bench.k26.shapes import DrafterShape
 from ddtree_bench.paths import layout
+from ddtree_bench.stages import points
 from ddtree_bench.stages.gpu_runner import HEADROOM, GraphRunner, describe_error, gpu_reason, ok_rows
 from ddtree_bench.timing.gpu import EVENT_CLOCK
 from ddtree_bench.timing.policy import TimingPolicy
@@ -49,11 +50,7 @@ class Job:
     @classmethod
     def grid(cls, settings) -> list[dict]:
         step = settings.step_options()
-        return [
-            {"batch": batch, "prefix": prefix}
-            for batch in step["batch_sizes"]
-            for prefix in step["prefix_lengths"]
-        ]
+        return points(batch=step["batch_sizes"], prefix=step["prefix_lengths"])
 
     @classmethod
     def from_settings(cls, settings, *, batch, prefix, results=None):

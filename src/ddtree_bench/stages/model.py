@@ -30,6 +30,7 @@ from ddtree_bench.environment import ENVIRONMENT_COLUMNS, collect_environment
 from ddtree_bench.k26 import moe as moe_ops
 from ddtree_bench.k26.shapes import ModelShape
 from ddtree_bench.paths import layout
+from ddtree_bench.stages import points
 from ddtree_bench.stages.gpu_runner import HEADROOM, GraphRunner, describe_error, gpu_reason, ok_rows
 from ddtree_bench.timing.gpu import EVENT_CLOCK
 from ddtree_bench.timing.policy import TimingPolicy
@@ -78,11 +79,12 @@ class Job:
     @classmethod
     def grid(cls, settings) -> list[dict]:
         step = settings.step_options()
-        return [
-            {"distribution": step["distribution"], "depth": step["depth"], "batch": batch, "prefix": prefix}
-            for batch in step["batch_sizes"]
-            for prefix in step["prefix_lengths"]
-        ]
+        return points(
+            distribution=[step["distribution"]],
+            depth=[step["depth"]],
+            batch=step["batch_sizes"],
+            prefix=step["prefix_lengths"],
+        )
 
     @classmethod
     def from_settings(cls, settings, *, distribution, depth, batch, prefix, results=None):

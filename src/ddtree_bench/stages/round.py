@@ -29,6 +29,7 @@ from ddtree_bench.k26.draft import draft_block
 from ddtree_bench.k26.round import FUSED_BUILDERS, ROUND_BUILDERS, RoundOptions
 from ddtree_bench.k26.shapes import DrafterShape, ModelShape
 from ddtree_bench.paths import layout
+from ddtree_bench.stages import points
 from ddtree_bench.stages.gpu_runner import HEADROOM, describe_error, gpu_reason
 from ddtree_bench.timing.policy import TimingPolicy
 from ddtree_bench.timing.records import stage_frame, unavailable_row
@@ -74,11 +75,7 @@ class Job:
         round_ = step["round"]
         if not round_["builders"]:
             return []
-        return [
-            {"batch": batch, "prefix": prefix}
-            for batch in round_["batch_sizes"]
-            for prefix in step["prefix_lengths"]
-        ]
+        return points(batch=round_["batch_sizes"], prefix=step["prefix_lengths"])
 
     @classmethod
     def from_settings(cls, settings, *, batch, prefix, results=None):
