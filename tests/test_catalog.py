@@ -8,14 +8,12 @@ from __future__ import annotations
 
 import ast
 import json
-import os
 import subprocess
 import sys
 import types
-from pathlib import Path
 
 import yaml
-from workflow_copy import ROOT, needs_snakemake, snakemake, workdir_copy
+from workflow_copy import ROOT, catalog_entry_environment, needs_snakemake, snakemake, workdir_copy
 
 from ddtree_bench import catalog
 from ddtree_bench.config import CATALOG_ENUMS, SCHEMA_PATH, load_schema, schema_enum
@@ -149,23 +147,9 @@ print("toy ok")
 """
 
 
-def _toy_environment(base: Path) -> dict:
-    """PYTHONPATH with a ``sitecustomize`` that adds the toy entry to the catalog before anything runs, and
-    the toy builder's module."""
-    folder = base / "toy"
-    folder.mkdir()
-    (folder / "toy_builder.py").write_text(TOY_MODULE)
-    (folder / "sitecustomize.py").write_text(TOY_ENTRY)
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(
-        p for p in (str(folder), str(ROOT / "src"), env.get("PYTHONPATH")) if p
-    )
-    return env
-
-
 @needs_snakemake
 def test_a_toy_builder_is_one_catalog_entry_plus_its_module(tmp_path):
-    env = _toy_environment(tmp_path)
+    env = catalog_entry_environment(tmp_path, TOY_ENTRY, {"toy_builder": TOY_MODULE})
     result = subprocess.run(
         [sys.executable, "-c", TOY_CHECKS], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
     )

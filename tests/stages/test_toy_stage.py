@@ -4,14 +4,12 @@ summarised into the step summary and listed by the report."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pandas as pd
 import yaml
-from workflow_copy import ROOT, needs_snakemake, snakemake, workdir_copy
+from workflow_copy import catalog_entry_environment, needs_snakemake, snakemake, workdir_copy
 
 TOY_ENTRY = """
 from ddtree_bench import catalog
@@ -94,21 +92,9 @@ render_report(
 """
 
 
-def _toy_environment(base: Path) -> dict:
-    folder = base / "toy"
-    folder.mkdir()
-    (folder / "toy_stage.py").write_text(TOY_MODULE)
-    (folder / "sitecustomize.py").write_text(TOY_ENTRY)
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(
-        p for p in (str(folder), str(ROOT / "src"), env.get("PYTHONPATH")) if p
-    )
-    return env
-
-
 @needs_snakemake
 def test_a_toy_stage_is_one_catalog_entry_plus_its_module(tmp_path):
-    env = _toy_environment(tmp_path)
+    env = catalog_entry_environment(tmp_path, TOY_ENTRY, {"toy_stage": TOY_MODULE})
     work = workdir_copy(tmp_path)
     config = yaml.safe_load((work / "config" / "smoke.yaml").read_text())
     config.update(gpu="off", machine="toy", budgets=[4, 8], batch_sizes=[1, 2])

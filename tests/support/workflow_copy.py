@@ -76,3 +76,19 @@ def pretend_gpu(base: Path) -> dict:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(folder), env.get("PYTHONPATH")) if p)
     return env
+
+
+def catalog_entry_environment(base: Path, entry: str, modules: dict[str, str]) -> dict:
+    """The environment of a subprocess whose catalog holds one more entry: a ``sitecustomize`` running
+    ``entry`` before anything else imports the catalog (as an entry in the file would be), beside the
+    ``modules`` (name -> source) it names, and the checkout's src first on PYTHONPATH."""
+    folder = base / "toy"
+    folder.mkdir()
+    for name, source in modules.items():
+        (folder / f"{name}.py").write_text(source)
+    (folder / "sitecustomize.py").write_text(entry)
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(
+        p for p in (str(folder), str(ROOT / "src"), env.get("PYTHONPATH")) if p
+    )
+    return env
