@@ -449,7 +449,9 @@ class Stage:
 
 
 _STAGES = "ddtree_bench.stages."
-_ROUND_BUILDERS = tuple(
+#: The builders a whole round runs, by how its round moves the trees: on the device (one CUDA graph), then
+#: through pageable copies, then pinned ones (``k26.round``).
+ROUND_BUILDERS = tuple(
     b for copies in (DEVICE, PAGEABLE, PINNED) for b in BUILDERS if BUILDERS[b].copies == copies
 )
 
@@ -513,7 +515,7 @@ STAGES: dict[str, Stage] = {
         Stage(
             "round",
             _STAGES + "round",
-            {"round": _ROUND_BUILDERS, "stack": tuple(STACKS)},
+            {"round": ROUND_BUILDERS, "stack": tuple(STACKS)},
             "step/round/N{budget}-B{batch}-S{prefix}.parquet",
             "Whole rounds per builder and per stack at one (batch, prefix): every budget.",
             per_budget=True,

@@ -33,7 +33,7 @@ from ddtree_bench.k26.draft import DraftShard, draft_block
 FUSED_BUILDERS = catalog.builders_where(copies=catalog.DEVICE)
 TORCH_COPY_BUILDERS = catalog.builders_where(copies=catalog.PAGEABLE)
 PINNED_COPY_BUILDERS = catalog.builders_where(copies=catalog.PINNED)
-ROUND_BUILDERS = FUSED_BUILDERS + TORCH_COPY_BUILDERS + PINNED_COPY_BUILDERS
+ROUND_BUILDERS = catalog.ROUND_BUILDERS
 
 
 def pack_bits(torch, visibility, out):
