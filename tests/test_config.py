@@ -428,6 +428,13 @@ def test_round_stage_options_resolve_the_shapes():
         "batch_sizes": [1, 8, 64],
         "stacks": [],
         "max_round_seconds": 2.0,
+        "chain_blocks": [],
+        "warmup": 3,
+        "repeats": 10,
+        "repeat_budgets": [],
+        "repeat_runs": 3,
+        "expert_sets": None,
+        "comm": {"world_size": 8, "bus_bandwidth_gbps": 370.0, "latency_us": 15.0},
     }
 
 

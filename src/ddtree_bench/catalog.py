@@ -412,6 +412,13 @@ STACKS: dict[str, Stack] = {
 }
 
 
+#: The linear DFlash chain's round (``k26.chain``: upstream SGLang's, no tree), in the round job beside the
+#: stacks: its rows are stack rows of this name at budget block - 1.
+CHAIN = "chain"
+CHAIN_LABEL = "linear DFlash chain (upstream SGLang: causal verify, its Triton accept)"
+CHAIN_COLOR = "C2"
+
+
 def stack_names() -> tuple[str, ...]:
     return tuple(STACKS)
 
@@ -515,7 +522,7 @@ STAGES: dict[str, Stage] = {
         Stage(
             "round",
             _STAGES + "round",
-            {"round": ROUND_BUILDERS, "stack": tuple(STACKS)},
+            {"round": ROUND_BUILDERS, "stack": (*STACKS, CHAIN)},
             "step/round/N{budget}-B{batch}-S{prefix}.parquet",
             "Whole rounds per builder and per stack at one (batch, prefix): every budget.",
             per_budget=True,

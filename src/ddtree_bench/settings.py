@@ -131,6 +131,12 @@ class RoundSettings:
     batch_sizes: tuple[int, ...] | None
     stacks: tuple[str, ...]
     max_round_seconds: float
+    chain_blocks: tuple[int, ...]
+    warmup: int
+    repeats: int
+    repeat_budgets: tuple[int, ...]
+    repeat_runs: int
+    expert_sets: int | None
 
 
 @dataclass(frozen=True)
@@ -388,6 +394,17 @@ class Settings:
                 ),
                 "stacks": list(round_.stacks),
                 "max_round_seconds": float(round_.max_round_seconds),
+                "chain_blocks": [int(b) for b in round_.chain_blocks],
+                "warmup": int(round_.warmup),
+                "repeats": int(round_.repeats),
+                "repeat_budgets": [int(b) for b in round_.repeat_budgets],
+                "repeat_runs": int(round_.repeat_runs),
+                "expert_sets": None if round_.expert_sets is None else int(round_.expert_sets),
+                "comm": {
+                    "world_size": int(model.shape.tp),
+                    "bus_bandwidth_gbps": float(self.throughput.allreduce.bus_bandwidth_gbps),
+                    "latency_us": float(self.throughput.allreduce.latency_us),
+                },
             },
         }
 

@@ -9,11 +9,20 @@ What SGLang's DDTree worker runs before the tree build, per round, on each rank:
    drafter sees every block position), ``o_proj``, RMSNorm and a SiLU MLP (``intermediate / tp``);
 2. the final norm and the target's LM-head shard over the block's non-bonus positions (``block - 1`` rows
    a request), in float32;
-3. the log-softmax normaliser (logsumexp over the shard) and ``torch.topk`` with ``K = min(budget, topk)``:
-   the builders' inputs ``top_log_probs`` [B, block - 1, K] and ``top_token_ids``.
+3. the log-softmax normaliser (logsumexp over the shard) and ``torch.topk`` with ``K = min(budget, topk)``,
+   then the merge of the ranks' top-Ks as SGLang's ``_topk_from_vocab_parallel_head`` does it: the ranks'
+   values, ids and normalisers all-gathered (not run on one GPU: the ``allreduce`` stage's all-gathers, an
+   estimate elsewhere), a second ``topk`` over ``tp x K`` candidates, the ids gathered, the normalisers
+   merged. Here the other ranks' slots hold -inf, so the merge runs at its real size and yields this rank's
+   own top-K: the builders' inputs ``top_log_probs`` [B, block - 1, K] and ``top_token_ids``.
 
-Under tensor parallel the per-rank top-Ks and normalisers are all-gathered and merged (the ``allreduce``
-stage's all-gathers); here each rank's own. ``DraftShard.run()`` only enqueues work (CUDA-graph capturable).
+``head_greedy()`` is the linear DFlash chain's head instead (upstream's ``_DflashDraftSampler`` under tensor
+parallel): each rank's maximum, the ranks' maxima merged, the argmax: ``draft_tokens`` [B, block - 1].
+``commit(hidden, rows)`` is the drafter's side of a round's commit: the target's hidden states of the
+committed tokens projected (``fc``, a norm) and every layer's K/V of them written into the draft KV cache
+(one GEMM for all layers, the K norm and RoPE, a write per layer), as SGLang's fused KV materialisation does.
+
+``run()``, ``forward()``, the heads and ``commit`` only enqueue work (CUDA-graph capturable).
 """
 
 from __future__ import annotations
@@ -35,10 +44,11 @@ def draft_block(budget: int, block_size: int, topk: int, follow_budget: bool) ->
 
 
 def draft_bytes(shape: DrafterShape, batch: int, block: int, context: int, vocab_shard: int) -> float:
-    """What ``DraftShard`` allocates: weights, the LM-head shard, the draft KV cache and the logits."""
+    """What ``DraftShard`` allocates: weights (the commit's too), the LM-head shard, the draft KV cache and
+    the logits."""
     kv = 2.0 * shape.layers * batch * (context + block) * 2 * shape.local_kv_heads * shape.head_dim
     logits = 4.0 * batch * block * vocab_shard
-    return shape.bytes(vocab_shard) + kv + 3 * logits + 64 * 2**20
+    return shape.bytes(vocab_shard) + 2.0 * shape.context_params() + kv + 3 * logits + 64 * 2**20
 
 
 class DraftShard:
@@ -114,10 +124,29 @@ class DraftShard:
         rows = batch * (block - 1)
         self.top_log_probs = torch.empty((batch, block - 1, k), device=self.device, dtype=torch.float32)
         self.top_token_ids = torch.empty((batch, block - 1, k), device=self.device, dtype=torch.long)
+        self.draft_tokens = torch.empty((batch, block - 1), device=self.device, dtype=torch.long)
         self._rows = rows
+        # the ranks' gathered top-Ks (this rank's in slot 0, the others' -inf) and normalisers
+        tp = s.tp
+        self.gathered_values = torch.full((rows, tp * k), float("-inf"), device=self.device)
+        self.gathered_ids = torch.zeros((rows, tp * k), device=self.device, dtype=torch.long)
+        self.gathered_log_z = torch.full((tp, rows), float("-inf"), device=self.device)
+        self.gathered_max = torch.full((rows, tp), float("-inf"), device=self.device)
+        self.gathered_argmax = torch.zeros((rows, tp), device=self.device, dtype=torch.long)
+        self.drafted = torch.empty((rows, s.hidden), device=self.device, dtype=bf16)
+        self._commit_weights(weight, ones)
 
-    def run(self):
-        """Drafter forward, LM head, normaliser and top-K; fills ``top_log_probs`` and ``top_token_ids``."""
+    def _commit_weights(self, weight, ones) -> None:
+        """The commit's weights: ``fc`` (the target layers' hidden states to the drafter's), its norm, every
+        layer's K/V projection in one matrix, the K norm."""
+        s = self.shape
+        self.fc = weight(s.target_layers * s.hidden, s.hidden)
+        self.hidden_norm = ones(s.hidden)
+        self.kv_all = weight(s.hidden, s.layers * 2 * s.local_kv_heads * s.head_dim)
+        self.k_norm = ones(s.head_dim)
+
+    def forward(self):
+        """The drafter's layers over the block; the drafted positions' final hidden states in ``drafted``."""
         torch, s = self.torch, self.shape
         from ddtree_bench.k26.target import rms_norm, rope  # noqa: PLC0415
 
@@ -139,9 +168,56 @@ class DraftShard:
             gate, up = (h @ w["gate_up"]).chunk(2, dim=-1)
             x = x + (torch.nn.functional.silu(gate) * up) @ w["down"]
         drafted = rms_norm(torch, x, self.final_norm).view(b, blk, -1)[:, 1:, :]
-        logits = (drafted.reshape(self._rows, -1) @ self.lm_head).float()
-        normaliser = torch.logsumexp(logits, dim=-1, keepdim=True)
-        values, ids = torch.topk(logits, self.k, dim=-1)
-        self.top_log_probs.copy_((values - normaliser).view(b, blk - 1, self.k))
-        self.top_token_ids.copy_(ids.view(b, blk - 1, self.k))
+        self.drafted.copy_(drafted.reshape(self._rows, -1))
+        return self.drafted
+
+    def head_topk(self):
+        """The LM-head shard, the normaliser, this rank's top-K and the ranks' merge (module docstring);
+        fills ``top_log_probs`` and ``top_token_ids``."""
+        torch, b, blk, k = self.torch, self.batch, self.block, self.k
+        logits = (self.drafted @ self.lm_head).float()
+        log_z = torch.logsumexp(logits, dim=-1)
+        values, ids = torch.topk(logits, k, dim=-1)
+        self.gathered_values[:, :k].copy_(values)
+        self.gathered_ids[:, :k].copy_(ids)
+        self.gathered_log_z[0].copy_(log_z)
+        top, position = torch.topk(self.gathered_values, k, dim=-1)
+        merged_ids = torch.gather(self.gathered_ids, 1, position)
+        merged_log_z = torch.logsumexp(self.gathered_log_z.transpose(0, 1), dim=-1)
+        self.top_log_probs.copy_((top - merged_log_z[:, None]).view(b, blk - 1, k))
+        self.top_token_ids.copy_(merged_ids.view(b, blk - 1, k))
         return self.top_log_probs, self.top_token_ids
+
+    def head_greedy(self):
+        """The chain's head (module docstring): fills ``draft_tokens``."""
+        torch = self.torch
+        logits = self.drafted @ self.lm_head
+        best, index = torch.max(logits, dim=-1)
+        self.gathered_max[:, 0].copy_(best.float())
+        self.gathered_argmax[:, 0].copy_(index)
+        rank = torch.argmax(self.gathered_max, dim=-1, keepdim=True)
+        self.draft_tokens.copy_(torch.gather(self.gathered_argmax, 1, rank).view(self.batch, -1))
+        return self.draft_tokens
+
+    def run(self):
+        """Drafter forward, LM head, normaliser, top-K and the ranks' merge (the tree's drafter)."""
+        self.forward()
+        return self.head_topk()
+
+    def commit(self, hidden, rows: int):
+        """The draft KV of a round's committed tokens: ``hidden`` [B * rows, target_layers x hidden] (the
+        target's hidden states of the round's ``rows`` tokens a request, the committed ones first) projected
+        for every row, as SGLang projects them, and the first ``min(rows, block)`` (the most a round commits)
+        written into every layer's cache after the context (module docstring)."""
+        torch, s = self.torch, self.shape
+        from ddtree_bench.k26.target import rms_norm, rope  # noqa: PLC0415
+
+        hk, d = s.local_kv_heads, s.head_dim
+        ctx = rms_norm(torch, hidden @ self.fc, self.hidden_norm)
+        kv = (ctx @ self.kv_all).view(self.batch, rows, s.layers, 2, hk, d)[:, : min(rows, self.block)]
+        written = kv.shape[1]
+        k = rope(torch, rms_norm(torch, kv[:, :, :, 0], self.k_norm), self.freqs[0, 0, :written, None, None])
+        end = self.context + written
+        for layer in range(s.layers):
+            self.k_cache[layer][:, :, self.context : end, :].copy_(k[:, :, layer].transpose(1, 2))
+            self.v_cache[layer][:, :, self.context : end, :].copy_(kv[:, :, layer, 1].transpose(1, 2))

@@ -72,7 +72,8 @@ class RoundOptions:
 class RoundRunner:
     """One round of ``options`` (``RoundOptions``) with ``builder`` (module docstring) over ``weights``
     (``k26.target.TargetWeights``, the forward's MoE impl) and a drafter of ``drafter_shape``;
-    ``attention`` and ``accept``: our verify-attention and accept kernels."""
+    ``attention`` and ``accept``: our verify-attention and accept kernels; ``target_options``: more of
+    ``k26.target.ShardOptions``' fields."""
 
     def __init__(
         self,
@@ -84,13 +85,14 @@ class RoundRunner:
         builder_options: dict | None,
         attention,
         accept,
+        target_options: dict | None = None,
     ):
         import cupy as cp  # noqa: PLC0415
         import torch  # noqa: PLC0415
 
         from ddtree_bench.builders import get_builder  # noqa: PLC0415
         from ddtree_bench.builders.gpu_device import DeviceTreeBuilder  # noqa: PLC0415
-        from ddtree_bench.k26.target import TargetShard  # noqa: PLC0415
+        from ddtree_bench.k26.target import ShardOptions, TargetShard  # noqa: PLC0415
         from ddtree_bench.ops.accept import DeviceAccept  # noqa: PLC0415
 
         if builder not in ROUND_BUILDERS:
@@ -107,8 +109,7 @@ class RoundRunner:
             prefix=options.prefix,
             attention=attention,
             mask_bits=self.mask_bits,
-            routing=options.routing,
-            skew=options.skew,
+            options=ShardOptions(routing=options.routing, skew=options.skew, **(target_options or {})),
         )
         self.target_tokens = torch.zeros(
             (self.batch, self.budget + 1), dtype=torch.int64, device=weights.device

@@ -199,6 +199,8 @@ class DrafterShape:
     head_dim: int = 128
     intermediate: int = 18432
     tp: int = 8
+    #: the target layers whose hidden states the drafter's context projection (``fc``) takes, concatenated
+    target_layers: int = 5
 
     def __post_init__(self):
         for f in fields(self):
@@ -236,6 +238,12 @@ class DrafterShape:
     def bytes(self, vocab_shard: int, hidden: int | None = None) -> float:
         """BF16 weights the drafter's round reads: its layers and the target's LM-head shard."""
         return 2.0 * (self.layers * self.layer_params() + vocab_shard * (hidden or self.hidden))
+
+    def context_params(self) -> int:
+        """The commit's weights: ``fc`` (the target layers' hidden states to the drafter's) and every
+        layer's K/V projection of it (one matrix for all layers)."""
+        kv = self.layers * 2 * self.local_kv_heads * self.head_dim
+        return self.target_layers * self.hidden * self.hidden + self.hidden * kv
 
     def flops(self, batch: int, block: int, context: int, vocab_shard: int) -> float:
         """The block's projections, MLPs and attention over ``context + block`` keys, and the LM head."""

@@ -23,6 +23,7 @@ stream (no host sync, no allocation after ``warm()``), so each can be captured a
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -66,9 +67,15 @@ def weights_bytes(shape: ModelShape, moe_impl: str) -> float:
     return shape.bf16_bytes() + shape.moe_layers * layer_expert_bytes(shape, moe_impl)
 
 
-def state_bytes(shape: ModelShape, batch: int, budget: int, prefix: int) -> float:
-    """What ``TargetShard`` allocates over the weights: the KV cache and the activations."""
-    return shape.kv_cache_bytes(batch, prefix + budget + 1) + activation_bytes(shape, batch * (budget + 1))
+def state_bytes(shape: ModelShape, batch: int, budget: int, prefix: int, aux_layers: int = 0) -> float:
+    """What ``TargetShard`` allocates over the weights: the KV cache, the activations and the hidden states
+    kept for the drafter's commit (``aux_layers`` of them)."""
+    tokens = batch * (budget + 1)
+    return (
+        shape.kv_cache_bytes(batch, prefix + budget + 1 + 64)
+        + activation_bytes(shape, tokens)
+        + 2.0 * tokens * max(1, aux_layers) * shape.hidden
+    )
 
 
 class TargetWeights:
@@ -152,12 +159,25 @@ class TargetWeights:
         return self.experts[layer % len(self.experts)]
 
 
+@dataclass(frozen=True)
+class ShardOptions:
+    """A ``TargetShard``'s options: the routed experts' distribution (``routing``, ``skew``:
+    ``shapes.ROUTINGS``), ``kv_align`` (each request's cache rows rounded up to a multiple: FlashMLA reads
+    pages of 64) and ``aux_layers`` (how many evenly spaced layers' hidden states it keeps for the drafter's
+    commit)."""
+
+    routing: str = "uniform"
+    skew: float = 1.0
+    kv_align: int = 1
+    aux_layers: int = 0
+
+
 class TargetShard:
     """One verify forward's state over ``TargetWeights`` for (batch, budget, prefix) (module docstring):
     the KV cache, the drawn routing, the buffers and the prepared verify attention per layer.
     ``mask_bits``: the trees' packed visibility [B, N+1, words] on the GPU; ``attention``: an
-    ``ops.attention.VerifyAttention`` (None with ``moe_only`` weights: only ``moe_part`` runs);
-    ``routing``/``skew``: the routed experts' distribution (``shapes.ROUTINGS``)."""
+    ``ops.attention.VerifyAttention`` (None with ``moe_only`` weights: only ``moe_part`` runs; or where
+    every attention is added with ``add_attention``); ``options``: ``ShardOptions``."""
 
     def __init__(
         self,
@@ -168,11 +188,13 @@ class TargetShard:
         prefix: int,
         attention=None,
         mask_bits=None,
-        routing: str = "uniform",
-        skew: float = 1.0,
+        options: ShardOptions | None = None,
     ):
         import torch  # noqa: PLC0415
 
+        options = options or ShardOptions()
+        routing, skew = options.routing, options.skew
+        kv_align, aux_layers = options.kv_align, options.aux_layers
         self.torch, self.weights = torch, weights
         self.shape = s = weights.shape
         self.layers, self.final_norm, self.lm_head = weights.layers, weights.final_norm, weights.lm_head
@@ -189,8 +211,9 @@ class TargetShard:
         self.x = torch.empty((t, s.hidden), device=self.device, dtype=bf16).normal_(0, 1, generator=gen)
         if weights.moe_only:
             return
-        # the latent cache: prefix rows, then the tree's N + 1 rows (written by the forward)
-        kv_rows = prefix + budget + 1
+        # the latent cache: prefix rows, then the tree's N + 1 rows (written by the forward), rounded up to
+        # ``kv_align`` rows a request (FlashMLA reads it as pages of 64)
+        kv_rows = -(-(prefix + budget + 1) // kv_align) * kv_align
         self.kv = [
             torch.empty((batch, kv_rows, s.latent_dim), device=self.device, dtype=bf16).normal_(
                 0.0, 1.0, generator=gen
@@ -212,9 +235,22 @@ class TargetShard:
         self.logits = torch.empty((t, s.vocab_shard), device=self.device, dtype=bf16)
         lengths = np.full(batch, prefix, np.int64)
         self.lengths = lengths
-        self.prepared = [attention.prepare(self.q, kv, lengths, mask_bits, self.attn_out) for kv in self.kv]
-        self.attentions = {None: self.prepared}
-        self.active = self.prepared
+        # the hidden states of ``aux_layers`` evenly spaced layers, what the drafter's commit projects
+        self.aux_layers = (
+            tuple(int(i) for i in np.linspace(1, s.layers - 2, aux_layers).round().astype(int))
+            if aux_layers
+            else ()
+        )
+        self.hidden_aux = torch.empty(
+            (t, max(1, len(self.aux_layers)) * s.hidden), device=self.device, dtype=bf16
+        )
+        self.attentions = {}
+        if attention is not None:
+            self.prepared = [
+                attention.prepare(self.q, kv, lengths, mask_bits, self.attn_out) for kv in self.kv
+            ]
+            self.attentions[None] = self.prepared
+            self.active = self.prepared
 
     def add_attention(self, name: str, attention, mask, **options) -> None:
         """Prepare another verify attention (``ops.sglang_verify``'s adapters) on every layer's cache with
@@ -279,6 +315,7 @@ class TargetShard:
         ``attention``: a verify attention added with ``add_attention`` (default: the one given at start)."""
         self.active = self.attentions[attention]
         x = self.x
+        hidden = self.shape.hidden
         for layer in range(self.shape.layers):
             x = self._projections(layer, x, attention=True)
             h = rms_norm(self.torch, x, self.layers[layer]["post_norm"])
@@ -286,6 +323,9 @@ class TargetShard:
                 x = x + self._mlp(self.layers[layer]["gate_up"], self.layers[layer]["down"], h)
             else:
                 x = x + self._moe(layer, h)
+            if layer in self.aux_layers:
+                slot = self.aux_layers.index(layer)
+                self.hidden_aux[:, slot * hidden : (slot + 1) * hidden].copy_(x)
         self._lm_head(x)
         return self.logits
 

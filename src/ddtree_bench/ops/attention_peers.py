@@ -87,6 +87,7 @@ __all__ = [
     "dense_mask",
     "find_sglang_kernel",
     "load_flash_mla",
+    "FlashMlaAttention",
     "load_sglang_extend_attention",
     "make_peer",
     "reference_attention",
@@ -346,6 +347,58 @@ def _build_flashmla(torch, q, kv_used, prefix_lengths, scale, heads: int):
     return call
 
 
+class FlashMlaAttention:
+    """FlashMLA as a verify forward's attention (``k26.target.TargetShard.add_attention``), causal: what a
+    linear chain's verify needs (its block's tokens see the prefix and the tokens before them). The cache
+    must hold a multiple of ``FLASHMLA_PAGE`` rows a request (``ShardOptions(kv_align=64)``): it is read in
+    place as pages, request ``b``'s in order. The scheduling metadata is made once per shape."""
+
+    def __init__(self):
+        self.module, label = load_flash_mla()
+        self.describe = f"{label}, flash_mla_with_kvcache (pages of {FLASHMLA_PAGE}, causal=True)"
+
+    def prepare(self, q, kv, prefix_lengths, mask, out):
+        import torch  # noqa: PLC0415
+
+        del mask  # causal: no mask
+        batch, rows, _ = kv.shape
+        if rows % FLASHMLA_PAGE:
+            raise ValueError(f"{FLASHMLA}: the cache needs a multiple of {FLASHMLA_PAGE} rows, got {rows}")
+        nodes, heads = q.shape[1], q.shape[2]
+        pages = rows // FLASHMLA_PAGE
+        key = (batch, rows, nodes, heads)
+        if getattr(self, "_key", None) != key:
+            seqlens = torch.as_tensor(
+                [int(s) + nodes for s in prefix_lengths], dtype=torch.int32, device=q.device
+            )
+            table = torch.arange(batch * pages, dtype=torch.int32, device=q.device).view(batch, pages)
+            meta, splits = self.module.get_mla_metadata(seqlens, nodes * heads, 1)
+            self._key, self._shared = key, (seqlens, table, meta, splits)
+        k_cache = kv.view(batch * pages, FLASHMLA_PAGE, 1, HEAD_DIM)
+        return _PreparedFlashMla(self.module.flash_mla_with_kvcache, self._shared, q, k_cache, out)
+
+
+class _PreparedFlashMla:
+    def __init__(self, run, shared, q, k_cache, out):
+        self.run, self.shared, self.q, self.k_cache, self.out = run, shared, q, k_cache, out
+
+    def launch(self, stream=None) -> None:
+        del stream  # torch's current stream
+        seqlens, table, meta, splits = self.shared
+        o, _lse = self.run(
+            self.q,
+            self.k_cache,
+            table,
+            seqlens,
+            VALUE_DIM,
+            meta,
+            splits,
+            softmax_scale=SOFTMAX_SCALE,
+            causal=True,
+        )
+        self.out.copy_(o)
+
+
 # ----------------------------------------------------------------------- optional extras: SGLang's Triton
 
 
@@ -371,17 +424,18 @@ def load_sglang_extend_attention(source=None):
     return _peer_loads(SGLANG_TRITON, sglang.load_extend_attention, source)
 
 
-def _build_sglang_fa3(torch, q, kv_used, prefix_lengths, visibility, scale):
+def _build_sglang_fa3(torch, q, kv_used, prefix_lengths, visibility, scale, source=None):
     """SGLang's FA3 tree verify as its DDTree fork's FA3 backend runs it (``ops.sglang_verify.Fa3Attention``:
-    a non-causal prefix pass, a pass of each query over its visible tree rows, the LSE merge). Each query's
-    visible tree slots are found once here, as a forward finds them once for all its layers; a call is one
-    layer's (the gather of the tree rows, both passes and the merge)."""
+    a non-causal prefix pass, a pass of each query over its visible tree rows, SGLang's merge). The
+    metadata (each query's visible tree slots) is made once here, as a round makes it once for all its
+    layers; a call is one layer's (the gather of the tree rows, both passes, the two LSE transposes and the
+    merge). ``source``: SGLang's files (the wheel's ``merge_state_triton``)."""
     from ddtree_bench.ops import sglang_verify  # noqa: PLC0415
 
     if scale != SOFTMAX_SCALE:
         raise ValueError(f"{SGLANG_FA3} runs at the softmax scale {SOFTMAX_SCALE}, not {scale}")
     try:
-        fa3 = sglang_verify.Fa3Attention()
+        fa3 = sglang_verify.Fa3Attention(source)
     except SglangUnavailable as exc:
         raise PeerUnavailable(f"{SGLANG_FA3}: {exc}") from exc
     batch, nodes, heads, _ = q.shape
@@ -391,14 +445,12 @@ def _build_sglang_fa3(torch, q, kv_used, prefix_lengths, visibility, scale):
     width = int(visibility.sum(-1).max())  # the deepest path + 1
     out = torch.empty((batch, nodes, heads, VALUE_DIM), dtype=q.dtype, device=q.device)
     prepared = fa3.prepare(q, kv_used, prefix, mask, out, width)
-    prepared.launch()  # the per-forward metadata, once
-    prepared.refresh = False
 
     def call():
         prepared.launch()
         return out
 
-    call.backend = f"{fa3.describe}; {prepared.shared.get('merge_note', '')}".rstrip("; ")
+    call.backend = fa3.describe
     return call
 
 
@@ -481,7 +533,8 @@ def _build_call(torch, name: str, q, kv_used, prefix_lengths, visibility, scale:
     if name == FLASHMLA:
         return _build_flashmla(torch, q, kv_used, prefix_lengths, scale, heads)
     if name == SGLANG_FA3:
-        return _build_sglang_fa3(torch, q, kv_used, prefix_lengths, visibility, scale)
+        source = options.get("sglang_source")
+        return _build_sglang_fa3(torch, q, kv_used, prefix_lengths, visibility, scale, source)
     if name == SGLANG_TRITON:
         source = options["sglang_source"]
         return _build_sglang_triton(torch, q, kv_used, prefix_lengths, visibility, scale, heads, source)

@@ -1,7 +1,12 @@
-"""SGLang's DDTree verify as its worker runs it: the per-request bool verify mask, the tree-verify attention
+"""SGLang's DDTree verify as its worker runs it (the fork's later worker state, docs/round_stages.md): its
+tree tensors on the device, the per-request bool verify mask, the FA3 metadata, the tree-verify attention
 (SGLang's Triton ``extend_attention_fwd`` with that mask, or FA3 two-pass as SGLang's DDTree fork runs it on
-Hopper) and SGLang's Triton tree accept. Used by the round's stacks (``k26.stack``). What loads SGLang's code
-(its attention file, FA3, the accept file) is ``integrations.sglang``; this module runs what it loads.
+Hopper), SGLang's Triton tree accept, and upstream's Triton accept of the linear DFlash chain. Used by the
+round's stacks (``k26.stack``, ``k26.chain``). What loads SGLang's code (its attention file, FA3, the merge,
+the accept files) is ``integrations.sglang``; this module runs what it loads.
+
+- ``ForkTrees``: the tree tensors the fork's worker copies to the device per request (tokens, positions,
+  visibility, the int32 first-child / next-sibling links).
 
 - ``VerifyMask``: ``DFlashDDTreeVerifyInput.prepare_for_verify``'s ``custom_mask``: per request a
   ``[q, S_b + q]`` bool block (q = N + 1), the prefix columns filled True and the tree's visibility copied
@@ -10,18 +15,21 @@ Hopper) and SGLang's Triton tree accept. Used by the round's stacks (``k26.stack
   (the tree's rows as the extend part, the prefix through ``kv_indices`` at page size 1, the mask above,
   ``skip_prefix_custom_mask``). The tree's key rows are copied into the extend buffer first: SGLang's
   forward produces them there before writing the cache; ours writes the cache directly.
-- ``Fa3Attention``: the fork's FA3 backend for an MLA target in target verify (``uses_tree_verify_mask``):
-  once per forward, each query's visible tree slots are read from the mask's tree part and sorted to the
-  front (``cache_seqlens`` = their count); per layer a non-causal pass over the prefix (``qv`` = the latent
-  query), a pass per query over its visible tree slots, and the two merged by their log-sum-exp. Where
-  ``sgl_kernel`` loads it is SGLang's own ``flash_attn_with_kvcache``; else the ``fa3-fwd`` package, whose
-  build has no paged KV: there the tree pass reads each query's visible rows gathered into a contiguous
-  ``[B (N+1), W, 576]`` buffer (W = the deepest path + 1) where the fork reads them through a page table,
-  and the merge is FA3's own ``flash_attn_combine`` where the fork calls ``sgl_kernel``'s
-  ``merge_state_v2``. ``describe`` says which.
+- ``Fa3TreeMetadata``: the fork's FA3 backend's per-round metadata for target verify
+  (``uses_tree_verify_mask``), eager, outside the graph: each query's visible tree slots read from the
+  mask's tree part and sorted to the front (``page_table``), their count (``cache_seqlens``).
+- ``Fa3Attention``: the fork's FA3 backend's absorbed-MLA cascade, per layer: a non-causal varlen pass over
+  the prefix (``qv`` = the latent query), a pass per query over its visible tree slots, the two LSEs
+  transposed (``softmax_lse.T.contiguous()``), SGLang's merge (``sgl_kernel.merge_state_v2``, else the
+  wheel's ``merge_state_triton``). Where ``sgl_kernel`` loads FA3 is SGLang's own; else the ``fa3-fwd``
+  package, whose build has no paged KV: there the tree pass reads each query's visible rows gathered into a
+  contiguous ``[B (N+1), W, 576]`` buffer (W = the deepest path + 1; one launch the fork does not make)
+  where the fork reads them through a page table. ``describe`` says which.
 - ``TritonAccept``: the fork's ``_compute_ddtree_accept_triton_unchecked`` (``triton_ops/ddtree.py`` beside
-  its DDTree utils file), on SGLang's candidates (root token, then the node tokens), the target's tokens and
-  the ``retrieve_next_token`` / ``retrieve_next_sibling`` links.
+  its DDTree utils file), on the fork's tree tensors and the target's tokens.
+- ``ChainAccept`` / ``chain_accept_cpu``: upstream's ``_compute_dflash_accept_bonus_triton_unchecked`` (the
+  wheel's ``ops/speculative/dflash.py``) and the same walk on the CPU.
+- ``launches``: the GPU operations one call issues (the profiler's count).
 
 Every adapter's ``prepare`` allocates; ``launch`` only enqueues work on torch's current stream (the mask's
 ``build`` too, one request at a time). Torch is imported lazily.
@@ -34,7 +42,6 @@ import numpy as np
 from ddtree_bench.integrations.sglang import (
     ACCEPT_FUNCTION,
     SglangUnavailable,
-    describe,
     find_accept_file,
     load_accept,
     load_fa3,
@@ -43,12 +50,18 @@ from ddtree_bench.ops.attention import HEAD_DIM, SOFTMAX_SCALE, VALUE_DIM
 
 ROPE_DIM = HEAD_DIM - VALUE_DIM
 __all__ = [
+    "ChainAccept",
     "Fa3Attention",
+    "Fa3Causal",
+    "Fa3TreeMetadata",
+    "ForkTrees",
     "SglangUnavailable",
     "TritonAccept",
     "TritonAttention",
     "VerifyMask",
+    "chain_accept_cpu",
     "find_accept_file",
+    "launches",
 ]
 
 
@@ -175,22 +188,120 @@ class _PreparedTriton:
 # ----------------------------------------------------------------------------------------------- FA3
 
 
-class Fa3Attention:
-    """FA3 two-pass tree verify as SGLang's DDTree fork runs it (module docstring). ``width``: the tree
-    pass's key rows per query (the deepest path + 1 of the round's trees; only the fa3-fwd path uses it)."""
+class ForkTrees:
+    """The tree tensors the fork's worker keeps on the device for ``batch`` requests of ``q`` = N + 1 rows
+    (``dflash_ddtree_worker.py``, ``_ensure_ddtree_decode_buffers``): ``tokens`` [B, q] int64 (the bonus
+    token, then the nodes' tokens: the verify's input ids and the accept's candidates), ``positions`` [B, q]
+    int64 (prefix + depth), ``visibility`` [B, q, q] bool (given: the view the mask reads), ``next_token`` and
+    ``next_sibling`` [B, q] int32. ``upload`` is the worker's per-request step 5."""
 
-    def __init__(self):
-        self.fn, self.merge, self.paged, library = load_fa3()
+    def __init__(self, batch: int, q: int, visibility, prefix_lengths, device):
+        import torch  # noqa: PLC0415
+
+        self.torch, self.batch, self.q = torch, int(batch), int(q)
+        self.tokens = torch.zeros((batch, q), dtype=torch.int64, device=device)
+        self.positions = torch.zeros((batch, q), dtype=torch.int64, device=device)
+        self.visibility = visibility
+        self.next_token = torch.full((batch, q), -1, dtype=torch.int32, device=device)
+        self.next_sibling = torch.full((batch, q), -1, dtype=torch.int32, device=device)
+        self.prefix = torch.as_tensor(
+            np.asarray(prefix_lengths).reshape(-1), dtype=torch.int64, device=device
+        )
+        self.bonus = torch.zeros((batch, 1), dtype=torch.int64, device=device)
+
+    def start(self) -> None:
+        """The batched part of step 5: the bonus token broadcast, the positions reset to the prefix."""
+        self.tokens.copy_(self.bonus.expand(-1, self.q))
+        self.positions.copy_(self.prefix.unsqueeze(1).expand(-1, self.q))
+
+    def upload(self, b: int, tokens, depths, visibility, next_token, next_sibling) -> None:
+        """Request ``b``'s tree (CPU tensors from SGLang's function, padded to q), copied as the worker
+        copies it: five non-blocking copies from pageable memory and the small kernels around them."""
+        torch, device = self.torch, self.tokens.device
+        real = int(tokens.numel()) + 1
+        self.tokens[b, 1:real].copy_(tokens.to(device=device, non_blocking=True))
+        self.positions[b, 1:real].copy_(
+            self.prefix[b] + depths.to(device=device, dtype=torch.int64, non_blocking=True)
+        )
+        self.visibility[b].copy_(visibility, non_blocking=True)
+        self.next_token[b].copy_(next_token.to(device=device, dtype=torch.int32, non_blocking=True))
+        self.next_sibling[b].copy_(next_sibling.to(device=device, dtype=torch.int32, non_blocking=True))
+
+
+class Fa3TreeMetadata:
+    """The fork's FA3 tree-verify metadata (``flashattention_backend.py``, ``_apply_cuda_graph_metadata`` for
+    target verify with ``uses_tree_verify_mask``), recomputed by ``refresh()`` every round, eagerly, before
+    the graph's replay: the prefix pass's cache lengths and page table, then each query's visible tree slots
+    read from the mask's tree part, sorted to the front (``page_table``, token slots) and counted
+    (``cache_seqlens``). Slots are flat rows of a request-major cache of ``used`` rows a request: what
+    ``req_to_token`` holds for a cache of page size 1."""
+
+    def __init__(self, mask: VerifyMask, used: int, device):
+        import torch  # noqa: PLC0415
+
+        self.torch, self.mask, self.q = torch, mask, mask.q
+        batch, q = len(mask.prefix), mask.q
+        self.batch = batch
+        self.seq_lens = torch.as_tensor(mask.prefix, dtype=torch.int64, device=device)
+        self.req_pool_indices = torch.arange(batch, dtype=torch.int64, device=device)
+        self.req_to_token = (
+            torch.arange(batch * used, dtype=torch.int32, device=device).view(batch, used).contiguous()
+        )
+        self.max_pages = max(mask.prefix) + q
+        self.strided = torch.arange(used, dtype=torch.int64, device=device)
+        self.col_indices = torch.arange(q, dtype=torch.int64, device=device).expand(batch * q, q)
+        self.cache_seqlens = torch.zeros(batch, dtype=torch.int32, device=device)
+        self.cu_seqlens_k = torch.zeros(batch + 1, dtype=torch.int32, device=device)
+        self.page_table = torch.zeros((batch, used), dtype=torch.int32, device=device)
+        self.expand_page_table = torch.zeros((batch * q, q), dtype=torch.int32, device=device)
+        self.expand_seqlens = torch.zeros(batch * q, dtype=torch.int32, device=device)
+        self.expand_cu_seqlens_k = torch.zeros(batch * q + 1, dtype=torch.int32, device=device)
+
+    def refresh(self) -> None:
+        torch, q = self.torch, self.q
+        seq_lens = self.seq_lens
+        self.cache_seqlens.copy_(seq_lens)
+        self.cu_seqlens_k[1:].copy_(torch.cumsum(self.cache_seqlens, 0, dtype=torch.int32))
+        pages = self.req_to_token[self.req_pool_indices[:, None], self.strided[None, : self.max_pages]]
+        self.page_table[:, : self.max_pages].copy_(pages)
+        offsets = torch.arange(q, device=seq_lens.device)[None]
+        cols = offsets.expand(self.batch, -1) + seq_lens[:, None]
+        cum_len = torch.nn.functional.pad(torch.cumsum((seq_lens + q).repeat_interleave(q), 0), (1, 0))[:-1]
+        extraction = (cols.repeat_interleave(q, dim=0) + cum_len[:, None]).view(1, -1)
+        mask = self.mask.buffer[extraction].view(-1, q)
+        keys = torch.where(mask, self.col_indices, self.col_indices + q)
+        _, sort_order = torch.sort(keys, dim=1)
+        slots = self.req_to_token[self.req_pool_indices, :].gather(1, cols).repeat_interleave(q, dim=0)
+        self.expand_page_table.copy_(slots.gather(1, sort_order))
+        self.expand_seqlens.copy_(mask.sum(dim=1))
+        self.expand_cu_seqlens_k[1:].copy_(torch.cumsum(self.expand_seqlens, 0, dtype=torch.int32))
+
+
+class Fa3Attention:
+    """FA3 two-pass tree verify as SGLang's DDTree fork runs it (module docstring). ``sglang_files``: where
+    the wheel's ``merge_state_triton`` is (used where ``sgl_kernel`` does not load); ``width``: the tree
+    pass's key rows per query (the deepest path + 1; only the gather of the fa3-fwd path uses it)."""
+
+    def __init__(self, sglang_files=None):
+        from ddtree_bench.integrations.sglang import load_merge_state  # noqa: PLC0415
+
+        self.fn, _combine, self.paged, library = load_fa3()
+        self.merge, merge_label = load_merge_state(sglang_files)
+        self.metadata = None
         self.describe = (
             f"{library}: non-causal prefix pass (qv = latent query) + per-query pass over the visible tree "
-            "slots + LSE merge"
+            f"slots, their LSEs transposed, merged by {merge_label}; metadata eager every round"
         )
         if not self.paged:
-            self.describe += "; tree rows gathered per query into a contiguous buffer (no paged KV)"
+            self.describe += "; tree rows gathered per query into a contiguous buffer (no paged KV: 1 launch)"
+
+    def refresh(self) -> None:
+        """The round's metadata (``Fa3TreeMetadata``), eagerly, as the fork runs it before the replay."""
+        self.metadata.refresh()
 
     def prepare(self, q, kv, prefix_lengths, mask: VerifyMask, out, width: int):
-        """One layer's call on its cache ``kv``. The per-forward metadata is refreshed by the first layer
-        prepared; the scratch buffers are shared by every layer of the same shape."""
+        """One layer's call on its cache ``kv``. The metadata and the scratch buffers are shared by every
+        layer of the same shape."""
         import torch  # noqa: PLC0415
 
         if self.paged:
@@ -198,163 +309,140 @@ class Fa3Attention:
         batch, nodes, heads, _ = q.shape
         used = int(kv.shape[1])
         key = (id(mask), batch, nodes, heads, used, int(width))
-        first = getattr(self, "_key", None) != key
-        if first:
+        if getattr(self, "_key", None) != key:
             device = q.device
-            meta = _Fa3Metadata(mask, used, int(width), device)
+            self.metadata = Fa3TreeMetadata(mask, used, device)
+            self.metadata.refresh()
+            tokens = batch * nodes
             self._key = key
             self._shared = {
-                "meta": meta,
-                "prefix": torch.as_tensor(
-                    np.asarray(prefix_lengths).reshape(-1), dtype=torch.int32, device=device
-                ),
+                "width": min(int(width), nodes),
+                "cu_seqlens_q": torch.arange(0, tokens + 1, nodes, dtype=torch.int32, device=device),
+                "cu_seqlens_q_expand": torch.arange(tokens + 1, dtype=torch.int32, device=device),
                 "gathered": torch.empty(
-                    (batch * nodes, meta.width, 1, HEAD_DIM), dtype=kv.dtype, device=device
+                    (tokens, min(int(width), nodes), 1, HEAD_DIM), dtype=kv.dtype, device=device
                 ),
-                "out_partial": torch.empty(
-                    (2, batch, nodes, heads, VALUE_DIM), dtype=torch.float32, device=device
-                ),
-                # the combine wants the LSE's query dim fastest: laid out [2, B, H, q], viewed [2, B, q, H]
-                "lse": torch.empty((2, batch, heads, nodes), dtype=torch.float32, device=device),
             }
-        return _PreparedFa3(self.fn, self.merge, self._shared, q, kv, out, refresh=first)
-
-
-class _Fa3Metadata:
-    """Once per forward: each query's visible tree slots (sorted to the front) and their count."""
-
-    def __init__(self, mask: VerifyMask, used: int, width: int, device):
-        import torch  # noqa: PLC0415
-
-        self.torch, self.mask = torch, mask
-        q, batch = mask.q, len(mask.prefix)
-        offsets = torch.arange(q, device=device)
-        # the flat index of every (request, row, tree column) element of the mask
-        self.index = torch.cat(
-            [
-                int(mask.offsets[b]) + s + offsets[:, None] * (s + q) + offsets[None, :]
-                for b, s in enumerate(mask.prefix)
-            ]
-        ).reshape(-1)
-        self.offsets = offsets
-        self.starts = torch.as_tensor(
-            [b * used + s for b, s in enumerate(mask.prefix)], dtype=torch.int64, device=device
-        ).repeat_interleave(q)
-        self.width = min(width, q)
-        self.q, self.batch = q, batch
-        self.cache_seqlens = torch.empty(batch * q, dtype=torch.int32, device=device)
-        self.slots = torch.empty((batch * q, self.width), dtype=torch.int64, device=device)
-
-    def refresh(self) -> None:
-        torch, q = self.torch, self.q
-        tree = self.mask.buffer[self.index].view(-1, q)
-        keys = torch.where(tree, self.offsets, self.offsets + q)
-        order = torch.sort(keys, dim=1).indices[:, : self.width]
-        self.slots.copy_(self.starts[:, None] + order)
-        self.cache_seqlens.copy_(tree.sum(1))
+        return _PreparedFa3(self, self._shared, q, kv, out)
 
 
 class _PreparedFa3:
-    def __init__(self, fn, merge, shared: dict, q, kv, out, refresh: bool):
+    """One layer: the prefix pass, the gather of each query's visible tree rows (fa3-fwd has no paged KV),
+    the tree pass, the two LSEs transposed to [T, H] (``softmax_lse.T.contiguous()``), the merge."""
+
+    def __init__(self, attention: Fa3Attention, shared: dict, q, kv, out):
         batch, nodes, heads, _ = q.shape
         used = kv.shape[1]
-        self.fn, self.merge, self.shared, self.refresh = fn, merge, shared, refresh
-        self.shape = batch, nodes, heads
-        self.q_rope = q[..., VALUE_DIM:]
-        self.q_nope = q[..., :VALUE_DIM]
+        self.attention, self.shared, self.meta = attention, shared, attention.metadata
+        self.tokens, self.nodes, self.heads = batch * nodes, nodes, heads
+        flat_q = q.view(batch * nodes, heads, HEAD_DIM)
+        self.q_rope, self.q_nope = flat_q[..., VALUE_DIM:], flat_q[..., :VALUE_DIM]
         cache = kv.view(batch, used, 1, HEAD_DIM)
         self.k_cache, self.v_cache = cache[..., VALUE_DIM:], cache[..., :VALUE_DIM]
         self.kv_flat = kv.view(batch * used, HEAD_DIM)
-        self.out = out
+        self.out = out.view(batch * nodes, heads, VALUE_DIM)
 
     def launch(self, stream=None) -> None:
-        del stream
-        shared = self.shared
-        meta, gathered, partial, lse = (
-            shared["meta"],
-            shared["gathered"],
-            shared["out_partial"],
-            shared["lse"],
-        )
-        batch, nodes, heads = self.shape
-        if self.refresh:
-            meta.refresh()
-        o1, l1, *_ = self.fn(
+        del stream  # torch's current stream
+        fn, meta, shared = self.attention.fn, self.meta, self.shared
+        gathered, width = shared["gathered"], shared["width"]
+        o, lse, *_ = fn(
             q=self.q_rope,
             k_cache=self.k_cache,
             v_cache=self.v_cache,
             qv=self.q_nope,
-            cache_seqlens=shared["prefix"],
+            cache_seqlens=meta.cache_seqlens,
+            cu_seqlens_q=shared["cu_seqlens_q"],
+            max_seqlen_q=self.nodes,
             softmax_scale=SOFTMAX_SCALE,
             causal=False,
             num_splits=0,
             return_softmax_lse=True,
         )
-        gathered.view(-1, HEAD_DIM).copy_(self.kv_flat.index_select(0, meta.slots.view(-1)))
-        o2, l2, *_ = self.fn(
-            q=self.q_rope.reshape(batch * nodes, 1, heads, ROPE_DIM),
+        slots = meta.expand_page_table[:, :width].reshape(-1)
+        gathered.view(-1, HEAD_DIM).copy_(self.kv_flat.index_select(0, slots))
+        o_expand, lse_expand, *_ = fn(
+            q=self.q_rope,
             k_cache=gathered[..., VALUE_DIM:],
             v_cache=gathered[..., :VALUE_DIM],
-            qv=self.q_nope.reshape(batch * nodes, 1, heads, VALUE_DIM),
-            cache_seqlens=meta.cache_seqlens,
+            qv=self.q_nope,
+            cache_seqlens=meta.expand_seqlens,
+            cu_seqlens_q=shared["cu_seqlens_q_expand"],
+            max_seqlen_q=1,
             softmax_scale=SOFTMAX_SCALE,
             causal=False,
             num_splits=0,
             return_softmax_lse=True,
         )
-        partial[0].copy_(o1)
-        partial[1].copy_(o2.view(batch, nodes, heads, VALUE_DIM))
-        lse[0].copy_(l1)
-        lse[1].copy_(l2.view(batch, nodes, heads).transpose(1, 2))
-        if shared.get("merge") is None:
-            try:  # FA3's combine, where this build takes a 512-wide head; else the same merge in torch
-                self.merge(partial, lse.transpose(-1, -2), out=self.out)
-                shared["merge"] = self.merge
-                shared["merge_note"] = "merged with flash_attn_combine"
-            except Exception as exc:  # noqa: BLE001 (said in the description)
-                shared["merge"] = _torch_merge
-                shared["merge_note"] = f"merged in torch ({describe(exc, 100)})"
-                _torch_merge(partial, lse.transpose(-1, -2), out=self.out)
-        else:
-            shared["merge"](partial, lse.transpose(-1, -2), out=self.out)
+        self.attention.merge(o, lse.T.contiguous(), o_expand, lse_expand.T.contiguous(), self.out)
 
 
-def _torch_merge(partial, lse, out):
-    """Two attention partials ``[2, B, q, H, D]`` and their log-sum-exp ``[2, B, q, H]``, merged into
-    ``out``."""
-    import torch  # noqa: PLC0415
+class Fa3Causal:
+    """FA3's causal pass alone (what SGLang's FA3 backend runs for a linear chain's verify: one call, no
+    mask, no merge), as a verify forward's attention where FlashMLA does not load."""
 
-    weight = torch.exp(lse - lse.max(0).values)
-    out.copy_((partial * weight[..., None]).sum(0) / weight.sum(0)[..., None])
+    def __init__(self):
+        self.fn, _combine, _paged, library = load_fa3()
+        self.describe = f"{library}: one causal pass (qv = latent query)"
+
+    def prepare(self, q, kv, prefix_lengths, mask, out):
+        import torch  # noqa: PLC0415
+
+        del mask
+        batch, nodes, heads, _ = q.shape
+        used = int(kv.shape[1])
+        lengths = torch.as_tensor(
+            [int(s) + nodes for s in np.asarray(prefix_lengths).reshape(-1)],
+            dtype=torch.int32,
+            device=q.device,
+        )
+        cache = kv.view(batch, used, 1, HEAD_DIM)
+        fn = self.fn
+
+        class _Prepared:
+            def launch(self, stream=None):
+                del stream
+                o, *_ = fn(
+                    q=q[..., VALUE_DIM:],
+                    k_cache=cache[..., VALUE_DIM:],
+                    v_cache=cache[..., :VALUE_DIM],
+                    qv=q[..., :VALUE_DIM],
+                    cache_seqlens=lengths,
+                    softmax_scale=SOFTMAX_SCALE,
+                    causal=True,
+                    num_splits=0,
+                )
+                out.copy_(o)
+
+        return _Prepared()
 
 
 # ----------------------------------------------------------------------------------------------- accept
 
 
 class TritonAccept:
-    """SGLang's Triton tree accept (module docstring) for ``batch`` trees of ``budget``, its outputs
-    preallocated as the fork's verify input holds them."""
+    """SGLang's Triton tree accept (module docstring) on the fork's tree tensors (``ForkTrees``: candidates,
+    int32 links) and the target's tokens, its outputs preallocated as the fork's verify input holds them."""
 
-    def __init__(self, source, batch: int, budget: int, device):
+    def __init__(self, source, trees: ForkTrees):
         import torch  # noqa: PLC0415
 
         self.fn, path = load_accept(source)
         self.describe = f"{path.name} {ACCEPT_FUNCTION}"
-        self.path = path
-        q = budget + 1
-        self.candidates = torch.zeros((batch, q), dtype=torch.int64, device=device)
+        self.path, self.trees = path, trees
+        batch, q, device = trees.batch, trees.q, trees.tokens.device
         self.next_token_ids = torch.empty((batch, q), dtype=torch.int64, device=device)
         self.commit_lens = torch.empty(batch, dtype=torch.int32, device=device)
         self.accept_index = torch.empty((batch, q), dtype=torch.int64, device=device)
 
-    def launch(self, node_token_ids, target_tokens, next_token, next_sibling) -> None:
-        """SGLang's candidates (root, then the node tokens) and the kernel, on the current stream."""
-        self.candidates[:, 1:].copy_(node_token_ids)
+    def launch(self, target_tokens) -> None:
+        """The kernel, on the current stream (what ``DFlashDDTreeVerifyInput.verify`` launches)."""
+        trees = self.trees
         self.fn(
-            self.candidates,
+            trees.tokens,
             target_tokens,
-            next_token,
-            next_sibling,
+            trees.next_token,
+            trees.next_sibling,
             self.next_token_ids,
             self.commit_lens,
             self.accept_index,
@@ -374,3 +462,81 @@ class TritonAccept:
             accepted[b, :n] = index[b, :n] - b * q
             bonus[b] = tokens[b, n - 1]
         return accepted, lengths, bonus
+
+
+class ChainAccept:
+    """Upstream SGLang's Triton DFlash accept (``_compute_dflash_accept_bonus_triton_unchecked``) for
+    ``batch`` chains of ``block`` tokens (the bonus token and ``block - 1`` drafted ones): the longest prefix
+    of drafted tokens the target agrees with, the bonus token after it and the new sequence lengths."""
+
+    def __init__(self, sglang_files, batch: int, block: int, prefix_lengths, device):
+        import torch  # noqa: PLC0415
+
+        from ddtree_bench.integrations.sglang import load_chain_accept  # noqa: PLC0415
+
+        self.fn, path = load_chain_accept(sglang_files)
+        self.describe = f"{path.name} _compute_dflash_accept_bonus_triton_unchecked"
+        self.candidates = torch.zeros((batch, block), dtype=torch.int64, device=device)
+        self.accept_lens = torch.empty(batch, dtype=torch.int32, device=device)
+        self.commit_lens = torch.empty(batch, dtype=torch.int32, device=device)
+        self.bonus = torch.empty(batch, dtype=torch.int64, device=device)
+        self.out_tokens = torch.empty((batch, block), dtype=torch.int64, device=device)
+        self.prefix = torch.as_tensor(
+            np.asarray(prefix_lengths).reshape(-1), dtype=torch.int64, device=device
+        )
+        self.new_seq_lens = torch.empty(batch, dtype=torch.int64, device=device)
+
+    def launch(self, target_tokens) -> None:
+        self.fn(
+            self.candidates,
+            target_tokens,
+            self.accept_lens,
+            self.commit_lens,
+            self.bonus,
+            self.out_tokens,
+            self.prefix,
+            self.new_seq_lens,
+        )
+
+    def result(self):
+        """``(accepted drafted tokens [B] int32, bonus token [B] int64)``."""
+        return self.accept_lens.cpu().numpy().astype(np.int32), self.bonus.cpu().numpy()
+
+
+def chain_accept_cpu(candidates, target_tokens):
+    """The chain's accept on the CPU: per request the number of leading drafted tokens
+    (``candidates[:, 1:]``) equal to the target's token at the position before each, and the target's token
+    after them (the bonus). ``(accepted [B] int32, bonus [B] int64)``."""
+    candidates = np.asarray(candidates)
+    target = np.asarray(target_tokens)
+    if candidates.ndim != 2 or candidates.shape != target.shape or candidates.shape[1] < 1:
+        raise ValueError(
+            f"chain accept: candidates and target tokens must be [B, block] alike, got "
+            f"{candidates.shape} and {target.shape}"
+        )
+    batch, block = candidates.shape
+    accepted = np.zeros(batch, np.int32)
+    bonus = np.zeros(batch, np.int64)
+    for b in range(batch):
+        n = 0
+        while n < block - 1 and candidates[b, n + 1] == target[b, n]:
+            n += 1
+        accepted[b], bonus[b] = n, target[b, n]
+    return accepted, bonus
+
+
+# ----------------------------------------------------------------------------------------------- launches
+
+
+def launches(torch, fn) -> int:
+    """The GPU operations (kernels, copies, fills) one call of ``fn`` issues, counted by torch's profiler:
+    the device-side events of one eager call after a warm one."""
+    from torch.autograd import DeviceType  # noqa: PLC0415
+    from torch.profiler import ProfilerActivity, profile  # noqa: PLC0415
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return sum(1 for event in prof.events() if event.device_type == DeviceType.CUDA)

@@ -13,7 +13,10 @@ For one grid point (trace, budget N, batch B, heads H, prefix length S):
   ``TOLERANCE``; every impl applies the tree mask except FlashMLA, which has none and runs causal: its
   reference is causal attention over the same keys, ``ops.attention_peers.check_visibility``), then timed:
   CUDA events around one call queued behind a spin kernel (so the host's launch cost is hidden, as for the
-  tree build), ``warm`` samples back to back and ``cold`` samples after an L2 flush. An implementation that
+  tree build), ``warm`` samples back to back and ``cold`` samples after an L2 flush. Each call is captured
+  in a CUDA graph and timed replayed (``timing = "cuda-graph"``), as a round runs the layer; a peer's call
+  (a PyTorch function: its launches cost host time) is also timed as launched (``"cuda-events"``, warm), the
+  eager column. ``launches``: the GPU operations one call issues. An implementation that
   cannot run a shape (missing, an optional extra that does not import, unsupported head dims, out of
   memory) gives one ``unavailable`` row with the reason, never a number.
 - FLOPs and bytes per call (``ops.attention.attention_flops`` / ``attention_bytes``) go on every row, so
@@ -41,6 +44,7 @@ from ddtree_bench.catalog import (
     NATIVE,
     OURS,
     OURS_MMA,
+    SGLANG_FA3_ATTENTION,
     SGLANG_TRITON_ATTENTION,
     STREAM_IMPL,
 )
@@ -77,6 +81,8 @@ STREAM_NEVER = 0x9E3779B9  # the kernel stores its fold only if it equals this; 
 # our kernel's paths: "ours" is what VerifyAttention picks (wgmma on sm_90a, else mma.sync); "ours-mma" forces
 # the mma.sync kernel, to set the two side by side on a Hopper GPU
 OUR_PATHS = {OURS: "auto", OURS_MMA: "mma"}
+#: the peers that load SGLang's files (its Triton attention; the merge of its FA3 passes)
+SGLANG_PEERS = (SGLANG_TRITON_ATTENTION, SGLANG_FA3_ATTENTION)
 TOLERANCE = 2e-2  # max abs error against float32 on outputs of unit-variance inputs (bf16 output rounding)
 ATTENTION_SPIN_NS = 2 * SPIN_NS  # the peers' (PyTorch) calls take longer to queue than a raw launch
 
@@ -261,7 +267,7 @@ class _Problem:
             "status_reason": " ".join(str(reason).split()),
         }
 
-    def timed(self, impl, samples, backend, correct, error) -> list[dict]:
+    def timed(self, impl, samples, backend, correct, error, launches=None) -> list[dict]:
         return [
             {
                 **self.base,
@@ -271,15 +277,16 @@ class _Problem:
                 "mask": _mask_of(impl),
                 "phase": phase,
                 "repetition": rep,
-                "timing": "cuda-events",
+                "timing": timing,
                 "cache": cache,
                 "seconds": seconds,
                 "status": "ok",
                 "status_reason": f"backend: {backend}" if backend else None,
                 "correct": correct,
                 "error": error,
+                "launches": launches,
             }
-            for cache, phase, rep, seconds in samples
+            for timing, cache, phase, rep, seconds in samples
         ]
 
 
@@ -380,8 +387,11 @@ class _Session:
         def call(prepared=prepared):
             prepared.launch(self.stream)
 
+        def on_current(prepared=prepared):
+            prepared.launch(self.cp.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream))
+
         call()
-        return call, out, backend_name(prepared)
+        return call, out, backend_name(prepared), on_current
 
     def _peer_call(self, impl):
         from ddtree_bench.ops.attention_peers import make_peer  # noqa: PLC0415
@@ -394,14 +404,37 @@ class _Session:
             self.prefix_t,
             self.visibility,
             kernel_options=job.flex_kernel_options if impl == FLEXATTENTION else None,
-            sglang_source=job.sglang_triton_source if impl == SGLANG_TRITON_ATTENTION else None,
+            sglang_source=job.sglang_triton_source if impl in SGLANG_PEERS else None,
         )
 
         def call(peer=peer):
             with self.torch.cuda.stream(self.torch_stream):
                 peer()
 
-        return call, peer(), getattr(peer, "backend", None)
+        return call, peer(), getattr(peer, "backend", None), peer
+
+    def _graph_call(self, on_current):
+        """``on_current`` (the call's work on torch's current stream) captured as a CUDA graph, and a call
+        that replays it on the timer's stream; None where it cannot be captured."""
+        torch = self.torch
+        graph = torch.cuda.CUDAGraph()
+        try:
+            with torch.cuda.stream(self.torch_stream):
+                on_current()  # warm on the capture's stream
+            self.torch_stream.synchronize()
+            with torch.cuda.graph(graph):
+                on_current()
+            torch.cuda.synchronize()
+        except Exception:  # noqa: BLE001 (not capturable: the eager rows stand alone, said in the reason)
+            torch.cuda.synchronize()
+            return None
+
+        def call(graph=graph):
+            with torch.cuda.stream(self.torch_stream):
+                graph.replay()
+
+        call.graph = graph
+        return call
 
     def _checked(self, impl, result):
         """(max abs error, correct) of a call's output against the reference (NaN, None: nothing to check)."""
@@ -414,25 +447,40 @@ class _Session:
         return error, bool(error < TOLERANCE)
 
     def _sampled(self, impl):
-        """Set one impl up, check it, time it: (samples, backend, correct, error)."""
+        """Set one impl up, check it, time it: (samples ``(timing, cache, phase, rep, seconds)``, backend,
+        correct, error, launches). The call is timed replayed from a CUDA graph (``cuda-graph``, warm and
+        cold), as a round runs it; a peer's call also as it is launched (``cuda-events``, warm)."""
+        from ddtree_bench.ops.sglang_verify import launches  # noqa: PLC0415
+
         with self.torch.cuda.stream(self.torch_stream):
             if impl == STREAM_IMPL:
                 call, result, backend = self._stream_call()
+                on_current = None
             elif impl in OUR_PATHS:
-                call, result, backend = self._ours_call(impl)
+                call, result, backend, on_current = self._ours_call(impl)
             else:
-                call, result, backend = self._peer_call(impl)
+                call, result, backend, on_current = self._peer_call(impl)
         self.torch_stream.synchronize()
         self.stream.synchronize()
         error, correct = self._checked(impl, result)
+        count = None if on_current is None else launches(self.torch, on_current)
+        graphed = None if on_current is None else self._graph_call(on_current)
+        timed = [("cuda-graph", graphed, ("warm", "cold"))] if graphed is not None else []
+        if graphed is None:
+            timed.append(("cuda-events", call, ("warm", "cold")))
+            if on_current is not None:
+                backend = f"{backend}; not capturable as a CUDA graph: timed as launched"
+        elif impl not in OUR_PATHS:
+            timed.append(("cuda-events", call, ("warm",)))
         samples = [
-            (cache, phase, rep, seconds)
-            for cache in ("warm", "cold")
+            (timing, cache, phase, rep, seconds)
+            for timing, fn, caches in timed
+            for cache in caches
             for phase, rep, seconds in self.policy.samples(
-                lambda cache=cache: self.event_time(call, cache == "cold")
+                lambda cache=cache, fn=fn: self.event_time(fn, cache == "cold")
             )
         ]
-        return samples, backend, correct, error
+        return samples, backend, correct, error, count
 
     def measure(self, impl) -> list[dict]:
         """One impl's rows: its timed calls, or one row saying why it did not run."""
@@ -442,7 +490,7 @@ class _Session:
         if impl in self.ours_reason:
             return [problem.unavailable(impl, self.ours_reason[impl])]
         try:
-            samples, backend, correct, error = self._sampled(impl)
+            samples, backend, correct, error, count = self._sampled(impl)
         except PeerUnavailable as exc:
             return [problem.unavailable(impl, exc)]
         except torch.cuda.OutOfMemoryError as exc:
@@ -456,4 +504,4 @@ class _Session:
         finally:
             torch.cuda.empty_cache()
             self.cp.get_default_memory_pool().free_all_blocks()
-        return problem.timed(impl, samples, backend, correct, error)
+        return problem.timed(impl, samples, backend, correct, error, count)

@@ -279,7 +279,7 @@ def _forward_jobs(runner: GraphRunner, rows: _Rows, job: Job) -> None:
 
 def _forward_budget(runner: GraphRunner, rows: _Rows, job: Job, loaded: tuple, budget: int) -> None:
     """The forward and its parts at one budget; ``loaded``: the weights and our attention kernel."""
-    from ddtree_bench.k26.target import TargetShard  # noqa: PLC0415
+    from ddtree_bench.k26.target import ShardOptions, TargetShard  # noqa: PLC0415
 
     weights, attention = loaded
     shape, impl, batch, prefix = job.shape, job.forward_impl, job.batch, job.prefix
@@ -293,8 +293,7 @@ def _forward_budget(runner: GraphRunner, rows: _Rows, job: Job, loaded: tuple, b
             prefix=prefix,
             attention=attention,
             mask_bits=mask_bits,
-            routing=job.routing,
-            skew=job.skew,
+            options=ShardOptions(routing=job.routing, skew=job.skew),
         )
     touched = state.experts_touched
     part_bytes = shape.part_bytes(tokens, touched, _slice_bytes(shape, impl))
@@ -332,7 +331,13 @@ def _forward_budget(runner: GraphRunner, rows: _Rows, job: Job, loaded: tuple, b
 
 def _moe_jobs(runner: GraphRunner, rows: _Rows, job: Job, impl: str) -> None:
     """The MoE part of ``impl`` at every budget, on weights of its own (as many expert sets as fit)."""
-    from ddtree_bench.k26.target import TargetShard, TargetWeights, activation_bytes, layer_expert_bytes  # noqa: PLC0415
+    from ddtree_bench.k26.target import (  # noqa: PLC0415
+        ShardOptions,
+        TargetShard,
+        TargetWeights,
+        activation_bytes,
+        layer_expert_bytes,
+    )
 
     shape, batch = job.shape, job.batch
     free = runner.free()
@@ -367,7 +372,11 @@ def _moe_jobs(runner: GraphRunner, rows: _Rows, job: Job, impl: str) -> None:
         tokens = batch * (budget + 1)
         with runner.torch.cuda.stream(runner.torch_stream):
             state = TargetShard(
-                weights, batch=batch, budget=budget, prefix=0, routing=job.routing, skew=job.skew
+                weights,
+                batch=batch,
+                budget=budget,
+                prefix=0,
+                options=ShardOptions(routing=job.routing, skew=job.skew),
             )
         touched = state.experts_touched
         try:

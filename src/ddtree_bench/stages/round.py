@@ -46,7 +46,11 @@ class Job:
     ``shape`` with the MoE impl ``forward_impl`` (``sglang_files``: the sglang wheel's extracted files; None:
     the installed sglang), a drafter of ``drafter_shape``, the block of ``k26.round.RoundOptions``.
     ``timing``: ``TimingPolicy``'s keyword arguments; the fatbins: prebuilt ``verify_attn.cu`` /
-    ``tree_accept.cu`` (None: the cached builds)."""
+    ``tree_accept.cu`` (None: the cached builds). ``stacks`` also holds the chain's blocks
+    (``chain_blocks``), the stacks' sampling (``warmup``, ``repeats``), the configurations run again
+    (``repeat_budgets``, ``repeat_runs``) and the communication estimate's numbers (``comm``);
+    ``expert_sets``: the target's distinct routed-expert sets (None: one per MoE layer where they fit).
+    ``budgets`` holds the chain's budgets (block - 1) too: the job writes a file per budget."""
 
     batch: int
     prefix: int
@@ -67,7 +71,13 @@ class Job:
     attention_fatbin: str | None = None
     accept_fatbin: str | None = None
     stacks: dict | None = None
+    expert_sets: int | None = None
     seed: int = 0
+    tree_budgets: tuple[int, ...] | None = None
+
+    def __post_init__(self):
+        if self.tree_budgets is None:  # no chain: every budget is a tree budget
+            object.__setattr__(self, "tree_budgets", tuple(self.budgets))
 
     @classmethod
     def grid(cls, settings) -> list[dict]:
@@ -82,10 +92,12 @@ class Job:
         step, files = settings.step_options(), layout(settings, results)
         model, draft, round_ = step["model"], step["draft"], step["round"]
         builders = tuple(round_["builders"])
+        chain = {int(b) - 1 for b in round_["chain_blocks"]}
         return cls(
             batch=int(batch),
             prefix=int(prefix),
-            budgets=tuple(int(b) for b in step["budgets"]),
+            budgets=tuple(sorted({int(b) for b in step["budgets"]} | chain)),
+            tree_budgets=tuple(int(b) for b in step["budgets"]),
             builders=builders,
             builder_options={
                 b: {**files.libraries(b), **settings.builder_options(b)}
@@ -109,7 +121,14 @@ class Job:
                 "stacks": tuple(round_["stacks"]),
                 "max_seconds": round_["max_round_seconds"],
                 "attention_files": step["sglang_triton_source"],
+                "chain_blocks": tuple(round_["chain_blocks"]),
+                "warmup": round_["warmup"],
+                "repeats": round_["repeats"],
+                "repeat_budgets": tuple(round_["repeat_budgets"]),
+                "repeat_runs": round_["repeat_runs"],
+                "comm": dict(round_["comm"]),
             },
+            expert_sets=round_["expert_sets"],
         )
 
     @property
@@ -149,6 +168,7 @@ class _Rows:
         self.job, self.env = job, env
         self.budgets = [int(b) for b in job.budgets]
         self.by_budget: dict[int, list[dict]] = {budget: [] for budget in self.budgets}
+        self.expert_note = None
 
     def base(self, builder: str, budget: int, timing_name: str) -> dict:
         job = self.job
@@ -171,22 +191,32 @@ class _Rows:
 
     def stack_base(self, stack: str, budget: int, timing_name: str) -> dict:
         job = self.job
+        # the trees' L (the drafted positions); a chain's is its block - 1, its budget
+        depth = (
+            budget
+            if stack == catalog.CHAIN
+            else draft_block(budget, job.block_size, job.topk, job.follow_budget)[0] - 1
+        )
         return {
             **self.base(stack, budget, timing_name),
             "stage": "stack",
-            "depth": draft_block(budget, job.block_size, job.topk, job.follow_budget)[0] - 1,  # the trees' L
-            "note": None,
+            "depth": depth,
+            "note": self.expert_note,
         }
 
     def unavailable(self, builder, budget, reason, status="unavailable") -> dict:
         return unavailable_row(self.base(builder, budget, "wall"), reason, status)
 
     def all_unavailable(self, reason: str) -> None:
-        """A row saying ``reason`` per budget, builder and stack."""
+        """A row saying ``reason`` per budget, builder and stack (and chain block)."""
+        job = self.job
+        chains = {int(b) - 1 for b in (job.stacks or {}).get("chain_blocks", ())}
         for budget in self.budgets:
-            self.by_budget[budget] += [self.unavailable(b, budget, reason) for b in self.job.builders] + [
-                {**self.unavailable(name, budget, reason), "stage": "stack", "note": None}
-                for name in self.job.stack_names
+            names = job.stack_names if budget in job.tree_budgets else []
+            names = names + ([catalog.CHAIN] if budget in chains else [])
+            builders = job.builders if budget in job.tree_budgets else ()
+            self.by_budget[budget] += [self.unavailable(b, budget, reason) for b in builders] + [
+                {**self.unavailable(name, budget, reason), "stage": "stack", "note": None} for name in names
             ]
 
     def frames(self) -> dict[int, pd.DataFrame]:
@@ -209,28 +239,56 @@ def run(job: Job) -> dict[int, pd.DataFrame]:
 
     import torch  # noqa: PLC0415
 
-    from ddtree_bench.k26.target import TargetWeights, weights_bytes  # noqa: PLC0415
+    from ddtree_bench.k26.target import TargetWeights, layer_expert_bytes  # noqa: PLC0415
     from ddtree_bench.ops.accept import GpuAccept  # noqa: PLC0415
     from ddtree_bench.ops.attention import VerifyAttention  # noqa: PLC0415
 
-    torch.cuda.empty_cache()
-    free = float(torch.cuda.mem_get_info()[0])
-    need = weights_bytes(job.shape, job.forward_impl)
-    if need > free * (1 - HEADROOM):
-        rows.all_unavailable(f"does not fit: needs about {need / 1e9:.1f} GB, {free / 1e9:.1f} GB free")
+    sets, reason = expert_sets(torch, job)
+    if reason is not None:
+        rows.all_unavailable(reason)
         return rows.frames()
     weights = TargetWeights(
-        job.shape, moe_impl=job.forward_impl, sglang_files=job.sglang_files, seed=job.seed
+        job.shape, moe_impl=job.forward_impl, sglang_files=job.sglang_files, seed=job.seed, expert_sets=sets
     )
+    if sets < job.shape.moe_layers:
+        rows.expert_note = (
+            f"{sets} distinct routed-expert sets cycled over the {job.shape.moe_layers} MoE layers (each "
+            f"{layer_expert_bytes(job.shape, job.forward_impl) / 1e9:.2f} GB, far beyond the L2)"
+        )
     kernels = {"attention": VerifyAttention(job.attention_fatbin), "accept": GpuAccept(job.accept_fatbin)}
-    if job.stacks and job.stacks.get("stacks"):
-        stack_rows = run_stack_rounds(weights, job, kernels, policy, rows.stack_base)
+    if job.stacks and (job.stacks.get("stacks") or job.stacks.get("chain_blocks")):
+        from ddtree_bench.stages.stacks import run_stack_rounds  # noqa: PLC0415
+
+        stack_rows = run_stack_rounds(weights, job, kernels, rows.stack_base)
         for budget in rows.budgets:
             rows.by_budget[budget] += stack_rows[budget]
-    for budget in rows.budgets:
+    for budget in job.tree_budgets:
         for builder in job.builders:
             rows.by_budget[budget] += _builder_rows(weights, job, kernels, policy, rows, builder, budget)
     return rows.frames()
+
+
+def expert_sets(torch, job: Job) -> tuple[int, str | None]:
+    """``(sets, reason)``: the distinct routed-expert sets the job's weights hold (``job.expert_sets``, or
+    one per MoE layer where they fit beside the largest stack round, else as many as fit, at least 2), or
+    why the weights do not fit at all."""
+    from ddtree_bench.k26.target import layer_expert_bytes, weights_bytes  # noqa: PLC0415
+    from ddtree_bench.stages.stacks import stack_need  # noqa: PLC0415
+
+    torch.cuda.empty_cache()
+    free = float(torch.cuda.mem_get_info()[0]) * (1 - HEADROOM)
+    shape, impl = job.shape, job.forward_impl
+    per_set = layer_expert_bytes(shape, impl)
+    fixed = weights_bytes(shape, impl) - shape.moe_layers * per_set
+    if job.expert_sets is not None:
+        sets = min(int(job.expert_sets), shape.moe_layers)
+    else:
+        state = max((stack_need(job, b) for b in job.budgets), default=0.0) if job.stacks else 0.0
+        sets = int(max(2, min(shape.moe_layers, (free - fixed - state) // per_set)))
+    need = fixed + sets * per_set
+    if need > free:
+        return sets, f"does not fit: needs about {need / 1e9:.1f} GB, {free / 1e9:.1f} GB free"
+    return sets, None
 
 
 def _builder_rows(weights, job: Job, kernels: dict, policy, rows: _Rows, builder: str, budget: int) -> list:
@@ -311,142 +369,6 @@ def _round_samples(runner, policy) -> dict:
         name: [(phase, rep, v) for (phase, rep, _), v in zip(calls, values, strict=True)]
         for name, values in samples.items()
     }
-
-
-def _stack_fits(torch, job: Job, budget: int, need: float) -> str | None:
-    from ddtree_bench.k26.draft import draft_bytes  # noqa: PLC0415
-    from ddtree_bench.k26.target import state_bytes  # noqa: PLC0415
-
-    torch.cuda.synchronize()
-    torch.cuda.empty_cache()
-    free = float(torch.cuda.mem_get_info()[0])
-    shape, batch, prefix = job.shape, job.batch, job.prefix
-    block = budget + 1 if job.follow_budget else job.block_size
-    # the round's state plus SGLang's mask (q x (S + q) bools a request) and FA3's scratch
-    needed = (
-        state_bytes(shape, batch, budget, prefix)
-        + draft_bytes(job.drafter_shape, batch, block, prefix, shape.vocab_shard)
-        + batch * (budget + 1) * (prefix + budget + 1)
-        + 2 * batch * (budget + 1) * shape.local_heads * 512 * 4 * 2
-    )
-    if needed > free * (1 - HEADROOM):
-        return f"does not fit: needs about {(needed + need) / 1e9:.1f} GB, {(free + need) / 1e9:.1f} GB free"
-    return None
-
-
-def run_stack_rounds(weights, job: Job, kernels: dict, policy, base) -> dict[int, list[dict]]:
-    """Per budget of ``job`` and stack of ``job.stacks`` (``catalog.STACKS``): whole rounds
-    (``k26.stack.StackRound``, on ``weights`` with ``kernels``: our attention and accept) timed as ``wall``
-    (one round, host-inclusive) and its parts (``part-draft`` ... ``part-accept``, each waited for, and their
-    ``sum-of-parts``), call by call; ``correct``: the accepted paths equal the CPU walk. A stack whose forward
-    or round exceeds ``job.stacks["max_seconds"]`` gets a row saying so, untimed. ``base(stack, budget,
-    timing)``: a row's configuration."""
-    import torch  # noqa: PLC0415
-
-    from ddtree_bench.k26.stack import StackRound  # noqa: PLC0415
-    from ddtree_bench.k26.target import weights_bytes  # noqa: PLC0415
-
-    names = job.stack_names
-    sglang_builder = job.builder_options.get(catalog.SGLANG, {})
-    sglang = {
-        "builder": dict(sglang_builder),
-        "accept": sglang_builder.get("source"),
-        "attention_files": job.stacks.get("attention_files"),
-    }
-    clock = time.perf_counter_ns
-    need = weights_bytes(weights.shape, weights.moe_impl)
-    rows: dict[int, list[dict]] = {budget: [] for budget in (int(b) for b in job.budgets)}
-    for budget in rows:
-        reason = _stack_fits(torch, job, budget, need)
-        if reason is not None:
-            rows[budget] += [unavailable_row(base(n, budget, "wall"), reason) for n in names]
-            continue
-        try:
-            runner = StackRound(
-                weights,
-                job.drafter_shape,
-                job.options(budget),
-                stacks=names,
-                sglang=sglang,
-                max_seconds=job.stacks["max_seconds"],
-                **kernels,
-            )
-            runner.capture()
-        except Exception as exc:  # noqa: BLE001 (every stack of this budget: recorded)
-            rows[budget] += [
-                unavailable_row(base(n, budget, "wall"), describe_error(exc), "failed") for n in names
-            ]
-            continue
-        for stack in runner.stacks:
-            t0 = time.perf_counter()
-            rows[budget] += _time_stack(
-                runner, stack, policy, clock, lambda t, s=stack, n=budget: base(s.name, n, t)
-            )
-            _progress(rows[budget], stack.name, budget, time.perf_counter() - t0)
-        del runner
-    return rows
-
-
-def _progress(rows: list[dict], name: str, budget: int, spent: float) -> None:
-    """One line on stderr per (stack, budget): its median whole round, or why it has none."""
-    import sys  # noqa: PLC0415
-
-    mine = [r for r in rows if r["impl"] == name]
-    walls = sorted(r["seconds"] for r in mine if r.get("timing") == "wall" and r.get("status") == "ok")
-    what = (
-        f"round {walls[len(walls) // 2] * 1e3:.2f} ms, correct {mine[-1].get('correct')}"
-        if walls
-        else f"{mine[-1].get('status')}: {mine[-1].get('status_reason')}"
-    )
-    print(f"stack {name} N={budget}: {what} ({spent:.1f} s)", file=sys.stderr, flush=True)
-
-
-def _time_stack(runner, stack, policy, clock, base) -> list[dict]:
-    import torch  # noqa: PLC0415
-
-    from ddtree_bench.k26.stack import TooSlow  # noqa: PLC0415
-
-    try:
-        runner.prepare_stack(stack)
-        t0 = clock()
-        runner.run_stack(stack)  # warm, and the limit checked on a whole round
-        seconds = (clock() - t0) / 1e9
-        if seconds > runner.max_seconds:
-            raise TooSlow(f"one round took {seconds:.2f} s, over the limit of {runner.max_seconds:g} s")
-        parts = runner.parts_of(stack)
-        samples = {"wall": [], "sum-of-parts": [], **{f"part-{name}": [] for name in parts}}
-
-        def both():
-            t0 = clock()
-            runner.run_stack(stack)
-            samples["wall"].append((clock() - t0) / 1e9)
-            total = 0.0
-            for name, part in parts.items():
-                t0 = clock()
-                part()
-                torch.cuda.current_stream().synchronize()
-                seconds = (clock() - t0) / 1e9
-                samples[f"part-{name}"].append(seconds)
-                total += seconds
-            samples["sum-of-parts"].append(total)
-            return samples["wall"][-1] + total
-
-        calls = policy.samples(both)
-        runner.run_stack(stack)
-        correct = runner.check(stack)
-        note = runner.describe(stack)
-    except TooSlow as exc:
-        return [unavailable_row(base("wall"), f"not timed: {exc}")]
-    except Exception as exc:  # noqa: BLE001 (a stack failing: recorded, the others still run)
-        torch.cuda.synchronize()
-        return [unavailable_row(base("wall"), describe_error(exc), status="failed")]
-    samples = {
-        name: [(phase, rep, v) for (phase, rep, _), v in zip(calls, values, strict=True)]
-        for name, values in samples.items()
-    }
-    return timed_rows(
-        base, samples, correct=correct, note=note, experts_touched=runner.target.experts_touched
-    )
 
 
 def timed_rows(base, samples: dict, *, correct, note, experts_touched) -> list[dict]:

@@ -62,6 +62,7 @@ STEP_SUMMARY_COLUMNS = (
     "tokens",
     "experts_touched",
     "world_size",
+    "launches",
     "note",
     "peak_gemm_tflops",
     "peak_copy_tbps",
@@ -94,10 +95,12 @@ IN_SITU_BUILD_SERIES = tuple(
 BUILD_LABELS = tuple(label for *_, label in IN_SITU_BUILD_SERIES + BUILD_SERIES)
 #: The timing kinds of a step row, best first: device time of warm calls where there is one.
 TIMING_PREFERENCE = (
+    ("cuda-graph", "warm"),
     ("cuda-events", "warm"),
     ("cuda-events", "n/a"),
     ("wall", "n/a"),
     ("wall", "warm"),
+    ("cuda-graph", "cold"),
     ("cuda-events", "cold"),
     ("wall", "cold"),
 )
@@ -192,7 +195,7 @@ def summarize_steps(rows: pd.DataFrame, peaks: dict | None = None) -> pd.DataFra
         for column in ("accept_length_mean", "expected_accept_mean", "experts_touched"):
             values = group[column].dropna() if column in group else group.iloc[:0]
             record[column] = float(values.mean()) if len(values) else math.nan
-        for column in ("tokens", "world_size"):
+        for column in ("tokens", "world_size", "launches"):
             record[column] = _last(group, column)
         record["note"] = _last(group, "note", str)
         machine_peaks = peaks.get(record["machine"]) or dict.fromkeys(PEAK_KEYS)

@@ -19,8 +19,13 @@ batch, budget       the grid point (0 for peaks)
 heads, prefix       attention only: query heads per GPU, prefix length S of every request (null elsewhere)
 depth, distribution the trace the trees were built from (null for peaks)
 repetition, phase   call index within its phase; "warmup" or "timed"
-timing              "cuda-events" (device time) or "wall" (``time.perf_counter_ns``, host-inclusive);
-                    round: "wall" (the run round) or "sum-of-parts" (its parts timed one by one, summed)
+timing              "cuda-events" (device time of a call as it is launched), "cuda-graph" (device time of the
+                    call captured in a CUDA graph and replayed, as a round runs it) or "wall"
+                    (``time.perf_counter_ns``, host-inclusive); round: "wall" (the run round) or
+                    "sum-of-parts" (its parts timed one by one, summed); stack: also "part-<part>" (one
+                    part, waited for), "model-one-graph" (the chain's round as one graph: a model),
+                    "estimate-allreduce" and "estimate-gather" (tensor-parallel terms, estimated, not
+                    measured), each prefixed "run<k>:" in a repeated run
 cache               "warm", "cold" (L2 flushed before the call) or "n/a"
 seconds             the call's time
 flops, bytes        work of one call (attention: 2·H·1088·visible keys; bytes moved at least once), or null
@@ -40,6 +45,8 @@ tokens              the rest of the round: tokens of the call (the forward's T =
                     B x block); null elsewhere
 experts_touched     forward and moe: mean distinct routed experts per MoE layer of the call's routing
 world_size          allreduce: the processes (GPUs) of the tensor-parallel group measured
+launches            verify attention (one call) and stack rows (its attention, one layer): the GPU
+                    operations it issues (kernels, copies, fills; the profiler's count)
 note                what else a row of the rest of the round needs said (the weights' layout, the graph)
 ==================  ==========================================================================================
 
@@ -85,6 +92,7 @@ STAGE_COLUMNS = (
     "tokens",
     "experts_touched",
     "world_size",
+    "launches",
     "note",
     *ENVIRONMENT_COLUMNS,
 )
@@ -98,7 +106,7 @@ _FLOAT = (
     "experts_touched",
 )
 _INT = ("batch", "budget", "repetition")
-_NULLABLE_INT = ("heads", "prefix", "depth", "cpu_count", "tokens", "world_size")
+_NULLABLE_INT = ("heads", "prefix", "depth", "cpu_count", "tokens", "world_size", "launches")
 
 
 def unavailable_row(base: dict, reason, status: str = "unavailable") -> dict:

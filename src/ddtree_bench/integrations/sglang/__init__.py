@@ -5,7 +5,8 @@
 - ``files``: SGLang's files (extracted from the sglang wheel, or an installed ``sglang``'s) imported without
   ``import sglang``, through one import finder and our stand-ins (``stubs``); the MoE impls' entry points;
 - ``jit``: SGLang's JIT modules built ahead of time and loaded without a rebuild; why the JIT cannot build;
-- ``attention``: SGLang's Triton tree-verify attention file, its fork's FA3, its Triton tree accept;
+- ``attention``: SGLang's Triton tree-verify attention file, its fork's FA3 and merge, its Triton tree accept,
+  upstream's Triton DFlash chain accept;
 - ``service``: from a live service, ``record`` its builder's inputs as a trace, ``parse_profile_log``.
 
 One error style: a path the user gave that is wrong is a ``ValueError`` (bad input); anything else that keeps
@@ -21,11 +22,16 @@ from ddtree_bench.integrations.sglang.attention import (
     ACCEPT_FILE,
     ACCEPT_FUNCTION,
     ATTENTION_FILES,
+    CHAIN_ACCEPT_FILE,
+    CHAIN_ACCEPT_FUNCTION,
+    MERGE_FILE,
     find_accept_file,
     find_attention_file,
     load_accept,
+    load_chain_accept,
     load_extend_attention,
     load_fa3,
+    load_merge_state,
 )
 from ddtree_bench.integrations.sglang.errors import SglangUnavailable, describe
 from ddtree_bench.integrations.sglang.files import (
@@ -69,6 +75,9 @@ __all__ = [
     "ACCEPT_FILE",
     "ACCEPT_FUNCTION",
     "ATTENTION_FILES",
+    "CHAIN_ACCEPT_FILE",
+    "CHAIN_ACCEPT_FUNCTION",
+    "MERGE_FILE",
     "DEFAULT_MAX_BYTES",
     "FUNCTION_NAME",
     "KNOWN_FILE_PATHS",
@@ -96,8 +105,10 @@ __all__ = [
     "installed_version",
     "jit_reason",
     "load_accept",
+    "load_chain_accept",
     "load_extend_attention",
     "load_fa3",
+    "load_merge_state",
     "load_function",
     "load_sglang_moe",
     "load_source",

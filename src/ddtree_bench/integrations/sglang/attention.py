@@ -1,7 +1,8 @@
-"""SGLang's tree-verify pieces, loaded: its Triton ``extend_attention_fwd`` (from its file, without
+"""SGLang's verify pieces, loaded: its Triton ``extend_attention_fwd`` (from its file, without
 importing the ``sglang`` package: ``files.files_on_path``), the FA3 its DDTree fork runs on Hopper
-(``sgl_kernel``'s, else the ``fa3-fwd`` package's), and the fork's Triton tree accept (beside its DDTree
-utils file).
+(``sgl_kernel``'s, else the ``fa3-fwd`` package's), the merge of FA3's two passes (``sgl_kernel``'s
+``merge_state_v2``, else the wheel's ``merge_state_triton``), the fork's Triton tree accept (beside its DDTree
+utils file), and upstream's Triton DFlash chain accept (the wheel's ``ops/speculative/dflash.py``).
 
 A path the user gave that does not hold the file is a ``ValueError``; anything else that keeps a piece from
 loading here is ``SglangUnavailable`` (one line).
@@ -31,6 +32,12 @@ ATTENTION_FILES = (
 #: the fork's accept kernel, relative to the folder of its DDTree utils file
 ACCEPT_FILE = Path("triton_ops") / "ddtree.py"
 ACCEPT_FUNCTION = "_compute_ddtree_accept_triton_unchecked"
+#: the wheel's Triton merge of two attention states (what ``merge_state`` falls back to without sgl_kernel)
+MERGE_FILE = "sglang/kernels/ops/attention/merge_state.py"
+MERGE_FUNCTION = "merge_state_triton"
+#: upstream's linear DFlash accept (the chain's), in the wheel
+CHAIN_ACCEPT_FILE = "sglang/kernels/ops/speculative/dflash.py"
+CHAIN_ACCEPT_FUNCTION = "_compute_dflash_accept_bonus_triton_unchecked"
 _LOADED: dict = {}
 
 
@@ -129,5 +136,51 @@ def load_accept(source):
     path = find_accept_file(source)
     try:
         return getattr(load_source(path), ACCEPT_FUNCTION), path
+    except (ValueError, AttributeError) as exc:
+        raise SglangUnavailable(f"{path}: {describe(exc)}") from exc
+
+
+def _wheel_file(root, rel: str, what: str) -> Path:
+    """``rel`` under the folder ``root`` holding SGLang's files (``files.sglang_roots``); ``ValueError`` (one
+    line) where ``root`` is given and lacks it, ``SglangUnavailable`` where no root is given."""
+    if root is None:
+        raise SglangUnavailable(f"{what}: no folder of SGLang's files given (step.model.sglang_files)")
+    for folder in sglang_roots(Path(root).expanduser()):
+        if (folder / rel).is_file():
+            return (folder / rel).resolve()
+    raise ValueError(f"sglang files {root}: no {rel} there ({what})")
+
+
+def load_merge_state(root=None):
+    """``(merge, description)``: ``merge(prefix_out, prefix_lse, suffix_out, suffix_lse, out)`` merges two
+    attention partials ``[T, H, D]`` by their log-sum-exps ``[T, H]`` into ``out``. SGLang's own
+    ``sgl_kernel.merge_state_v2`` where it loads, else the wheel's ``merge_state_triton`` under ``root`` (the
+    fallback SGLang takes itself)."""
+    try:
+        from sgl_kernel import merge_state_v2  # noqa: PLC0415
+
+        def merge(a, lse_a, b, lse_b, out):
+            merge_state_v2(a, lse_a, b, lse_b, out, None)
+
+        return merge, "sgl_kernel merge_state_v2"
+    except Exception:  # noqa: BLE001 (not installed, or built for another torch: the wheel's Triton kernel)
+        pass
+    path = _wheel_file(root, MERGE_FILE, "SGLang's merge_state")
+    try:
+        function = getattr(load_source(path), MERGE_FUNCTION)
+    except (ValueError, AttributeError) as exc:
+        raise SglangUnavailable(f"{path}: {describe(exc)}") from exc
+
+    def merge(a, lse_a, b, lse_b, out):
+        function(a, lse_a, b, lse_b, output=out, output_lse=None)
+
+    return merge, f"{MERGE_FILE} {MERGE_FUNCTION}"
+
+
+def load_chain_accept(root=None):
+    """``(upstream's DFlash chain accept, its file)`` from the wheel's files under ``root``."""
+    path = _wheel_file(root, CHAIN_ACCEPT_FILE, "SGLang's DFlash accept")
+    try:
+        return getattr(load_source(path), CHAIN_ACCEPT_FUNCTION), path
     except (ValueError, AttributeError) as exc:
         raise SglangUnavailable(f"{path}: {describe(exc)}") from exc
