@@ -10,8 +10,8 @@ A job selector is ``stage`` (every configured job of the stage) or ``stage:key=v
 wildcards: ``catalog.STAGES``' paths name them). Where SGLang's code is (its DDTree file, the sglang wheel's
 extracted files) is the configuration's (``sglang.source``, ``step.attention.sglang_triton_source``,
 ``step.model.sglang_files``: config/h200-sources.yaml). The flags override fields of the jobs that have them:
-``--forward-impl`` and ``--moe-impls`` (step.model's), ``--budgets`` (these of the configuration's budgets
-only); ``--set field=value`` any other field (a YAML value; a field no job picked has is refused).
+``--forward-impl`` and ``--moe-impls`` (step.model's), ``--budgets`` (these of the configuration's budgets,
+and of its chain blocks' budgets, block - 1, only); ``--set field=value`` any other field (a YAML value; a field no job picked has is refused).
 """
 
 from __future__ import annotations
@@ -60,7 +60,9 @@ def overrides(args, settings) -> dict:
         fields["moe_impls"] = tuple(args.moe_impls.split(","))
     if args.budgets:
         wanted = {int(b) for b in args.budgets.split(",")}
-        fields["budgets"] = tuple(b for b in settings.step_options()["budgets"] if b in wanted)
+        step = settings.step_options()
+        chains = {int(b) - 1 for b in step["round"]["chain_blocks"]}  # the chain's budgets: block - 1
+        fields["budgets"] = tuple(sorted(b for b in {*step["budgets"], *chains} if b in wanted))
     return fields
 
 

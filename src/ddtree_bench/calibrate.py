@@ -167,6 +167,36 @@ class Evaluator:
         return taus, chain
 
 
+# ----------------------------------------------------------------------------------------- rounds' tau
+
+
+def profile_params(profile: str) -> DrafterParams:
+    """The drafter parameters of acceptance profile ``profile`` (``catalog.ACCEPTANCE_PROFILES``): its own,
+    or the paper's fit (``DrafterParams``' defaults) for the profile that takes the configured drafter."""
+    found = catalog.ACCEPTANCE_PROFILES.get(profile)
+    if found is None:
+        raise ValueError(
+            f"unknown acceptance profile {profile!r}; expected one of {list(catalog.ACCEPTANCE_PROFILES)}"
+        )
+    return DrafterParams(**dict(found.params)) if found.params else DrafterParams()
+
+
+_TAU_CACHE: dict = {}
+
+
+def round_tau(profile: str, depth: int, budgets, requests: int = 256) -> tuple[dict[int, float], float]:
+    """``({budget: tau}, chain tau)`` of a round whose trees have ``depth`` drafted positions, under
+    ``profile``'s drafter: tau(N) = 1 + the expected accepted tokens of its best-first trees of budget N (K =
+    N), and the top-1 chain's over the same ``depth`` positions (the linear DFlash chain of block ``depth +
+    1``), each the mean over ``requests`` drafts of each kind (``Evaluator``). Cached per process."""
+    key = (profile, int(depth), tuple(sorted({int(b) for b in budgets})), int(requests))
+    if key not in _TAU_CACHE:
+        evaluator = Evaluator(budgets=key[2] or (1,), depth=key[1], requests=key[3])
+        taus, chain = evaluator(profile_params(profile))
+        _TAU_CACHE[key] = ({b: taus[b] for b in key[2]}, chain)
+    return _TAU_CACHE[key]
+
+
 # ----------------------------------------------------------------------------------------- the fit
 
 

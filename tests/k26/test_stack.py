@@ -1,7 +1,9 @@
 """The round's stacks: each one-kernel swap differs from its SGLang stack in that kernel only; SGLang's verify
-mask has its worker's layout; SGLang's accept file is found beside its DDTree file; on the GPU (skipped here)
-SGLang's Triton accept equals the CPU walk, SGLang's Triton and FA3 tree attention equal the float32
-reference, and every stack's whole round is exact and accepts what the CPU walk accepts."""
+mask has its worker's layout; SGLang's accept file is found beside its DDTree file; the chain's CPU walk
+accepts the longest agreeing prefix; on the GPU (skipped without one) SGLang's Triton accept equals the CPU
+walk, SGLang's Triton and FA3 tree attention equal the float32 reference, FA3's layer makes the fork's
+launches plus one gather, the drafter's merged top-K is its plain top-K, SGLang's commit and ours move the
+same rows, and every stack's and the chain's whole round is exact and accepts what the CPU walk accepts."""
 
 from __future__ import annotations
 
@@ -35,6 +37,9 @@ def _have_fork() -> bool:
 
 
 needs_fork = pytest.mark.skipif(not _have_fork(), reason=f"SGLang's DDTree fork files not at {SGLANG_SOURCE}")
+needs_files = pytest.mark.skipif(
+    not SGLANG_FILES.is_dir(), reason=f"the sglang wheel's extracted files are not at {SGLANG_FILES}"
+)
 
 
 def test_every_swap_differs_from_its_base_in_its_kernel_only():
@@ -110,13 +115,12 @@ def test_sglang_triton_accept_equals_the_cpu_walk(budget):
             parent = int(trees.parents[b, child])
             if rng.random() < 0.6:
                 target[b, parent] = trees.node_token_ids[b, child - 1]
-    accept = sglang_verify.TritonAccept(SGLANG_SOURCE, 3, budget, "cuda")
-    accept.launch(
-        dev["node_token_ids"],
-        torch.as_tensor(target, device="cuda"),
-        dev["retrieve_next_token"],
-        dev["retrieve_next_sibling"],
-    )
+    fork = sglang_verify.ForkTrees(3, budget + 1, dev["visibility"].clone(), [0, 0, 0], "cuda")
+    fork.tokens[:, 1:].copy_(dev["node_token_ids"])
+    fork.next_token.copy_(dev["retrieve_next_token"])
+    fork.next_sibling.copy_(dev["retrieve_next_sibling"])
+    accept = sglang_verify.TritonAccept(SGLANG_SOURCE, fork)
+    accept.launch(torch.as_tensor(target, device="cuda"))
     got = accept.result()
     want = accept_cpu(trees, target)
     for a, b in zip(got, want, strict=True):
@@ -137,6 +141,7 @@ def _attention_inputs(torch, budget, prefix):
 
 
 @needs_gpu
+@needs_files
 @pytest.mark.parametrize("impl", ["triton", "fa3"])
 @pytest.mark.parametrize("budget", [8, 63])
 def test_sglang_tree_attention_equals_the_reference(impl, budget):
@@ -159,7 +164,7 @@ def test_sglang_tree_attention_equals_the_reference(impl, budget):
                 pytest.skip(str(exc))
             prepared = attention.prepare(q, kv, prefix, mask, out)
         else:
-            attention = sglang_verify.Fa3Attention()
+            attention = sglang_verify.Fa3Attention(SGLANG_FILES)
             width = int(trees.node_depths.max()) + 1
             prepared = attention.prepare(q, kv, prefix, mask, out, width=width)
     except sglang_verify.SglangUnavailable as exc:
@@ -173,6 +178,7 @@ def test_sglang_tree_attention_equals_the_reference(impl, budget):
 
 @needs_gpu
 @needs_fork
+@needs_files
 def test_every_stack_round_is_exact_and_accepts_as_the_cpu_walk():
     from ddtree_bench.k26.round import RoundOptions  # noqa: PLC0415
     from ddtree_bench.k26.stack import StackRound  # noqa: PLC0415
@@ -190,6 +196,7 @@ def test_every_stack_round_is_exact_and_accepts_as_the_cpu_walk():
             "builder": {"source": str(SGLANG_SOURCE)},
             "accept": str(SGLANG_SOURCE),
             "attention_files": str(SGLANG_FILES),
+            "files": str(SGLANG_FILES),
         },
         max_seconds=30.0,
         attention=VerifyAttention(),
@@ -212,14 +219,16 @@ def test_every_stack_round_is_exact_and_accepts_as_the_cpu_walk():
 
 @needs_gpu
 @needs_fork
-def test_the_round_stage_times_every_stack_and_says_it_is_exact():
+@needs_files
+def test_the_round_stage_times_every_stack_and_the_chain_and_says_they_are_exact():
     from ddtree_bench.stages import round as round_stage  # noqa: PLC0415
 
     names = tuple(catalog.stack_names())
     job = round_stage.Job(
         batch=2,
         prefix=100,
-        budgets=(8,),
+        budgets=(7, 8),
+        tree_budgets=(8,),
         builders=(),
         builder_options={catalog.SGLANG: {"source": str(SGLANG_SOURCE)}},
         shape=SMALL_TARGET,
@@ -230,12 +239,199 @@ def test_the_round_stage_times_every_stack_and_says_it_is_exact():
         topk=16,
         timing={"warmup": 0, "repeats": 2, "min_repeats": 2, "max_repeats": 2, "min_seconds": 0.0},
         machine="m",
-        stacks={"stacks": names, "max_seconds": 30.0, "attention_files": str(SGLANG_FILES)},
+        sglang_files=str(SGLANG_FILES),
+        stacks={
+            "stacks": names,
+            "max_seconds": 30.0,
+            "attention_files": str(SGLANG_FILES),
+            "chain_blocks": (8,),
+            "warmup": 1,
+            "repeats": 2,
+            "repeat_budgets": (8,),
+            "repeat_runs": 2,
+            "comm": {"world_size": 8, "bus_bandwidth_gbps": 370.0, "latency_us": 15.0},
+        },
     )
-    rows = round_stage.run(job)[8]
+    frames = round_stage.run(job)
+    rows = frames[8]
     assert set(rows["stage"]) == {"stack"} and set(rows["status"]) == {"ok"}, rows["status_reason"].tolist()
     assert set(rows["impl"]) == set(names) and rows["correct"].all()
     for name in names:
-        timings = set(rows.loc[rows["impl"] == name, "timing"])
-        assert {"wall", "sum-of-parts", "part-draft", "part-build", "part-forward", "part-accept"} <= timings
-        assert rows.loc[rows["impl"] == name, "note"].str.len().min() > 0
+        mine = rows[rows["impl"] == name]
+        timings = set(mine["timing"])
+        parts = {
+            "wall",
+            "sum-of-parts",
+            "part-draft",
+            "part-build",
+            "part-forward",
+            "part-accept",
+            "part-commit",
+        }
+        assert parts | {"estimate-allreduce", "estimate-gather", "run2:wall"} <= timings
+        assert mine["note"].str.len().min() > 0 and mine["launches"].min() >= 1
+        timed = mine[(mine["timing"] == "wall") & (mine["phase"] == "timed")]
+        assert len(timed) == 2 and (mine[(mine["timing"] == "wall")]["phase"] == "warmup").sum() == 1
+    chain = frames[7]
+    assert set(chain["impl"]) == {catalog.CHAIN} and set(chain["status"]) == {"ok"}, chain["status_reason"]
+    assert chain["correct"].all() and (chain["depth"] == 7).all()
+    assert {"wall", "part-forward", "part-accept", "estimate-allreduce"} <= set(chain["timing"])
+
+
+def test_the_chain_walk_accepts_the_longest_agreeing_prefix():
+    candidates = np.array([[5, 1, 2, 3], [5, 1, 2, 3], [5, 9, 2, 3]])
+    target = np.array([[1, 2, 3, 7], [1, 2, 8, 7], [1, 2, 3, 7]])
+    accepted, bonus = sglang_verify.chain_accept_cpu(candidates, target)
+    assert accepted.tolist() == [3, 2, 0] and bonus.tolist() == [7, 8, 1]
+    with pytest.raises(ValueError, match="must be \\[B, block\\] alike"):
+        sglang_verify.chain_accept_cpu(candidates, target[:, :3])
+
+
+@needs_gpu
+@needs_files
+@pytest.mark.parametrize("budget", [8, 63])
+def test_fa3_layer_makes_the_forks_launches_plus_one_gather(budget):
+    """The fork's layer: the prefix pass, the tree pass, two LSE transposes, the merge; ours adds the gather
+    (fa3-fwd has no paged KV). FA3's own calls may launch more than one kernel each: counted apart."""
+    import torch  # noqa: PLC0415
+
+    prefix = np.array([300, 300, 300])
+    trees, q, kv, out, mask = _attention_inputs(torch, budget, prefix)
+    try:
+        attention = sglang_verify.Fa3Attention(SGLANG_FILES)
+    except sglang_verify.SglangUnavailable as exc:
+        pytest.skip(str(exc))
+    prepared = attention.prepare(q, kv, prefix, mask, out, width=int(trees.node_depths.max()) + 1)
+    layer = sglang_verify.launches(torch, prepared.launch)
+    fn, meta, shared = attention.fn, attention.metadata, prepared.shared
+    common = {"softmax_scale": 192**-0.5, "causal": False, "num_splits": 0, "return_softmax_lse": True}
+
+    def prefix_pass():
+        fn(
+            q=prepared.q_rope,
+            k_cache=prepared.k_cache,
+            v_cache=prepared.v_cache,
+            qv=prepared.q_nope,
+            cache_seqlens=meta.cache_seqlens,
+            cu_seqlens_q=shared["cu_seqlens_q"],
+            max_seqlen_q=budget + 1,
+            **common,
+        )
+
+    def tree_pass():
+        gathered = shared["gathered"]
+        fn(
+            q=prepared.q_rope,
+            k_cache=gathered[..., 512:],
+            v_cache=gathered[..., :512],
+            qv=prepared.q_nope,
+            cache_seqlens=meta.expand_seqlens,
+            cu_seqlens_q=shared["cu_seqlens_q_expand"],
+            max_seqlen_q=1,
+            **common,
+        )
+
+    fa3 = sglang_verify.launches(torch, prefix_pass) + sglang_verify.launches(torch, tree_pass)
+    fork = fa3 + 2 + 1  # + two softmax_lse.T.contiguous() + merge_state
+    assert layer == fork + 1, (layer, fa3)
+
+
+@needs_gpu
+def test_the_drafters_merged_top_k_is_its_plain_top_k():
+    import torch  # noqa: PLC0415
+
+    from ddtree_bench.k26.draft import DraftShard  # noqa: PLC0415
+
+    drafter = DraftShard(
+        SMALL_DRAFTER, batch=2, block=8, context=50, k=16, vocab_shard=SMALL_TARGET.vocab_shard
+    )
+    drafter.run()
+    logits = (drafter.drafted @ drafter.lm_head).float()
+    values, ids = torch.topk(logits, 16, dim=-1)
+    want = (values - torch.logsumexp(logits, -1, keepdim=True)).view(2, 7, 16)
+    assert torch.equal(drafter.top_token_ids, ids.view(2, 7, 16))
+    assert torch.allclose(drafter.top_log_probs, want)
+    drafter.head_greedy()
+    assert torch.equal(drafter.draft_tokens, torch.argmax(drafter.drafted @ drafter.lm_head, -1).view(2, 7))
+
+
+@needs_gpu
+@needs_fork
+@needs_files
+def test_sglangs_commit_and_ours_move_the_same_rows():
+    """SGLang's accept and commit (the fork's format), and ours (converted by ``from_ours``), on the same
+    round: the same latent rows end at the same places and the same bonus tokens come out."""
+    import torch  # noqa: PLC0415
+
+    from ddtree_bench.k26.round import RoundOptions  # noqa: PLC0415
+    from ddtree_bench.k26.stack import StackRound  # noqa: PLC0415
+    from ddtree_bench.k26.target import TargetWeights  # noqa: PLC0415
+    from ddtree_bench.ops.accept import GpuAccept  # noqa: PLC0415
+    from ddtree_bench.ops.attention import VerifyAttention  # noqa: PLC0415
+
+    weights = TargetWeights(SMALL_TARGET, moe_impl="bf16-grouped-mm", seed=3)
+    runner = StackRound(
+        weights,
+        SMALL_DRAFTER,
+        RoundOptions(batch=2, budget=12, prefix=40, block_size=8, follow_budget=False, topk=16),
+        stacks=["sglang-fa3"],
+        sglang={
+            "builder": {"source": str(SGLANG_SOURCE)},
+            "accept": str(SGLANG_SOURCE),
+            "attention_files": str(SGLANG_FILES),
+            "files": str(SGLANG_FILES),
+        },
+        max_seconds=30.0,
+        attention=VerifyAttention(),
+        accept=GpuAccept(),
+    )
+    runner.capture()
+    runner.graphs["draft"].replay()
+    runner.graphs["build-bool"].replay()
+    runner._fork_from_ours()
+    runner.target.forward()
+    # a target that follows the tree: each node's token where its parent is, so paths get accepted
+    trees = runner.trees.to_host()
+    target = np.zeros((2, 13), np.int64)
+    for b in range(2):
+        for child in range(1, int(trees.node_count[b]) + 1):
+            target[b, int(trees.parents[b, child])] = trees.node_token_ids[b, child - 1]
+    runner.target_tokens.copy_(torch.as_tensor(target, device="cuda"))
+    runner.sglang_accept.launch(runner.target_tokens)
+    runner.accept.launch(runner.d_target, runner.trees, runner.accept_out, stream=runner._stream())
+    before = [kv.clone() for kv in runner.target.kv]
+    runner._commit_sglang()
+    theirs = ([kv.clone() for kv in runner.target.kv], runner.commit.bonus.clone())
+    for kv, old in zip(runner.target.kv, before, strict=True):
+        kv.copy_(old)
+    runner._commit_ours()
+    torch.cuda.synchronize()
+    assert all(torch.equal(a, b) for a, b in zip(theirs[0], runner.target.kv, strict=True))
+    assert torch.equal(theirs[1], runner.commit.bonus)
+    assert int(runner.sglang_accept.commit_lens.min()) > 1  # paths were accepted and moved
+
+
+@needs_gpu
+@needs_files
+def test_the_chain_round_is_exact():
+    from ddtree_bench.k26.chain import ChainRound  # noqa: PLC0415
+    from ddtree_bench.k26.target import TargetWeights  # noqa: PLC0415
+
+    weights = TargetWeights(SMALL_TARGET, moe_impl="bf16-grouped-mm", seed=4)
+    runner = ChainRound(weights, SMALL_DRAFTER, batch=3, block=8, prefix=100, sglang_files=str(SGLANG_FILES))
+    runner.capture()
+    runner.run_round()
+    assert runner.check()
+    # a target that agrees with the drafted tokens up to a point per request
+    import torch  # noqa: PLC0415
+
+    candidates = runner.accept.candidates
+    target = torch.roll(candidates, -1, dims=1)
+    target[0, 3] = -1
+    runner.target_tokens.copy_(target)
+    runner.accept.launch(runner.target_tokens)
+    accepted, _ = runner.accept.result()
+    assert accepted[0] == 3 and runner.check()
+    if runner.graphs["round"] is not None:
+        runner.run_graph()
+        assert runner.check()

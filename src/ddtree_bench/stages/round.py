@@ -76,8 +76,9 @@ class Job:
     tree_budgets: tuple[int, ...] | None = None
 
     def __post_init__(self):
-        if self.tree_budgets is None:  # no chain: every budget is a tree budget
-            object.__setattr__(self, "tree_budgets", tuple(self.budgets))
+        # without a chain every budget is a tree budget; an override of budgets keeps the tree budgets in it
+        trees = self.budgets if self.tree_budgets is None else self.tree_budgets
+        object.__setattr__(self, "tree_budgets", tuple(b for b in trees if b in self.budgets))
 
     @classmethod
     def grid(cls, settings) -> list[dict]:

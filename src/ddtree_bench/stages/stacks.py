@@ -300,6 +300,6 @@ def run_stack_rounds(weights, job, kernels, base) -> dict[int, list[dict]]:
             if names and (run == 1 or budget in stacks["repeat_budgets"]):
                 rows[budget] += tree_rows(weights, job, kernels, base, budget, run)
         for block in stacks["chain_blocks"]:
-            if run == 1 or block - 1 in stacks["repeat_budgets"]:
+            if block - 1 in rows and (run == 1 or block - 1 in stacks["repeat_budgets"]):
                 rows[block - 1] += chain_rows(weights, job, base, block, run)
     return rows
