@@ -11,7 +11,8 @@ wildcards: ``catalog.STAGES``' paths name them). Where SGLang's code is (its DDT
 extracted files) is the configuration's (``sglang.source``, ``step.attention.sglang_triton_source``,
 ``step.model.sglang_files``: config/h200-sources.yaml). The flags override fields of the jobs that have them:
 ``--forward-impl`` and ``--moe-impls`` (step.model's), ``--budgets`` (these of the configuration's budgets,
-and of its chain blocks' budgets, block - 1, only); ``--set field=value`` any other field (a YAML value; a field no job picked has is refused).
+and of its chain blocks' budgets, block - 1, only); ``--set field=value`` any other field (a YAML value; a
+field no job picked has is refused).
 """
 
 from __future__ import annotations
