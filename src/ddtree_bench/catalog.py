@@ -570,9 +570,19 @@ FIGURES: dict[str, Figure] = {
     f.name: f
     for f in (
         Figure(
+            "tree_or_chain",
+            "Tree or chain: tokens/s against batch",
+            "Ours (tree), SGLang's DDTree round (tree) and the linear DFlash chain, each at its best budget, "
+            "on one GPU's share of K2.6 with the tensor-parallel terms estimated.",
+            _REPORT + "stacks:chain_figure_for_report",
+            "stacks",
+            "stacks",
+        ),
+        Figure(
             "stacks",
             "Tokens/s per stack and budget, and SGLang's round to ours",
-            "Whole K2.6 rounds per stack (SGLang's DDTree round as it runs, ours, one-kernel swaps).",
+            "Whole K2.6 rounds per stack (SGLang's DDTree round as its fork's worker runs it, ours, one-kernel "
+            "swaps) and the linear DFlash chain.",
             _REPORT + "stacks:figure_for_report",
             "stacks",
             "stacks",

@@ -347,12 +347,17 @@ def test_the_drafters_merged_top_k_is_its_plain_top_k():
     )
     drafter.run()
     logits = (drafter.drafted @ drafter.lm_head).float()
-    values, ids = torch.topk(logits, 16, dim=-1)
+    values, _ = torch.topk(logits, 16, dim=-1)
     want = (values - torch.logsumexp(logits, -1, keepdim=True)).view(2, 7, 16)
-    assert torch.equal(drafter.top_token_ids, ids.view(2, 7, 16))
-    assert torch.allclose(drafter.top_log_probs, want)
+    assert torch.equal(drafter.top_log_probs, want)  # the merge changes no value (ties may swap ids)
+    picked = torch.gather(logits, 1, drafter.top_token_ids.view(14, 16))
+    assert (
+        torch.equal(picked, values)
+        and (drafter.top_token_ids.view(14, 16).sort(-1).values.diff(-1) > 0).all()
+    )
     drafter.head_greedy()
-    assert torch.equal(drafter.draft_tokens, torch.argmax(drafter.drafted @ drafter.lm_head, -1).view(2, 7))
+    best = torch.gather(drafter.drafted @ drafter.lm_head, 1, drafter.draft_tokens.view(14, 1))
+    assert torch.equal(best.squeeze(1), (drafter.drafted @ drafter.lm_head).max(-1).values)
 
 
 @needs_gpu

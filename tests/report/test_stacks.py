@@ -1,152 +1,159 @@
-"""What the three kernels are worth, from synthetic stack rows: tokens/s = B x tau / round, each stack's best
-budget and whether it is the grid's edge, the waterfall's parts add up to the whole rounds' difference,
-differences within the run-to-run spread are "no win shown", and a machine without stack rows says so."""
+"""What the three kernels are worth, and tree or chain, from synthetic stack rows: tokens/s = B x tau / round
+with the estimated terms added and tau at the rows' own depth, each stack's best budget, a kernel's worth is
+its swap's, the waterfall adds up to the whole rounds' difference, differences within the noise are "no win
+shown", the chain's rows and its overlap model, the winner of tree or chain, and the machine with the
+current method's rows is chosen by content."""
 
 from __future__ import annotations
-
-import types
 
 import pandas as pd
 import pytest
 
 from ddtree_bench import catalog
+from ddtree_bench.calibrate import round_tau
 from ddtree_bench.report import stacks
 from ddtree_bench.report.load import Machine
 
-#: per stack: (build, mask, forward, accept) seconds at every budget; the round is their sum + the draft
+#: per stack: (build, mask, metadata, forward, accept) seconds; the round is their sum + draft + commit
 PARTS = {
-    "sglang-fa3": (0.004, 0.0005, 0.020, 0.001),
-    "sglang-triton": (0.004, 0.0005, 0.060, 0.001),
-    "ours": (0.0001, None, 0.017, 0.0001),
-    "sglang-fa3+build": (0.0001, 0.0005, 0.020, 0.001),
-    "sglang-fa3+attention": (0.004, 0.0003, 0.017, 0.001),
-    "sglang-fa3+accept": (0.004, 0.0005, 0.020, 0.0001),
-    "sglang-triton+build": (0.0001, 0.0005, 0.060, 0.001),
-    "sglang-triton+attention": (0.004, 0.0003, 0.017, 0.001),
-    "sglang-triton+accept": (0.004, 0.0005, 0.060, 0.0001),
+    "sglang-fa3": (0.004, 0.0005, 0.0003, 0.020, 0.001),
+    "ours": (0.0001, None, None, 0.017, 0.0001),
+    "sglang-fa3+build": (0.0001, 0.0005, 0.0003, 0.020, 0.001),
+    "sglang-fa3+attention": (0.004, 0.0003, None, 0.017, 0.001),
+    "sglang-fa3+accept": (0.004, 0.0005, 0.0003, 0.020, 0.0001),
 }
-DRAFT = 0.002
-TAU = {8: 5.0, 16: 8.0, 32: 8.5}
+DRAFT, COMMIT, ESTIMATE = 0.002, 0.001, 0.0015
+DEPTH = 15
+BUDGETS = (8, 16, 32)
 
 
-def _rows(budget_cost=0.001, repeat=None):
+def _row(name, budget, depth, timing, value, **extra):
+    return {
+        "stage": "stack",
+        "impl": name,
+        "batch": 8,
+        "prefix": 4096,
+        "depth": depth,
+        "budget": budget,
+        "status": "ok",
+        "correct": True,
+        "note": "n",
+        "n": 10,
+        "timing": timing,
+        "median_s": value,
+        "p10_s": value,
+        "p90_s": value,
+        "launches": 6 if name == "sglang-fa3" else 1,
+        "timestamp": "2026-12-06T00:00:00",
+        **extra,
+    }
+
+
+def _rows(budget_cost=0.004, runs=None, chain=True):
     rows = []
-    for budget in TAU:
-        for name, (build, mask, forward, accept) in PARTS.items():
+    for budget in BUDGETS:
+        for name, (build, mask, meta, forward, accept) in PARTS.items():
             forward += budget_cost * budget / 8
-            parts = {"draft": DRAFT, "build": build, "mask": mask, "forward": forward, "accept": accept}
+            parts = {"draft": DRAFT, "build": build, "mask": mask, "metadata": meta, "forward": forward}
+            parts |= {"accept": accept, "commit": COMMIT}
             whole = sum(v for v in parts.values() if v is not None)
-            common = {"stage": "stack", "impl": name, "batch": 1, "prefix": 4096, "depth": budget}
-            common |= {"budget": budget, "status": "ok", "correct": True, "note": "n", "n": 2}
-            timings = {"wall": whole, **{f"part-{k}": v for k, v in parts.items() if v is not None}}
-            for timing, value in timings.items():
-                rows.append({**common, "timing": timing, "median_s": value, "p10_s": value, "p90_s": value})
-                if repeat is not None and budget == 16:
-                    again = value * (repeat if timing == "part-build" else 1.0)
-                    rows.append({**common, "timing": f"repeat:{timing}", "median_s": again})
+            rows.append(_row(name, budget, DEPTH, "wall", whole))
+            rows += [_row(name, budget, DEPTH, f"part-{k}", v) for k, v in parts.items() if v is not None]
+            rows += [_row(name, budget, DEPTH, t, ESTIMATE / 2) for t in stacks.ESTIMATES]
+            for run, factor in (runs or {}).items():
+                if budget == 16:
+                    rows.append(_row(name, budget, DEPTH, f"run{run}:wall", whole * factor))
+    if chain:
+        for block, wall in ((8, 0.018), (16, 0.020)):
+            rows.append(_row(catalog.CHAIN, block - 1, block - 1, "wall", wall))
+            rows.append(_row(catalog.CHAIN, block - 1, block - 1, "model-one-graph", wall - 0.002))
+            rows += [_row(catalog.CHAIN, block - 1, block - 1, t, ESTIMATE / 2) for t in stacks.ESTIMATES]
     return pd.DataFrame(rows)
 
 
-def _shapes():
-    return pd.DataFrame(
-        [
-            {"distribution": "drafter", "depth": 16, "budget": n, "expected_accept_mean": t - 1}
-            for n, t in TAU.items()
-        ]
-    )
-
-
-def test_tokens_per_second_and_best_budgets():
-    table = stacks.stack_table(_rows(), _shapes())
-    assert set(table["stack"]) == set(catalog.STACKS)
+def test_tokens_per_second_take_the_estimates_and_tau_at_the_rows_depth():
+    table = stacks.stack_table(_rows())
+    assert set(table["stack"]) == {*PARTS, catalog.CHAIN}
     row = table[(table["stack"] == "ours") & (table["budget"] == 16)].iloc[0]
-    assert row["tokens_per_s"] == pytest.approx(8.0 / row["round_s"])
+    assert row["round_s"] == pytest.approx(row["wall_s"] + ESTIMATE)
+    tau, chain_tau = round_tau(catalog.PAPER_PROFILE, DEPTH, BUDGETS)
+    assert row["tau"] == pytest.approx(tau[16])
+    assert row["tokens_per_s"] == pytest.approx(8 * tau[16] / row["round_s"])
+    chain = table[(table["stack"] == catalog.CHAIN) & (table["budget"] == 15)].iloc[0]
+    assert chain["tau"] == pytest.approx(chain_tau)
+    assert chain["overlap_s"] == pytest.approx(0.018 + ESTIMATE)
     best = stacks.best_budgets(table)
     assert set(best.loc[best["stack"].isin(["ours", "sglang-fa3"]), "budget"]) == {16}
-    assert not best.loc[best["stack"].isin(["ours", "sglang-fa3"]), "edge"].any()
-    edge = stacks.best_budgets(stacks.stack_table(_rows(budget_cost=0.0), _shapes()))
-    assert (edge["budget"] == 32).all() and edge["edge"].all()  # free budgets: the largest wins, on the edge
+    edge = stacks.best_budgets(stacks.stack_table(_rows(budget_cost=0.0)))
+    trees = edge[edge["stack"] != catalog.CHAIN]
+    assert (trees["budget"] == 32).all() and trees["edge"].all()
 
 
-def test_the_waterfall_adds_up_to_the_whole_rounds():
-    table = stacks.stack_table(_rows(), _shapes())
-    steps = stacks.waterfall(table, "sglang-fa3", 1, 4096, 16)
-    start = table[(table["stack"] == "sglang-fa3") & (table["budget"] == 16)]["round_s"].iloc[0]
-    ours = table[(table["stack"] == "ours") & (table["budget"] == 16)]["round_s"].iloc[0]
-    assert steps["saved_s"].sum() == pytest.approx(start - ours)
-    saved = dict(zip(steps["step"], steps["saved_s"], strict=True))
-    assert saved["our build"] == pytest.approx(0.004 - 0.0001)
-    assert saved["our attention"] == pytest.approx(0.0005 + 0.003)
-    assert saved["our accept"] == pytest.approx(0.0009)
-    assert saved["the rest of the round"] == pytest.approx(0.0)
-    assert steps["shown"].iloc[1:4].all()
-    assert stacks.carrying_kernel(steps) == "build"
-    assert steps["swap_s"].iloc[1] == pytest.approx(0.0039)  # the one-kernel swap's whole round
+def test_a_kernels_worth_is_its_swap_and_the_waterfall_adds_up():
+    table = stacks.stack_table(_rows())
+    worth = stacks.kernel_worth(table, 8, 4096, 16, 0.0).set_index("kernel")
+    assert worth.loc["build", "worth_s"] == pytest.approx(0.004 - 0.0001)
+    assert worth.loc["attention", "worth_s"] == pytest.approx((0.0005 - 0.0003) + 0.0003 + 0.003)
+    assert worth.loc["accept", "worth_s"] == pytest.approx(0.0009)
+    steps = stacks.waterfall(table, 8, 4096, 16, 0.0)
+    at = table[table["budget"] == 16].set_index("stack")["round_s"]
+    assert steps["saved_s"].sum() == pytest.approx(at["sglang-fa3"] - at["ours"])
+    assert stacks.carrying_kernel(stacks.kernel_worth(table, 8, 4096, 16, 0.0)) == "build"
 
 
-def test_a_repeat_sets_the_run_to_run_spread_and_small_differences_are_no_win():
-    step = _rows(repeat=2.0)  # the repeat's host build part took twice as long
-    spread = stacks.run_to_run(step)
-    assert spread["host"] == pytest.approx(1.0) and spread["gpu"] == pytest.approx(0.0)
-    table = stacks.stack_table(step, _shapes())
-    steps = stacks.waterfall(table, "sglang-fa3", 1, 4096, 16, spread).set_index("step")
-    assert not steps.loc["our build", "shown"]  # 3.9 ms against a band of 4.1 ms
-    assert steps.loc["our attention", "shown"]
-    line = stacks.verdict_lines(table, stacks.best_budgets(table), "sglang-fa3", spread)[0]
-    assert "our build 3,900 µs (" in line and "%), no win shown; our attention" in line
-    assert "The attention carries the gain." in line
-    assert "spread" in stacks.spread_line(spread) and "100%" in stacks.spread_line(spread)
+def test_repeated_runs_set_the_spread_and_small_differences_are_no_win():
+    table = stacks.stack_table(_rows(runs={2: 1.01, 3: 1.5}))
+    rel = stacks.run_spread(table)
+    assert rel == pytest.approx(0.5)
+    assert set(stacks.repeated(table)["budget"]) == {16}
+    worth = stacks.kernel_worth(table, 8, 4096, 16, rel).set_index("kernel")
+    assert not worth["shown"].any()  # every swap's gain is inside a 50 % spread
+    verdict = stacks.verdict_table(table, stacks.best_budgets(table, rel), rel)
+    assert verdict.iloc[0, 1].startswith("no win shown") and verdict.iloc[2, 1] == "none shown"
+    assert "50.0%" in stacks.spread_line(table, rel)
+    quiet = stacks.stack_table(_rows())
+    assert stacks.kernel_worth(quiet, 8, 4096, 16, 0.0)["shown"].all()
 
 
-def test_a_machine_without_stack_rows_says_so():
-    machine = Machine("local", "this run", pd.DataFrame(), pd.DataFrame(), {})
-    section = stacks.report_section([machine], [])
-    texts = [b.text for b in section.blocks if hasattr(b, "text")]
-    assert any("Neither this machine nor the published answer's has stack rounds" in t for t in texts)
-    table = stacks.stack_table(_rows(), _shapes())
-    assert "equal the CPU walk" in stacks.correct_line(table)
-    wrong = table.assign(correct=[False] + [True] * (len(table) - 1))
-    assert stacks.correct_line(wrong).startswith("In 1 of")
+def test_tree_or_chain_names_the_winner_and_whether_it_is_beyond_the_noise():
+    table = stacks.stack_table(_rows())
+    frame = stacks.tree_or_chain(table, 0.0)
+    row = frame.iloc[0]
+    assert {row["ours_budget"], row["chain_budget"]} <= {7, 8, 15, 16, 32}
+    best = max(("ours", "sglang", "chain"), key=lambda k: row[f"{k}_tokens_per_s"])
+    assert row["winner"] == best and row["margin"] >= 1.0 and bool(row["shown"])
+    assert row["chain_overlap_tokens_per_s"] > row["chain_tokens_per_s"]
+    shown = stacks.chain_table(frame)
+    assert "block = " in shown["chain"].iloc[0] and "N = " in shown["ours (tree)"].iloc[0]
+    noisy = stacks.tree_or_chain(table, 10.0)
+    assert not noisy["shown"].any()
 
 
-def test_the_verdict_under_another_profile_names_edges_and_sameness():
-    from ddtree_bench.report.throughput import BudgetSection, best_table, profile_verdict  # noqa: PLC0415
+def test_without_chain_rows_there_is_no_tree_or_chain_answer():
+    assert stacks.tree_or_chain(stacks.stack_table(_rows(chain=False)), 0.0).empty
 
-    def section(profile, gpu_budget, base_budget, gain):
-        best = pd.DataFrame(
-            [
-                {
-                    "batch": 1,
-                    "builder": "gpu",
-                    "label": "gpu",
-                    "build_from": "in-situ",
-                    "best_budget": gpu_budget,
-                    "tokens_per_s": 100.0 * gain,
-                    "tau": 5.0,
-                    "round_s": 0.02,
-                    "budgets": (8, 16, 32),
-                },
-                {
-                    "batch": 1,
-                    "builder": "sglang",
-                    "label": "sglang",
-                    "build_from": "in-situ",
-                    "best_budget": base_budget,
-                    "tokens_per_s": 100.0,
-                    "tau": 5.0,
-                    "round_s": 0.02,
-                    "budgets": (8, 16, 32),
-                },
-            ]
-        )
-        gains = pd.DataFrame([{"batch": 1, "baseline_budget": base_budget, "gain": gain}])
-        result = types.SimpleNamespace(missing=None)
-        return BudgetSection("m", "drafter", 16, result, best=best, gains=gains, profile=profile)
 
-    paper = section("paper", 16, 16, 1.10)
-    same = profile_verdict([paper, section("k2.6-reported", 8, 8, 1.12)], paper)
-    assert len(same) == 1 and "gpu N = 8 (the grid's edge)" in same[0] and "the same verdict" in same[0]
-    other = profile_verdict([paper, section("k2.6-reported", 8, 16, 1.0)], paper)
-    assert "a different verdict" in other[0]
-    table = best_table(section("k2.6-reported", 8, 16, 1.0))
-    assert list(table["grid edge"]) == ["yes", "no"] and "tau (k2.6-reported)" in table.columns
+def _machine(label, step, source="published"):
+    return Machine(label, source, pd.DataFrame(), pd.DataFrame(), {"gpu_name": "NVIDIA H100"}, step)
+
+
+def test_the_current_methods_stack_rows_are_chosen_by_content():
+    old = _rows(chain=False)
+    old = old[old["timing"] != "part-commit"].assign(timestamp="2026-12-02")
+    new = _rows()
+    for order in ([_machine("a", old), _machine("b", new)], [_machine("b", new), _machine("a", old)]):
+        here = [_machine("cpu", pd.DataFrame(), source="this run"), *order]
+        assert stacks.machine_with_stacks(here).label == "b"
+    assert stacks.machine_with_stacks([_machine("cpu", pd.DataFrame(), "this run")]) is None
+    section = stacks.report_section([_machine("cpu", pd.DataFrame(), "this run")], [])
+    assert "No machine here has stack rounds" in str(section.blocks)
+
+
+def test_the_section_names_profile_gpu_and_depth():
+    from ddtree_bench.report.render import _md_section  # noqa: PLC0415
+
+    section = stacks.report_section([_machine("h100", _rows())], [])
+    text = "\n".join(_md_section(section, 2, None))
+    assert "Tree or chain? tau: paper" in text and "NVIDIA H100" in text
+    assert "k2.6-reported" in text and "L = 15" in text
+    assert "Verify-attention launches a layer" in text and "sglang-fa3: 6" in text

@@ -1,76 +1,133 @@
-"""What the three kernels are worth: whole K2.6 rounds per stack (``catalog.STACKS``, the ``stack`` rows of
-the round stage), as tokens per second.
+"""What the three kernels are worth, and tree or chain: whole K2.6 rounds per stack (``catalog.STACKS``) and
+the linear DFlash chain (``catalog.CHAIN``), the ``stack`` rows of the round stage, as tokens per second.
 
-- ``stack_table``: per (batch, prefix, depth, budget, stack) the whole round's median (p10-p90), its parts,
-  tau(N) and tokens/s = batch x tau / round; the rows that could not run, with why.
-- ``best_budgets``: each stack's best budget per (batch, prefix), and whether it sits on the grid's edge.
-- ``waterfall``: from an SGLang stack to ours at one budget (both run in the same job): each kernel's own
-  difference (its parts of the two rounds) and the rest (the whole rounds' difference less those); the
-  one-kernel swap stacks' whole rounds beside it as a cross-check.
-- ``run_to_run``: how far a repeated job moved the rounds' parts (``repeat:`` rows of one configuration run
-  again in a later job): the host part (SGLang's build, its mask loop) and the GPU part (the forward) each
-  as the largest relative change seen. A difference is shown only where it exceeds the two rounds' band:
-  their p10-p90 spreads plus those relative changes of their host and GPU parts; else no win shown.
+- ``stack_table``: per (batch, prefix, depth, budget, stack) the whole round's median (p10-p90) as measured
+  (``wall_s``), its parts, the estimated tensor-parallel terms (``estimate_s``), the round they make
+  (``round_s`` = measured + estimated), the medians of the repeated runs and their spread, tau (the
+  acceptance profile's drafter at the rows' own depth L: ``calibrate.round_tau``) and tokens/s = B x tau /
+  round. A chain's row is at budget block - 1; ``overlap_s`` is its round replayed as one graph (the overlap
+  model) plus the estimates.
+- ``best_budgets``: each stack's best budget (a chain's best block) per (batch, prefix), whether it sits on
+  the grid's edge, and whether the runner-up is within the noise (a near tie).
+- A kernel's worth has one definition: what its one-kernel swap takes off SGLang's round
+  (``kernel_worth``), in the same job, at SGLang's best budget. ``waterfall`` goes from SGLang's round to
+  ours by the three swaps, then the rest (what the three together do beyond their swaps one at a time).
+- The noise: a difference counts only beyond ``band``: the two rounds' p10-p90 widths plus the largest
+  run-to-run spread seen (``run_spread``: the medians of a configuration's repeated runs, ``run<k>:`` rows)
+  times the larger round; else it says "no win shown".
+- ``tree_or_chain``: per (batch, prefix) the best tree stack at its best budget, SGLang's tree stack at its
+  best budget and the chain at its best block, without overlap and (modelled) with its host work hidden.
 """
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from ddtree_bench import catalog
 from ddtree_bench.report.document import Bullets, Section, Table, Text
 from ddtree_bench.report.fmt import fmt_us
-from ddtree_bench.report.load import named_machine
-from ddtree_bench.throughput import tau_per_budget
 
-TITLE = "What the three kernels are worth"
-#: tau's trees: depth 16, each acceptance profile's own drafter distribution (``catalog.ACCEPTANCE_PROFILES``)
-TAU_DEPTH = 16
+TITLE = "What the three kernels are worth, and tree or chain"
+#: SGLang's round as Hopper runs it: the base of the swaps and of every verdict
+BASE = "sglang-fa3"
 BASES = tuple(s.name for s in catalog.STACKS.values() if s.base is None and s.name != catalog.OURS)
+PARTS = ("draft", "build", "mask", "metadata", "forward", "accept", "commit")
+ESTIMATES = ("estimate-allreduce", "estimate-gather")
+#: each kernel's own parts of a round (the cross-check beside its swap)
+OWN_PARTS = {
+    "build": ("build_s",),
+    "attention": ("mask_s", "metadata_s", "forward_s"),
+    "accept": ("accept_s",),
+}
+RUN = re.compile(r"^run(\d+):(.*)$")
 INTRO = (
     "Whole decode rounds on one GPU's share of Kimi K2.6 (rank 0 of tensor parallel 8, random weights, "
-    "SGLang's Marlin W4A16 MoE, the DFlash drafter), one per stack, in the same job on the same weights, "
-    "drafter output and trees. A stack is a tree build, a verify attention with its mask, and an accept: "
-    "`sglang-fa3` is SGLang's DDTree round as the H200 runs it (its function per request with its copies, "
-    "its per-request bool mask, FA3 two-pass tree verify, its Triton accept), `sglang-triton` the same with "
-    "its Triton tree attention (what sm_120 runs), `ours` our GPU build, attention and accept as one CUDA "
-    "graph, and `<stack>+<kernel>` SGLang's stack with that one kernel swapped for ours. The forward runs as "
-    "a CUDA graph in every stack, so the stacks differ only in those kernels and the mask (SGLang's DDTree "
-    "worker runs without CUDA graphs; its launches are not charged here). Tensor-parallel communication is "
-    "not in a one-GPU round."
+    "SGLang's Marlin W4A16 MoE, the DFlash drafter), every stack in the same job on the same weights, "
+    "drafter output and trees, the stacks taking turns round by round. `sglang-fa3` is SGLang's DDTree round "
+    "as its fork's worker runs it on Hopper (docs/round_stages.md): its drafter graph and eager top-K, its "
+    "function per request with two blocking copies and five pageable copies back, its per-request bool "
+    "mask, the FA3 backend's metadata eagerly, the verify forward as a CUDA graph with FA3's two passes and "
+    "SGLang's merge (5 launches a layer, and one gather where fa3-fwd has no paged KV), its Triton accept "
+    "and its commit eagerly. `ours` is our build, attention and accept, and the same commit, as one CUDA "
+    "graph. `sglang-fa3+<kernel>` is SGLang's round with that one kernel ours. `chain` is upstream "
+    "SGLang's linear DFlash (no tree): the drafter's top-1 block, a causal verify (FlashMLA), its Triton "
+    "accept. Every round adds the tensor-parallel all-reduces and the drafter's all-gathers, which one GPU "
+    "cannot run: "
+    "estimated, the same for every stack of a budget."
 )
 
 
-def _ok(step: pd.DataFrame, timing: str) -> pd.DataFrame:
+# ----------------------------------------------------------------------------------------------- rows
+
+
+def _ok(step: pd.DataFrame) -> pd.DataFrame:
     if step is None or step.empty or "stage" not in step:
         return pd.DataFrame()
-    rows = step[(step["stage"] == "stack") & (step["status"] == "ok") & (step["timing"] == timing)]
-    return rows.copy()
+    return step[(step["stage"] == "stack") & (step["status"] == "ok")].copy()
 
 
-def stack_table(
-    step: pd.DataFrame, shapes: pd.DataFrame | None, profile: str = catalog.PAPER_PROFILE
-) -> pd.DataFrame:
-    """One row per (batch, prefix, depth, budget, stack) that ran: ``round_s`` (median whole round),
-    ``p10_s``, ``p90_s``, each part's median (``build_s``, ``mask_s``, ``forward_s``, ``accept_s``,
-    ``draft_s``), ``tau``, ``tokens_per_s`` and ``correct``."""
-    whole = _ok(step, "wall")
+KEYS = ["batch", "prefix", "depth", "budget", "impl"]
+
+
+def _runs(rows: pd.DataFrame) -> pd.DataFrame:
+    """Per configuration: the whole round's median of each run (run 1: ``wall``; ``run<k>:wall``)."""
+    out = []
+    for timing, part in rows.groupby("timing"):
+        match = RUN.match(str(timing))
+        run, name = (int(match.group(1)), match.group(2)) if match else (1, str(timing))
+        if name == "wall":
+            out.append(part[KEYS + ["median_s"]].assign(run=run))
+    if not out:
+        return pd.DataFrame(columns=[*KEYS, "runs", "run_spread"])
+    runs = pd.concat(out)
+    grouped = runs.groupby(KEYS)["median_s"]
+    spread = grouped.agg(lambda v: (v.max() - v.min()) / v.min() if len(v) > 1 else np.nan)
+    return pd.DataFrame({"runs": grouped.size(), "run_spread": spread}).reset_index()
+
+
+def _taus(table: pd.DataFrame, profile: str) -> pd.Series:
+    """tau of each row under ``profile`` at its own depth: the trees' at its budget, the chain's at L."""
+    from ddtree_bench.calibrate import round_tau  # noqa: PLC0415
+
+    tau = pd.Series(np.nan, index=table.index, dtype="float64")
+    for depth, part in table.groupby("depth"):
+        trees = part[part["stack"] != catalog.CHAIN]
+        budgets = sorted({int(b) for b in trees["budget"]})
+        per_budget, chain = round_tau(profile, int(depth), budgets or [1])
+        tau[trees.index] = trees["budget"].map(per_budget).astype("float64")
+        chains = part.index[part["stack"] == catalog.CHAIN]
+        tau[chains] = chain
+    return tau
+
+
+def stack_table(step: pd.DataFrame, profile: str = catalog.PAPER_PROFILE) -> pd.DataFrame:
+    """One row per (batch, prefix, depth, budget, stack) that ran (module docstring)."""
+    rows = _ok(step)
+    whole = rows[rows["timing"] == "wall"] if not rows.empty else rows
     if whole.empty:
         return pd.DataFrame()
-    keys = ["batch", "prefix", "depth", "budget", "impl"]
-    out = whole[[*keys, "median_s", "p10_s", "p90_s", "n", "correct", "note"]].rename(
-        columns={"median_s": "round_s"}
-    )
-    for part in ("draft", "build", "mask", "forward", "accept"):
-        rows = _ok(step, f"part-{part}")[[*keys, "median_s"]].rename(columns={"median_s": f"{part}_s"})
-        out = out.merge(rows, on=keys, how="left")
+    columns = [*KEYS, "median_s", "p10_s", "p90_s", "n", "correct", "note"]
+    columns += [c for c in ("launches",) if c in whole]
+    out = whole[columns].rename(columns={"median_s": "wall_s"})
+    for part in PARTS:
+        found = rows[rows["timing"] == f"part-{part}"][[*KEYS, "median_s"]]
+        out = out.merge(found.rename(columns={"median_s": f"{part}_s"}), on=KEYS, how="left")
+    estimates = rows[rows["timing"].isin(ESTIMATES)].groupby(KEYS)["median_s"].sum().rename("estimate_s")
+    out = out.merge(estimates.reset_index(), on=KEYS, how="left")
+    overlap = rows[rows["timing"] == "model-one-graph"][[*KEYS, "median_s"]]
+    out = out.merge(overlap.rename(columns={"median_s": "one_graph_s"}), on=KEYS, how="left")
+    out = out.merge(_runs(rows), on=KEYS, how="left")
     out = out.rename(columns={"impl": "stack"})
-    tau = tau_per_budget(shapes, catalog.ACCEPTANCE_PROFILES[profile].distribution, TAU_DEPTH)
-    out["tau"] = out["budget"].map(tau).astype("float64")
+    out["round_s"] = out["wall_s"] + out["estimate_s"].fillna(0.0)
+    out["overlap_s"] = out["one_graph_s"] + out["estimate_s"].fillna(0.0)
+    out["tau"] = _taus(out, profile)
     out["tokens_per_s"] = out["batch"] * out["tau"] / out["round_s"]
-    order = {name: i for i, name in enumerate(catalog.STACKS)}
+    out["overlap_tokens_per_s"] = out["batch"] * out["tau"] / out["overlap_s"]
+    order = {name: i for i, name in enumerate([*catalog.STACKS, catalog.CHAIN])}
     out["order"] = out["stack"].map(order)
     return (
         out.sort_values(["batch", "prefix", "order", "budget"]).drop(columns="order").reset_index(drop=True)
@@ -89,30 +146,25 @@ def unavailable(step: pd.DataFrame) -> pd.DataFrame:
     return out.rename(columns={"impl": "stack", "budget": "budgets", "status_reason": "why"})
 
 
-def best_budgets(table: pd.DataFrame, grid: list[int] | None = None) -> pd.DataFrame:
-    """Each stack's best budget (most tokens/s) per (batch, prefix): ``budget``, ``tokens_per_s``,
-    ``round_s``, and ``edge`` (the best budget is the smallest or largest that stack ran there)."""
-    if table.empty:
+def run_spread(table: pd.DataFrame) -> float:
+    """The largest relative spread of a repeated configuration's run medians (0 where none was repeated)."""
+    if table.empty or "run_spread" not in table:
+        return 0.0
+    spread = table["run_spread"].dropna()
+    return float(spread.max()) if len(spread) else 0.0
+
+
+def repeated(table: pd.DataFrame) -> pd.DataFrame:
+    """The repeated configurations: their runs and spread."""
+    if table.empty or "runs" not in table:
         return pd.DataFrame()
-    rows = []
-    for (batch, prefix, stack), part in table.dropna(subset=["tokens_per_s"]).groupby(
-        ["batch", "prefix", "stack"], sort=False
-    ):
-        best = part.loc[part["tokens_per_s"].idxmax()]
-        budgets = sorted(part["budget"])
-        rows.append(
-            {
-                "batch": int(batch),
-                "prefix": int(prefix),
-                "stack": stack,
-                "budget": int(best["budget"]),
-                "tokens_per_s": float(best["tokens_per_s"]),
-                "round_s": float(best["round_s"]),
-                "edge": int(best["budget"]) in (budgets[0], budgets[-1]),
-                "budgets_run": f"{budgets[0]}-{budgets[-1]}",
-            }
-        )
-    return pd.DataFrame(rows)
+    return table[table["runs"].fillna(1) > 1]
+
+
+def band(a, b, rel: float) -> float:
+    """The difference between rounds ``a`` and ``b`` their noise allows (module docstring)."""
+    within = float((a["p90_s"] - a["p10_s"]) + (b["p90_s"] - b["p10_s"]))
+    return within + rel * max(float(a["round_s"]), float(b["round_s"]))
 
 
 def _at(table: pd.DataFrame, batch: int, prefix: int, budget: int, stack: str):
@@ -125,243 +177,257 @@ def _at(table: pd.DataFrame, batch: int, prefix: int, budget: int, stack: str):
     return None if rows.empty else rows.iloc[0]
 
 
-#: where no repeat was run: nothing known of the run-to-run spread beyond the within-job one
-NO_REPEAT = {"host": 0.0, "gpu": 0.0, "where": None}
+def best_budgets(table: pd.DataFrame, rel: float = 0.0) -> pd.DataFrame:
+    """Each stack's best budget (most tokens/s) per (batch, prefix): ``budget``, ``tokens_per_s``,
+    ``round_s``, ``edge`` (the smallest or largest that stack ran there) and ``tie`` (the runner-up's
+    budget where the two are within ``band``, else None)."""
+    if table.empty:
+        return pd.DataFrame()
+    rows = []
+    for (batch, prefix, stack), part in table.dropna(subset=["tokens_per_s"]).groupby(
+        ["batch", "prefix", "stack"], sort=False
+    ):
+        ordered = part.sort_values("tokens_per_s", ascending=False)
+        best = ordered.iloc[0]
+        budgets = sorted(part["budget"])
+        tie = None
+        if len(ordered) > 1 and not apart(best, ordered.iloc[1], rel):
+            tie = int(ordered.iloc[1]["budget"])
+        rows.append(
+            {
+                "batch": int(batch),
+                "prefix": int(prefix),
+                "stack": stack,
+                "budget": int(best["budget"]),
+                "depth": int(best["depth"]),
+                "tokens_per_s": float(best["tokens_per_s"]),
+                "round_s": float(best["round_s"]),
+                "edge": int(best["budget"]) in (budgets[0], budgets[-1]) and len(budgets) > 1,
+                "tie": tie,
+                "budgets_run": f"{budgets[0]}-{budgets[-1]}",
+            }
+        )
+    return pd.DataFrame(rows)
 
 
-def run_to_run(step: pd.DataFrame) -> dict:
-    """``{"host": r, "gpu": r, "where": text}``: the largest relative change between a job and its repeat
-    (``repeat:`` timings) of a host build part (stacks with SGLang's build) and of a forward part."""
-    if step is None or step.empty or "stage" not in step:
-        return dict(NO_REPEAT)
-    rows = step[(step["stage"] == "stack") & (step["status"] == "ok")]
-    repeat = rows[rows["timing"].astype(str).str.startswith("repeat:")]
-    if repeat.empty:
-        return dict(NO_REPEAT)
-    keys = ["batch", "prefix", "budget", "impl"]
-    out = {"where": None}
-    for name, part, builds in (("host", "part-build", True), ("gpu", "part-forward", False)):
-        first = rows[rows["timing"] == part].set_index(keys)["median_s"]
-        again = repeat[repeat["timing"] == f"repeat:{part}"].set_index(keys)["median_s"]
-        both = pd.concat([first.rename("a"), again.rename("b")], axis=1, join="inner")
-        if builds:
-            both = both[[catalog.STACKS[k[-1]].build == catalog.SGLANG for k in both.index]]
-        change = ((both["a"] - both["b"]).abs() / both[["a", "b"]].min(axis=1)).dropna()
-        out[name] = float(change.max()) if not change.empty else 0.0
-        if not both.empty:
-            b, s, n, _ = both.index[0]
-            out["where"] = f"B = {b}, S = {s}, N = {n}"
-    return out
-
-
-def _host_s(row) -> float:
-    if catalog.STACKS[row["stack"]].build != catalog.SGLANG:
-        return float(row.get("mask_s") or 0.0) if catalog.STACKS[row["stack"]].sglang_mask else 0.0
-    return float(row["build_s"]) + (float(row["mask_s"]) if pd.notna(row.get("mask_s")) else 0.0)
-
-
-def band(a, b, spread: dict) -> float:
-    """The difference between rounds ``a`` and ``b`` that their noise allows (module docstring)."""
-    within = float((a["p90_s"] - a["p10_s"]) + (b["p90_s"] - b["p10_s"]))
-    host = _host_s(a) + _host_s(b)
-    gpu = float(a["forward_s"]) + float(b["forward_s"])
-    return within + spread.get("host", 0.0) * host + spread.get("gpu", 0.0) * gpu
-
-
-#: each kernel's own part(s) of a round, and whether the part runs on the host (SGLang's build does)
-OWN_PARTS = {"build": ("build_s",), "attention": ("mask_s", "forward_s"), "accept": ("accept_s",)}
+# ----------------------------------------------------------------------------------------------- worth
 
 
 def _parts(row, names) -> float:
-    return float(sum(float(row[n]) for n in names if pd.notna(row.get(n))))
+    return float(sum(float(row[n]) for n in names if n in row and pd.notna(row[n])))
 
 
-def _part_band(a, b, kernel: str, spread: dict) -> float:
-    """What run-to-run noise allows for the difference of one kernel's own parts of rounds ``a`` and ``b``."""
-    total = 0.0
-    for row in (a, b):
-        value = _parts(row, OWN_PARTS[kernel])
-        on_host = kernel == "build" and catalog.STACKS[row["stack"]].build == catalog.SGLANG
-        total += value * spread.get("host" if on_host else "gpu", 0.0)
-    return total
-
-
-def waterfall(
-    table: pd.DataFrame, base: str, batch: int, prefix: int, budget: int, spread: dict | None = None
-) -> pd.DataFrame:
-    """From ``base`` (an SGLang stack) to ``ours`` at one (batch, prefix, budget), both run in the same job: a
-    row per step with ``saved_s`` (what it takes off the round; negative: adds), ``round_s`` after it,
-    ``tokens_per_s`` after it and ``shown`` (beyond what run-to-run noise allows). The kernels' own
-    differences come from the rounds' parts (build; mask + forward; accept); the rest is the whole rounds'
-    difference less those (the drafter, the shape of the round); ``swap_s`` is what the kernel's one-kernel
-    swap stack took off ``base``'s whole round (a cross-check). Empty where a stack did not run there."""
-    spread = spread or NO_REPEAT
-    start = _at(table, batch, prefix, budget, base)
+def kernel_worth(table: pd.DataFrame, batch: int, prefix: int, budget: int, rel: float) -> pd.DataFrame:
+    """Per kernel: what its swap takes off ``BASE``'s round at one (batch, prefix, budget), both in the
+    same job (``worth_s``; negative: it adds), whether that is beyond the noise (``shown``), and the
+    difference of its own parts of ``BASE``'s round and ours (``parts_s``, a cross-check). Empty where a
+    swap did not run."""
+    base = _at(table, batch, prefix, budget, BASE)
     ours = _at(table, batch, prefix, budget, catalog.OURS)
-    if start is None or ours is None:
+    if base is None:
         return pd.DataFrame()
-    tau = start["tau"]
-    rows = [
-        {"step": f"{base} (SGLang as it runs)", "saved_s": 0.0, "round_s": start["round_s"], "shown": True}
-    ]
-    current = float(start["round_s"])
+    rows = []
     for kernel, names in OWN_PARTS.items():
-        saved = _parts(start, names) - _parts(ours, names)
-        current -= saved
-        swap = _at(table, batch, prefix, budget, f"{base}+{kernel}")
+        swap = _at(table, batch, prefix, budget, f"{BASE}+{kernel}")
+        if swap is None:
+            continue
+        worth = float(base["round_s"] - swap["round_s"])
         rows.append(
             {
-                "step": f"our {kernel}",
-                "saved_s": saved,
+                "kernel": kernel,
+                "worth_s": worth,
+                "share": worth / float(base["round_s"]),
+                "shown": abs(worth) > band(base, swap, rel),
+                "parts_s": None if ours is None else _parts(base, names) - _parts(ours, names),
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def waterfall(table: pd.DataFrame, batch: int, prefix: int, budget: int, rel: float) -> pd.DataFrame:
+    """From ``BASE``'s round to ours at one (batch, prefix, budget): a row per step with ``saved_s`` (what it
+    takes off; negative: adds), ``round_s`` after it, ``tokens_per_s`` after it and ``shown``. The kernels'
+    steps are their swaps' worth (``kernel_worth``); the rest is the whole rounds' difference less those."""
+    base = _at(table, batch, prefix, budget, BASE)
+    ours = _at(table, batch, prefix, budget, catalog.OURS)
+    worth = kernel_worth(table, batch, prefix, budget, rel)
+    if base is None or ours is None or len(worth) < len(OWN_PARTS):
+        return pd.DataFrame()
+    current = float(base["round_s"])
+    rows = [{"step": f"{BASE} (SGLang as it runs)", "saved_s": 0.0, "round_s": current, "shown": True}]
+    for _, kernel in worth.iterrows():
+        current -= kernel["worth_s"]
+        rows.append(
+            {
+                "step": f"our {kernel['kernel']}",
+                "saved_s": kernel["worth_s"],
                 "round_s": current,
-                "shown": abs(saved) > _part_band(start, ours, kernel, spread),
-                "swap_s": None if swap is None else float(start["round_s"] - swap["round_s"]),
+                "shown": bool(kernel["shown"]),
+                "parts_s": kernel["parts_s"],
             }
         )
     rest = current - float(ours["round_s"])
     rows.append(
         {
-            "step": "the rest of the round",
+            "step": "the rest (the three together, beyond their swaps)",
             "saved_s": rest,
             "round_s": float(ours["round_s"]),
-            "shown": abs(rest) > band(start, ours, spread),
+            "shown": abs(rest) > band(base, ours, rel),
         }
     )
     out = pd.DataFrame(rows)
-    out["tokens_per_s"] = batch * tau / out["round_s"]
+    out["tokens_per_s"] = batch * float(base["tau"]) / out["round_s"]
     return out
 
 
-def carrying_kernel(steps: pd.DataFrame) -> str | None:
-    """The kernel whose swap takes the most off the round (None where no swap's gain is shown)."""
-    kernels = steps[steps["step"].str.startswith("our ") & steps["shown"] & (steps["saved_s"] > 0)]
-    if kernels.empty:
+def carrying_kernel(worth: pd.DataFrame) -> str | None:
+    """The kernel whose swap takes the most off SGLang's round, where that is beyond the noise."""
+    if worth.empty:
         return None
-    return str(kernels.loc[kernels["saved_s"].idxmax(), "step"]).removeprefix("our ")
+    gains = worth[worth["shown"] & (worth["worth_s"] > 0)]
+    return None if gains.empty else str(gains.loc[gains["worth_s"].idxmax(), "kernel"])
 
 
-# ----------------------------------------------------------------------------------------------- text
+# ----------------------------------------------------------------------------------------------- verdicts
 
 
-def _ms(seconds: float) -> str:
-    return fmt_us(seconds)
-
-
-def _best_pairs(best: pd.DataFrame, base: str):
-    """``(batch, prefix, base's best row, ours' best row)`` where both stacks have a best budget."""
+def _pairs(best: pd.DataFrame, stack: str):
+    """``(batch, prefix, BASE's best row, stack's best row)`` where both have a best budget."""
     for (batch, prefix), part in best.groupby(["batch", "prefix"], sort=True):
-        mine = part[part["stack"] == base]
-        ours = part[part["stack"] == catalog.OURS]
-        if not mine.empty and not ours.empty:
-            yield int(batch), int(prefix), mine.iloc[0], ours.iloc[0]
+        mine = part[part["stack"] == BASE]
+        other = part[part["stack"] == stack]
+        if not mine.empty and not other.empty:
+            yield int(batch), int(prefix), mine.iloc[0], other.iloc[0]
 
 
-def verdict_lines(
-    table: pd.DataFrame, best: pd.DataFrame, base: str, spread: dict | None = None
-) -> list[str]:
-    """Per (batch, prefix): SGLang's stack ``base`` at its best budget against ours at ours, and what each
-    kernel's swap takes off ``base``'s round at ``base``'s best budget."""
-    lines = []
-    for batch, prefix, b, o in _best_pairs(best, base):
-        steps = waterfall(table, base, int(batch), int(prefix), int(b["budget"]), spread)
-        whole = _at(table, int(batch), int(prefix), int(b["budget"]), base)
-        ours_there = _at(table, int(batch), int(prefix), int(b["budget"]), catalog.OURS)
-        total_shown = abs(whole["round_s"] - ours_there["round_s"]) > band(whole, ours_there, spread or {})
-        gains, rest = [], None
-        for _, step in steps.iterrows():
-            share = step["saved_s"] / b["round_s"] * 100
-            text = f"{_ms(step['saved_s'])} ({share:.0f}%)" + ("" if step["shown"] else ", no win shown")
-            if step["step"].startswith("our "):
-                gains.append(f"{step['step']} {text}")
-            elif step["step"].startswith("the rest"):
-                rest = text
-        carrier = carrying_kernel(steps) if not steps.empty else None
-        lines.append(
-            f"**B = {int(batch)}, S = {int(prefix)}.** {base}: best N = {int(b['budget'])}"
-            f"{' (grid edge)' if b['edge'] else ''}, {b['tokens_per_s']:.0f} tokens/s; ours: best N = "
-            f"{int(o['budget'])}{' (grid edge)' if o['edge'] else ''}, {o['tokens_per_s']:.0f} tokens/s "
-            f"({o['tokens_per_s'] / b['tokens_per_s']:.2f}x). Of {base}'s {_ms(b['round_s'])} round at "
-            f"N = {int(b['budget'])}: "
-            + "; ".join(gains)
-            + f"; the rest of the round {rest}"
-            + (f". The {carrier} carries the gain." if carrier else ". No kernel's gain is shown.")
-            + ("" if total_shown else " Ours against it at that budget: no win shown.")
-        )
-    return lines
+def _x(value: float) -> str:
+    return f"{value:.2f}x"
 
 
-def verdict_table(
-    table: pd.DataFrame, best: pd.DataFrame, base: str, spread: dict | None = None
-) -> pd.DataFrame:
-    """The verdict at a glance: a row per question (do our three kernels pay off, at which budget, which
-    kernel carries the gain), a column per (batch, prefix), each cell yes or no and the one number it rests
-    on; ``verdict_lines`` gives the numbers behind each cell."""
-    pays = f"Do our three kernels pay off? (ours' tokens/s over {base}'s, each at its best N)"
-    budget = f"At which budget? (best N: {base}, ours)"
-    carries = f"Which kernel carries the gain? (what it takes off {base}'s round at its best N)"
+def _edge(row) -> str:
+    return " (grid edge)" if row["edge"] else ""
+
+
+def _tie(row) -> str:
+    return (
+        f" (near tie with N = {row['tie']})"
+        if row.get("tie") is not None and pd.notna(row.get("tie"))
+        else ""
+    )
+
+
+def verdict_table(table: pd.DataFrame, best: pd.DataFrame, rel: float) -> pd.DataFrame:
+    """A row per question, a column per (batch, prefix): do our three kernels pay off (ours against
+    ``BASE``, each at its best budget), at which budget, which kernel's swap carries the gain."""
+    pays = f"Do our three kernels pay off? (ours' tokens/s over {BASE}'s, each at its best N)"
+    budget = f"At which budget? (best N: {BASE}, ours)"
+    carries = f"Which kernel carries the gain? (its swap into {BASE}'s round at {BASE}'s best N)"
     columns = {"question (the number it rests on)": [pays, budget, carries]}
-    for batch, prefix, b, o in _best_pairs(best, base):
+    for batch, prefix, b, o in _pairs(best, catalog.OURS):
         n = int(b["budget"])
-        steps = waterfall(table, base, int(batch), int(prefix), n, spread)
-        whole = _at(table, int(batch), int(prefix), n, base)
-        ours_there = _at(table, int(batch), int(prefix), n, catalog.OURS)
+        whole = _at(table, batch, prefix, n, BASE)
+        ours = _at(table, batch, prefix, n, catalog.OURS)
         gain = o["tokens_per_s"] / b["tokens_per_s"]
-        shown = abs(whole["round_s"] - ours_there["round_s"]) > band(whole, ours_there, spread or {})
+        shown = ours is not None and abs(whole["round_s"] - ours["round_s"]) > band(whole, ours, rel)
         call = (
-            f"yes: {gain:.2f}x"
+            f"yes: {_x(gain)}"
             if gain > 1 and shown
-            else f"no, slower: {gain:.2f}x"
-            if gain < 1 and shown
-            else f"no win shown: {gain:.2f}x"
+            else f"no, slower: {_x(gain)}"
+            if shown
+            else f"no win shown: {_x(gain)}"
         )
-        carrier = carrying_kernel(steps) if not steps.empty else None
+        worth = kernel_worth(table, batch, prefix, n, rel)
+        carrier = carrying_kernel(worth)
         if carrier:
-            row = steps[steps["step"] == f"our {carrier}"].iloc[0]
-            carried = f"{carrier}: {_ms(row['saved_s'])} ({row['saved_s'] / b['round_s'] * 100:.0f}%)"
+            row = worth[worth["kernel"] == carrier].iloc[0]
+            carried = f"{carrier}: {fmt_us(row['worth_s'])} ({row['share'] * 100:.0f}%)"
         else:
             carried = "none shown"
-        edge = lambda r: " (grid edge)" if r["edge"] else ""  # noqa: E731
-        columns[f"B = {int(batch)}, S = {int(prefix)}"] = [
+        columns[f"B = {batch}, S = {prefix}"] = [
             call,
-            f"N = {n}{edge(b)}, N = {int(o['budget'])}{edge(o)}",
+            f"N = {n}{_edge(b)}{_tie(b)}, N = {int(o['budget'])}{_edge(o)}{_tie(o)}",
             carried,
         ]
     return pd.DataFrame(columns) if len(columns) > 1 else pd.DataFrame()
 
 
-def display_table(table: pd.DataFrame) -> pd.DataFrame:
-    if table.empty:
-        return table
-    return pd.DataFrame(
-        {
-            "B": table["batch"],
-            "S": table["prefix"],
-            "L": table["depth"],
-            "N": table["budget"],
-            "stack": table["stack"],
-            "round (p10-p90)": [
-                f"{_ms(r)} ({_ms(a)}-{_ms(b)})"
-                for r, a, b in zip(table["round_s"], table["p10_s"], table["p90_s"], strict=True)
-            ],
-            "build": table["build_s"].map(_ms),
-            "mask": table["mask_s"].map(lambda v: "-" if pd.isna(v) else _ms(v)),
-            "forward": table["forward_s"].map(_ms),
-            "accept": table["accept_s"].map(_ms),
-            "tau": table["tau"].map(lambda v: f"{v:.2f}"),
-            "tokens/s": table["tokens_per_s"].map(lambda v: "-" if pd.isna(v) else f"{v:.0f}"),
-            "correct": table["correct"],
-        }
-    )
+def verdict_lines(table: pd.DataFrame, best: pd.DataFrame, rel: float) -> list[str]:
+    """The numbers behind each column of ``verdict_table``: each kernel's swap worth at ``BASE``'s best
+    budget (or "no win shown"), the rest, and ours at its own best budget."""
+    lines = []
+    for batch, prefix, b, o in _pairs(best, catalog.OURS):
+        n = int(b["budget"])
+        worth = kernel_worth(table, batch, prefix, n, rel)
+        steps = waterfall(table, batch, prefix, n, rel)
+        gains = [
+            f"our {r['kernel']} {fmt_us(r['worth_s'])} ({r['share'] * 100:.0f}%)"
+            + ("" if r["shown"] else ", no win shown")
+            for _, r in worth.iterrows()
+        ]
+        rest = steps[steps["step"].str.startswith("the rest")]
+        rest_text = (
+            ""
+            if rest.empty
+            else f"; the rest {fmt_us(rest['saved_s'].iloc[0])}"
+            + ("" if rest["shown"].iloc[0] else ", no win shown")
+        )
+        lines.append(
+            f"**B = {batch}, S = {prefix}, L = {int(b['depth'])}.** {BASE}: best N = {n}{_edge(b)}, "
+            f"{b['tokens_per_s']:.0f} tokens/s; ours: best N = {int(o['budget'])}{_edge(o)}, "
+            f"{o['tokens_per_s']:.0f} tokens/s ({_x(o['tokens_per_s'] / b['tokens_per_s'])}). Of {BASE}'s "
+            f"{fmt_us(b['round_s'])} round at N = {n}, each swap takes: " + "; ".join(gains) + rest_text + "."
+        )
+    return lines
 
 
-def tokens_pivot(table: pd.DataFrame, batch: int, prefix: int) -> pd.DataFrame:
-    """tokens/s, a row per budget and a column per stack, at one (batch, prefix)."""
-    part = table[(table["batch"] == batch) & (table["prefix"] == prefix)]
-    pivot = part.pivot_table(index="budget", columns="stack", values="tokens_per_s", sort=False)
-    pivot = pivot[[s for s in catalog.STACKS if s in pivot.columns]]
-    return (
-        pivot.map(lambda v: "-" if pd.isna(v) else f"{v:.0f}").reset_index().rename(columns={"budget": "N"})
-    )
+def noise(row, rel: float) -> float:
+    """A round's relative noise: its p10-p90 width over its median, plus the run-to-run spread ``rel``."""
+    return float(row["p90_s"] - row["p10_s"]) / float(row["round_s"]) + rel
+
+
+def apart(a, b, rel: float) -> bool:
+    """Whether the tokens/s of rounds ``a`` and ``b`` (any budgets, any taus) differ beyond their noise."""
+    high, low = sorted((float(a["tokens_per_s"]), float(b["tokens_per_s"])), reverse=True)
+    return high / low - 1.0 > noise(a, rel) + noise(b, rel)
+
+
+CHOICES = {"ours": catalog.OURS, "sglang": BASE, "chain": catalog.CHAIN}
+
+
+def tree_or_chain(table: pd.DataFrame, rel: float) -> pd.DataFrame:
+    """Per (batch, prefix): ours (the best tree stack here), SGLang's tree stack and the chain, each at its
+    best budget (the chain's: its best block), tokens/s; the chain's with its host work hidden (modelled);
+    the winner among the three as measured, its margin over the runner-up, and whether that margin is
+    beyond the noise (``shown``)."""
+    best = best_budgets(table, rel)
+    if best.empty:
+        return pd.DataFrame()
+    out = []
+    for (batch, prefix), part in best.groupby(["batch", "prefix"], sort=True):
+        picked = {}
+        for label, stack in CHOICES.items():
+            found = part[part["stack"] == stack]
+            if not found.empty:
+                picked[label] = _at(table, int(batch), int(prefix), int(found["budget"].iloc[0]), stack)
+        if len(picked) < len(CHOICES):
+            continue
+        row = {"batch": int(batch), "prefix": int(prefix)}
+        for label, found in picked.items():
+            row[f"{label}_tokens_per_s"] = float(found["tokens_per_s"])
+            row[f"{label}_budget"] = int(found["budget"])
+        chains = table[
+            (table["batch"] == batch) & (table["prefix"] == prefix) & (table["stack"] == catalog.CHAIN)
+        ]
+        modelled = chains["overlap_tokens_per_s"].dropna()
+        row["chain_overlap_tokens_per_s"] = float(modelled.max()) if len(modelled) else np.nan
+        ranked = sorted(picked, key=lambda k: float(picked[k]["tokens_per_s"]), reverse=True)
+        first, second = ranked[0], ranked[1]
+        row["winner"] = first
+        row["runner_up"] = second
+        row["margin"] = float(picked[first]["tokens_per_s"]) / float(picked[second]["tokens_per_s"])
+        row["shown"] = apart(picked[first], picked[second], rel)
+        out.append(row)
+    return pd.DataFrame(out)
 
 
 # ----------------------------------------------------------------------------------------------- figures
@@ -369,97 +435,84 @@ def tokens_pivot(table: pd.DataFrame, batch: int, prefix: int) -> pd.DataFrame:
 
 #: A one-kernel swap's line: (line style, marker) per kernel swapped; whole stacks are solid with dots.
 SWAP_STYLES = {"build": ("--", "s"), "attention": (":", "^"), "accept": ("-.", "D")}
-#: The waterfall's steps, top to bottom.
 WATERFALL_STEPS = ("SGLang", "build", "attention", "accept", "rest", catalog.OURS)
 
 
-def figure(table: pd.DataFrame, best: pd.DataFrame, path: Path, spread: dict | None = None) -> str:
-    """Tokens/s per budget, a panel per (batch, prefix), a line per stack (a colour per SGLang stack and
-    ours; a swap in its SGLang stack's colour, a line style per kernel swapped); and a horizontal waterfall
-    panel per (batch, prefix) from sglang-fa3 to ours at sglang-fa3's best budget."""
+def _style(name: str):
+    """(colour, line style, marker, line width) of a stack's (or the chain's) line."""
+    from ddtree_bench.report.figures import colour  # noqa: PLC0415
+
+    if name == catalog.CHAIN:
+        return colour(catalog.CHAIN_COLOR), "-", "P", 2.0
+    stack = catalog.STACKS[name]
+    line, marker = SWAP_STYLES.get(stack.swap, ("-", "o"))
+    return colour(stack.color), line, marker, 1.1 if stack.base else 2.0
+
+
+def figure(table: pd.DataFrame, best: pd.DataFrame, path: Path, rel: float, label: str) -> str:
+    """Tokens/s per budget, a panel per (batch, prefix), a line per stack and the chain (at budget block -
+    1); and a waterfall panel per (batch, prefix) from SGLang's round to ours at SGLang's best budget."""
     from matplotlib.lines import Line2D  # noqa: PLC0415
 
-    from ddtree_bench.report.figures import budget_axis, colour, finish, panels  # noqa: PLC0415
+    from ddtree_bench.report.figures import budget_axis, finish, panels  # noqa: PLC0415
 
     shown = sorted({(int(b), int(p)) for b, p in zip(table["batch"], table["prefix"], strict=True)})
     fig, axes = panels(2, len(shown), height=3.0)
     for col, (batch, prefix) in enumerate(shown):
         ax = axes[0][col]
         part = table[(table["batch"] == batch) & (table["prefix"] == prefix)]
-        for name, stack in catalog.STACKS.items():
+        for name in [*catalog.STACKS, catalog.CHAIN]:
             line = part[part["stack"] == name].sort_values("budget")
             if line.empty:
                 continue
-            style, marker = SWAP_STYLES.get(stack.swap, ("-", "o"))
-            ax.plot(
-                line["budget"],
-                line["tokens_per_s"],
-                marker=marker,
-                ms=3.5 if stack.base else 4,
-                color=colour(stack.color),
-                ls=style,
-                lw=1.1 if stack.base else 2.0,
-                alpha=0.8 if stack.base else 1.0,
-                label=f"_{name}",  # the legend names colours and line styles, not each line
-            )
+            tint, style, marker, width = _style(name)
+            ax.plot(line["budget"], line["tokens_per_s"], marker=marker, ms=4, color=tint, ls=style, lw=width)
             top = best[(best["batch"] == batch) & (best["prefix"] == prefix) & (best["stack"] == name)]
-            if not top.empty and stack.base is None:
+            if not top.empty and (name == catalog.CHAIN or catalog.STACKS[name].base is None):
                 ax.plot(
                     top["budget"],
                     top["tokens_per_s"],
                     marker="*",
                     ms=14,
-                    color=colour(stack.color),
+                    color=tint,
+                    ls="",
                     markeredgecolor="black",
                     markeredgewidth=0.6,
-                    ls="",
                     zorder=3,
                 )
         ticks = sorted(int(n) for n in part["budget"].unique())
         budget_axis(ax, ticks, every=-(-len(ticks) // 5))
-        depth = int(part["depth"].iloc[0]) if batch != 1 else "N"
-        ax.set_title(f"B = {batch}, S = {prefix}, L = {depth}")
-        ax.set_xlabel("budget N")
+        depths = sorted({int(d) for d in part.loc[part["stack"] != catalog.CHAIN, "depth"]})
+        ax.set_title(f"B = {batch}, S = {prefix}, L = {depths[0] if len(depths) == 1 else 'N'}")
+        ax.set_xlabel("budget N (chain: block - 1)")
         ax.set_ylabel("tokens/s (B x tau / round)" if col == 0 else "")
-        _waterfall_panel(axes[1][col], table, best, batch, prefix, spread, first=col == 0)
-    whole = [s for s in catalog.STACKS.values() if s.base is None and (table["stack"] == s.name).any()]
-    legend = [(Line2D([], [], color=colour(s.color), lw=2.0, marker="o", ms=4), s.name) for s in whole]
-    swaps = {s.swap for s in catalog.STACKS.values() if s.base and (table["stack"] == s.name).any()}
-    legend += [
-        (
-            Line2D([], [], color="0.35", lw=1.1, ls=SWAP_STYLES[k][0], marker=SWAP_STYLES[k][1], ms=3.5),
-            f"+ our {k}",
-        )
-        for k in SWAP_STYLES
-        if k in swaps
-    ]
+        _waterfall_panel(axes[1][col], table, best, batch, prefix, rel, first=col == 0)
+    names = [n for n in [*catalog.STACKS, catalog.CHAIN] if (table["stack"] == n).any()]
+    legend = []
+    for name in names:
+        tint, style, marker, width = _style(name)
+        legend.append((Line2D([], [], color=tint, lw=width, ls=style, marker=marker, ms=4), name))
     star = Line2D([], [], marker="*", ms=13, color="0.6", markeredgecolor="black", ls="none")
-    finish(fig, axes, path, ncol=4, extra=(), legends=[legend + [(star, "best budget")]])
+    finish(fig, axes, path, ncol=4, legends=[legend + [(star, "best budget")]])
     return (
-        "Top: tokens/s per budget (tau from the paper-fitted drafter trees of depth 16), whole stacks thick "
-        "(a colour each), one-kernel swaps thin in their SGLang stack's colour (a line style per kernel "
-        "swapped), stars at each whole stack's best budget. Bottom: SGLang as the H200 runs it (sglang-fa3) "
-        "to ours at its best budget: each kernel's own difference (its parts of the two rounds; green takes "
-        "off, red adds) and the rest of the round; hatched: within the run-to-run spread (no win shown)."
+        f"{label}. Top: tokens/s per budget (tau of each acceptance profile's drafter at the rounds' own L; "
+        "here the first profile), whole stacks thick, one-kernel swaps thin, the chain at budget block - 1, "
+        "stars at each whole stack's and the chain's best. Bottom: SGLang's round to ours at SGLang's best "
+        "budget, by each kernel's swap (green takes off, red adds) and the rest; hatched: within the noise "
+        "(no win shown)."
     )
 
 
-def _waterfall_panel(wax, table, best, batch, prefix, spread, *, first: bool) -> None:
-    """From sglang-fa3's round to ours at its best budget, one horizontal bar per step (top to bottom)."""
+def _waterfall_panel(wax, table, best, batch, prefix, rel, *, first: bool) -> None:
     from ddtree_bench.report.figures import colour  # noqa: PLC0415
 
-    base = BASES[0]
-    top = best[(best["batch"] == batch) & (best["prefix"] == prefix) & (best["stack"] == base)]
-    steps = (
-        pd.DataFrame()
-        if top.empty
-        else waterfall(table, base, batch, prefix, int(top["budget"].iloc[0]), spread)
-    )
+    top = best[(best["batch"] == batch) & (best["prefix"] == prefix) & (best["stack"] == BASE)]
+    steps = pd.DataFrame() if top.empty else waterfall(table, batch, prefix, int(top["budget"].iloc[0]), rel)
     if steps.empty:
-        return  # no data: the panel is removed
+        return
     ms = steps["round_s"].to_numpy() * 1e3
     saved = steps["saved_s"].to_numpy() * 1e3
-    wax.barh(0, ms[0], color=colour(catalog.STACKS[base].color))
+    wax.barh(0, ms[0], color=colour(catalog.STACKS[BASE].color))
     for i in range(1, len(steps)):
         low, high = sorted((ms[i], ms[i] + saved[i]))
         wax.barh(
@@ -472,265 +525,344 @@ def _waterfall_panel(wax, table, best, batch, prefix, spread, *, first: bool) ->
             linewidth=0,
         )
     wax.barh(len(steps), ms[-1], color=colour(catalog.STACKS[catalog.OURS].color))
-    wax.set_yticks(
-        range(len(WATERFALL_STEPS)), list(WATERFALL_STEPS) if first else [""] * len(WATERFALL_STEPS)
-    )
+    labels = list(WATERFALL_STEPS) if first else [""] * len(WATERFALL_STEPS)
+    wax.set_yticks(range(len(WATERFALL_STEPS)), labels)
     wax.invert_yaxis()
     wax.grid(False, axis="y")
-    wax.set_title(f"{base} -> ours\nat N = {int(top['budget'].iloc[0])}")
+    wax.set_title(f"{BASE} -> ours at N = {int(top['budget'].iloc[0])}")
     wax.set_xlabel("round (ms)")
 
 
-# ----------------------------------------------------------------------------------------------- the section
+def chain_figure(machine, path: Path) -> str:
+    """Tokens/s against batch, a line per choice (ours, SGLang's tree, the chain, the chain with its host
+    work hidden: modelled, dashed), each at its best budget, a panel per (acceptance profile, prefix)."""
+    from matplotlib.lines import Line2D  # noqa: PLC0415
+
+    from ddtree_bench.report.figures import colour, finish, panels  # noqa: PLC0415
+
+    per_profile = {
+        p: tree_or_chain(stack_table(machine.step, p), run_spread(stack_table(machine.step, p)))
+        for p in catalog.ACCEPTANCE_PROFILES
+    }
+    prefixes = sorted({int(p) for t in per_profile.values() if not t.empty for p in t["prefix"]})
+    fig, axes = panels(len(per_profile), len(prefixes), height=2.8)
+    lines = {
+        "ours": (colour(catalog.STACKS[catalog.OURS].color), "-", "o", "ours (tree, best N)"),
+        "sglang": (colour(catalog.STACKS[BASE].color), "-", "s", f"{BASE} (tree, best N)"),
+        "chain": (colour(catalog.CHAIN_COLOR), "-", "P", "chain (best block)"),
+        "chain_overlap": (colour(catalog.CHAIN_COLOR), "--", "P", "chain, host work hidden (modelled)"),
+    }
+    for row, (profile, frame) in enumerate(per_profile.items()):
+        for col, prefix in enumerate(prefixes):
+            ax = axes[row][col]
+            part = frame[frame["prefix"] == prefix].sort_values("batch") if not frame.empty else frame
+            if part.empty:
+                continue
+            for key, (tint, style, marker, _) in lines.items():
+                ax.plot(part["batch"], part[f"{key}_tokens_per_s"], color=tint, ls=style, marker=marker, ms=5)
+            ax.set_xscale("log", base=2)
+            ax.set_xticks(sorted(part["batch"]), [str(b) for b in sorted(part["batch"])])
+            ax.minorticks_off()
+            ax.set_title(f"{catalog.ACCEPTANCE_PROFILES[profile].name}, S = {prefix}")
+            ax.set_xlabel("batch B")
+            ax.set_ylabel("tokens/s" if col == 0 else "")
+    legend = [(Line2D([], [], color=t, ls=s, marker=m, ms=5), text) for t, s, m, text in lines.values()]
+    finish(fig, axes, path, ncol=2, legends=[legend])
+    return (
+        f"{machine.label} ({machine.source}). Each choice at its own best budget (the chain at its best "
+        "block, 8 or 16); tau from each acceptance profile's drafter at the rounds' own depth."
+    )
 
 
-def machine_with_stacks(machines, published_answer: str | None = None):
-    """This run's machine (the first) where its step rows hold stack rounds, else the published machine
-    ``published_answer`` names where its do (chosen by that name, never by the folders' order), else None."""
-    for machine in (machines[:1] + [named_machine(machines, published_answer)]) if machines else ():
-        if machine is not None and not stack_table(machine.step, machine.shapes).empty:
-            return machine
-    return None
+def machine_with_stacks(machines):
+    """This run's machine where its step rows hold stack rounds; else the published machine whose stack rows
+    are the current method's (they have the commit part and the chain), the newest first; else any published
+    machine with stack rows; else None. Chosen by content, never by the folders' order."""
+    with_rows = [m for m in machines if not stack_table(m.step).empty] if machines else []
+    if not with_rows:
+        return None
+    if with_rows[0] is machines[0] and machines[0].source == "this run":
+        return machines[0]
+    current = [m for m in with_rows if (m.step["timing"] == "part-commit").any()]
+    pool = current or with_rows
+    return max(pool, key=lambda m: str(m.step["timestamp"].dropna().max()) if "timestamp" in m.step else "")
 
 
 def figure_for_report(inputs, path) -> str:
-    machine = machine_with_stacks(inputs.machines, inputs.published_answer)
+    machine = machine_with_stacks(inputs.machines)
     if machine is None:
         from ddtree_bench.report.figures import empty_figure  # noqa: PLC0415
 
         empty_figure(path, "no stack rounds here (they need a GPU)")
         return "No machine here has stack rounds."
-    table = stack_table(machine.step, machine.shapes)
-    return f"{machine.label}. " + figure(table, best_budgets(table), path, run_to_run(machine.step))
+    table = stack_table(machine.step, catalog.PAPER_PROFILE)
+    rel = run_spread(table)
+    return figure(table, best_budgets(table, rel), path, rel, f"{machine.label} ({machine.source})")
+
+
+def chain_figure_for_report(inputs, path) -> str:
+    machine = machine_with_stacks(inputs.machines)
+    if machine is None or not (stack_table(machine.step)["stack"] == catalog.CHAIN).any():
+        from ddtree_bench.report.figures import empty_figure  # noqa: PLC0415
+
+        empty_figure(path, "no chain rounds here (they need a GPU)")
+        return "No machine here has chain rounds."
+    return chain_figure(machine, path)
+
+
+# ----------------------------------------------------------------------------------------------- the section
+
+
+def gpu_of(machine) -> str:
+    """The GPU the machine's rows ran on (its environment's name), else its label."""
+    return str((machine.environment or {}).get("gpu_name") or machine.label)
+
+
+def chain_table(frame: pd.DataFrame) -> pd.DataFrame:
+    """``tree_or_chain``'s rows as shown."""
+    if frame.empty:
+        return frame
+
+    def cell(row, key):
+        unit = "block" if key == "chain" else "N"
+        budget = row[f"{key}_budget"] + (1 if key == "chain" else 0)
+        return f"{row[f'{key}_tokens_per_s']:,.0f} ({unit} = {budget})"
+
+    return pd.DataFrame(
+        {
+            "B": frame["batch"],
+            "S": frame["prefix"],
+            "ours (tree)": [cell(r, "ours") for _, r in frame.iterrows()],
+            f"{BASE} (tree)": [cell(r, "sglang") for _, r in frame.iterrows()],
+            "chain": [cell(r, "chain") for _, r in frame.iterrows()],
+            "chain, host work hidden (modelled)": frame["chain_overlap_tokens_per_s"].map(
+                lambda v: "-" if pd.isna(v) else f"{v:,.0f}"
+            ),
+            "winner": [
+                f"{r['winner']} ({r['margin']:.2f}x {r['runner_up']})"
+                + ("" if r["shown"] else ", within the noise")
+                for _, r in frame.iterrows()
+            ],
+        }
+    )
+
+
+def display_table(table: pd.DataFrame) -> pd.DataFrame:
+    """Every stack round: the whole round as measured (p10-p90), its parts, the estimated terms, tau,
+    tokens/s, the runs' spread, launches a layer and correctness."""
+    if table.empty:
+        return table
+
+    def us(v):
+        return "-" if pd.isna(v) else fmt_us(v)
+
+    out = {
+        "B": table["batch"],
+        "S": table["prefix"],
+        "L": table["depth"],
+        "N": table["budget"],
+        "stack": table["stack"],
+        "measured round (p10-p90)": [
+            f"{us(r)} ({us(a)}-{us(b)})"
+            for r, a, b in zip(table["wall_s"], table["p10_s"], table["p90_s"], strict=True)
+        ],
+    }
+    for part in PARTS:
+        out[part] = table[f"{part}_s"].map(us)
+    out["TP terms (estimated)"] = table["estimate_s"].map(us)
+    out["tau"] = table["tau"].map(lambda v: "-" if pd.isna(v) else f"{v:.2f}")
+    out["tokens/s"] = table["tokens_per_s"].map(lambda v: "-" if pd.isna(v) else f"{v:,.0f}")
+    out["runs (spread)"] = [
+        "1" if pd.isna(n) or n <= 1 else f"{int(n)} ({sp * 100:.1f}%)"
+        for n, sp in zip(table["runs"], table["run_spread"], strict=True)
+    ]
+    if "launches" in table:
+        out["launches a layer"] = table["launches"].map(lambda v: "-" if pd.isna(v) else str(int(v)))
+    out["correct"] = table["correct"]
+    return pd.DataFrame(out)
+
+
+def tokens_pivot(table: pd.DataFrame, batch: int, prefix: int) -> pd.DataFrame:
+    """tokens/s, a row per budget and a column per stack (and the chain), at one (batch, prefix)."""
+    part = table[(table["batch"] == batch) & (table["prefix"] == prefix)]
+    pivot = part.pivot_table(index="budget", columns="stack", values="tokens_per_s", sort=False)
+    pivot = pivot[[s for s in [*catalog.STACKS, catalog.CHAIN] if s in pivot.columns]]
+    return (
+        pivot.map(lambda v: "-" if pd.isna(v) else f"{v:,.0f}").reset_index().rename(columns={"budget": "N"})
+    )
 
 
 def correct_line(table: pd.DataFrame) -> str:
     wrong = table[table["correct"] != True]  # noqa: E712 (nullable booleans)
     if wrong.empty:
-        return f"In all {len(table)} stack configurations the rounds' accepted paths equal the CPU walk."
+        return (
+            f"In all {len(table)} configurations (stacks and chains) the rounds' accepted paths equal the "
+            "CPU "
+            "walk (SGLang's built trees equal ours)."
+        )
     names = ", ".join(sorted(set(wrong["stack"])))
-    return (
-        f"In {len(wrong)} of {len(table)} stack configurations the accepted paths differ from the CPU walk "
+    return f"In {len(wrong)} of {len(table)} configurations the accepted paths differ from the CPU walk " + (
         f"({names})."
     )
 
 
-def spread_line(spread: dict) -> str:
-    if spread.get("where") is None:
+def spread_line(table: pd.DataFrame, rel: float) -> str:
+    again = repeated(table)
+    if again.empty:
         return (
-            "Run-to-run spread: no configuration was run twice, so only each job's own p10-p90 decides "
-            "whether a difference is shown."
+            "Run-to-run spread: no configuration was run more than once, so only each round's own p10-p90 "
+            "decides whether a difference is shown."
         )
+    where = sorted(
+        {f"B = {int(b)}, S = {int(s)}" for b, s in zip(again["batch"], again["prefix"], strict=True)}
+    )
     return (
-        f"Run-to-run spread: one configuration ({spread['where']}) was run again in a later job; between the "
-        f"two, SGLang's host build part moved by up to {spread['host'] * 100:.0f}% and the forward by "
-        f"{spread['gpu'] * 100:.1f}%. A difference is shown only where it exceeds those shares of the parts "
-        "it compares (plus the rounds' p10-p90); else it says no win shown."
+        f"Run-to-run spread: {len(again)} configurations (the best budgets, N = "
+        f"{', '.join(str(n) for n in sorted(set(again['budget'].astype(int))))}, at {'; '.join(where)}) were "
+        f"run {int(again['runs'].max())} times, each run a fresh round (its buffers, graphs and captures "
+        "made "
+        f"anew on the same weights); their whole rounds' medians moved by up to {rel * 100:.1f}% "
+        f"(median {again['run_spread'].median() * 100:.1f}%). A difference is shown only beyond both rounds' "
+        "p10-p90 plus that share of the larger round; else it says no win shown."
+    )
+
+
+def launches_line(table: pd.DataFrame) -> str | None:
+    if "launches" not in table or table["launches"].dropna().empty:
+        return None
+    per = table.dropna(subset=["launches"]).groupby("stack")["launches"].agg(["min", "max"])
+    names = [n for n in (BASE, catalog.OURS, catalog.CHAIN) if n in per.index]
+    text = "; ".join(
+        f"{n}: {int(per.loc[n, 'min'])}"
+        + (f"-{int(per.loc[n, 'max'])}" if per.loc[n, "max"] != per.loc[n, "min"] else "")
+        for n in names
+    )
+    return (
+        "Verify-attention launches a layer (kernels, copies and fills the profiler counts in one layer's "
+        f"call): {text}. SGLang's fork makes 5 calls a layer (FA3's prefix pass, its tree pass, two LSE "
+        "transposes, the "
+        "merge; FA3's calls may each launch more than one kernel); here one more, the gather of each query's "
+        "visible tree rows, where fa3-fwd has no paged KV."
+    )
+
+
+def terms_line(table: pd.DataFrame, best: pd.DataFrame) -> str | None:
+    """How the terms both rounds pay (the commit, the estimated tensor-parallel terms) move ours / SGLang."""
+    parts = []
+    for batch, prefix, b, o in _pairs(best, catalog.OURS):
+        base = _at(table, batch, prefix, int(b["budget"]), BASE)
+        ours = _at(table, batch, prefix, int(o["budget"]), catalog.OURS)
+        if base is None or ours is None or pd.isna(base.get("commit_s")) or pd.isna(base.get("estimate_s")):
+            continue
+        bare = lambda r: r["wall_s"] - r["commit_s"]  # noqa: E731
+        without = (ours["tau"] / bare(ours)) / (base["tau"] / bare(base))
+        parts.append(
+            f"B = {batch}, S = {prefix}: {without:.2f}x without, "
+            f"{o['tokens_per_s'] / b['tokens_per_s']:.2f}x with"
+        )
+    if not parts:
+        return None
+    return (
+        "The terms both rounds pay (the commit, measured; the tensor-parallel all-reduces and gathers, "
+        "estimated) lower ours / SGLang: " + "; ".join(parts) + "."
     )
 
 
 def report_section(machines, figures, published_answer: str | None = None) -> Section:
-    """The section, on this run's machine where it has stack rounds, else on ``published_answer``'s: the
-    verdict per SGLang stack, the best budgets, tokens/s per budget, the waterfalls, every round and the
-    rounds that could not run."""
+    """The section on the machine with the current stack rounds (``machine_with_stacks``): per acceptance
+    profile, tree or chain and what SGLang's round gains from each kernel; how it was measured; the
+    figures; every table collapsed."""
+    del published_answer  # chosen by content (machine_with_stacks)
     section = Section(TITLE)
-    machine = machine_with_stacks(machines, published_answer)
+    machine = machine_with_stacks(machines)
     if machine is None:
         return section.add(
             Text(INTRO),
             Text(
-                "Neither this machine nor the published answer's has stack rounds: they need a GPU, "
-                "SGLang's DDTree files and its MoE kernels (docs/round_stages.md). The published H200's are "
-                "in results/published/h200/.",
+                "No machine here has stack rounds: they need a GPU, SGLang's DDTree files and its MoE "
+                "kernels "
+                "(docs/round_stages.md).",
                 "em",
             ),
             *figures,
         )
-    table = stack_table(machine.step, machine.shapes)
-    spread = run_to_run(machine.step)
-    profiles = profiles_with_tau(machine) or [catalog.PAPER_PROFILE]
-    # the verdicts first (a table each, its numbers in notes under it), then how they were measured
-    _add_verdicts(section, machine, profiles, spread)
-    section.add(*_method(machine, profiles, table, spread))
-    section.add(*figures)
+    gpu = gpu_of(machine)
+    first = stack_table(machine.step, catalog.PAPER_PROFILE)
+    rel = run_spread(first)
+    depths = sorted({int(d) for d in first.loc[first["stack"] != catalog.CHAIN, "depth"]})
+    for profile in catalog.ACCEPTANCE_PROFILES:
+        label = catalog.ACCEPTANCE_PROFILES[profile].label
+        table = first if profile == catalog.PAPER_PROFILE else stack_table(machine.step, profile)
+        best = best_budgets(table, rel)
+        chains = tree_or_chain(table, rel)
+        if not chains.empty:
+            section.add(
+                Text(f"**Tree or chain? tau: {label}; {gpu} ({machine.label}, {machine.source})**"),
+                Table(chain_table(chains)),
+            )
+        verdict = verdict_table(table, best, rel)
+        if not verdict.empty:
+            section.add(
+                Text(f"**What {BASE} gains from our kernels, tau: {label}; {gpu}**"),
+                Table(verdict),
+                Bullets(verdict_lines(table, best, rel)),
+            )
     section.add(
-        _best_budgets_section(machine, profiles),
-        _per_budget_section(table),
-        _waterfalls_section(table, best_budgets(table), spread),
-        Section("Every stack round").add(
-            Table(display_table(table), collapsed=True, summary="median round and parts per configuration")
+        Text(INTRO),
+        Text(
+            "tau(N) = 1 + the expected accepted tokens of each acceptance profile's drafter's trees at the "
+            f"rounds' own depth L (here L = {', '.join(map(str, depths))} for the trees; a chain of block b "
+            "has "
+            "L = b - 1), the same for every stack of a budget (docs/drafter.md). It scales tokens/s, never "
+            "the "
+            "order of the stacks at a budget."
         ),
-        Section("Stack rounds that could not run").add(Table(unavailable(machine.step), collapsed=True)),
+        Text(spread_line(first, rel), "note"),
+        Text(correct_line(first)),
     )
+    for line in (launches_line(first), terms_line(first, best_budgets(first, rel))):
+        if line:
+            section.add(Text(line))
+    section.add(*figures)
+    section.add(*_tables(machine, first, rel))
     return section
 
 
-def _add_verdicts(section: Section, machine, profiles: list[str], spread) -> None:
-    """Per SGLang stack (every stack under the first profile, the first stack under the others) and
-    acceptance profile: what it gains from our kernels, a table and its notes; then whether the answer is
-    the same under every profile."""
-    section.add(
-        Text(
-            f"**{machine.label}** ({machine.source}): does SGLang's DDTree round gain from our three "
-            "kernels, each stack at its own best budget? A table per SGLang stack and acceptance profile; "
-            "how the rounds were run follows the tables."
-        )
-    )
-    for profile in profiles:
-        label = catalog.ACCEPTANCE_PROFILES[profile].label
-        t = stack_table(machine.step, machine.shapes, profile)
-        b = best_budgets(t)
-        for base in BASES if profile == profiles[0] else BASES[:1]:
-            lines = verdict_lines(t, b, base, spread)
-            if lines:
-                section.add(
-                    Text(f"**What {catalog.STACKS[base].label} gains from our kernels, tau: {label}**"),
-                    Table(verdict_table(t, b, base, spread)),
-                    Bullets(lines),
-                )
-    same = sameness_line(machine)
-    if same:
-        section.add(Text(f"**Is the answer the same under every acceptance profile?** {same}"))
-
-
-def _method(machine, profiles: list[str], table: pd.DataFrame, spread) -> list:
-    """How the rounds were run: the stacks, tau per acceptance profile, the run-to-run spread and the
-    correctness check."""
-    return [
-        Text(INTRO),
-        Text(
-            f"**{machine.label}** ({machine.source}). tau(N) = 1 + the expected accepted tokens of the "
-            f"trees of depth {TAU_DEPTH} of each acceptance profile's drafter, the same for every stack: it "
-            "scales tokens/s, never the order of the stacks at a budget. Profiles here: "
-            + "; ".join(
-                f"{catalog.ACCEPTANCE_PROFILES[p].label}: fitted to {catalog.ACCEPTANCE_PROFILES[p].source}"
-                for p in profiles
-            )
-            + ". Batch 1 runs SGLang's regime (L = N: its block is N + 1 tokens); batch 8 and 64 run the "
-            "drafter's block of 16 (L = 15)."
-        ),
-        Text(spread_line(spread), "note"),
-        Text(correct_line(table)),
-    ]
-
-
-def _best_budgets_section(machine, profiles: list[str]) -> Section:
-    """Each stack's best budget under every acceptance profile (one collapsed table)."""
-    every = []
-    for profile in profiles:
-        b = best_budgets(stack_table(machine.step, machine.shapes, profile))
-        every.append(
-            b.assign(
-                tau=profile,
-                edge=b["edge"].map({True: "yes", False: "no"}),
-                tokens_per_s=b["tokens_per_s"].map(lambda v: f"{v:.0f}"),
-                round_s=b["round_s"].map(_ms),
-            )
-        )
-    shown = pd.concat(every, ignore_index=True).rename(
-        columns={"tokens_per_s": "tokens/s", "round_s": "round", "budget": "best N", "edge": "grid edge"}
-    )
-    return Section("Each stack's best budget").add(Table(shown, collapsed=True))
-
-
-def _per_budget_section(table: pd.DataFrame) -> Section:
-    """Tokens/s per stack and budget, a collapsed table per (batch, prefix)."""
-    per_budget = Section("Tokens/s per stack and budget")
+def _tables(machine, table: pd.DataFrame, rel: float) -> list:
+    per_budget = Section("Tokens/s per stack and budget (tau: paper)")
     for batch, prefix in sorted(
         {(int(b), int(p)) for b, p in zip(table["batch"], table["prefix"], strict=True)}
     ):
         per_budget.add(
             Text(f"B = {batch}, S = {prefix}"), Table(tokens_pivot(table, batch, prefix), collapsed=True)
         )
-    return per_budget
-
-
-def _waterfalls_section(table: pd.DataFrame, best: pd.DataFrame, spread) -> Section:
-    """The waterfall at each SGLang stack's best budget (``best``), a collapsed table each."""
-    falls = Section("Waterfalls at each SGLang stack's best budget")
-    for _, row in best[best["stack"].isin(BASES)].iterrows():
-        steps = waterfall(
-            table, row["stack"], int(row["batch"]), int(row["prefix"]), int(row["budget"]), spread
-        )
+    falls = Section(f"Waterfalls at {BASE}'s best budget (tau: paper)")
+    best = best_budgets(table, rel)
+    for _, row in best[best["stack"] == BASE].iterrows():
+        steps = waterfall(table, int(row["batch"]), int(row["prefix"]), int(row["budget"]), rel)
         if steps.empty:
             continue
-        shown_steps = pd.DataFrame(
+        shown = pd.DataFrame(
             {
                 "step": steps["step"],
-                "takes off": steps["saved_s"].map(_ms),
-                "round after": steps["round_s"].map(_ms),
-                "tokens/s after": steps["tokens_per_s"].map(lambda v: f"{v:.0f}"),
+                "takes off": steps["saved_s"].map(fmt_us),
+                "round after": steps["round_s"].map(fmt_us),
+                "tokens/s after": steps["tokens_per_s"].map(lambda v: f"{v:,.0f}"),
                 "shown": steps["shown"].map({True: "yes", False: "no win shown"}),
-                "its swap stack took off": steps.get("swap_s", pd.Series(dtype=float)).map(
-                    lambda v: "-" if pd.isna(v) else _ms(v)
+                "its own parts' difference": steps.get("parts_s", pd.Series(dtype=float)).map(
+                    lambda v: "-" if pd.isna(v) else fmt_us(v)
                 ),
             }
         )
         falls.add(
-            Text(
-                f"B = {int(row['batch'])}, S = {int(row['prefix'])}, N = {int(row['budget'])}: {row['stack']}"
-            ),
-            Table(shown_steps, collapsed=True),
+            Text(f"B = {int(row['batch'])}, S = {int(row['prefix'])}, N = {int(row['budget'])}"),
+            Table(shown, collapsed=True),
         )
-    return falls
-
-
-def profiles_with_tau(machine) -> list[str]:
-    """The acceptance profiles whose tau this machine's tree shapes hold (the paper's first)."""
     return [
-        name
-        for name, profile in catalog.ACCEPTANCE_PROFILES.items()
-        if not tau_per_budget(machine.shapes, profile.distribution, TAU_DEPTH).empty
+        per_budget,
+        falls,
+        Section("Every stack round (tau: paper)").add(
+            Table(display_table(table), collapsed=True, summary="each round, its parts and estimated terms")
+        ),
+        Section("Stack rounds that could not run").add(Table(unavailable(machine.step), collapsed=True)),
     ]
-
-
-def _range(per: dict) -> str:
-    values = [v[2] for v in per.values()]
-    return f"{min(values):.2f}-{max(values):.2f}x"
-
-
-def sameness_line(machine) -> str | None:
-    """Whether the answer is the same under every profile: ours against SGLang's FA3 stack at each one's best
-    budget, and whether the best budgets move."""
-    names = profiles_with_tau(machine)
-    if len(names) < 2:
-        return None
-    verdicts = {}
-    for name in names:
-        table = stack_table(machine.step, machine.shapes, name)
-        best = best_budgets(table)
-        per = {}
-        for (batch, prefix), part in best.groupby(["batch", "prefix"], sort=True):
-            mine = part[part["stack"] == BASES[0]]
-            ours = part[part["stack"] == catalog.OURS]
-            if mine.empty or ours.empty:
-                continue
-            per[(int(batch), int(prefix))] = (
-                int(mine["budget"].iloc[0]),
-                int(ours["budget"].iloc[0]),
-                float(ours["tokens_per_s"].iloc[0] / mine["tokens_per_s"].iloc[0]),
-            )
-        verdicts[name] = per
-    first, *others = names
-    parts = []
-    for other in others:
-        moved = [
-            f"B = {b}, S = {s}: N = {verdicts[first][(b, s)][0]} -> {verdicts[other][(b, s)][0]}"
-            for (b, s) in verdicts[first]
-            if (b, s) in verdicts[other] and verdicts[first][(b, s)][0] != verdicts[other][(b, s)][0]
-        ]
-        faster = all(v[2] > 1 for v in verdicts[other].values()) and all(
-            v[2] > 1 for v in verdicts[first].values()
-        )
-        ratios = [v[2] for v in verdicts[other].values()]
-        parts.append(
-            f"Under {other}: ours {'still beats' if faster else 'does not always beat'} SGLang's FA3 stack "
-            f"({min(ratios):.2f}-{max(ratios):.2f}x at each one's best budget, against "
-            f"{_range(verdicts[first])} under {first}); "
-            + (
-                "SGLang's best budget moves (" + "; ".join(moved) + ")."
-                if moved
-                else "SGLang's best budgets are the same."
-            )
-        )
-    return " ".join(parts)
