@@ -1,6 +1,7 @@
 """Acceptance profiles: each is declared once in the catalog; the k2.6-reported profile's stored drafter
 parameters reproduce the targets it was fitted to (the calibration's round trip); its trace takes the
-catalog's parameters whatever the configured drafter; a profile is a configuration choice, checked."""
+catalog's parameters whatever the configured drafter; a profile is a configuration choice, checked; the linear
+chain's tau never exceeds the tree's at the same verified tokens and lies where its references say."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import pytest
 import yaml
 
 from ddtree_bench import catalog
-from ddtree_bench.calibrate import Evaluator
+from ddtree_bench.calibrate import Evaluator, round_tau
 from ddtree_bench.config import REPO_ROOT, check_config
 from ddtree_bench.drafter import check_params
 from ddtree_bench.traces import TraceSpec, generate
@@ -52,3 +53,24 @@ def test_a_profile_is_a_checked_configuration_choice():
     assert check_config(copy.deepcopy(config))["acceptance_profiles"] == ["paper", "k2.6-reported"]
     with pytest.raises(ValueError, match=r"config: acceptance_profiles\[0\]: 'k3' is not one of"):
         check_config({**copy.deepcopy(config), "acceptance_profiles": ["k3"]})
+
+
+@pytest.mark.parametrize("profile", list(catalog.ACCEPTANCE_PROFILES))
+@pytest.mark.parametrize("depth", [7, 15])
+def test_the_chains_tau_never_exceeds_the_trees_at_the_same_verified_tokens(profile, depth):
+    taus, chain = round_tau(profile, depth, [depth])
+    assert 1.0 < chain <= taus[depth] <= depth + 1
+
+
+def test_the_chains_tau_against_its_references():
+    """The paper profile's block-16 chain is the paper's DFlash 7.79 within 2 %; the k2.6 profile's block-8
+    chain lies in the K2.5-DFlash card's range (3.7-5.5) and below the service's 4.5 at N = 8."""
+    _, paper = round_tau(catalog.PAPER_PROFILE, 15, [15])
+    assert paper == pytest.approx(7.79, rel=0.02)
+    taus, k26 = round_tau(catalog.K26_PROFILE, 7, [7, 8])
+    assert 3.7 <= k26 <= min(5.5, taus[8]) and taus[8] == pytest.approx(4.5, rel=0.03)
+
+
+def test_round_tau_refuses_an_unknown_profile():
+    with pytest.raises(ValueError, match="unknown acceptance profile 'nope'"):
+        round_tau("nope", 7, [7])

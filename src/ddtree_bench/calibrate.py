@@ -188,12 +188,14 @@ def round_tau(profile: str, depth: int, budgets, requests: int = 256) -> tuple[d
     """``({budget: tau}, chain tau)`` of a round whose trees have ``depth`` drafted positions, under
     ``profile``'s drafter: tau(N) = 1 + the expected accepted tokens of its best-first trees of budget N (K =
     N), and the top-1 chain's over the same ``depth`` positions (the linear DFlash chain of block ``depth +
-    1``), each the mean over ``requests`` drafts of each kind (``Evaluator``). Cached per process."""
-    key = (profile, int(depth), tuple(sorted({int(b) for b in budgets})), int(requests))
+    1``), each the mean over ``requests`` drafts of each kind (``Evaluator``; fewer where depth x K is large,
+    to bound the draws' memory at about 0.5 GB: at least 8). Cached per process."""
+    budgets = tuple(sorted({int(b) for b in budgets})) or (1,)
+    requests = int(max(8, min(requests, 12_500_000 // (int(depth) * max(budgets)))))
+    key = (profile, int(depth), budgets, requests)
     if key not in _TAU_CACHE:
-        evaluator = Evaluator(budgets=key[2] or (1,), depth=key[1], requests=key[3])
-        taus, chain = evaluator(profile_params(profile))
-        _TAU_CACHE[key] = ({b: taus[b] for b in key[2]}, chain)
+        taus, chain = Evaluator(budgets=budgets, depth=int(depth), requests=requests)(profile_params(profile))
+        _TAU_CACHE[key] = ({b: taus[b] for b in budgets}, chain)
     return _TAU_CACHE[key]
 
 

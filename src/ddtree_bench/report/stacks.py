@@ -89,15 +89,25 @@ def _runs(rows: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame({"runs": grouped.size(), "run_spread": spread}).reset_index()
 
 
+def tau_depth(depth: int) -> int:
+    """The depth tau is taken at for rounds of ``depth`` drafted positions: at most the drafters' trained
+    block (16: 15 drafted positions, ``calibrate.PAPER_DEPTH``); positions past it are taken to add nothing
+    (a drafter trained at block 16 has no trained prediction there; SGLang's regime drafts N + 1 tokens)."""
+    from ddtree_bench.calibrate import PAPER_DEPTH  # noqa: PLC0415
+
+    return min(int(depth), PAPER_DEPTH)
+
+
 def _taus(table: pd.DataFrame, profile: str) -> pd.Series:
-    """tau of each row under ``profile`` at its own depth: the trees' at its budget, the chain's at L."""
+    """tau of each row under ``profile`` at its own depth (``tau_depth``): the trees' at its budget, the
+    chain's at L."""
     from ddtree_bench.calibrate import round_tau  # noqa: PLC0415
 
     tau = pd.Series(np.nan, index=table.index, dtype="float64")
     for depth, part in table.groupby("depth"):
         trees = part[part["stack"] != catalog.CHAIN]
         budgets = sorted({int(b) for b in trees["budget"]})
-        per_budget, chain = round_tau(profile, int(depth), budgets or [1])
+        per_budget, chain = round_tau(profile, tau_depth(int(depth)), budgets or [1])
         tau[trees.index] = trees["budget"].map(per_budget).astype("float64")
         chains = part.index[part["stack"] == catalog.CHAIN]
         tau[chains] = chain
@@ -578,7 +588,7 @@ def machine_with_stacks(machines):
     """This run's machine where its step rows hold stack rounds; else the published machine whose stack rows
     are the current method's (they have the commit part and the chain), the newest first; else any published
     machine with stack rows; else None. Chosen by content, never by the folders' order."""
-    with_rows = [m for m in machines if not stack_table(m.step).empty] if machines else []
+    with_rows = [m for m in machines if not _ok(m.step).empty] if machines else []
     if not with_rows:
         return None
     if with_rows[0] is machines[0] and machines[0].source == "this run":
@@ -811,11 +821,10 @@ def report_section(machines, figures, published_answer: str | None = None) -> Se
         Text(INTRO),
         Text(
             "tau(N) = 1 + the expected accepted tokens of each acceptance profile's drafter's trees at the "
-            f"rounds' own depth L (here L = {', '.join(map(str, depths))} for the trees; a chain of block b "
-            "has "
-            "L = b - 1), the same for every stack of a budget (docs/drafter.md). It scales tokens/s, never "
-            "the "
-            "order of the stacks at a budget."
+            "rounds' own depth L, at most 15 (the drafters' trained block of 16: positions past it are "
+            f"taken to add nothing); here L = {', '.join(map(str, depths))} for the trees, and a chain of "
+            "block b has L = b - 1. The same for every stack of a budget (docs/drafter.md), it scales "
+            "tokens/s, never the order of the stacks at a budget."
         ),
         Text(spread_line(first, rel), "note"),
         Text(correct_line(first)),
