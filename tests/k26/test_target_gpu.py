@@ -55,10 +55,16 @@ def test_forward_graph_replay_equals_eager(impl):
     torch.cuda.synchronize()
     assert eager.shape == (batch * (budget + 1), SMALL.vocab_shard)
     assert torch.isfinite(eager.float()).all()
+    # Marlin reduces its split-K partials with bf16 atomic adds on sm_90 (SGLang's fused_marlin_moe sets
+    # use_atomic_add there): their order, and so the last bits of each sum, changes from call to call, and
+    # the layers after carry it on. A replay must then be as close to eager as two eager calls are.
+    eager_again = [state.forward().clone() for _ in range(4)]
+    torch.cuda.synchronize()
+    spread = max(float((e.float() - eager.float()).abs().max()) for e in eager_again)
     graph, out = capture(state.forward)
     graph.replay()
     torch.cuda.synchronize()
-    torch.testing.assert_close(out.float(), eager.float(), rtol=1e-2, atol=1e-2)
+    torch.testing.assert_close(out.float(), eager.float(), rtol=1e-2, atol=1e-2 + 1.5 * spread)
     for part in (state.moe_part, state.dense_part, state.lm_head_part):
         assert torch.isfinite(part().float()).all()
     assert 1 <= state.experts_touched <= SMALL.experts
