@@ -754,7 +754,7 @@ def test_the_answer_is_the_named_published_machine_whatever_the_folders_order(tm
         out = answer_module.answer(machines, {}, settings, found, published_answer="h200")
         assert out.machine == "h200", [p.parent.name for p in order]
         assert "the published h200's" in banner(machines, out)
-        assert stacks_report.machine_with_stacks(machines, "h200").label == "h200"
+        assert stacks_report.machine_with_stacks(machines).label == "h200"
     # another name chooses another machine: h200-sglang answers where it is named
     machines = load_machines(ours, published=folders)
     settings = {m.label: step_settings(m, 61) for m in machines}

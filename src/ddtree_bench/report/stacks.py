@@ -497,11 +497,21 @@ def figure(table: pd.DataFrame, best: pd.DataFrame, path: Path, rel: float, labe
         ax.set_xlabel("budget N (chain: block - 1)")
         ax.set_ylabel("tokens/s (B x tau / round)" if col == 0 else "")
         _waterfall_panel(axes[1][col], table, best, batch, prefix, rel, first=col == 0)
+    # the legend names each whole stack's colour and each swap's line style, not every line (at most 8)
     names = [n for n in [*catalog.STACKS, catalog.CHAIN] if (table["stack"] == n).any()]
     legend = []
-    for name in names:
+    for name in [n for n in names if n == catalog.CHAIN or catalog.STACKS[n].base is None]:
         tint, style, marker, width = _style(name)
         legend.append((Line2D([], [], color=tint, lw=width, ls=style, marker=marker, ms=4), name))
+    swaps = {catalog.STACKS[n].swap for n in names if n != catalog.CHAIN and catalog.STACKS[n].base}
+    legend += [
+        (
+            Line2D([], [], color="0.35", lw=1.1, ls=SWAP_STYLES[k][0], marker=SWAP_STYLES[k][1], ms=3.5),
+            f"+ our {k}",
+        )
+        for k in SWAP_STYLES
+        if k in swaps
+    ]
     star = Line2D([], [], marker="*", ms=13, color="0.6", markeredgecolor="black", ls="none")
     finish(fig, axes, path, ncol=4, legends=[legend + [(star, "best budget")]])
     return (
@@ -797,6 +807,13 @@ def report_section(machines, figures, published_answer: str | None = None) -> Se
             *figures,
         )
     gpu = gpu_of(machine)
+    section.add(
+        Text(
+            f"**{machine.label}** ({machine.source}, {gpu}): tree or chain, and what SGLang's DDTree round "
+            "gains from each of our kernels, each choice at its own best budget; a table each per "
+            "acceptance profile. How the rounds were run follows the tables."
+        )
+    )
     first = stack_table(machine.step, catalog.PAPER_PROFILE)
     rel = run_spread(first)
     depths = sorted({int(d) for d in first.loc[first["stack"] != catalog.CHAIN, "depth"]})
