@@ -12,17 +12,19 @@ def missing(value) -> bool:
 
 
 def fmt_us(value) -> str:
-    """Seconds as µs (ms from 10 ms on), "-" for a missing value."""
+    """Seconds as µs (ms from 10 ms on), "-" for a missing value; a negative value the same way with its
+    sign (the unit and the digits chosen by the magnitude)."""
     if missing(value):
         return "-"
     us = float(value) * 1e6
+    sign, us = ("-" if us < 0 else ""), abs(us)
     if us >= 1e5:
-        return f"{us / 1e3:,.0f} ms"
+        return f"{sign}{us / 1e3:,.0f} ms"
     if us >= 1e4:
-        return f"{us / 1e3:,.1f} ms"
+        return f"{sign}{us / 1e3:,.1f} ms"
     if us >= 100:
-        return f"{us:,.0f} µs"
-    return f"{us:.1f} µs"
+        return f"{sign}{us:,.0f} µs"
+    return f"{sign}{us:.1f} µs"
 
 
 def fmt_x(value: float) -> str:

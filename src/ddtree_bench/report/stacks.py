@@ -581,6 +581,7 @@ def chain_figure(machine, path: Path) -> str:
             for key, (tint, style, marker, _) in lines.items():
                 ax.plot(part["batch"], part[f"{key}_tokens_per_s"], color=tint, ls=style, marker=marker, ms=5)
             ax.set_xscale("log", base=2)
+            ax.set_yscale("log")
             ax.set_xticks(sorted(part["batch"]), [str(b) for b in sorted(part["batch"])])
             ax.minorticks_off()
             ax.set_title(f"{catalog.ACCEPTANCE_PROFILES[profile].name}, S = {prefix}")
