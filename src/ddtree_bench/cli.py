@@ -412,11 +412,13 @@ def _budget_needs(machine, folder) -> str:
 
 
 def _results_folder(folder: Path, option: str = "--results") -> Path:
-    """``folder/summary.parquet``, checked (one line naming the option and what is missing)."""
+    """``folder/summary.parquet``, checked (one line naming the option and what is missing). A published
+    folder may hold the step stages' summary alone (a run of the round's stacks, no tree-build timings)."""
     if not folder.is_dir():
         raise ValueError(f"{option} {folder}: no such folder")
     summary = folder / "summary.parquet"
-    if not summary.is_file():
+    step_only = option == "--published" and (folder / "step_summary.parquet").is_file()
+    if not summary.is_file() and not step_only:
         raise ValueError(f"{option} {folder}: no summary.parquet (a results folder holds one)")
     return summary
 

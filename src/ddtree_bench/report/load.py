@@ -47,10 +47,11 @@ def load_machine(
     summary_path, shapes_path=None, environment_path=None, step_path=None, *, source="this run"
 ) -> Machine:
     """A machine's results: ``summary.parquet`` and, beside it unless given, ``tree_shape.parquet``,
-    ``environment.json`` and ``step_summary.parquet`` (each optional)."""
+    ``environment.json`` and ``step_summary.parquet`` (each optional; a published run of the step stages
+    alone has no ``summary.parquet``: no tree-build rows)."""
     summary_path = Path(summary_path)
     folder = summary_path.parent
-    summary = pd.read_parquet(summary_path)
+    summary = read_parquet(summary_path)
     shapes = read_parquet(shapes_path or folder / "tree_shape.parquet")
     environment = read_json(environment_path or folder / "environment.json")
     step_path = Path(step_path or folder / "step_summary.parquet")
