@@ -713,7 +713,8 @@ def test_a_cpu_only_report_opens_with_the_named_published_answer_then_what_this_
     markdown, page = (out / "summary.md").read_text(), (out / "index.html").read_text()
     first = markdown.split("\n\n")[1]  # the first screen after the title
     assert first.startswith("**This machine (laptop) has no GPU rows"), first
-    assert "the answers below are the published h200's (results/published/h200/" in first
+    assert "the answers below are the published h200's: measured on NVIDIA H200" in first
+    assert "(results/published/h200/)" in first and "published_answer" not in first
     stacks_part = markdown[
         markdown.index("## What the three kernels are worth") : markdown.index("## Answer")
     ]

@@ -161,21 +161,23 @@ def banner(machines: list[Machine], answer) -> str | None:
         return None
     here = machines[0]
     source = next((m.source for m in machines if m.label == answer.machine), "published")
+    answered = next((m for m in machines if m.label == answer.machine), None)
+    gpu = (answered.environment or {}).get("gpu_name") if answered is not None else None
     why = (
-        "no GPU rows (no gpu builder timings, no step stages)"
+        "no GPU rows (it timed no GPU kernel and ran no step of the round)"
         if not _has_gpu_rows(here)
-        else "no GPU builder rows with a modelled round or a step breakdown"
+        else "no GPU tree-build rows with a whole round or a step breakdown"
     )
     folder = answer.machine.removesuffix(" (published)")
     whose = (
-        f"the published {answer.machine}'s (results/published/{folder}/, the configuration's "
-        "published_answer)"
+        f"the published {answer.machine}'s: measured on {gpu or 'that machine'} and published with the "
+        f"project (results/published/{folder}/)"
         if source == "published"
         else f"{answer.machine}'s ({source} results)"
     )
     return (
-        f"This machine ({here.label}) has {why}: the answers below are {whose}; what {here.label} adds is in "
-        f'"{ADDS_TITLE}", and its own rows are in the figures and detail tables.'
+        f"This machine ({here.label}) has {why}, so the answers below are {whose}. What {here.label} "
+        f'measured itself is in "{ADDS_TITLE}", the figures and the detail tables.'
     )
 
 

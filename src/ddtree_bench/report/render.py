@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import base64
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from html import escape
 from pathlib import Path
 
@@ -126,9 +126,29 @@ def to_markdown(page: ReportPage, folder: Path | None = None) -> str:
     return "\n".join(lines)
 
 
+def labelled(section: Section) -> list:
+    """The section's blocks, each collapsed table without a summary given one: what it holds, named by the
+    short text just before it (e.g. "B = 1, S = 4096") or else by its section's title."""
+    out, before = [], None
+    for block in section.blocks:
+        if isinstance(block, Table) and block.collapsed and not block.summary:
+            name = before if before is not None else section.title
+            block = replace(block, summary=name)
+        short = isinstance(block, Text) and len(block.text) <= 80
+        before = block.text.strip("*_ ").rstrip(":") if short else None
+        out.append(block)
+    return out
+
+
+def rows_text(table: Table) -> str:
+    """A collapsed table's line: its row count and what it holds."""
+    n = len(table.frame)
+    return f"{n} row{'' if n == 1 else 's'}" + (f": {table.summary}" if table.summary else "")
+
+
 def _md_section(section: Section, level: int, folder) -> list[str]:
     out = [f"{'#' * level} {section.title}\n"]
-    for block in section.blocks:
+    for block in labelled(section):
         if isinstance(block, Section):
             out += _md_section(block, level + 1, folder)
         else:
@@ -148,8 +168,7 @@ def _md_block(block, level: int, folder) -> str:
         table = markdown_table(block.frame)
         if not block.collapsed:
             return table
-        summary = block.summary and f"{len(block.frame)} rows: {block.summary}"
-        return f"<details><summary>{summary or f'{len(block.frame)} rows'}</summary>\n\n{table}\n</details>\n"
+        return f"<details><summary>{rows_text(block)}</summary>\n\n{table}\n</details>\n"
     if isinstance(block, Figure):
         link = block.path.name if folder is None else _relative(block.path, folder)
         image = f"![{block.name}]({link})\n\n_{block.caption}_\n"
@@ -196,7 +215,7 @@ def to_html(page: ReportPage) -> str:
 
 def _html_section(section: Section, level: int) -> list[str]:
     out = [f"<h{level}>{escape(section.title)}</h{level}>"]
-    for block in section.blocks:
+    for block in labelled(section):
         if isinstance(block, Section):
             out += _html_section(block, min(level + 1, 6))
         else:
@@ -219,8 +238,7 @@ def _html_block(block, level: int) -> str:
         table = html_table(block.frame, status_column=block.status_column)
         if not block.collapsed:
             return table
-        text = f"{len(block.frame)} rows" + (f": {block.summary}" if block.summary else "")
-        return f"<details><summary>{escape(text)}</summary>{table}</details>"
+        return f"<details><summary>{escape(rows_text(block))}</summary>{table}</details>"
     if isinstance(block, Figure):
         data = base64.b64encode(block.path.read_bytes()).decode("ascii")
         figure = (
