@@ -23,6 +23,7 @@ min_version("9.0")
 
 
 include: "workflow/rules/bad_input.smk"
+include: "workflow/rules/snakemake_fixes.smk"
 
 
 # A YAML error in the default config file: one line naming its file and line. (Files given with

@@ -11,6 +11,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import time
 import tomllib
 import zipfile
@@ -382,6 +383,55 @@ def test_editing_the_native_source_reruns_what_depends_on_it(smoke_run):
         assert "trace" not in rules and "tree_shape" not in rules
     finally:
         source.write_text(original)
+
+
+def python_with_a_space(base: Path) -> Path | None:
+    """This venv's Python, reached through a folder whose path has a space (``base/py env/bin/python``): its
+    ``sys.executable`` has the space, as a clone's venv does in ``my runs/ddtree-bench``. None where this
+    Python is not a venv's."""
+    prefix = Path(sys.prefix)
+    if not (prefix / "pyvenv.cfg").is_file():
+        return None
+    env = base / "py env"
+    (env / "bin").mkdir(parents=True)
+    shutil.copy2(prefix / "pyvenv.cfg", env / "pyvenv.cfg")
+    for name in ("lib", "lib64"):
+        if (prefix / name).is_dir():
+            (env / name).symlink_to(prefix / name)
+    (env / "bin" / "python").symlink_to(sys.executable)
+    return env / "bin" / "python"
+
+
+def test_a_script_job_runs_from_a_path_with_a_space(tmp_path):
+    """Snakemake runs a script job as ``{python} {script:q}``, the Python's path unquoted
+    (snakemake/snakemake#2645): from a clone whose path has a space every script job failed with exit status
+    127. The workflow quotes it (workflow/rules/snakemake_fixes.smk): a trace job runs."""
+    python = python_with_a_space(tmp_path)
+    if python is None:
+        pytest.skip("this Python is not a venv's")
+    check = subprocess.run(
+        [python, "-c", "import sys, snakemake; print(sys.executable)"], capture_output=True
+    )
+    if check.returncode != 0:
+        pytest.skip(f"the venv's Python does not run from another folder: {check.stderr[-300:]!r}")
+    assert b" " in check.stdout
+    (tmp_path / "my runs").mkdir()
+    work = workdir_copy(tmp_path / "my runs")
+    target = "results/smoke/traces/drafter-L4.npz"
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "src"), os.environ.get("PYTHONPATH")])),
+    }
+    result = subprocess.run(
+        [python, "-m", "snakemake", "--cores", "1", "--configfile", "config/smoke.yaml", "--", target],
+        cwd=work,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "status 127" not in result.stderr and (work / target).is_file()
 
 
 def test_another_compiler_or_version_rebuilds_the_kernels(tmp_path):
