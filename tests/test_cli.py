@@ -17,9 +17,9 @@ from workflow_copy import snakemake, workdir_copy
 import ddtree_bench.builders
 from ddtree_bench import __version__
 from ddtree_bench.builders import Builder, get_builder
-from ddtree_bench.cli import configfile_arguments, main
+from ddtree_bench.cli import main
 from ddtree_bench.config import REPO_ROOT as ROOT
-from ddtree_bench.config import TIMING_KEYS, load_config
+from ddtree_bench.config import TIMING_KEYS, configfile_arguments, load_config, one_configfile_list
 from ddtree_bench.report import FIGURE_NAMES
 from ddtree_bench.stages import check
 from ddtree_bench.traces import generate_trace, load_trace, save_trace
@@ -726,6 +726,31 @@ def test_the_configfile_arguments_of_a_snakemake_command_line():
     assert configfile_arguments(args) == ["a.yaml", "b.yaml", "c.yaml"]
     assert configfile_arguments(["--configfiles", "d.yaml", "-n"]) == ["d.yaml"]
     assert configfile_arguments(["--cores", "1", "report"]) == []
+    # given as one list (Snakemake keeps only the last of several), before the targets
+    assert one_configfile_list(args) == [
+        "-n",
+        "--cores",
+        "1",
+        "--configfiles",
+        "a.yaml",
+        "b.yaml",
+        "c.yaml",
+        "--",
+        "report",
+    ]
+    assert one_configfile_list(["report", "--configfile", "a.yaml", "-n", "--configfile", "b.yaml"]) == [
+        "report",
+        "-n",
+        "--configfiles",
+        "a.yaml",
+        "b.yaml",
+    ]
+    assert one_configfile_list(["--configfile", "a.yaml", "--", "report"]) == [
+        "--configfile",
+        "a.yaml",
+        "--",
+        "report",
+    ]
 
 
 def test_workflow_names_the_file_and_line_of_a_yaml_error_and_runs_nothing(tmp_path, capsys, monkeypatch):

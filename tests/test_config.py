@@ -18,10 +18,14 @@ from ddtree_bench.config import (
     DISTRIBUTIONS,
     check_builders_run_here,
     check_config,
+    check_layering,
     check_output_paths,
     coerce_numeric_strings,
+    layered_config,
     load_config,
     load_schema,
+    merge_config,
+    read_config_file,
 )
 from ddtree_bench.cuda.loader import gpu_unavailable_reason
 from ddtree_bench.settings import NOT_RECORDED, RECORDED, Settings, merge_recorded
@@ -877,3 +881,57 @@ def test_published_answer_names_a_published_folder_or_the_run_stops(tmp_path):
         "h200-sglang, h200-sglang-regime)"
     )
     check_published_answer(typo, tmp_path / "none")  # no published folder at all: nothing to name
+
+
+# ----------------------------------------------------------------------------------------- YAML and layering
+
+
+@pytest.mark.parametrize(
+    ("text", "line", "key", "first"),
+    [
+        ("budgets: [8]\nseed: 1\nbudgets: [16]\n", 3, "budgets", 1),
+        ("timing:\n  repeats: 3\n  warmup: 1\n  repeats: 5\n", 4, "repeats", 2),
+        ("step:\n  attention:\n    heads: [8]\n    heads: [64]\n", 4, "heads", 3),
+        ("step: {layers: 3, layers: 4}\n", 1, "layers", 1),
+    ],
+)
+def test_a_key_given_twice_at_any_depth_is_one_line_naming_file_line_and_key(
+    tmp_path, text, line, key, first
+):
+    path = tmp_path / "twice.yaml"
+    path.write_text(text)
+    with pytest.raises(ValueError) as error:
+        load_config(path)
+    assert str(error.value) == (
+        f"config {path}: line {line}: key {key!r} is given twice (first at line {first}); YAML would keep "
+        "only the last one, silently"
+    )
+
+
+def test_a_merge_key_may_be_overridden_and_the_committed_configs_hold_no_key_twice(tmp_path):
+    path = tmp_path / "merge.yaml"
+    path.write_text("base: &t {repeats: 3, warmup: 1}\ntiming:\n  <<: *t\n  repeats: 5\n")
+    assert read_config_file(path)["timing"] == {"repeats": 5, "warmup": 1}  # YAML's own override
+    for name in sorted((ROOT / "config").glob("*.yaml")):
+        read_config_file(name)
+
+
+def test_the_layers_are_the_default_then_each_file_in_order_then_the_overrides(tmp_path):
+    first, second = tmp_path / "first.yaml", tmp_path / "second.yaml"
+    first.write_text("budgets: [4, 8]\ntiming: {repeats: 7, warmup: 5}\nmachine: one\n")
+    second.write_text("timing: {repeats: 9}\nmachine: two\n")
+    config = layered_config([first, second], {"machine": "three", "seed": 4})
+    default = read_config_file(ROOT / "config" / "config.yaml")
+    assert config["budgets"] == [4, 8]  # the first file over the default
+    assert config["timing"] == {**default["timing"], "repeats": 9, "warmup": 5}  # merged key by key
+    assert (config["machine"], config["seed"]) == ("three", 4)  # the overrides last
+    assert config["batch_sizes"] == default["batch_sizes"]  # what no layer gives: the default's
+    assert merge_config({"a": {"b": 1}}, {"a": 2}) == {"a": 2}  # a mapping replaced by a value
+
+
+def test_snakemakes_dropped_configfiles_and_replaced_default_are_refused():
+    check_layering(["--configfiles", "a.yaml", "b.yaml"], [Path("a.yaml"), Path("b.yaml")])
+    with pytest.raises(ValueError, match="--configfile: given 2 times: .* so a.yaml would be dropped"):
+        check_layering(["--configfile", "a.yaml", "--configfile", "b.yaml"], [Path("b.yaml")])
+    with pytest.raises(ValueError, match="--replace-workflow-config: not supported"):
+        check_layering([], [], replace_workflow_config=True)

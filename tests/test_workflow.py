@@ -22,7 +22,7 @@ import pytest
 import yaml
 from fake_compiler import FakeCompiler
 from packaging.requirements import Requirement
-from workflow_copy import BIN, ROOT, pretend_gpu, snakemake, workdir_copy
+from workflow_copy import BIN, ROOT, error_lines, pretend_gpu, snakemake, workdir_copy
 
 from ddtree_bench.cuda.loader import find_nvcc, gpu_unavailable_reason
 from ddtree_bench.report import FIGURE_NAMES
@@ -432,6 +432,18 @@ def test_a_script_job_runs_from_a_path_with_a_space(tmp_path):
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "status 127" not in result.stderr and (work / target).is_file()
+
+
+def test_a_key_given_twice_in_a_configfile_is_one_line_naming_file_line_and_key(tmp_path):
+    work = workdir_copy(tmp_path)
+    (work / "twice.yaml").write_text("budgets: [4]\ntiming:\n  repeats: 3\n  warmup: 1\n  repeats: 5\n")
+    result = snakemake(work, "-n", "--cores", "1", "--configfiles", "config/smoke.yaml", "twice.yaml")
+    assert result.returncode == 2
+    (line,) = error_lines(result.stderr)
+    assert line == (
+        f"config {work / 'twice.yaml'}: line 5: key 'repeats' is given twice (first at line 3); YAML would "
+        "keep only the last one, silently"
+    )
 
 
 def test_another_compiler_or_version_rebuilds_the_kernels(tmp_path):

@@ -182,14 +182,13 @@ def _drafter_params(path) -> dict | None:
     """The ``drafter:`` mapping of a config file (e.g. ``calibrate``'s output), or None without one."""
     if path is None:
         return None
-    import yaml  # noqa: PLC0415
+    from ddtree_bench.config import strict_yaml  # noqa: PLC0415
 
     try:
-        data = yaml.safe_load(Path(path).read_text())
+        text = Path(path).read_text()
     except OSError as error:
         raise ValueError(f"--drafter-config {path}: cannot read it ({error.strerror})") from None
-    except yaml.YAMLError:
-        raise ValueError(f"--drafter-config {path}: not valid YAML") from None
+    data = strict_yaml(text, f"--drafter-config {path}")
     if not isinstance(data, dict) or not isinstance(data.get("drafter"), dict):
         raise ValueError(f"--drafter-config {path}: needs a `drafter:` mapping of parameters")
     return data["drafter"]
@@ -298,51 +297,21 @@ def cmd_bench(args) -> int:
     return 0
 
 
-def _deep_update(base: dict, extra: dict) -> dict:
-    """``extra`` over ``base``, nested mappings merged (as Snakemake merges --configfile fragments)."""
-    for key, value in extra.items():
-        if isinstance(value, dict) and isinstance(base.get(key), dict):
-            _deep_update(base[key], value)
-        else:
-            base[key] = value
-    return base
-
-
 def _budget_settings(args):
     """The settings of config/config.yaml with the --configfile fragments over it and the options over
-    those (``settings.Settings``, checked once)."""
-    import yaml  # noqa: PLC0415
-
-    from ddtree_bench.config import REPO_ROOT  # noqa: PLC0415
+    those (the one layering rule: ``config.layered_config``; ``settings.Settings``, checked once)."""
+    from ddtree_bench.config import layered_config  # noqa: PLC0415
     from ddtree_bench.settings import Settings  # noqa: PLC0415
 
-    default = REPO_ROOT / "config" / "config.yaml"
-    config = yaml.safe_load(default.read_text()) if default.is_file() else {}
-    for path in args.configfile or []:
-        try:
-            fragment = yaml.safe_load(Path(path).read_text())
-        except OSError as error:
-            raise ValueError(f"config {path}: cannot read it ({error.strerror})") from None
-        except yaml.YAMLError as error:
-            raise ValueError(f"config {path}: not valid YAML ({' '.join(str(error).split())})") from None
-        if fragment is None:
-            continue
-        if not isinstance(fragment, dict):
-            raise ValueError(
-                f"config {path}: must be a mapping of keys to values, got {type(fragment).__name__}"
-            )
-        _deep_update(config, fragment)
-    section = config.setdefault("throughput", {})
-    if not isinstance(section, dict):
-        raise ValueError(f"config: throughput: must be a mapping, got {section!r}")
-    what_if = section.setdefault("what_if", {})
+    throughput = {"what_if": {}}
     for key, value, where in (
-        ("draft_ms", args.draft_ms, section),
-        ("bandwidth_tbps", args.bandwidth_tbps, what_if),
-        ("prefix_length", args.prefix_length, section),
+        ("draft_ms", args.draft_ms, throughput),
+        ("bandwidth_tbps", args.bandwidth_tbps, throughput["what_if"]),
+        ("prefix_length", args.prefix_length, throughput),
     ):
-        if value is not None and isinstance(where, dict):
+        if value is not None:
             where[key] = value
+    config = layered_config(args.configfile or (), {"throughput": throughput})
     return Settings.from_config(config)
 
 
@@ -639,18 +608,15 @@ def cmd_workflow(snakemake_args: list[str]) -> int:
 def _timing_defaults() -> dict:
     """``bench``'s defaults: config/config.yaml's timing section over the schema's defaults (the values a
     pipeline job samples with)."""
-    import yaml  # noqa: PLC0415
-
-    from ddtree_bench.config import REPO_ROOT, TIMING_KEYS, apply_defaults  # noqa: PLC0415
+    from ddtree_bench.config import DEFAULT_CONFIG, TIMING_KEYS, apply_defaults, read_config_file  # noqa: PLC0415
 
     config = {}
-    default = REPO_ROOT / "config" / "config.yaml"
     try:
-        data = yaml.safe_load(default.read_text())
-        if isinstance(data, dict) and isinstance(data.get("timing"), dict):
+        data = read_config_file(DEFAULT_CONFIG)
+        if isinstance(data.get("timing"), dict):
             config["timing"] = dict(data["timing"])
-    except (OSError, yaml.YAMLError):
-        pass  # the schema's defaults (the same values)
+    except ValueError:
+        pass  # the schema's defaults (the same values); the workflow names the file's problem
     timing = apply_defaults(config)["timing"]
     return {key: timing[key] for key in TIMING_KEYS}
 
@@ -874,13 +840,22 @@ def _stage_command(sub) -> None:
         "stage",
         help="run step-stage jobs of a configuration, writing their rows where the workflow does",
         description="Run the step-stage jobs the selectors pick (STAGE, or STAGE:key=value,...: the jobs "
-        "with these wildcards), each made from the configuration as the workflow makes it, and write their "
-        "rows under results/<machine>/step/ (its missing trace and fatbins made first).",
+        "with these wildcards), each made from the configuration as the workflow makes it "
+        "(config/config.yaml, then each --configfile in order), and write their rows under "
+        "results/<machine>/step/ (its missing trace and fatbins made first).",
     )
     p.add_argument("jobs", nargs="+", metavar="STAGE[:key=value,...]")
-    p.add_argument("--configfile", type=Path, action="append", required=True, help="repeat to merge")
+    p.add_argument(
+        "--configfile", type=Path, action="append", help="a config file over config/config.yaml (repeatable)"
+    )
     p.add_argument("--results", type=Path, help="default: results/<machine>")
-    p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="a job field (YAML)")
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="FIELD=VALUE",
+        help="a job field (YAML), after the files",
+    )
     p.set_defaults(func=cmd_stage)
 
 
@@ -915,9 +890,9 @@ def build_parser() -> argparse.ArgumentParser:
 def cmd_stage(args) -> int:
     from ddtree_bench import stages  # noqa: PLC0415
     from ddtree_bench.paths import layout  # noqa: PLC0415
-    from ddtree_bench.settings import load_settings  # noqa: PLC0415
+    from ddtree_bench.settings import layered_settings  # noqa: PLC0415
 
-    settings = load_settings(*args.configfile)
+    settings = layered_settings(args.configfile or ())  # config/config.yaml, then each --configfile
     fields = stages.parse_fields(args.set)
     for path in stages.run_jobs(settings, args.jobs, layout(settings, args.results), fields):
         print(path)
