@@ -104,6 +104,7 @@ LAYERS = (
     "environment",
     "paths",
     "progress",
+    "supervise",
     "consistency",
     "acceptance",
     "drafter",

@@ -22,7 +22,7 @@ import pytest
 import yaml
 from fake_compiler import FakeCompiler
 from packaging.requirements import Requirement
-from workflow_copy import BIN, ROOT, error_lines, pretend_gpu, snakemake, workdir_copy
+from workflow_copy import BIN, ROOT, ddtree_bench_workflow, error_lines, pretend_gpu, snakemake, workdir_copy
 
 from ddtree_bench.cuda.loader import find_nvcc, gpu_unavailable_reason
 from ddtree_bench.report import FIGURE_NAMES
@@ -432,6 +432,26 @@ def test_a_script_job_runs_from_a_path_with_a_space(tmp_path):
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "status 127" not in result.stderr and (work / target).is_file()
+
+
+def test_configfiles_layer_over_the_default_in_order_and_none_is_dropped(tmp_path):
+    """One layering rule: config/config.yaml, then every --configfile in order, then --config. Through
+    ``ddtree-bench workflow`` (what make runs) a second --configfile adds to the first (smoke.yaml's machine
+    stays); Snakemake alone would keep only the last, so there it is refused in one line, before any job."""
+    work = workdir_copy(tmp_path)
+    (work / "mine.yaml").write_text("budgets: [4]\n")
+    args = ("-n", "--cores", "1", "--configfile", "config/smoke.yaml", "--configfile", "mine.yaml")
+    wrapped = ddtree_bench_workflow(work, *args, "--config", "batch_sizes=[4]", "--", "report")
+    assert wrapped.returncode == 0, wrapped.stderr[-3000:]
+    outputs = [o for job in jobs_of(wrapped.stdout + wrapped.stderr) for o in job["output"]]
+    bench = [o for o in outputs if "/bench/reference/" in o]
+    assert bench and all(o.startswith("results/smoke/") for o in outputs)  # smoke.yaml's machine
+    assert all("-N4-B4" in o for o in bench)  # mine.yaml's budgets, --config's batch sizes
+    alone = snakemake(work, *args, "--", "report")
+    assert alone.returncode == 2
+    (line,) = error_lines(alone.stderr)
+    assert line.startswith("config: --configfile: given 2 times: Snakemake keeps only the last, so ")
+    assert "config/smoke.yaml would be dropped" in line and not (work / "results").exists()
 
 
 def test_a_key_given_twice_in_a_configfile_is_one_line_naming_file_line_and_key(tmp_path):

@@ -565,41 +565,46 @@ def cmd_sglang_profile(args) -> int:
     return 0
 
 
-def configfile_arguments(args: list[str]) -> list[str]:
-    """The files a Snakemake command line gives with ``--configfile``/``--configfiles`` (each takes one or
-    more files, up to the next option; ``--configfile=FILE`` too)."""
-    files, taking = [], False
-    for arg in args:
-        if arg == "--":
-            taking = False
-        elif arg in ("--configfile", "--configfiles"):
-            taking = True
-        elif arg.startswith(("--configfile=", "--configfiles=")):
-            files.append(arg.split("=", 1)[1])
-            taking = False
-        elif arg.startswith("-"):
-            taking = False
-        elif taking:
-            files.append(arg)
-    return files
-
-
 def cmd_workflow(snakemake_args: list[str]) -> int:
-    """Snakemake with these arguments, after reading every ``--configfile`` here: Snakemake reads those
-    files before the workflow's Snakefile runs and reports a YAML error without the file or the line, so
-    this names both (one line, exit 2) and starts nothing."""
+    """Snakemake with these arguments, after reading every ``--configfile`` here (Snakemake reads those files
+    before the workflow's Snakefile runs and reports a YAML error without the file or the line, so this names
+    both: one line, exit 2, nothing started), every ``--configfile`` given as one list (Snakemake keeps only
+    the last of several: the one layering rule, docs/configuration.md), and stopped cleanly on an interrupt
+    (``supervise``: one line, exit 130 for SIGINT, 143 for SIGTERM, no process left behind, and the same
+    command goes on)."""
     import shutil  # noqa: PLC0415
-    import subprocess  # noqa: PLC0415
 
-    from ddtree_bench.config import read_config_file  # noqa: PLC0415
+    from ddtree_bench import supervise  # noqa: PLC0415
+    from ddtree_bench.config import configfile_arguments, one_configfile_list, read_config_file  # noqa: PLC0415
 
     for path in configfile_arguments(snakemake_args):
         read_config_file(path)  # ValueError: "config FILE: not valid YAML at line L, column C: ..."
+    args = one_configfile_list(snakemake_args)
     beside = Path(sys.executable).parent / "snakemake"
     program = str(beside) if beside.is_file() else shutil.which("snakemake")
     if program is None:
         raise OSError("snakemake: not found beside this Python or on PATH")
-    return subprocess.call([program, *snakemake_args])
+    outcome = supervise.run([program, *args], workdir=supervise.directory_argument(args))
+    if outcome.signum is not None:
+        with contextlib.suppress(OSError):  # a closed terminal
+            print(interrupt_line(outcome), file=sys.stderr, flush=True)
+    return outcome.exit_status
+
+
+def interrupt_line(outcome) -> str:
+    """What an interrupted ``workflow`` says, in one line (``supervise.Outcome``)."""
+    from ddtree_bench import supervise  # noqa: PLC0415
+
+    how = "killed" if outcome.killed else "stopped"
+    line = f"{PROG}: interrupted ({supervise.signal_name(outcome.signum)}): Snakemake and its jobs {how}"
+    if outcome.lingering:
+        return f"{line}, but processes {', '.join(map(str, outcome.lingering))} are still there"
+    if outcome.cleared:
+        shown = ", ".join(outcome.cleared[:3]) + (", ..." if len(outcome.cleared) > 3 else "")
+        line += f"; cleared the {len(outcome.cleared)} killed jobs' incomplete outputs ({shown})"
+    if outcome.unlocked:
+        line += "; removed the run's lock"
+    return f"{line}; the same command goes on from here"
 
 
 # ----------------------------------------------------------------------------------------- parser
@@ -907,6 +912,9 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["workflow"]:  # every later argument is Snakemake's
         try:
             return cmd_workflow(argv[1:])
+        except KeyboardInterrupt:  # before Snakemake started (its run handles its own)
+            print(f"{PROG}: interrupted", file=sys.stderr)
+            return 130
         except ValueError as error:
             print(f"{PROG}: error: {_one_line(error)}", file=sys.stderr)
             return 2
@@ -922,6 +930,9 @@ def main(argv: list[str] | None = None) -> int:
         return int(done.code or 0)
     try:
         return args.func(args)
+    except KeyboardInterrupt:  # Ctrl-C: one line, no traceback (outputs are written whole or not at all)
+        print(f"{PROG}: interrupted", file=sys.stderr)
+        return 130
     except (ValueError, BuilderUnavailable) as error:
         print(f"{PROG}: error: {_one_line(error)}", file=sys.stderr)
         return 2
