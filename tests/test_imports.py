@@ -109,6 +109,7 @@ LAYERS = (
     "acceptance",
     "drafter",
     "traces",
+    "memory",
     "native_build",
     "cuda",
     "timing",
