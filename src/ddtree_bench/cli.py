@@ -847,7 +847,9 @@ def _stage_command(sub) -> None:
         description="Run the step-stage jobs the selectors pick (STAGE, or STAGE:key=value,...: the jobs "
         "with these wildcards), each made from the configuration as the workflow makes it "
         "(config/config.yaml, then each --configfile in order), and write their rows under "
-        "results/<machine>/step/ (its missing trace and fatbins made first).",
+        "results/<machine>/step/ (its missing trace and fatbins made first). Every --set value is checked as "
+        "the configuration is, and a selection that matches no job is refused, before anything is built or "
+        "written.",
     )
     p.add_argument("jobs", nargs="+", metavar="STAGE[:key=value,...]")
     p.add_argument(
