@@ -20,6 +20,7 @@ from ddtree_bench.config import (
     read_config_file,
 )
 from ddtree_bench.settings import Settings
+from ddtree_bench.summary.files import check_published
 
 min_version("9.0")
 
@@ -69,6 +70,7 @@ try:
     SETTINGS = Settings.from_config(config, Path(workflow.basedir) / SCHEMA)
     check_output_paths(SETTINGS)
     check_published_answer(SETTINGS)
+    check_published()  # every published file the report reads opens, with the columns it needs
 except ValueError as error:
     bad_input(error)
 config.clear()

@@ -935,3 +935,26 @@ def test_snakemakes_dropped_configfiles_and_replaced_default_are_refused():
         check_layering(["--configfile", "a.yaml", "--configfile", "b.yaml"], [Path("b.yaml")])
     with pytest.raises(ValueError, match="--replace-workflow-config: not supported"):
         check_layering([], [], replace_workflow_config=True)
+
+
+def test_the_stage_and_report_commands_layer_over_the_default_as_the_workflow_does(tmp_path, monkeypatch):
+    """``stage --configfile F`` and ``report --config F`` take config/config.yaml under F, as a run does: a
+    setting F does not give is the default file's, not the schema's."""
+    from ddtree_bench import cli, stages  # noqa: PLC0415
+
+    seen = {}
+    monkeypatch.setattr(stages, "run_jobs", lambda settings, *args: seen.setdefault("stage", settings) and [])
+    fragment = tmp_path / "fragment.yaml"
+    fragment.write_text("machine: mine\nbudgets: [8, 16]\n")
+    assert cli.main(["stage", "peaks", "--configfile", str(fragment)]) == 0
+    settings = seen["stage"]
+    default = read_config_file(ROOT / "config" / "config.yaml")
+    assert settings.machine == "mine" and settings.budgets == (8, 16)
+    assert list(settings.step.attention.prefix_lengths) == default["step"]["attention"]["prefix_lengths"]
+    assert list(settings.sglang.module_paths) == default["sglang"]["module_paths"]
+    args = cli.build_parser().parse_args(
+        ["report", "--results", str(tmp_path), "--config", str(fragment), "-o", "r"]
+    )
+    config, source = cli._report_config(args)  # what the summary is checked against
+    assert (config["machine"], config["budgets"], source) == ("mine", [8, 16], str(fragment))
+    assert config["batch_sizes"] == default["batch_sizes"] and config["depths"] == default["depths"]

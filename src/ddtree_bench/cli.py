@@ -319,12 +319,14 @@ def cmd_budget(args) -> int:
     """Which budget? The throughput model on one results folder, printed as Markdown tables."""
     from ddtree_bench.report import load_machine, markdown_table  # noqa: PLC0415
     from ddtree_bench.report import throughput as throughput_report  # noqa: PLC0415
+    from ddtree_bench.summary.files import check_results_folder  # noqa: PLC0415
 
     settings = _budget_settings(args)
     options = settings.throughput_options()
     summary = Path(args.results) / "summary.parquet"
     if not summary.is_file():
         raise ValueError(f"{args.results}: no summary.parquet there (a results/<machine>/ folder has one)")
+    check_results_folder(args.results)
     machine = load_machine(summary)
     if args.distribution is not None:
         present = _ok_values(machine.summary, "distribution")
@@ -403,26 +405,39 @@ def _recorded_config(folder: Path) -> dict | None:
     return config if isinstance(config, dict) else None
 
 
-def cmd_report(args) -> int:
-    from ddtree_bench import catalog  # noqa: PLC0415
-    from ddtree_bench.config import schema_default  # noqa: PLC0415
-    from ddtree_bench.consistency import configured_grid  # noqa: PLC0415
-    from ddtree_bench.report import ReportFiles, render_report  # noqa: PLC0415
-    from ddtree_bench.settings import load_settings, merge_recorded  # noqa: PLC0415
+def _report_config(args) -> tuple[dict, str]:
+    """The configuration ``report`` checks the summary against, and where it came from: ``--config`` files
+    layered over config/config.yaml as every command layers them, else the folder's environment.json."""
+    from ddtree_bench.settings import layered_settings, merge_recorded  # noqa: PLC0415
 
     folder = args.results
-    summary = _results_folder(folder)
-    published = [_results_folder(other, "--published") for other in args.published or ()]
-    if args.config is not None:
+    if args.config:
         # what a run records of its settings (environment.json's config): the same mapping either way
-        config, source = merge_recorded(load_settings(args.config).recorded()), str(args.config)
-    else:
-        config, source = _recorded_config(folder), f"{folder / 'environment.json'}"
+        settings = layered_settings(args.config)
+        return merge_recorded(settings.recorded()), ", ".join(str(path) for path in args.config)
+    config = _recorded_config(folder)
     if config is None:
         raise ValueError(
             f"--results {folder}: no environment.json with the run's configuration to check the summary "
             "against; give it with --config FILE"
         )
+    return config, f"{folder / 'environment.json'}"
+
+
+def cmd_report(args) -> int:
+    from ddtree_bench import catalog  # noqa: PLC0415
+    from ddtree_bench.config import schema_default  # noqa: PLC0415
+    from ddtree_bench.consistency import configured_grid  # noqa: PLC0415
+    from ddtree_bench.io import staged_folder  # noqa: PLC0415
+    from ddtree_bench.report import ReportFiles, render_report  # noqa: PLC0415
+    from ddtree_bench.summary.files import check_results_folder  # noqa: PLC0415
+
+    folder = args.results
+    summary = _results_folder(folder)
+    published = [_results_folder(other, "--published") for other in args.published or ()]
+    for path in (summary, *published):  # each opens, with the columns the report reads: before any work
+        check_results_folder(path.parent)
+    config, source = _report_config(args)
     try:
         grid = configured_grid(config)
     except ValueError as error:
@@ -449,14 +464,15 @@ def cmd_report(args) -> int:
             )
     out = args.output
     _writable(out, folder=True)
-    with _heartbeat(f"report: rendering {out} from {folder}"):
+    # rendered into a folder beside it, moved into place only when complete (no half-written report)
+    with _heartbeat(f"report: rendering {out} from {folder}"), staged_folder(out) as stage:
         render_report(
             summary=summary,
             published=published,
             files=ReportFiles(
-                out / "index.html",
-                out / "summary.md",
-                figures=[out / "figures" / f"{name}.png" for name in catalog.FIGURES],
+                stage / "index.html",
+                stage / "summary.md",
+                figures=[stage / "figures" / f"{name}.png" for name in catalog.FIGURES],
             ),
             depth=depth,
             distribution=distribution,
@@ -772,8 +788,12 @@ def _report_command(sub) -> None:
     )
     p.add_argument(
         "--config",
+        "--configfile",
+        dest="config",
         type=Path,
-        help="check the summary against this config file (default: the one in the folder's environment.json)",
+        action="append",
+        help="check the summary against this configuration: config/config.yaml, then each of these files in "
+        "order, as a run layers them (repeatable; default: the one in the folder's environment.json)",
     )
     p.add_argument(
         "--depth", type=_integer, help="L of the tables and figures (default: the first configured)"

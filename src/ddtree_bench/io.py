@@ -1,14 +1,16 @@
 """Writing outputs: every file the package writes appears whole or not at all.
 
 ``atomic_output(path)`` is the one atomic writer (a temporary file beside ``path``, renamed over it on
-success, removed on failure); ``write_json`` and ``write_frame`` (parquet) are built on it. Nothing here
-imports pandas, so workflow scripts that only write JSON stay light.
+success, removed on failure); ``write_json`` and ``write_frame`` (parquet) are built on it;
+``staged_folder(folder)`` does the same for a folder of files (the report). Nothing here imports pandas, so
+workflow scripts that only write JSON stay light.
 """
 
 import contextlib
 import json
 import os
 import secrets
+import shutil
 from pathlib import Path
 
 
@@ -32,6 +34,34 @@ def atomic_output(path):
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()
         raise
+
+
+@contextlib.contextmanager
+def staged_folder(folder):
+    """Yield a new empty folder beside ``folder`` to write into; on success its files move into ``folder``
+    (the whole folder where ``folder`` does not exist yet, else file by file, each replacing its namesake,
+    other files kept), on any error it is removed: a half-written ``folder`` never exists."""
+    folder = Path(folder)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    while True:  # like mkdtemp, but with the umask's permissions (mkdtemp makes 0700 folders)
+        stage = folder.parent / f".{folder.name}.{secrets.token_hex(6)}.tmp"
+        try:
+            stage.mkdir()
+            break
+        except FileExistsError:
+            continue
+    try:
+        yield stage
+        if not folder.exists():
+            os.replace(stage, folder)
+            return
+        for path in sorted(stage.rglob("*")):
+            if path.is_file():
+                target = folder / path.relative_to(stage)
+                target.parent.mkdir(parents=True, exist_ok=True)
+                os.replace(path, target)
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
 
 
 def write_json(data, path) -> None:
