@@ -533,13 +533,13 @@ def _progress_printer(start: float, every: float | None = None):
 
 
 def cmd_calibrate(args) -> int:
-    from ddtree_bench.calibrate import FitOptions, check_tau, fit, fragment_yaml, parse_tau_pairs  # noqa: PLC0415
+    from ddtree_bench.calibrate import FitOptions, check_chain, fit, fragment_yaml, parse_tau_pairs  # noqa: PLC0415
     from ddtree_bench.io import atomic_output  # noqa: PLC0415
     from ddtree_bench.traces import check_positive_int  # noqa: PLC0415
 
     depth = check_positive_int(args.depth, "--depth")
     target = parse_tau_pairs(args.tau, depth)
-    chain = None if args.chain is None else check_tau(args.chain, depth, "--chain")
+    chain = None if args.chain is None else check_chain(args.chain, target, depth)
     requests = check_positive_int(args.requests, "--requests")
     iterations = check_positive_int(args.iterations, "--iterations")
     vocab_size = check_positive_int(args.vocab_size, "--vocab-size")
@@ -818,11 +818,17 @@ def _calibrate_command(sub) -> None:
     p.add_argument(
         "--tau",
         nargs="+",
+        action="extend",  # every pair of every --tau: a budget given twice is refused, not dropped
         required=True,
         metavar="BUDGET:TAU",
-        help="measured tokens per verify round (bonus included) per budget, e.g. 16:8.61 32:9.27",
+        help="measured tokens per verify round (bonus included) per budget, e.g. 16:8.61 32:9.27; at most "
+        "N + 1 (and depth + 1)",
     )
-    p.add_argument("--chain", type=float, help="the top-1 chain's (DFlash's) tau, e.g. 7.79")
+    p.add_argument(
+        "--chain",
+        type=float,
+        help="the top-1 chain's (DFlash's) tau, e.g. 7.79; at most the tree's tau at every budget >= --depth",
+    )
     p.add_argument(
         "--depth", type=_integer, default=15, help="drafted positions per block (default 15: block 16)"
     )
