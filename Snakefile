@@ -68,6 +68,7 @@ try:
         config, workflow.config_settings.config, Path(workflow.basedir) / SCHEMA
     )
     SETTINGS = Settings.from_config(config, Path(workflow.basedir) / SCHEMA)
+    # the results folder and the report's: a file written there and removed (read-only, a full disk)
     check_output_paths(SETTINGS)
     check_published_answer(SETTINGS)
     check_published()  # every published file the report reads opens, with the columns it needs

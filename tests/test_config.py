@@ -28,6 +28,7 @@ from ddtree_bench.config import (
     read_config_file,
 )
 from ddtree_bench.cuda.loader import gpu_unavailable_reason
+from ddtree_bench.io import check_writable
 from ddtree_bench.settings import NOT_RECORDED, RECORDED, Settings, merge_recorded
 from ddtree_bench.traces import DISTRIBUTIONS as TRACE_DISTRIBUTIONS
 from ddtree_bench.traces import save_trace
@@ -958,3 +959,22 @@ def test_the_stage_and_report_commands_layer_over_the_default_as_the_workflow_do
     config, source = cli._report_config(args)  # what the summary is checked against
     assert (config["machine"], config["budgets"], source) == ("mine", [8, 16], str(fragment))
     assert config["batch_sizes"] == default["batch_sizes"] and config["depths"] == default["depths"]
+
+
+def test_an_unwritable_results_folder_is_refused_when_the_config_is_loaded(tmp_path):
+    """The run's own results folder (results/<machine>), not only results/: a read-only one is one line in
+    the dry run, before any job (before: a traceback mid-run)."""
+    readonly = Path("/sys/kernel")
+    try:
+        check_writable(readonly, "probe", folder=True)
+    except ValueError:
+        pass
+    else:
+        pytest.skip(f"{readonly} is writable here")
+    work = workdir_copy(tmp_path)
+    (work / "results").mkdir()
+    (work / "results" / "smoke").symlink_to(readonly)
+    result = snakemake(work, "-n", "--cores", "1", "--configfile", "config/smoke.yaml", "--", "report")
+    assert result.returncode == 2
+    (line,) = error_lines(result.stderr)
+    assert line.startswith("config: results: results/smoke: not writable ("), line

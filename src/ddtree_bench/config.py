@@ -21,6 +21,7 @@ import yaml
 from ddtree_bench import catalog
 from ddtree_bench.catalog import ATTENTION_IMPLS, DISTRIBUTIONS, MOE_IMPLS, STREAM_IMPL  # noqa: F401 (re-exported)
 from ddtree_bench.io import check_writable
+from ddtree_bench.paths import layout
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 #: The keys of a timing section: ``timing.policy.TimingPolicy``'s keyword arguments (a job's ``timing``).
@@ -639,11 +640,13 @@ def _sglang_triton_source(attention: dict) -> None:
     attention["sglang_triton_source"] = str(path.resolve())
 
 
-def check_output_paths(settings, results: str | Path = "results") -> None:
-    """The folders a run writes (``settings.report_dir``, and ``results`` under the working directory) can
-    be created and written, checked when the workflow loads its settings: an unwritable one is one line
-    (``ValueError``) before any job, not a failure of the last job. Creates nothing."""
-    for field, path in (("report_dir", settings.report_dir), ("results", results)):
+def check_output_paths(settings, results: str | Path | None = None) -> None:
+    """The folders a run writes (``settings.report_dir``, and ``results``: by default the run's own,
+    ``results/<machine>``) can be created and written, checked when the workflow loads its settings: a file
+    is made, written and removed where each would go (``io.check_writable``), so a read-only folder or a full
+    disk is one line (``ValueError``) before any job, not a traceback mid-run. Leaves nothing behind."""
+    results = layout(settings).results if results is None else results
+    for field, path in (("results", results), ("report_dir", settings.report_dir)):
         check_writable(path, f"config: {field}:", folder=True)
 
 

@@ -76,6 +76,10 @@ def write_frame(df, path) -> None:
         df.to_parquet(tmp, index=False)
 
 
+#: What ``check_writable`` writes to find a full disk (and removes).
+PROBE_BYTES = 64 << 10
+
+
 def check_writable(path, what: str, *, folder: bool = False) -> Path:
     """Raise ``ValueError`` (one line starting with ``what``) unless ``path`` can be written: a file (or with
     ``folder``, a folder) there can be created or replaced, its missing parent folders created. Checked before
@@ -94,13 +98,22 @@ def check_writable(path, what: str, *, folder: bool = False) -> Path:
         existing = existing.parent
     if not existing.is_dir():
         raise ValueError(f"{what} {path}: {existing} is not a folder")
-    # create (and remove) a file where the first new entry would go: permission bits alone can say yes where
-    # writing fails (read-only mounts, /proc, root on a read-only export)
+    # create, write (and remove) a file where the first new entry would go: permission bits alone can say yes
+    # where writing fails (read-only mounts, /proc, root on a read-only export), and an empty file can be made
+    # on a full disk
     probe = existing / f".{path.name or 'out'}.{secrets.token_hex(6)}.probe"
     try:
-        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+        handle = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     except OSError as error:
         where = "not writable" if existing == path else f"cannot create it in {existing}"
         raise ValueError(f"{what} {path}: {where} ({error.strerror})") from None
-    probe.unlink()
+    try:
+        os.write(handle, bytes(PROBE_BYTES))
+        os.fsync(handle)
+    except OSError as error:
+        raise ValueError(f"{what} {path}: cannot write in {existing} ({error.strerror})") from None
+    finally:
+        os.close(handle)
+        with contextlib.suppress(OSError):
+            probe.unlink()
     return path
