@@ -5,7 +5,9 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 CORES ?= all
-# Snakemake through `ddtree-bench workflow`: a YAML error in a --configfile (SNAKEMAKE_ARGS) names its file and line
+# Snakemake through `ddtree-bench workflow`: a YAML error in a --configfile (SNAKEMAKE_ARGS) names its file and
+# line; every --configfile adds to those before it (make smoke keeps smoke.yaml); Ctrl-C or SIGTERM stops
+# Snakemake and its jobs cleanly, and the same command goes on (docs/configuration.md).
 SNAKEMAKE := $(BIN)/ddtree-bench workflow
 SNAKEMAKE_ARGS ?=
 # The run's progress: a line per stage done and per tenth of the jobs, errors in full (ddtree_bench.progress);

@@ -7,29 +7,46 @@ Stages (one rule file each, in workflow/rules/): build, traces, check, bench, st
 accept, the GPU's peaks), aggregate, report.
 """
 
+import sys
 from pathlib import Path
 
 from snakemake.utils import min_version, validate
 
 from ddtree_bench.config import (
+    check_layering,
     check_output_paths,
     coerce_numeric_strings,
     check_published_answer,
     read_config_file,
 )
 from ddtree_bench.settings import Settings
+from ddtree_bench.summary.files import check_published
 
 min_version("9.0")
 
 
 include: "workflow/rules/bad_input.smk"
+include: "workflow/rules/snakemake_fixes.smk"
 
 
-# A YAML error in the default config file: one line naming its file and line. (Files given with
-# --configfile are read by Snakemake before this file runs: their errors are Snakemake's own message, without
-# file or line; `ddtree-bench workflow ARGS` reads them first and names both.)
+# One layering rule (docs/configuration.md): config/config.yaml, then every --configfile in order, then
+# --config. Snakemake keeps only the last of several --configfile options (`ddtree-bench workflow`, which make
+# runs, gives them as one list): refused here, as is --replace-workflow-config. Every file is read here too:
+# a YAML error, or a key given twice at any depth (YAML keeps the last silently), is one line naming the file
+# and the line. (Snakemake reads the --configfile files before this file runs: a syntax error there is its own
+# message, without file or line; `ddtree-bench workflow ARGS` reads them first and names both.)
 try:
-    read_config_file("config/config.yaml")
+    if Path(sys.argv[0]).name in (
+        "snakemake",
+        "__main__.py",
+    ):  # Snakemake's own command line
+        check_layering(
+            sys.argv[1:],
+            workflow.config_settings.configfiles,
+            workflow.config_settings.replace_workflow_config,
+        )
+    for path in ["config/config.yaml", *workflow.config_settings.configfiles]:
+        read_config_file(path)
 except ValueError as error:
     bad_input(error)
 
@@ -51,8 +68,10 @@ try:
         config, workflow.config_settings.config, Path(workflow.basedir) / SCHEMA
     )
     SETTINGS = Settings.from_config(config, Path(workflow.basedir) / SCHEMA)
+    # the results folder and the report's: a file written there and removed (read-only, a full disk)
     check_output_paths(SETTINGS)
     check_published_answer(SETTINGS)
+    check_published()  # every published file the report reads opens, with the columns it needs
 except ValueError as error:
     bad_input(error)
 config.clear()

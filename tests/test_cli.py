@@ -17,9 +17,9 @@ from workflow_copy import snakemake, workdir_copy
 import ddtree_bench.builders
 from ddtree_bench import __version__
 from ddtree_bench.builders import Builder, get_builder
-from ddtree_bench.cli import configfile_arguments, main
+from ddtree_bench.cli import main
 from ddtree_bench.config import REPO_ROOT as ROOT
-from ddtree_bench.config import TIMING_KEYS, load_config
+from ddtree_bench.config import TIMING_KEYS, configfile_arguments, load_config, one_configfile_list
 from ddtree_bench.report import FIGURE_NAMES
 from ddtree_bench.stages import check
 from ddtree_bench.traces import generate_trace, load_trace, save_trace
@@ -726,13 +726,42 @@ def test_the_configfile_arguments_of_a_snakemake_command_line():
     assert configfile_arguments(args) == ["a.yaml", "b.yaml", "c.yaml"]
     assert configfile_arguments(["--configfiles", "d.yaml", "-n"]) == ["d.yaml"]
     assert configfile_arguments(["--cores", "1", "report"]) == []
+    # given as one list (Snakemake keeps only the last of several), before the targets
+    assert one_configfile_list(args) == [
+        "-n",
+        "--cores",
+        "1",
+        "--configfiles",
+        "a.yaml",
+        "b.yaml",
+        "c.yaml",
+        "--",
+        "report",
+    ]
+    assert one_configfile_list(["report", "--configfile", "a.yaml", "-n", "--configfile", "b.yaml"]) == [
+        "report",
+        "-n",
+        "--configfiles",
+        "a.yaml",
+        "b.yaml",
+    ]
+    assert one_configfile_list(["--configfile", "a.yaml", "--", "report"]) == [
+        "--configfile",
+        "a.yaml",
+        "--",
+        "report",
+    ]
 
 
 def test_workflow_names_the_file_and_line_of_a_yaml_error_and_runs_nothing(tmp_path, capsys, monkeypatch):
     """Snakemake itself says only "Config file is not valid JSON or YAML" (it reads --configfile before the
     Snakefile runs, so the workflow cannot say more); ``ddtree-bench workflow`` reads the files first."""
+    from ddtree_bench.supervise import Outcome  # noqa: PLC0415
+
     started = []
-    monkeypatch.setattr("subprocess.call", lambda argv: started.append(argv) or 0)
+    monkeypatch.setattr(
+        "ddtree_bench.supervise.run", lambda argv, workdir=None: started.append(argv) or Outcome(0)
+    )
     good, bad = tmp_path / "good.yaml", tmp_path / "bad.yaml"
     good.write_text("budgets: [8, 16]\n")
     bad.write_text("budgets: [8, 16\nseed: 1\n")
@@ -743,6 +772,11 @@ def test_workflow_names_the_file_and_line_of_a_yaml_error_and_runs_nothing(tmp_p
     assert not started and stdout == ""
     code, _, err = run(["workflow", "-n", "--configfile", tmp_path / "missing.yaml"], capsys)
     assert_one_line_error(code, err, f"config {tmp_path / 'missing.yaml'}: cannot read it")
+    twice = tmp_path / "twice.yaml"
+    twice.write_text("budgets: [8]\nstep:\n  layers: 3\n  layers: 4\n")
+    code, _, err = run(["workflow", "-n", "--configfile", twice], capsys)
+    assert_one_line_error(code, err, f"config {twice}: line 4: key 'layers' is given twice (first at line 3)")
+    assert not started
     # good files: snakemake runs with the arguments exactly as given, and its exit status is the command's
     code, _, err = run(["workflow", "-n", "--cores", "1", "--configfile", good, "--", "report"], capsys)
     assert code == 0, err

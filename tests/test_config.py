@@ -18,12 +18,17 @@ from ddtree_bench.config import (
     DISTRIBUTIONS,
     check_builders_run_here,
     check_config,
+    check_layering,
     check_output_paths,
     coerce_numeric_strings,
+    layered_config,
     load_config,
     load_schema,
+    merge_config,
+    read_config_file,
 )
 from ddtree_bench.cuda.loader import gpu_unavailable_reason
+from ddtree_bench.io import check_writable
 from ddtree_bench.settings import NOT_RECORDED, RECORDED, Settings, merge_recorded
 from ddtree_bench.traces import DISTRIBUTIONS as TRACE_DISTRIBUTIONS
 from ddtree_bench.traces import save_trace
@@ -884,3 +889,99 @@ def test_published_answer_names_a_published_folder_or_the_run_stops(tmp_path):
         "h200-sglang, h200-sglang-regime)"
     )
     check_published_answer(typo, tmp_path / "none")  # no published folder at all: nothing to name
+
+
+# ----------------------------------------------------------------------------------------- YAML and layering
+
+
+@pytest.mark.parametrize(
+    ("text", "line", "key", "first"),
+    [
+        ("budgets: [8]\nseed: 1\nbudgets: [16]\n", 3, "budgets", 1),
+        ("timing:\n  repeats: 3\n  warmup: 1\n  repeats: 5\n", 4, "repeats", 2),
+        ("step:\n  attention:\n    heads: [8]\n    heads: [64]\n", 4, "heads", 3),
+        ("step: {layers: 3, layers: 4}\n", 1, "layers", 1),
+    ],
+)
+def test_a_key_given_twice_at_any_depth_is_one_line_naming_file_line_and_key(
+    tmp_path, text, line, key, first
+):
+    path = tmp_path / "twice.yaml"
+    path.write_text(text)
+    with pytest.raises(ValueError) as error:
+        load_config(path)
+    assert str(error.value) == (
+        f"config {path}: line {line}: key {key!r} is given twice (first at line {first}); YAML would keep "
+        "only the last one, silently"
+    )
+
+
+def test_a_merge_key_may_be_overridden_and_the_committed_configs_hold_no_key_twice(tmp_path):
+    path = tmp_path / "merge.yaml"
+    path.write_text("base: &t {repeats: 3, warmup: 1}\ntiming:\n  <<: *t\n  repeats: 5\n")
+    assert read_config_file(path)["timing"] == {"repeats": 5, "warmup": 1}  # YAML's own override
+    for name in sorted((ROOT / "config").glob("*.yaml")):
+        read_config_file(name)
+
+
+def test_the_layers_are_the_default_then_each_file_in_order_then_the_overrides(tmp_path):
+    first, second = tmp_path / "first.yaml", tmp_path / "second.yaml"
+    first.write_text("budgets: [4, 8]\ntiming: {repeats: 7, warmup: 5}\nmachine: one\n")
+    second.write_text("timing: {repeats: 9}\nmachine: two\n")
+    config = layered_config([first, second], {"machine": "three", "seed": 4})
+    default = read_config_file(ROOT / "config" / "config.yaml")
+    assert config["budgets"] == [4, 8]  # the first file over the default
+    assert config["timing"] == {**default["timing"], "repeats": 9, "warmup": 5}  # merged key by key
+    assert (config["machine"], config["seed"]) == ("three", 4)  # the overrides last
+    assert config["batch_sizes"] == default["batch_sizes"]  # what no layer gives: the default's
+    assert merge_config({"a": {"b": 1}}, {"a": 2}) == {"a": 2}  # a mapping replaced by a value
+
+
+def test_snakemakes_dropped_configfiles_and_replaced_default_are_refused():
+    check_layering(["--configfiles", "a.yaml", "b.yaml"], [Path("a.yaml"), Path("b.yaml")])
+    with pytest.raises(ValueError, match="--configfile: given 2 times: .* so a.yaml would be dropped"):
+        check_layering(["--configfile", "a.yaml", "--configfile", "b.yaml"], [Path("b.yaml")])
+    with pytest.raises(ValueError, match="--replace-workflow-config: not supported"):
+        check_layering([], [], replace_workflow_config=True)
+
+
+def test_the_stage_and_report_commands_layer_over_the_default_as_the_workflow_does(tmp_path, monkeypatch):
+    """``stage --configfile F`` and ``report --config F`` take config/config.yaml under F, as a run does: a
+    setting F does not give is the default file's, not the schema's."""
+    from ddtree_bench import cli, stages  # noqa: PLC0415
+
+    seen = {}
+    monkeypatch.setattr(stages, "run_jobs", lambda settings, *args: seen.setdefault("stage", settings) and [])
+    fragment = tmp_path / "fragment.yaml"
+    fragment.write_text("machine: mine\nbudgets: [8, 16]\n")
+    assert cli.main(["stage", "peaks", "--configfile", str(fragment)]) == 0
+    settings = seen["stage"]
+    default = read_config_file(ROOT / "config" / "config.yaml")
+    assert settings.machine == "mine" and settings.budgets == (8, 16)
+    assert list(settings.step.attention.prefix_lengths) == default["step"]["attention"]["prefix_lengths"]
+    assert list(settings.sglang.module_paths) == default["sglang"]["module_paths"]
+    args = cli.build_parser().parse_args(
+        ["report", "--results", str(tmp_path), "--config", str(fragment), "-o", "r"]
+    )
+    config, source = cli._report_config(args)  # what the summary is checked against
+    assert (config["machine"], config["budgets"], source) == ("mine", [8, 16], str(fragment))
+    assert config["batch_sizes"] == default["batch_sizes"] and config["depths"] == default["depths"]
+
+
+def test_an_unwritable_results_folder_is_refused_when_the_config_is_loaded(tmp_path):
+    """The run's own results folder (results/<machine>), not only results/: a read-only one is one line in
+    the dry run, before any job (before: a traceback mid-run)."""
+    readonly = Path("/sys/kernel")
+    try:
+        check_writable(readonly, "probe", folder=True)
+    except ValueError:
+        pass
+    else:
+        pytest.skip(f"{readonly} is writable here")
+    work = workdir_copy(tmp_path)
+    (work / "results").mkdir()
+    (work / "results" / "smoke").symlink_to(readonly)
+    result = snakemake(work, "-n", "--cores", "1", "--configfile", "config/smoke.yaml", "--", "report")
+    assert result.returncode == 2
+    (line,) = error_lines(result.stderr)
+    assert line.startswith("config: results: results/smoke: not writable ("), line

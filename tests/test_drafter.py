@@ -15,6 +15,7 @@ from ddtree_bench.calibrate import (
     PAPER_TAU,
     Evaluator,
     FitOptions,
+    check_chain,
     fit,
     fragment_yaml,
     nelder_mead,
@@ -186,6 +187,8 @@ def test_config_defaults_fill_the_drafter_mapping():
         (["16=9"], "malformed pair"),
         (["x:9"], "malformed pair"),
         (["16:9", "16:9.5"], "given twice"),
+        (["4:10"], "tau at budget 4 is 10, above N \\+ 1 = 5: a tree of 4 nodes verifies at most 5 tokens"),
+        (["1:2.5", "16:9"], "tau at budget 1 is 2.5, above N \\+ 1 = 2"),
     ],
 )
 def test_bad_tau_pairs(pairs, problem, tmp_path, capsys):
@@ -203,6 +206,27 @@ def test_bad_chain_is_refused(tmp_path, capsys):
     assert main(["calibrate", "--tau", "16:9", "--chain", "0.5", "-o", str(out)]) == 2
     assert "--chain is 0.5, below 1" in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_a_budget_given_twice_across_tau_options_is_refused(tmp_path, capsys):
+    """Before: ``--tau 16:8.6 --tau 16:9`` kept only the last option's pairs."""
+    out = tmp_path / "fit.yaml"
+    assert main(["calibrate", "--tau", "16:8.6", "32:9", "--tau", "16:9", "-o", str(out)]) == 2
+    assert capsys.readouterr().err.strip() == "ddtree-bench: error: calibrate: budget 16 is given twice"
+    assert not out.exists()
+
+
+def test_a_chain_above_the_trees_tau_at_the_same_depth_is_refused(tmp_path, capsys):
+    """The chain is a tree of ``depth`` nodes: the best tree of N >= depth nodes accepts at least as much."""
+    out = tmp_path / "fit.yaml"
+    assert main(["calibrate", "--tau", "16:8.61", "32:9.27", "--chain", "8.7", "-o", str(out)]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith(
+        "ddtree-bench: error: calibrate: --chain 8.7 is above the tree's tau 8.61 at budget 16"
+    )
+    assert line.endswith("(--chain at most 8.61)") and not out.exists()
+    assert check_chain(7.79, {16: 8.61, 32: 9.27}, 15) == 7.79
+    assert check_chain(9.0, {8: 5.0, 16: 9.5}, 15) == 9.0  # budget 8 < depth 15: no bound from it
 
 
 def test_nelder_mead_finds_a_quadratic_minimum():

@@ -110,6 +110,27 @@ def test_errors_warnings_and_unknown_messages_stay_in_full():
     assert "something new" in text and "a warning" in text
 
 
+def test_once_snakemake_stops_on_an_interrupt_its_killed_jobs_errors_are_left_out():
+    """``ddtree-bench workflow`` stops Snakemake with SIGTERM and says so in one line: Snakemake's "Will exit"
+    (it says it at every job it drops) is shown once, and its error blocks for the jobs the signal killed are
+    left out (its log file keeps them); an error before the interrupt stays in full."""
+    stop = "Will exit after finishing currently running jobs (scheduler)."
+    killed = "RuleException:\nCalledProcessError:\nCommand 'x' died with <Signals.SIGTERM: 15>."
+    records = [
+        *_run_events({"trace": 1}),
+        _record("a real failure", logging.ERROR),
+        _record(stop),
+        _record(killed, logging.ERROR),
+        _record("Error in rule one", logging.ERROR, event=LogEvent.JOB_ERROR),
+        _record(stop),
+        _record("WorkflowError:\nAt least one job did not complete successfully.", logging.ERROR),
+        _record("Complete log(s): /w/.snakemake/log/x.snakemake.log"),
+    ]
+    lines = _emitted(records)
+    assert lines[-3:] == ["a real failure", stop, "Complete log(s): /w/.snakemake/log/x.snakemake.log"]
+    assert not any("SIGTERM" in line or "Error in rule" in line or "At least one" in line for line in lines)
+
+
 def test_a_dry_run_or_verbose_run_is_snakemakes_own_output():
     records = _run_events({"trace": 1})
     records[2] = _record(

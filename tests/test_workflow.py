@@ -11,6 +11,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import time
 import tomllib
 import zipfile
@@ -21,7 +22,7 @@ import pytest
 import yaml
 from fake_compiler import FakeCompiler
 from packaging.requirements import Requirement
-from workflow_copy import BIN, ROOT, pretend_gpu, snakemake, workdir_copy
+from workflow_copy import BIN, ROOT, ddtree_bench_workflow, error_lines, pretend_gpu, snakemake, workdir_copy
 
 from ddtree_bench.cuda.loader import find_nvcc, gpu_unavailable_reason
 from ddtree_bench.report import FIGURE_NAMES
@@ -382,6 +383,87 @@ def test_editing_the_native_source_reruns_what_depends_on_it(smoke_run):
         assert "trace" not in rules and "tree_shape" not in rules
     finally:
         source.write_text(original)
+
+
+def python_with_a_space(base: Path) -> Path | None:
+    """This venv's Python, reached through a folder whose path has a space (``base/py env/bin/python``): its
+    ``sys.executable`` has the space, as a clone's venv does in ``my runs/ddtree-bench``. None where this
+    Python is not a venv's."""
+    prefix = Path(sys.prefix)
+    if not (prefix / "pyvenv.cfg").is_file():
+        return None
+    env = base / "py env"
+    (env / "bin").mkdir(parents=True)
+    shutil.copy2(prefix / "pyvenv.cfg", env / "pyvenv.cfg")
+    for name in ("lib", "lib64"):
+        if (prefix / name).is_dir():
+            (env / name).symlink_to(prefix / name)
+    (env / "bin" / "python").symlink_to(sys.executable)
+    return env / "bin" / "python"
+
+
+def test_a_script_job_runs_from_a_path_with_a_space(tmp_path):
+    """Snakemake runs a script job as ``{python} {script:q}``, the Python's path unquoted
+    (snakemake/snakemake#2645): from a clone whose path has a space every script job failed with exit status
+    127. The workflow quotes it (workflow/rules/snakemake_fixes.smk): a trace job runs."""
+    python = python_with_a_space(tmp_path)
+    if python is None:
+        pytest.skip("this Python is not a venv's")
+    check = subprocess.run(
+        [python, "-c", "import sys, snakemake; print(sys.executable)"], capture_output=True
+    )
+    if check.returncode != 0:
+        pytest.skip(f"the venv's Python does not run from another folder: {check.stderr[-300:]!r}")
+    assert b" " in check.stdout
+    (tmp_path / "my runs").mkdir()
+    work = workdir_copy(tmp_path / "my runs")
+    target = "results/smoke/traces/drafter-L4.npz"
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "src"), os.environ.get("PYTHONPATH")])),
+    }
+    result = subprocess.run(
+        [python, "-m", "snakemake", "--cores", "1", "--configfile", "config/smoke.yaml", "--", target],
+        cwd=work,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "status 127" not in result.stderr and (work / target).is_file()
+
+
+def test_configfiles_layer_over_the_default_in_order_and_none_is_dropped(tmp_path):
+    """One layering rule: config/config.yaml, then every --configfile in order, then --config. Through
+    ``ddtree-bench workflow`` (what make runs) a second --configfile adds to the first (smoke.yaml's machine
+    stays); Snakemake alone would keep only the last, so there it is refused in one line, before any job."""
+    work = workdir_copy(tmp_path)
+    (work / "mine.yaml").write_text("budgets: [4]\n")
+    args = ("-n", "--cores", "1", "--configfile", "config/smoke.yaml", "--configfile", "mine.yaml")
+    wrapped = ddtree_bench_workflow(work, *args, "--config", "batch_sizes=[4]", "--", "report")
+    assert wrapped.returncode == 0, wrapped.stderr[-3000:]
+    outputs = [o for job in jobs_of(wrapped.stdout + wrapped.stderr) for o in job["output"]]
+    bench = [o for o in outputs if "/bench/reference/" in o]
+    assert bench and all(o.startswith("results/smoke/") for o in outputs)  # smoke.yaml's machine
+    assert all("-N4-B4" in o for o in bench)  # mine.yaml's budgets, --config's batch sizes
+    alone = snakemake(work, *args, "--", "report")
+    assert alone.returncode == 2
+    (line,) = error_lines(alone.stderr)
+    assert line.startswith("config: --configfile: given 2 times: Snakemake keeps only the last, so ")
+    assert "config/smoke.yaml would be dropped" in line and not (work / "results").exists()
+
+
+def test_a_key_given_twice_in_a_configfile_is_one_line_naming_file_line_and_key(tmp_path):
+    work = workdir_copy(tmp_path)
+    (work / "twice.yaml").write_text("budgets: [4]\ntiming:\n  repeats: 3\n  warmup: 1\n  repeats: 5\n")
+    result = snakemake(work, "-n", "--cores", "1", "--configfiles", "config/smoke.yaml", "twice.yaml")
+    assert result.returncode == 2
+    (line,) = error_lines(result.stderr)
+    assert line == (
+        f"config {work / 'twice.yaml'}: line 5: key 'repeats' is given twice (first at line 3); YAML would "
+        "keep only the last one, silently"
+    )
 
 
 def test_another_compiler_or_version_rebuilds_the_kernels(tmp_path):

@@ -24,12 +24,14 @@ from pathlib import Path
 
 from ddtree_bench import stages
 from ddtree_bench.paths import layout
-from ddtree_bench.settings import load_settings
+from ddtree_bench.settings import layered_settings
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--config", type=Path, action="append", required=True, help="repeat to merge")
+    parser.add_argument(
+        "--config", type=Path, action="append", required=True, help="over config/config.yaml; repeat to merge"
+    )
     parser.add_argument("--results", type=Path, help="default: results/<machine>")
     parser.add_argument("--forward-impl")
     parser.add_argument("--moe-impls", help="comma-separated")
@@ -39,7 +41,7 @@ def main(argv=None) -> int:
     parser.add_argument("jobs", nargs="+")
     args = parser.parse_args(argv)
     try:
-        settings = load_settings(*args.config)
+        settings = layered_settings(args.config)  # config/config.yaml, then each --config in order
         fields = overrides(args, settings)
         if args.sglang_jit:
             from ddtree_bench.integrations.sglang import PREBUILT_ENV  # noqa: PLC0415

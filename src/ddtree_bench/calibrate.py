@@ -49,8 +49,8 @@ _EPS = 1e-6
 
 def parse_tau_pairs(pairs, depth: int) -> dict[int, float]:
     """``["16:8.61", "32:9.27", ...]`` as ``{16: 8.61, ...}`` (sorted by budget); one-line ValueError for a
-    malformed pair, a repeated budget, a tau below 1 or above ``depth + 1``, or a tau that decreases as the
-    budget grows."""
+    malformed pair, a repeated budget, a tau below 1, above ``depth + 1`` or above ``N + 1`` (no tree of ``N``
+    nodes verifies more), or a tau that decreases as the budget grows."""
     if not pairs:
         raise ValueError("calibrate: --tau needs at least one BUDGET:TAU pair")
     result: dict[int, float] = {}
@@ -70,6 +70,11 @@ def parse_tau_pairs(pairs, depth: int) -> dict[int, float]:
         if budget in result:
             raise ValueError(f"calibrate: budget {budget} is given twice")
         check_tau(tau, depth, f"tau at budget {budget}")
+        if tau > budget + 1:
+            raise ValueError(
+                f"calibrate: tau at budget {budget} is {tau:g}, above N + 1 = {budget + 1}: a tree of "
+                f"{budget} nodes verifies at most {budget + 1} tokens a round (its nodes and the bonus token)"
+            )
         result[budget] = tau
     ordered = dict(sorted(result.items()))
     budgets = list(ordered)
@@ -80,6 +85,22 @@ def parse_tau_pairs(pairs, depth: int) -> dict[int, float]:
                 f"{ordered[large]:g} at {large}); a larger tree never accepts less"
             )
     return ordered
+
+
+def check_chain(chain, target: dict[int, float], depth: int) -> float:
+    """The top-1 chain's tau (``--chain``), checked as a tau (``check_tau``) and against the trees': the chain
+    is a tree of ``depth`` nodes, and the best-first tree of ``N >= depth`` nodes accepts at least as much on
+    average (it holds the ``N`` most likely paths), so a chain tau above a tree's at such a budget is
+    refused (one-line ValueError naming the bound)."""
+    chain = check_tau(chain, depth, "--chain")
+    for budget, tau in sorted(target.items()):
+        if budget >= depth and chain > tau:
+            raise ValueError(
+                f"calibrate: --chain {chain:g} is above the tree's tau {tau:g} at budget {budget}: the chain "
+                f"is a tree of {depth} nodes (one per drafted position), and the best tree of N = {budget} "
+                f">= {depth} nodes accepts at least as many tokens on average (--chain at most {tau:g})"
+            )
+    return chain
 
 
 def check_tau(tau, depth: int, what: str) -> float:

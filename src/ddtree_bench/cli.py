@@ -182,14 +182,13 @@ def _drafter_params(path) -> dict | None:
     """The ``drafter:`` mapping of a config file (e.g. ``calibrate``'s output), or None without one."""
     if path is None:
         return None
-    import yaml  # noqa: PLC0415
+    from ddtree_bench.config import strict_yaml  # noqa: PLC0415
 
     try:
-        data = yaml.safe_load(Path(path).read_text())
+        text = Path(path).read_text()
     except OSError as error:
         raise ValueError(f"--drafter-config {path}: cannot read it ({error.strerror})") from None
-    except yaml.YAMLError:
-        raise ValueError(f"--drafter-config {path}: not valid YAML") from None
+    data = strict_yaml(text, f"--drafter-config {path}")
     if not isinstance(data, dict) or not isinstance(data.get("drafter"), dict):
         raise ValueError(f"--drafter-config {path}: needs a `drafter:` mapping of parameters")
     return data["drafter"]
@@ -298,51 +297,21 @@ def cmd_bench(args) -> int:
     return 0
 
 
-def _deep_update(base: dict, extra: dict) -> dict:
-    """``extra`` over ``base``, nested mappings merged (as Snakemake merges --configfile fragments)."""
-    for key, value in extra.items():
-        if isinstance(value, dict) and isinstance(base.get(key), dict):
-            _deep_update(base[key], value)
-        else:
-            base[key] = value
-    return base
-
-
 def _budget_settings(args):
     """The settings of config/config.yaml with the --configfile fragments over it and the options over
-    those (``settings.Settings``, checked once)."""
-    import yaml  # noqa: PLC0415
-
-    from ddtree_bench.config import REPO_ROOT  # noqa: PLC0415
+    those (the one layering rule: ``config.layered_config``; ``settings.Settings``, checked once)."""
+    from ddtree_bench.config import layered_config  # noqa: PLC0415
     from ddtree_bench.settings import Settings  # noqa: PLC0415
 
-    default = REPO_ROOT / "config" / "config.yaml"
-    config = yaml.safe_load(default.read_text()) if default.is_file() else {}
-    for path in args.configfile or []:
-        try:
-            fragment = yaml.safe_load(Path(path).read_text())
-        except OSError as error:
-            raise ValueError(f"config {path}: cannot read it ({error.strerror})") from None
-        except yaml.YAMLError as error:
-            raise ValueError(f"config {path}: not valid YAML ({' '.join(str(error).split())})") from None
-        if fragment is None:
-            continue
-        if not isinstance(fragment, dict):
-            raise ValueError(
-                f"config {path}: must be a mapping of keys to values, got {type(fragment).__name__}"
-            )
-        _deep_update(config, fragment)
-    section = config.setdefault("throughput", {})
-    if not isinstance(section, dict):
-        raise ValueError(f"config: throughput: must be a mapping, got {section!r}")
-    what_if = section.setdefault("what_if", {})
+    throughput = {"what_if": {}}
     for key, value, where in (
-        ("draft_ms", args.draft_ms, section),
-        ("bandwidth_tbps", args.bandwidth_tbps, what_if),
-        ("prefix_length", args.prefix_length, section),
+        ("draft_ms", args.draft_ms, throughput),
+        ("bandwidth_tbps", args.bandwidth_tbps, throughput["what_if"]),
+        ("prefix_length", args.prefix_length, throughput),
     ):
-        if value is not None and isinstance(where, dict):
+        if value is not None:
             where[key] = value
+    config = layered_config(args.configfile or (), {"throughput": throughput})
     return Settings.from_config(config)
 
 
@@ -350,12 +319,14 @@ def cmd_budget(args) -> int:
     """Which budget? The throughput model on one results folder, printed as Markdown tables."""
     from ddtree_bench.report import load_machine, markdown_table  # noqa: PLC0415
     from ddtree_bench.report import throughput as throughput_report  # noqa: PLC0415
+    from ddtree_bench.summary.files import check_results_folder  # noqa: PLC0415
 
     settings = _budget_settings(args)
     options = settings.throughput_options()
     summary = Path(args.results) / "summary.parquet"
     if not summary.is_file():
         raise ValueError(f"{args.results}: no summary.parquet there (a results/<machine>/ folder has one)")
+    check_results_folder(args.results)
     machine = load_machine(summary)
     if args.distribution is not None:
         present = _ok_values(machine.summary, "distribution")
@@ -436,26 +407,39 @@ def _recorded_config(folder: Path) -> dict | None:
     return config if isinstance(config, dict) else None
 
 
-def cmd_report(args) -> int:
-    from ddtree_bench import catalog  # noqa: PLC0415
-    from ddtree_bench.config import schema_default  # noqa: PLC0415
-    from ddtree_bench.consistency import configured_grid  # noqa: PLC0415
-    from ddtree_bench.report import ReportFiles, render_report  # noqa: PLC0415
-    from ddtree_bench.settings import load_settings, merge_recorded  # noqa: PLC0415
+def _report_config(args) -> tuple[dict, str]:
+    """The configuration ``report`` checks the summary against, and where it came from: ``--config`` files
+    layered over config/config.yaml as every command layers them, else the folder's environment.json."""
+    from ddtree_bench.settings import layered_settings, merge_recorded  # noqa: PLC0415
 
     folder = args.results
-    summary = _results_folder(folder)
-    published = [_results_folder(other, "--published") for other in args.published or ()]
-    if args.config is not None:
+    if args.config:
         # what a run records of its settings (environment.json's config): the same mapping either way
-        config, source = merge_recorded(load_settings(args.config).recorded()), str(args.config)
-    else:
-        config, source = _recorded_config(folder), f"{folder / 'environment.json'}"
+        settings = layered_settings(args.config)
+        return merge_recorded(settings.recorded()), ", ".join(str(path) for path in args.config)
+    config = _recorded_config(folder)
     if config is None:
         raise ValueError(
             f"--results {folder}: no environment.json with the run's configuration to check the summary "
             "against; give it with --config FILE"
         )
+    return config, f"{folder / 'environment.json'}"
+
+
+def cmd_report(args) -> int:
+    from ddtree_bench import catalog  # noqa: PLC0415
+    from ddtree_bench.config import schema_default  # noqa: PLC0415
+    from ddtree_bench.consistency import configured_grid  # noqa: PLC0415
+    from ddtree_bench.io import staged_folder  # noqa: PLC0415
+    from ddtree_bench.report import ReportFiles, render_report  # noqa: PLC0415
+    from ddtree_bench.summary.files import check_results_folder  # noqa: PLC0415
+
+    folder = args.results
+    summary = _results_folder(folder)
+    published = [_results_folder(other, "--published") for other in args.published or ()]
+    for path in (summary, *published):  # each opens, with the columns the report reads: before any work
+        check_results_folder(path.parent)
+    config, source = _report_config(args)
     try:
         grid = configured_grid(config)
     except ValueError as error:
@@ -482,14 +466,15 @@ def cmd_report(args) -> int:
             )
     out = args.output
     _writable(out, folder=True)
-    with _heartbeat(f"report: rendering {out} from {folder}"):
+    # rendered into a folder beside it, moved into place only when complete (no half-written report)
+    with _heartbeat(f"report: rendering {out} from {folder}"), staged_folder(out) as stage:
         render_report(
             summary=summary,
             published=published,
             files=ReportFiles(
-                out / "index.html",
-                out / "summary.md",
-                figures=[out / "figures" / f"{name}.png" for name in catalog.FIGURES],
+                stage / "index.html",
+                stage / "summary.md",
+                figures=[stage / "figures" / f"{name}.png" for name in catalog.FIGURES],
             ),
             depth=depth,
             distribution=distribution,
@@ -550,13 +535,13 @@ def _progress_printer(start: float, every: float | None = None):
 
 
 def cmd_calibrate(args) -> int:
-    from ddtree_bench.calibrate import FitOptions, check_tau, fit, fragment_yaml, parse_tau_pairs  # noqa: PLC0415
+    from ddtree_bench.calibrate import FitOptions, check_chain, fit, fragment_yaml, parse_tau_pairs  # noqa: PLC0415
     from ddtree_bench.io import atomic_output  # noqa: PLC0415
     from ddtree_bench.traces import check_positive_int  # noqa: PLC0415
 
     depth = check_positive_int(args.depth, "--depth")
     target = parse_tau_pairs(args.tau, depth)
-    chain = None if args.chain is None else check_tau(args.chain, depth, "--chain")
+    chain = None if args.chain is None else check_chain(args.chain, target, depth)
     requests = check_positive_int(args.requests, "--requests")
     iterations = check_positive_int(args.iterations, "--iterations")
     vocab_size = check_positive_int(args.vocab_size, "--vocab-size")
@@ -598,41 +583,46 @@ def cmd_sglang_profile(args) -> int:
     return 0
 
 
-def configfile_arguments(args: list[str]) -> list[str]:
-    """The files a Snakemake command line gives with ``--configfile``/``--configfiles`` (each takes one or
-    more files, up to the next option; ``--configfile=FILE`` too)."""
-    files, taking = [], False
-    for arg in args:
-        if arg == "--":
-            taking = False
-        elif arg in ("--configfile", "--configfiles"):
-            taking = True
-        elif arg.startswith(("--configfile=", "--configfiles=")):
-            files.append(arg.split("=", 1)[1])
-            taking = False
-        elif arg.startswith("-"):
-            taking = False
-        elif taking:
-            files.append(arg)
-    return files
-
-
 def cmd_workflow(snakemake_args: list[str]) -> int:
-    """Snakemake with these arguments, after reading every ``--configfile`` here: Snakemake reads those
-    files before the workflow's Snakefile runs and reports a YAML error without the file or the line, so
-    this names both (one line, exit 2) and starts nothing."""
+    """Snakemake with these arguments, after reading every ``--configfile`` here (Snakemake reads those files
+    before the workflow's Snakefile runs and reports a YAML error without the file or the line, so this names
+    both: one line, exit 2, nothing started), every ``--configfile`` given as one list (Snakemake keeps only
+    the last of several: the one layering rule, docs/configuration.md), and stopped cleanly on an interrupt
+    (``supervise``: one line, exit 130 for SIGINT, 143 for SIGTERM, no process left behind, and the same
+    command goes on)."""
     import shutil  # noqa: PLC0415
-    import subprocess  # noqa: PLC0415
 
-    from ddtree_bench.config import read_config_file  # noqa: PLC0415
+    from ddtree_bench import supervise  # noqa: PLC0415
+    from ddtree_bench.config import configfile_arguments, one_configfile_list, read_config_file  # noqa: PLC0415
 
     for path in configfile_arguments(snakemake_args):
         read_config_file(path)  # ValueError: "config FILE: not valid YAML at line L, column C: ..."
+    args = one_configfile_list(snakemake_args)
     beside = Path(sys.executable).parent / "snakemake"
     program = str(beside) if beside.is_file() else shutil.which("snakemake")
     if program is None:
         raise OSError("snakemake: not found beside this Python or on PATH")
-    return subprocess.call([program, *snakemake_args])
+    outcome = supervise.run([program, *args], workdir=supervise.directory_argument(args))
+    if outcome.signum is not None:
+        with contextlib.suppress(OSError):  # a closed terminal
+            print(interrupt_line(outcome), file=sys.stderr, flush=True)
+    return outcome.exit_status
+
+
+def interrupt_line(outcome) -> str:
+    """What an interrupted ``workflow`` says, in one line (``supervise.Outcome``)."""
+    from ddtree_bench import supervise  # noqa: PLC0415
+
+    how = "killed" if outcome.killed else "stopped"
+    line = f"{PROG}: interrupted ({supervise.signal_name(outcome.signum)}): Snakemake and its jobs {how}"
+    if outcome.lingering:
+        return f"{line}, but processes {', '.join(map(str, outcome.lingering))} are still there"
+    if outcome.cleared:
+        shown = ", ".join(outcome.cleared[:3]) + (", ..." if len(outcome.cleared) > 3 else "")
+        line += f"; cleared the {len(outcome.cleared)} killed jobs' incomplete outputs ({shown})"
+    if outcome.unlocked:
+        line += "; removed the run's lock"
+    return f"{line}; the same command goes on from here"
 
 
 # ----------------------------------------------------------------------------------------- parser
@@ -641,18 +631,15 @@ def cmd_workflow(snakemake_args: list[str]) -> int:
 def _timing_defaults() -> dict:
     """``bench``'s defaults: config/config.yaml's timing section over the schema's defaults (the values a
     pipeline job samples with)."""
-    import yaml  # noqa: PLC0415
-
-    from ddtree_bench.config import REPO_ROOT, TIMING_KEYS, apply_defaults  # noqa: PLC0415
+    from ddtree_bench.config import DEFAULT_CONFIG, TIMING_KEYS, apply_defaults, read_config_file  # noqa: PLC0415
 
     config = {}
-    default = REPO_ROOT / "config" / "config.yaml"
     try:
-        data = yaml.safe_load(default.read_text())
-        if isinstance(data, dict) and isinstance(data.get("timing"), dict):
+        data = read_config_file(DEFAULT_CONFIG)
+        if isinstance(data.get("timing"), dict):
             config["timing"] = dict(data["timing"])
-    except (OSError, yaml.YAMLError):
-        pass  # the schema's defaults (the same values)
+    except ValueError:
+        pass  # the schema's defaults (the same values); the workflow names the file's problem
     timing = apply_defaults(config)["timing"]
     return {key: timing[key] for key in TIMING_KEYS}
 
@@ -803,8 +790,12 @@ def _report_command(sub) -> None:
     )
     p.add_argument(
         "--config",
+        "--configfile",
+        dest="config",
         type=Path,
-        help="check the summary against this config file (default: the one in the folder's environment.json)",
+        action="append",
+        help="check the summary against this configuration: config/config.yaml, then each of these files in "
+        "order, as a run layers them (repeatable; default: the one in the folder's environment.json)",
     )
     p.add_argument(
         "--depth", type=_integer, help="L of the tables and figures (default: the first configured)"
@@ -829,11 +820,17 @@ def _calibrate_command(sub) -> None:
     p.add_argument(
         "--tau",
         nargs="+",
+        action="extend",  # every pair of every --tau: a budget given twice is refused, not dropped
         required=True,
         metavar="BUDGET:TAU",
-        help="measured tokens per verify round (bonus included) per budget, e.g. 16:8.61 32:9.27",
+        help="measured tokens per verify round (bonus included) per budget, e.g. 16:8.61 32:9.27; at most "
+        "N + 1 (and depth + 1)",
     )
-    p.add_argument("--chain", type=float, help="the top-1 chain's (DFlash's) tau, e.g. 7.79")
+    p.add_argument(
+        "--chain",
+        type=float,
+        help="the top-1 chain's (DFlash's) tau, e.g. 7.79; at most the tree's tau at every budget >= --depth",
+    )
     p.add_argument(
         "--depth", type=_integer, default=15, help="drafted positions per block (default 15: block 16)"
     )
@@ -876,13 +873,24 @@ def _stage_command(sub) -> None:
         "stage",
         help="run step-stage jobs of a configuration, writing their rows where the workflow does",
         description="Run the step-stage jobs the selectors pick (STAGE, or STAGE:key=value,...: the jobs "
-        "with these wildcards), each made from the configuration as the workflow makes it, and write their "
-        "rows under results/<machine>/step/ (its missing trace and fatbins made first).",
+        "with these wildcards), each made from the configuration as the workflow makes it "
+        "(config/config.yaml, then each --configfile in order), and write their rows under "
+        "results/<machine>/step/ (its missing trace and fatbins made first). Every --set value is checked as "
+        "the configuration is, and a selection that matches no job is refused, before anything is built or "
+        "written.",
     )
     p.add_argument("jobs", nargs="+", metavar="STAGE[:key=value,...]")
-    p.add_argument("--configfile", type=Path, action="append", required=True, help="repeat to merge")
+    p.add_argument(
+        "--configfile", type=Path, action="append", help="a config file over config/config.yaml (repeatable)"
+    )
     p.add_argument("--results", type=Path, help="default: results/<machine>")
-    p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="a job field (YAML)")
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="FIELD=VALUE",
+        help="a job field (YAML), after the files",
+    )
     p.set_defaults(func=cmd_stage)
 
 
@@ -917,9 +925,9 @@ def build_parser() -> argparse.ArgumentParser:
 def cmd_stage(args) -> int:
     from ddtree_bench import stages  # noqa: PLC0415
     from ddtree_bench.paths import layout  # noqa: PLC0415
-    from ddtree_bench.settings import load_settings  # noqa: PLC0415
+    from ddtree_bench.settings import layered_settings  # noqa: PLC0415
 
-    settings = load_settings(*args.configfile)
+    settings = layered_settings(args.configfile or ())  # config/config.yaml, then each --configfile
     fields = stages.parse_fields(args.set)
     for path in stages.run_jobs(settings, args.jobs, layout(settings, args.results), fields):
         print(path)
@@ -934,6 +942,9 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["workflow"]:  # every later argument is Snakemake's
         try:
             return cmd_workflow(argv[1:])
+        except KeyboardInterrupt:  # before Snakemake started (its run handles its own)
+            print(f"{PROG}: interrupted", file=sys.stderr)
+            return 130
         except ValueError as error:
             print(f"{PROG}: error: {_one_line(error)}", file=sys.stderr)
             return 2
@@ -949,6 +960,9 @@ def main(argv: list[str] | None = None) -> int:
         return int(done.code or 0)
     try:
         return args.func(args)
+    except KeyboardInterrupt:  # Ctrl-C: one line, no traceback (outputs are written whole or not at all)
+        print(f"{PROG}: interrupted", file=sys.stderr)
+        return 130
     except (ValueError, BuilderUnavailable) as error:
         print(f"{PROG}: error: {_one_line(error)}", file=sys.stderr)
         return 2

@@ -21,6 +21,7 @@ import yaml
 from ddtree_bench import catalog
 from ddtree_bench.catalog import ATTENTION_IMPLS, DISTRIBUTIONS, MOE_IMPLS, STREAM_IMPL  # noqa: F401 (re-exported)
 from ddtree_bench.io import check_writable
+from ddtree_bench.paths import layout
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 #: The keys of a timing section: ``timing.policy.TimingPolicy``'s keyword arguments (a job's ``timing``).
@@ -86,27 +87,165 @@ def load_config(path: str | Path) -> dict:
     return check_config(read_config_file(path))
 
 
-def read_config_file(path: str | Path) -> dict:
-    """A YAML config file's mapping (an empty file: ``{}``), unchecked. Raises ``ValueError``, one line naming
-    the file, and for a syntax error its line and column."""
-    path = Path(path)
+class DuplicateKeyError(ValueError):
+    """A key given twice in one YAML mapping: YAML keeps the last silently, so one of them would be lost."""
+
+    def __init__(self, key, line: int, first: int):
+        super().__init__(
+            f"line {line}: key {key!r} is given twice (first at line {first}); YAML would keep only the last "
+            "one, silently"
+        )
+        self.key, self.line, self.first = key, line, first
+
+
+class StrictLoader(yaml.SafeLoader):
+    """YAML's safe loader, but a key given twice in one mapping, at any depth, is refused
+    (``DuplicateKeyError``); keys a merge (``<<: *anchor``) brings in may be overridden, as YAML says."""
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            seen: dict = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
+                key, line = self.construct_object(key_node, deep=True), key_node.start_mark.line + 1
+                try:
+                    if key in seen:
+                        raise DuplicateKeyError(key, line, seen[key])
+                    seen[key] = line
+                except TypeError:  # an unhashable key: the base loader says what is wrong with it
+                    continue
+        return super().construct_mapping(node, deep)
+
+
+def strict_yaml(text: str, where: str):
+    """``text`` as YAML (``StrictLoader``: a key given twice is refused). Raises ``ValueError``, one line
+    starting with ``where`` (a file: ``config FILE``; an option: ``--set FIELD``), for a syntax error its line
+    and column, for a repeated key its line and the key."""
     try:
-        with open(path) as handle:
-            data = yaml.safe_load(handle)
-    except OSError as error:
-        raise ValueError(f"config {path}: cannot read it ({error.strerror})") from None
+        return yaml.load(text, Loader=StrictLoader)  # noqa: S506 (StrictLoader is a SafeLoader)
+    except DuplicateKeyError as error:
+        raise ValueError(f"{where}: {error}") from None
     except yaml.YAMLError as error:
         mark = getattr(error, "problem_mark", None) or getattr(error, "context_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
         problem = getattr(error, "problem", None) or str(error)
         context = getattr(error, "context", None)
         detail = f"{context}: {problem}" if context else problem
-        raise ValueError(f"config {path}: not valid YAML{where}: {' '.join(str(detail).split())}") from None
+        raise ValueError(f"{where}: not valid YAML{at}: {' '.join(str(detail).split())}") from None
+
+
+def read_config_file(path: str | Path) -> dict:
+    """A YAML config file's mapping (an empty file: ``{}``), unchecked. Raises ``ValueError``, one line naming
+    the file: for a syntax error its line and column, for a key given twice (at any depth) its line and the
+    key."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as error:
+        why = getattr(error, "strerror", None) or "not a text file"
+        raise ValueError(f"config {path}: cannot read it ({why})") from None
+    data = strict_yaml(text, f"config {path}")
     if data is None:
         data = {}
     if not isinstance(data, dict):
         raise ValueError(f"config {path}: must be a mapping of keys to values, got {type(data).__name__}")
     return data
+
+
+# ----------------------------------------------------------------------------------------- layering
+
+#: The workflow's own configuration file: the first layer of every run (docs/configuration.md).
+DEFAULT_CONFIG = REPO_ROOT / "config" / "config.yaml"
+
+
+def merge_config(base: dict, over: dict) -> dict:
+    """``over`` merged over ``base`` key by key, nested mappings merged, anything else replaced (a new
+    mapping; neither is changed): how Snakemake merges its --configfile files and --config."""
+    out = dict(base)
+    for key, value in over.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merge_config(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def layered_config(configfiles=(), overrides: dict | None = None, base: str | Path | None = DEFAULT_CONFIG):
+    """The one layering rule of every command (docs/configuration.md): ``base`` (config/config.yaml), then
+    every file of ``configfiles`` in order, then ``overrides`` (Snakemake's --config, a mapping), each merged
+    over the ones before (``merge_config``). Unchecked; a file that cannot be read or is not valid YAML (a
+    key given twice included) raises ``ValueError``, one line naming it."""
+    config: dict = {}
+    for path in ([base] if base is not None else []) + list(configfiles):
+        config = merge_config(config, read_config_file(path))
+    return merge_config(config, overrides or {})
+
+
+def configfile_arguments(args: list[str]) -> list[str]:
+    """The files a Snakemake command line gives with ``--configfile``/``--configfiles``, every occurrence in
+    order (each takes one or more files, up to the next option; ``--configfile=FILE`` too)."""
+    return [file for _, files in configfile_groups(args) for file in files]
+
+
+def configfile_groups(args: list[str]) -> list[tuple[int, list[str]]]:
+    """Each ``--configfile``/``--configfiles`` occurrence of a Snakemake command line: its index in ``args``
+    and its files. Snakemake keeps only the last occurrence's files (its option is a list, given anew)."""
+    groups, taking = [], False
+    for index, arg in enumerate(args):
+        if arg == "--":
+            break
+        if arg in ("--configfile", "--configfiles"):
+            groups.append((index, []))
+            taking = True
+        elif arg.startswith(("--configfile=", "--configfiles=")):
+            groups.append((index, [arg.split("=", 1)[1]]))
+            taking = False
+        elif arg.startswith("-"):
+            taking = False
+        elif taking:
+            groups[-1][1].append(arg)
+    return groups
+
+
+def one_configfile_list(args: list[str]) -> list[str]:
+    """A Snakemake command line with every ``--configfile``/``--configfiles`` given as one list, in their
+    order (Snakemake keeps only the last of several): before ``--`` where there is one, else at the end.
+    Unchanged where there is at most one."""
+    groups = configfile_groups(args)
+    if len(groups) < 2:
+        return list(args)
+    taken = set()
+    for index, files in groups:
+        span = 1 if args[index].startswith("--configfile") and "=" in args[index] else 1 + len(files)
+        taken |= set(range(index, index + span))
+    rest = [arg for index, arg in enumerate(args) if index not in taken]
+    merged = ["--configfiles", *(file for _, files in groups for file in files)]
+    end = rest.index("--") if "--" in rest else len(rest)
+    return rest[:end] + merged + rest[end:]
+
+
+def check_layering(args: list[str], taken, replace_workflow_config: bool = False) -> None:
+    """What Snakemake was given on its command line (``args``) against what it took (``taken``: its
+    configfiles): ``--configfile`` given more than once keeps only the last one's files in Snakemake, and
+    ``--replace-workflow-config`` drops config/config.yaml; either breaks the one layering rule, so the run
+    stops (``ValueError``, one line) instead of running another configuration than the one asked for."""
+    if replace_workflow_config:
+        _fail(
+            "--replace-workflow-config",
+            "not supported: every run layers config/config.yaml, then each --configfile, then --config "
+            "(docs/configuration.md)",
+        )
+    given = configfile_arguments(args)
+    kept = {Path(path).absolute() for path in taken}
+    dropped = [path for path in given if Path(path).absolute() not in kept]
+    if dropped:
+        _fail(
+            "--configfile",
+            f"given {len(configfile_groups(args))} times: Snakemake keeps only the last, so "
+            f"{', '.join(dropped)} would be dropped; give them all after one --configfiles, or run "
+            "through `ddtree-bench workflow` (make does), which does so",
+        )
 
 
 # ----------------------------------------------------------------------------------------- defaults
@@ -501,11 +640,13 @@ def _sglang_triton_source(attention: dict) -> None:
     attention["sglang_triton_source"] = str(path.resolve())
 
 
-def check_output_paths(settings, results: str | Path = "results") -> None:
-    """The folders a run writes (``settings.report_dir``, and ``results`` under the working directory) can
-    be created and written, checked when the workflow loads its settings: an unwritable one is one line
-    (``ValueError``) before any job, not a failure of the last job. Creates nothing."""
-    for field, path in (("report_dir", settings.report_dir), ("results", results)):
+def check_output_paths(settings, results: str | Path | None = None) -> None:
+    """The folders a run writes (``settings.report_dir``, and ``results``: by default the run's own,
+    ``results/<machine>``) can be created and written, checked when the workflow loads its settings: a file
+    is made, written and removed where each would go (``io.check_writable``), so a read-only folder or a full
+    disk is one line (``ValueError``) before any job, not a traceback mid-run. Leaves nothing behind."""
+    results = layout(settings).results if results is None else results
+    for field, path in (("results", results), ("report_dir", settings.report_dir)):
         check_writable(path, f"config: {field}:", folder=True)
 
 

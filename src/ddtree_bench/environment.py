@@ -88,6 +88,29 @@ def gpu_info() -> tuple[str | None, str | None]:
     return name.strip() or None, driver.strip() or None
 
 
+@functools.lru_cache(maxsize=1)
+def gpu_memory_bytes() -> int | None:
+    """The first GPU's memory in bytes as ``nvidia-smi`` lists it (None: no GPU, or it does not say)."""
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return None
+    try:
+        result = subprocess.run(
+            [smi, "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    lines = [line.strip() for line in result.stdout.splitlines() if line.strip()]
+    try:
+        mib = float(lines[0]) if result.returncode == 0 and lines else None
+    except ValueError:
+        return None
+    return int(mib * (1 << 20)) if mib and mib > 0 else None
+
+
 #: Set to the commit a run's code is, where the tree's own git metadata cannot say it (a copy of a checkout
 #: without its ``.git``, or with a stale one): every record's ``git_commit`` is then this value, verbatim.
 GIT_COMMIT_ENV = "DDTREE_BENCH_GIT_COMMIT"

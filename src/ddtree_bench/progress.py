@@ -36,6 +36,15 @@ COMPACT_EVENTS = {
 }
 #: A progress line at every this fraction of the jobs.
 STEP = 0.1
+#: Snakemake stopping on an interrupt (SIGTERM: ``ddtree-bench workflow`` stops it so; SIGINT).
+STOPPING = re.compile(
+    r"^(Will exit after finishing currently running jobs|Terminating processes on user request)"
+)
+#: What Snakemake says of the jobs an interrupt killed, once it stops: left out (the wrapper says it in one
+#: line; the full log keeps it).
+STOP_NOISE = re.compile(
+    r"died with <Signals\.SIG|At least one job did not complete successfully|^Shutting down"
+)
 
 
 def _clock(seconds: float) -> str:
@@ -120,11 +129,14 @@ class CompactLogHandler(LogHandlerBase):
         self.whole = bool(settings.dryrun or settings.verbose or settings.printshellcmds)
         self.silent = bool({str(q) for q in settings.quiet or ()} & {"all", "progress"})
         self.progress = CompactProgress()
+        self.stopping = False
 
     def emit(self, record: logging.LogRecord) -> None:
         event = getattr(record, "event", None)
         if self.whole:
             self.full.handle(record)
+            return
+        if self.stopped_noise(record, event):
             return
         if event in COMPACT_EVENTS:
             lines = self.progress.lines(record)
@@ -135,6 +147,15 @@ class CompactLogHandler(LogHandlerBase):
         if event is None and record.levelno <= logging.INFO and CHATTER.match(str(record.msg or "")):
             return
         self.full.handle(record)
+
+    def stopped_noise(self, record: logging.LogRecord, event) -> bool:
+        """Whether ``record`` is Snakemake stopping on an interrupt, or an error of a job the interrupt killed
+        (after it said it stops): one line of the first, none of the others."""
+        text = str(record.msg or "")
+        if STOPPING.match(text):
+            seen, self.stopping = self.stopping, True
+            return seen
+        return self.stopping and (event == LogEvent.JOB_ERROR or bool(STOP_NOISE.search(text)))
 
     @property
     def writes_to_stream(self) -> bool:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from types import MappingProxyType
 
-from ddtree_bench.config import TIMING_KEYS, check_config, read_config_file
+from ddtree_bench.config import TIMING_KEYS, check_config, layered_config
 from ddtree_bench.k26.shapes import DrafterShape, ModelShape
 
 
@@ -467,18 +467,14 @@ def merge_recorded(groups) -> dict:
 
 
 def load_settings(*paths: str | Path) -> Settings:
-    """The settings of YAML config files (``config.read_config_file``), each later one merged over the
-    earlier ones key by key as Snakemake merges its ``--configfile`` files, then ``Settings.from_config``."""
-    merged: dict = {}
-    for path in paths:
-        merged = _merge(merged, read_config_file(path))
-    return Settings.from_config(merged)
+    """The settings of exactly these YAML config files (``config.read_config_file``), each later one merged
+    over the earlier ones key by key as Snakemake merges its ``--configfile`` files, then
+    ``Settings.from_config``. (A command a person runs takes ``layered_settings``: config/config.yaml under
+    its files.)"""
+    return Settings.from_config(layered_config(paths, base=None))
 
 
-def _merge(base: dict, over: dict) -> dict:
-    out = dict(base)
-    for key, value in over.items():
-        out[key] = (
-            _merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
-        )
-    return out
+def layered_settings(configfiles=(), overrides: dict | None = None) -> Settings:
+    """The settings of the one layering rule every command follows, the workflow's (docs/configuration.md):
+    config/config.yaml, then each of ``configfiles`` in order, then ``overrides`` (--config), checked once."""
+    return Settings.from_config(layered_config(configfiles, overrides))

@@ -13,6 +13,8 @@ from ddtree_bench.config import check_builders_run_here
 from ddtree_bench.cuda.loader import fatbin_toolchain
 from ddtree_bench.native_build import toolchain as native_toolchain
 from ddtree_bench.config import published_files
+from ddtree_bench.environment import gpu_memory_bytes
+from ddtree_bench.memory import check_memory
 from ddtree_bench.consistency import GRID_KEYS
 from ddtree_bench import stages
 from ddtree_bench.paths import KERNEL_SOURCE as KERNEL_SOURCE_PATTERN
@@ -145,6 +147,9 @@ UNAVAILABLE = {builder: reason for builder, reason in UNAVAILABLE.items() if rea
 # Where none of the builders can run here, the run would time nothing: one line, before any job.
 try:
     check_builders_run_here(BUILDERS, UNAVAILABLE, SETTINGS.gpu)
+    # each job's peak memory from its sizes (ddtree_bench.memory): a configuration this machine cannot hold
+    # is one line naming what it needs and what the machine has, before any job; GPU memory where one runs
+    check_memory(SETTINGS, gpu=gpu_memory_bytes() if GPU_REASON is None else None)
 except ValueError as error:
     bad_input(error)
 TIMED_BUILDERS = [b for b in BUILDERS if b not in UNAVAILABLE]
