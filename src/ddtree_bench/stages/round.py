@@ -84,7 +84,7 @@ class Job:
     def grid(cls, settings) -> list[dict]:
         step = settings.step_options()
         round_ = step["round"]
-        if not round_["builders"]:
+        if not (round_["builders"] or round_["stacks"] or round_["chain_blocks"]):
             return []
         return points(batch=round_["batch_sizes"], prefix=step["prefix_lengths"])
 
