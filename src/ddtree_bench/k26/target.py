@@ -279,7 +279,7 @@ class TargetShard:
         q_view = self.q.view(t, heads, s.latent_dim)
         q_view[..., : s.kv_lora_rank].copy_(q_latent)
         q_view[..., s.kv_lora_rank :].copy_(q_rope)
-        rows = self.kv[layer][:, self.prefix :, :]
+        rows = self.kv[layer][:, self.prefix : self.prefix + self.budget + 1, :]
         rows[..., : s.kv_lora_rank].copy_(latent.view(self.batch, self.budget + 1, -1))
         rows[..., s.kv_lora_rank :].copy_(k_rope.view(self.batch, self.budget + 1, -1))
         if attention:

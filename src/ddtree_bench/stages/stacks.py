@@ -50,11 +50,22 @@ def stack_need(job, budget: int) -> float:
     )
 
 
-def _fits(torch, job, budget: int, need: float) -> str | None:
+def chain_need(job, block: int) -> float:
+    """What a chain round of ``block`` allocates beside the weights: its state and its drafter's."""
+    from ddtree_bench.k26.draft import draft_bytes  # noqa: PLC0415
+    from ddtree_bench.k26.target import state_bytes  # noqa: PLC0415
+
+    shape = job.shape
+    return state_bytes(
+        shape, job.batch, block - 1, job.prefix, job.drafter_shape.target_layers
+    ) + draft_bytes(job.drafter_shape, job.batch, block, job.prefix, shape.vocab_shard)
+
+
+def _fits(torch, job, budget: int, need: float, chain: bool = False) -> str | None:
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
     free = float(torch.cuda.mem_get_info()[0])
-    needed = stack_need(job, budget)
+    needed = chain_need(job, budget + 1) if chain else stack_need(job, budget)
     if needed > free * (1 - HEADROOM):
         return f"does not fit: needs about {(needed + need) / 1e9:.1f} GB, {(free + need) / 1e9:.1f} GB free"
     return None
@@ -237,7 +248,7 @@ def chain_rows(weights, job, base, block: int, run: int) -> list[dict]:
     budget = block - 1
     prefix = "" if run == 1 else f"run{run}:"
     mine = lambda t: base(catalog.CHAIN, budget, t)  # noqa: E731
-    reason = _fits(torch, job, budget, weights_bytes(weights.shape, weights.moe_impl))
+    reason = _fits(torch, job, budget, weights_bytes(weights.shape, weights.moe_impl), chain=True)
     if reason is not None:
         return [unavailable_row(mine(prefix + "wall"), reason)]
     try:
