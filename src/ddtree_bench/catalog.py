@@ -581,8 +581,8 @@ FIGURES: dict[str, Figure] = {
         Figure(
             "stacks",
             "Tokens/s per stack and budget, and SGLang's round to ours",
-            "Whole K2.6 rounds per stack (SGLang's DDTree round as its fork's worker runs it, ours, one-kernel "
-            "swaps) and the linear DFlash chain.",
+            "Whole K2.6 rounds per stack (SGLang's DDTree round as its fork's worker runs it, ours, one-"
+            "kernel swaps) and the linear DFlash chain.",
             _REPORT + "stacks:figure_for_report",
             "stacks",
             "stacks",
