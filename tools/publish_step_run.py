@@ -37,7 +37,7 @@ def main(argv=None) -> int:
             raise ValueError("the step files hold no rows")
         args.output.mkdir(parents=True, exist_ok=True)
         aggregate_steps(args.files, args.output / "step_summary.parquet")
-        write_json(args.output / "environment.json", environment(rows, settings))
+        write_json(environment(rows, settings), args.output / "environment.json")
     except ValueError as error:
         print(f"publish_step_run: {error}", file=sys.stderr)
         return 2

@@ -319,11 +319,8 @@ def _edge(row) -> str:
 
 
 def _tie(row) -> str:
-    return (
-        f" (near tie with N = {row['tie']})"
-        if row.get("tie") is not None and pd.notna(row.get("tie"))
-        else ""
-    )
+    tie = row.get("tie")
+    return f" (near tie with N = {int(tie)})" if tie is not None and pd.notna(tie) else ""
 
 
 def verdict_table(table: pd.DataFrame, best: pd.DataFrame, rel: float) -> pd.DataFrame:
@@ -660,8 +657,8 @@ def chain_table(frame: pd.DataFrame) -> pd.DataFrame:
                 lambda v: "-" if pd.isna(v) else f"{v:,.0f}"
             ),
             "winner": [
-                f"{r['winner']} ({r['margin']:.2f}x {r['runner_up']})"
-                + ("" if r["shown"] else ", within the noise")
+                f"{CHOICES[r['winner']]}: {r['margin']:.2f}x {CHOICES[r['runner_up']]}'s"
+                + ("" if r["shown"] else " (within the noise: no win shown)")
                 for _, r in frame.iterrows()
             ],
         }
@@ -761,9 +758,9 @@ def launches_line(table: pd.DataFrame) -> str | None:
     return (
         "Verify-attention launches a layer (kernels, copies and fills the profiler counts in one layer's "
         f"call): {text}. SGLang's fork makes 5 calls a layer (FA3's prefix pass, its tree pass, two LSE "
-        "transposes, the "
-        "merge; FA3's calls may each launch more than one kernel); here one more, the gather of each query's "
-        "visible tree rows, where fa3-fwd has no paged KV."
+        "transposes, the merge), and FA3's two calls launch several kernels each (its scheduler, the "
+        "attention, the combine of its splits); here one launch more, the gather of each query's visible "
+        "tree rows, where fa3-fwd has no paged KV."
     )
 
 
@@ -778,14 +775,15 @@ def terms_line(table: pd.DataFrame, best: pd.DataFrame) -> str | None:
         bare = lambda r: r["wall_s"] - r["commit_s"]  # noqa: E731
         without = (ours["tau"] / bare(ours)) / (base["tau"] / bare(base))
         parts.append(
-            f"B = {batch}, S = {prefix}: {without:.2f}x without, "
-            f"{o['tokens_per_s'] / b['tokens_per_s']:.2f}x with"
+            f"B = {batch}, S = {prefix}: {without:.2f}x to {o['tokens_per_s'] / b['tokens_per_s']:.2f}x"
         )
     if not parts:
         return None
     return (
         "The terms both rounds pay (the commit, measured; the tensor-parallel all-reduces and gathers, "
-        "estimated) lower ours / SGLang: " + "; ".join(parts) + "."
+        "estimated) move ours / SGLang's tokens/s, each at its best budget, from (without them) to (with "
+        "them): " + "; ".join(parts) + ". SGLang runs the commit eagerly (two launches a layer to move the "
+        "accepted rows, then the draft KV), ours in its graph."
     )
 
 

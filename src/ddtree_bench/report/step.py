@@ -157,6 +157,8 @@ _ATTENTION_COLUMNS = (
     "S",
     "H",
     "median [p10-p90] per layer",
+    "timed",
+    "as launched (eager)",
     "TFLOP/s",
     "TB/s",
     "% GEMM peak",
@@ -170,6 +172,9 @@ _ATTENTION_COLUMNS = (
     "kernel",
     "status",
 )
+#: How a verify-attention row's call was timed (its ``timing``): the layer's call replayed from a CUDA
+#: graph, as a round runs it, or as launched (a PyTorch peer's launches then cost host time a graph does not).
+TIMED_AS = {"cuda-graph": "graph replay", "cuda-events": "as launched"}
 #: The attention rows' keys: one shape of one run, which an impl's row and its peers' share.
 _SHAPE_KEYS = ["batch", "budget", "prefix", "heads", "depth", "distribution"]
 
@@ -193,6 +198,11 @@ def attention_table(step: pd.DataFrame, machine: str) -> pd.DataFrame:
             "H": rows["heads"].map(_all),
             "median [p10-p90] per layer": [
                 _band(m, a, b) for m, a, b in zip(rows["median_s"], rows["p10_s"], rows["p90_s"], strict=True)
+            ],
+            "timed": rows["timing"].map(TIMED_AS).fillna("-"),
+            "as launched (eager)": [
+                fmt_us(e) if t == "cuda-graph" and not missing(e) else "-"
+                for t, e in zip(rows["timing"], rows["eager_s"], strict=True)
             ],
             "TFLOP/s": rows["median_tflops"].map(lambda v: _num(v, 1)),
             "TB/s": rows["median_tbps"].map(lambda v: _num(v, 2)),
@@ -238,6 +248,13 @@ def _attention_rows(step: pd.DataFrame) -> pd.DataFrame:
         columns={"median_s": "stream_s"}
     )
     rows = rows.merge(flex, on=keys, how="left").merge(stream, on=keys, how="left")
+    ok = step[(step["stage"] == "verify-attention") & (step["status"] == "ok")]
+    eager = ok[(ok["timing"] == "cuda-events") & (ok["cache"] == "warm")][[*keys, "impl", "median_s"]]
+    rows = rows.merge(
+        eager.rename(columns={"median_s": "eager_s"}).drop_duplicates([*keys, "impl"]),
+        on=[*keys, "impl"],
+        how="left",
+    )
     for impl, column in (
         (catalog.FLASHMLA, "flashmla_s"),
         (catalog.SGLANG_TRITON_ATTENTION, "sglang_s"),
@@ -695,8 +712,11 @@ STEP_INTRO = (
     "attention of one layer at Kimi K2.6's shapes (absorbed MLA: 576-wide latent keys, 512-wide values, one "
     "shared latent KV head; every request's N+1 tree queries see its S prefix keys and their tree "
     "ancestors), by our kernel and its peers (PyTorch's; FlashMLA, which has no tree mask and runs causal, "
-    "as its rows' mask says; SGLang's Triton tree kernel), timed by CUDA events (warm L2; cold-L2 samples "
-    "are in step_summary.parquet); the tree accept walk; and the GPU's peaks. TFLOP/s and TB/s are the work "
+    "as its rows' mask says; SGLang's Triton tree kernel and its FA3 tree verify), timed by CUDA events "
+    "(warm L2; cold-L2 samples are in step_summary.parquet), each layer's call captured in a CUDA graph and "
+    'replayed, as a round runs it, where the run recorded it so ("timed": graph replay; a peer\'s call as '
+    "launched, its Python and launches included, is the eager column; earlier runs timed every call as "
+    "launched); the tree accept walk; and the GPU's peaks. TFLOP/s and TB/s are the work "
     "of one call (FLOPs of the visible keys; bytes moved at least once) over its time, median over the "
     "calls, and as % of the measured bf16 GEMM and device-copy peaks."
 )
