@@ -393,6 +393,8 @@ _SGLANG_FA3 = _sglang_stack(
 _SGLANG_TRITON = _sglang_stack(
     "sglang-triton", SGLANG_TRITON_ATTENTION, "SGLang as sm_120 runs it (Triton tree verify)", "C4"
 )
+#: SGLang's DDTree round as Hopper runs it: the base of every swap and verdict in the report.
+SGLANG_ROUND = _SGLANG_FA3.name
 #: Every stack, in the report's order: SGLang as it runs (H200, then sm_120), ours, then the swaps.
 STACKS: dict[str, Stack] = {
     s.name: s

@@ -365,6 +365,8 @@ def test_sglang_function_target_met_not_met_and_by_how_much(tmp_path):
 # -- the page's layout: the answer first, detail collapsed, headings from the rows ------------------------
 
 PUBLISHED_H200 = Path(__file__).resolve().parents[2] / "results" / "published" / "h200"
+#: the stack, chain and attention run (step stages alone: no summary.parquet)
+PUBLISHED_H100 = PUBLISHED_H200.parent / "h100"
 
 
 def test_published_report_opens_with_the_answer_and_collapses_the_detail(tmp_path):
@@ -472,7 +474,8 @@ def _published_model(figure_folder):
     from ddtree_bench.report.names import FIGURE_NAMES as NAMES  # noqa: PLC0415
 
     machines = load_machines(
-        PUBLISHED_H200 / "summary.parquet", published=[PUBLISHED_SGLANG / "summary.parquet"]
+        PUBLISHED_H200 / "summary.parquet",
+        published=[PUBLISHED_SGLANG / "summary.parquet", PUBLISHED_H100 / "summary.parquet"],
     )
     options = ReportOptions(
         depth=16,
@@ -718,7 +721,8 @@ def test_a_cpu_only_report_opens_with_the_named_published_answer_then_what_this_
     stacks_part = markdown[
         markdown.index("## What the three kernels are worth") : markdown.index("## Answer")
     ]
-    assert "**h200** (published)" in stacks_part
+    assert "**h200** (published, NVIDIA H200)" in stacks_part
+    assert "measured by an earlier method" in stacks_part
     answer = markdown[markdown.index("## Answer") : markdown.index("## What this machine adds")]
     assert (
         "**Verdict** (h200):" in answer and "| question (the number it rests on) | B = 1 | B = 64 |" in answer
@@ -779,7 +783,8 @@ def test_a_borrowed_round_is_the_sum_of_its_terms_never_the_donors_run_round():
     from ddtree_bench.report.compose import step_settings  # noqa: PLC0415
 
     machines = load_machines(
-        PUBLISHED_H200 / "summary.parquet", published=[PUBLISHED_SGLANG / "summary.parquet"]
+        PUBLISHED_H200 / "summary.parquet",
+        published=[PUBLISHED_SGLANG / "summary.parquet", PUBLISHED_H100 / "summary.parquet"],
     )
     settings = {m.label: step_settings(m, 61) for m in machines}
     found = throughput_report.sections(machines, settings, None, published_answer="h200")

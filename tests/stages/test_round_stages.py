@@ -252,9 +252,14 @@ def test_round_jobs_from_settings_are_what_the_rules_passed():
     assert replaced.options(8).budget == 8 and replaced.forward_impl == "bf16-grouped-mm"
 
 
-def test_a_round_with_no_builders_has_no_jobs():
+def test_a_round_with_no_builders_stacks_or_chain_has_no_jobs(tmp_path):
+    """Stacks (or chain blocks) alone still make round jobs; with neither and no builder there are none."""
     settings = load_settings(ROOT / "config" / "h200-stacks.yaml")
-    assert stages.enabled("round", settings) and stages.grid("round", settings) == []
+    assert stages.enabled("round", settings) and len(stages.grid("round", settings)) == 6
+    empty = tmp_path / "none.yaml"
+    empty.write_text("step:\n  round:\n    builders: []\n    stacks: []\n    chain_blocks: []\n")
+    settings = load_settings(ROOT / "config" / "h200-stacks.yaml", empty)
+    assert stages.grid("round", settings) == []
 
 
 def test_the_model_stages_configured_impls_name_its_rows_saying_why():

@@ -33,7 +33,7 @@ from ddtree_bench.report.fmt import fmt_us
 
 TITLE = "What the three kernels are worth, and tree or chain"
 #: SGLang's round as Hopper runs it: the base of the swaps and of every verdict
-BASE = "sglang-fa3"
+BASE = catalog.SGLANG_ROUND
 BASES = tuple(s.name for s in catalog.STACKS.values() if s.base is None and s.name != catalog.OURS)
 PARTS = ("draft", "build", "mask", "metadata", "forward", "accept", "commit")
 ESTIMATES = ("estimate-allreduce", "estimate-gather")
@@ -398,7 +398,7 @@ def apart(a, b, rel: float) -> bool:
     return high / low - 1.0 > noise(a, rel) + noise(b, rel)
 
 
-CHOICES = {"ours": catalog.OURS, "sglang": BASE, "chain": catalog.CHAIN}
+CHOICES = (catalog.OURS, BASE, catalog.CHAIN)
 
 
 def tree_or_chain(table: pd.DataFrame, rel: float) -> pd.DataFrame:
@@ -412,10 +412,10 @@ def tree_or_chain(table: pd.DataFrame, rel: float) -> pd.DataFrame:
     out = []
     for (batch, prefix), part in best.groupby(["batch", "prefix"], sort=True):
         picked = {}
-        for label, stack in CHOICES.items():
+        for stack in CHOICES:
             found = part[part["stack"] == stack]
             if not found.empty:
-                picked[label] = _at(table, int(batch), int(prefix), int(found["budget"].iloc[0]), stack)
+                picked[stack] = _at(table, int(batch), int(prefix), int(found["budget"].iloc[0]), stack)
         if len(picked) < len(CHOICES):
             continue
         row = {"batch": int(batch), "prefix": int(prefix)}
@@ -426,7 +426,7 @@ def tree_or_chain(table: pd.DataFrame, rel: float) -> pd.DataFrame:
             (table["batch"] == batch) & (table["prefix"] == prefix) & (table["stack"] == catalog.CHAIN)
         ]
         modelled = chains["overlap_tokens_per_s"].dropna()
-        row["chain_overlap_tokens_per_s"] = float(modelled.max()) if len(modelled) else np.nan
+        row["overlap_tokens_per_s"] = float(modelled.max()) if len(modelled) else np.nan
         ranked = sorted(picked, key=lambda k: float(picked[k]["tokens_per_s"]), reverse=True)
         first, second = ranked[0], ranked[1]
         row["winner"] = first
@@ -564,10 +564,25 @@ def chain_figure(machine, path: Path) -> str:
     prefixes = sorted({int(p) for t in per_profile.values() if not t.empty for p in t["prefix"]})
     fig, axes = panels(len(per_profile), len(prefixes), height=2.8)
     lines = {
-        "ours": (colour(catalog.STACKS[catalog.OURS].color), "-", "o", "ours (tree, best N)"),
-        "sglang": (colour(catalog.STACKS[BASE].color), "-", "s", f"{BASE} (tree, best N)"),
-        "chain": (colour(catalog.CHAIN_COLOR), "-", "P", "chain (best block)"),
-        "chain_overlap": (colour(catalog.CHAIN_COLOR), "--", "P", "chain, host work hidden (modelled)"),
+        f"{catalog.OURS}_tokens_per_s": (
+            colour(catalog.STACKS[catalog.OURS].color),
+            "-",
+            "o",
+            f"{catalog.OURS} (tree, best N)",
+        ),
+        f"{BASE}_tokens_per_s": (colour(catalog.STACKS[BASE].color), "-", "s", f"{BASE} (tree, best N)"),
+        f"{catalog.CHAIN}_tokens_per_s": (
+            colour(catalog.CHAIN_COLOR),
+            "-",
+            "P",
+            f"{catalog.CHAIN} (best block)",
+        ),
+        "overlap_tokens_per_s": (
+            colour(catalog.CHAIN_COLOR),
+            "--",
+            "P",
+            f"{catalog.CHAIN}, host work hidden (modelled)",
+        ),
     }
     for row, (profile, frame) in enumerate(per_profile.items()):
         for col, prefix in enumerate(prefixes):
@@ -576,7 +591,7 @@ def chain_figure(machine, path: Path) -> str:
             if part.empty:
                 continue
             for key, (tint, style, marker, _) in lines.items():
-                ax.plot(part["batch"], part[f"{key}_tokens_per_s"], color=tint, ls=style, marker=marker, ms=5)
+                ax.plot(part["batch"], part[key], color=tint, ls=style, marker=marker, ms=5)
             ax.set_xscale("log", base=2)
             ax.set_yscale("log")
             ax.set_xticks(sorted(part["batch"]), [str(b) for b in sorted(part["batch"])])
@@ -592,6 +607,22 @@ def chain_figure(machine, path: Path) -> str:
     )
 
 
+#: What an earlier publication's stack rows are (no commit part: run before the round was re-created as
+#: SGLang's fork's worker runs it), said above them.
+EARLIER_METHOD = (
+    "These stack rows were measured by an earlier method: SGLang's round re-created with 16 launches a layer "
+    "for its FA3 verify (the fork makes 5), the batch's tree copied in one go, its FA3 metadata inside the "
+    "graph, and no commit or tensor-parallel terms in any round. They overstate what our kernels take off "
+    "SGLang's round; the current method's rows are published in results/published/h100/."
+)
+
+
+def current_method(machine) -> bool:
+    """Whether the machine's stack rows are the current method's (their rounds have the commit part)."""
+    rows = _ok(machine.step)
+    return not rows.empty and (rows["timing"] == "part-commit").any()
+
+
 def machine_with_stacks(machines):
     """This run's machine where its step rows hold stack rounds; else the published machine whose stack rows
     are the current method's (they have the commit part and the chain), the newest first; else any published
@@ -601,7 +632,7 @@ def machine_with_stacks(machines):
         return None
     if with_rows[0] is machines[0] and machines[0].source == "this run":
         return machines[0]
-    current = [m for m in with_rows if (m.step["timing"] == "part-commit").any()]
+    current = [m for m in with_rows if current_method(m)]
     pool = current or with_rows
     return max(pool, key=lambda m: str(m.step["timestamp"].dropna().max()) if "timestamp" in m.step else "")
 
@@ -641,23 +672,24 @@ def chain_table(frame: pd.DataFrame) -> pd.DataFrame:
     if frame.empty:
         return frame
 
-    def cell(row, key):
-        unit = "block" if key == "chain" else "N"
-        budget = row[f"{key}_budget"] + (1 if key == "chain" else 0)
-        return f"{row[f'{key}_tokens_per_s']:,.0f} ({unit} = {budget})"
+    def cell(row, stack):
+        unit, budget = (
+            ("block", row[f"{stack}_budget"] + 1) if stack == catalog.CHAIN else ("N", row[f"{stack}_budget"])
+        )
+        return f"{row[f'{stack}_tokens_per_s']:,.0f} ({unit} = {budget})"
 
     return pd.DataFrame(
         {
             "B": frame["batch"],
             "S": frame["prefix"],
-            "ours (tree)": [cell(r, "ours") for _, r in frame.iterrows()],
-            f"{BASE} (tree)": [cell(r, "sglang") for _, r in frame.iterrows()],
-            "chain": [cell(r, "chain") for _, r in frame.iterrows()],
-            "chain, host work hidden (modelled)": frame["chain_overlap_tokens_per_s"].map(
+            f"{catalog.OURS} (tree)": [cell(r, catalog.OURS) for _, r in frame.iterrows()],
+            f"{BASE} (tree)": [cell(r, BASE) for _, r in frame.iterrows()],
+            catalog.CHAIN: [cell(r, catalog.CHAIN) for _, r in frame.iterrows()],
+            f"{catalog.CHAIN}, host work hidden (modelled)": frame["overlap_tokens_per_s"].map(
                 lambda v: "-" if pd.isna(v) else f"{v:,.0f}"
             ),
             "winner": [
-                f"{CHOICES[r['winner']]}: {r['margin']:.2f}x {CHOICES[r['runner_up']]}'s"
+                f"{r['winner']}: {r['margin']:.2f}x {r['runner_up']}'s"
                 + ("" if r["shown"] else " (within the noise: no win shown)")
                 for _, r in frame.iterrows()
             ],
@@ -806,6 +838,8 @@ def report_section(machines, figures, published_answer: str | None = None) -> Se
             *figures,
         )
     gpu = gpu_of(machine)
+    if not current_method(machine):
+        section.add(Text(EARLIER_METHOD, "em"))
     section.add(
         Text(
             f"**{machine.label}** ({machine.source}, {gpu}): tree or chain, and what SGLang's DDTree round "
