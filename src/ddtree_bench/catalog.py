@@ -573,9 +573,9 @@ FIGURES: dict[str, Figure] = {
     for f in (
         Figure(
             "tree_or_chain",
-            "Tree or chain: tokens/s against batch",
-            "Ours (tree), SGLang's DDTree round (tree) and the linear DFlash chain, each at its best budget, "
-            "on one GPU's share of K2.6 with the tensor-parallel terms estimated.",
+            "Tree or chain: tokens/s against batch, over SGLang's tree round",
+            "Ours (tree) and the linear DFlash chain over SGLang's DDTree round (tree), each at its best "
+            "budget, on one GPU's share of K2.6 with the tensor-parallel terms estimated.",
             _REPORT + "stacks:chain_figure_for_report",
             "stacks",
             "stacks",

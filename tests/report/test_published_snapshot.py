@@ -58,7 +58,8 @@ def test_the_documented_command_renders_the_published_report_byte_for_byte(tmp_p
     # a published folder is published, even as --results: never "this run"
     markdown = rendered.decode()
     assert (
-        "**Machines:** h200 (published), h200-sglang (published), h200-sglang-regime (published)." in markdown
+        "**Machines:** h200 (published), h200-sglang (published), h200-sglang-regime (published), h100 "
+        "(published)." in markdown
     )
     assert "(this run)" not in markdown
     committed = PUBLISHED.read_bytes()

@@ -380,8 +380,8 @@ def verdict_lines(table: pd.DataFrame, best: pd.DataFrame, rel: float) -> list[s
         )
         lines.append(
             f"**B = {batch}, S = {prefix}, L = {int(b['depth'])}.** {BASE}: best N = {n}{_edge(b)}, "
-            f"{b['tokens_per_s']:.0f} tokens/s; ours: best N = {int(o['budget'])}{_edge(o)}, "
-            f"{o['tokens_per_s']:.0f} tokens/s ({_x(o['tokens_per_s'] / b['tokens_per_s'])}). Of {BASE}'s "
+            f"{b['tokens_per_s']:,.0f} tokens/s; ours: best N = {int(o['budget'])}{_edge(o)}, "
+            f"{o['tokens_per_s']:,.0f} tokens/s ({_x(o['tokens_per_s'] / b['tokens_per_s'])}). Of {BASE}'s "
             f"{fmt_us(b['round_s'])} round at N = {n}, each swap takes: " + "; ".join(gains) + rest_text + "."
         )
     return lines
@@ -590,20 +590,21 @@ def chain_figure(machine, path: Path) -> str:
             part = frame[frame["prefix"] == prefix].sort_values("batch") if not frame.empty else frame
             if part.empty:
                 continue
+            base = part[f"{BASE}_tokens_per_s"]
             for key, (tint, style, marker, _) in lines.items():
-                ax.plot(part["batch"], part[key], color=tint, ls=style, marker=marker, ms=5)
+                ax.plot(part["batch"], part[key] / base, color=tint, ls=style, marker=marker, ms=5)
             ax.set_xscale("log", base=2)
-            ax.set_yscale("log")
             ax.set_xticks(sorted(part["batch"]), [str(b) for b in sorted(part["batch"])])
             ax.minorticks_off()
             ax.set_title(f"{catalog.ACCEPTANCE_PROFILES[profile].name}, S = {prefix}")
             ax.set_xlabel("batch B")
-            ax.set_ylabel("tokens/s" if col == 0 else "")
+            ax.set_ylabel(f"tokens/s over {BASE}'s" if col == 0 else "")
     legend = [(Line2D([], [], color=t, ls=s, marker=m, ms=5), text) for t, s, m, text in lines.values()]
     finish(fig, axes, path, ncol=2, legends=[legend])
     return (
-        f"{machine.label} ({machine.source}). Each choice at its own best budget (the chain at its best "
-        "block, 8 or 16); tau from each acceptance profile's drafter at the rounds' own depth."
+        f"{machine.label} ({machine.source}). Each choice's tokens/s over those of SGLang's tree round "
+        f"({BASE}, at 1), each at its own best budget (the chain at its best block, 8 or 16); tau from each "
+        "acceptance profile's drafter at the rounds' own depth; the tables above give the tokens/s."
     )
 
 
@@ -689,7 +690,7 @@ def chain_table(frame: pd.DataFrame) -> pd.DataFrame:
                 lambda v: "-" if pd.isna(v) else f"{v:,.0f}"
             ),
             "winner": [
-                f"{r['winner']}: {r['margin']:.2f}x {r['runner_up']}'s"
+                f"{r['winner']}, {r['margin']:.2f}x {r['runner_up']}"
                 + ("" if r["shown"] else " (within the noise: no win shown)")
                 for _, r in frame.iterrows()
             ],
@@ -904,7 +905,7 @@ def _tables(machine, table: pd.DataFrame, rel: float) -> list:
         shown = pd.DataFrame(
             {
                 "step": steps["step"],
-                "takes off": steps["saved_s"].map(fmt_us),
+                "takes off": ["-", *steps["saved_s"].iloc[1:].map(fmt_us)],
                 "round after": steps["round_s"].map(fmt_us),
                 "tokens/s after": steps["tokens_per_s"].map(lambda v: f"{v:,.0f}"),
                 "shown": steps["shown"].map({True: "yes", False: "no win shown"}),
