@@ -176,22 +176,19 @@ def test_sglang_tree_attention_equals_the_reference(impl, budget):
     assert error < 1e-2, error
 
 
-@needs_gpu
-@needs_fork
-@needs_files
-def test_every_stack_round_is_exact_and_accepts_as_the_cpu_walk():
+def _small_round(stacks, budget: int, prefix: int, seed: int):
+    """A captured ``StackRound`` of ``stacks`` on the small shapes (bf16 experts), SGLang's code here."""
     from ddtree_bench.k26.round import RoundOptions  # noqa: PLC0415
     from ddtree_bench.k26.stack import StackRound  # noqa: PLC0415
     from ddtree_bench.k26.target import TargetWeights  # noqa: PLC0415
     from ddtree_bench.ops.accept import GpuAccept  # noqa: PLC0415
     from ddtree_bench.ops.attention import VerifyAttention  # noqa: PLC0415
 
-    weights = TargetWeights(SMALL_TARGET, moe_impl="bf16-grouped-mm", seed=2)
     runner = StackRound(
-        weights,
+        TargetWeights(SMALL_TARGET, moe_impl="bf16-grouped-mm", seed=seed),
         SMALL_DRAFTER,
-        RoundOptions(batch=2, budget=24, prefix=100, block_size=8, follow_budget=False, topk=16),
-        stacks=catalog.stack_names(),
+        RoundOptions(batch=2, budget=budget, prefix=prefix, block_size=8, follow_budget=False, topk=16),
+        stacks=stacks,
         sglang={
             "builder": {"source": str(SGLANG_SOURCE)},
             "accept": str(SGLANG_SOURCE),
@@ -203,6 +200,14 @@ def test_every_stack_round_is_exact_and_accepts_as_the_cpu_walk():
         accept=GpuAccept(),
     )
     runner.capture()
+    return runner
+
+
+@needs_gpu
+@needs_fork
+@needs_files
+def test_every_stack_round_is_exact_and_accepts_as_the_cpu_walk():
+    runner = _small_round(catalog.stack_names(), budget=24, prefix=100, seed=2)
     lp, ids = (t.cpu().numpy() for t in (runner.drafter.top_log_probs, runner.drafter.top_token_ids))
     want = get_builder("reference").build(lp, ids, 24)
     for stack in runner.stacks:
@@ -368,29 +373,7 @@ def test_sglangs_commit_and_ours_move_the_same_rows():
     round: the same latent rows end at the same places and the same bonus tokens come out."""
     import torch  # noqa: PLC0415
 
-    from ddtree_bench.k26.round import RoundOptions  # noqa: PLC0415
-    from ddtree_bench.k26.stack import StackRound  # noqa: PLC0415
-    from ddtree_bench.k26.target import TargetWeights  # noqa: PLC0415
-    from ddtree_bench.ops.accept import GpuAccept  # noqa: PLC0415
-    from ddtree_bench.ops.attention import VerifyAttention  # noqa: PLC0415
-
-    weights = TargetWeights(SMALL_TARGET, moe_impl="bf16-grouped-mm", seed=3)
-    runner = StackRound(
-        weights,
-        SMALL_DRAFTER,
-        RoundOptions(batch=2, budget=12, prefix=40, block_size=8, follow_budget=False, topk=16),
-        stacks=["sglang-fa3"],
-        sglang={
-            "builder": {"source": str(SGLANG_SOURCE)},
-            "accept": str(SGLANG_SOURCE),
-            "attention_files": str(SGLANG_FILES),
-            "files": str(SGLANG_FILES),
-        },
-        max_seconds=30.0,
-        attention=VerifyAttention(),
-        accept=GpuAccept(),
-    )
-    runner.capture()
+    runner = _small_round(["sglang-fa3"], budget=12, prefix=40, seed=3)
     runner.graphs["draft"].replay()
     runner.graphs["build-bool"].replay()
     runner._fork_from_ours()
