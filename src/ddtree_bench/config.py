@@ -680,6 +680,16 @@ def published_files(
     return sorted(paths, key=lambda p: p.parent.name != first)
 
 
+def published_results(root=PUBLISHED_ROOT, first: str | None = None) -> list[Path]:
+    """``<root>/<label>/summary.parquet`` of every published machine, as the report loads them (the order of
+    ``published_files``): those with a tree-build summary, and those holding the step stages' summary alone
+    (a run of the round's stacks: its ``summary.parquet`` path does not exist, and the report knows it)."""
+    folders = {p.parent for p in published_files("summary.parquet", root)}
+    folders |= {p.parent for p in published_files("step_summary.parquet", root)}
+    ordered = sorted(folders, key=lambda p: p.name)
+    return [p / "summary.parquet" for p in sorted(ordered, key=lambda p: p.name != first)]
+
+
 def check_published_answer(settings, root: str | Path = PUBLISHED_ROOT) -> None:
     """``published_answer`` names a folder of ``root`` with a ``summary.parquet`` (checked when the workflow
     loads its settings): a name that matches none of the published folders there is one line

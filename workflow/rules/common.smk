@@ -12,7 +12,7 @@ from ddtree_bench import catalog, consistency
 from ddtree_bench.config import check_builders_run_here
 from ddtree_bench.cuda.loader import fatbin_toolchain
 from ddtree_bench.native_build import toolchain as native_toolchain
-from ddtree_bench.config import published_files
+from ddtree_bench.config import published_files, published_results
 from ddtree_bench.environment import gpu_memory_bytes
 from ddtree_bench.memory import check_memory
 from ddtree_bench.consistency import GRID_KEYS
@@ -296,6 +296,12 @@ def published_summaries():
     """Committed summaries of other machines (results/published/<machine>/summary.parquet): the published
     answer's first, then the others by folder name."""
     return [str(p) for p in published_files("summary.parquet", first=PUBLISHED_ANSWER)]
+
+
+def published_results_folders():
+    """What the report loads of the published machines: every folder's summary.parquet path, those that hold
+    the step stages' summary alone included (their summary.parquet does not exist; config.published_results)."""
+    return [str(p) for p in published_results(first=PUBLISHED_ANSWER)]
 
 
 def published_step_summaries():

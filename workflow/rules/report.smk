@@ -39,6 +39,8 @@ rule render_report:
         # fields, as plain values, are what Snakemake's rerun decisions compare
         options=REPORT_OPTIONS,
         fields=dataclasses.asdict(REPORT_OPTIONS),
+        # every published machine, those with the step stages alone included (their files are inputs above)
+        published=published_results_folders(),
         # the configured grid: the report refuses a summary that does not hold exactly it, and a change of
         # any of these lists reruns the report (as it reruns the aggregation, whose inputs are exactly
         # the configured jobs' files)

@@ -23,7 +23,7 @@ with logged(snakemake):
             shapes=snakemake.input.shapes,
             environment=snakemake.input.environment,
             step_summary=next(iter(snakemake.input.step_summary), None),
-            published=list(snakemake.input.published),
+            published=list(snakemake.params.published),
             files=ReportFiles(
                 staged(snakemake.output.html, folder, stage),
                 staged(snakemake.output.markdown, folder, stage),
