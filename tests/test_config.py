@@ -985,3 +985,14 @@ def test_an_unwritable_results_folder_is_refused_when_the_config_is_loaded(tmp_p
     assert result.returncode == 2
     (line,) = error_lines(result.stderr)
     assert line.startswith("config: results: results/smoke: not writable ("), line
+
+
+def test_the_report_loads_every_published_machine_those_with_step_stages_alone_included(tmp_path):
+    from ddtree_bench.config import published_results  # noqa: PLC0415
+
+    for folder, name in (("h200", "summary.parquet"), ("h100", "step_summary.parquet"), ("x", "notes.txt")):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / name).write_text("")
+    found = published_results(tmp_path, first="h200")
+    assert found == [tmp_path / "h200" / "summary.parquet", tmp_path / "h100" / "summary.parquet"]
+    assert published_results(tmp_path)[0].parent.name == "h100"  # by name without a first

@@ -299,8 +299,8 @@ def published_summaries():
 
 
 def published_results_folders():
-    """What the report loads of the published machines: every folder's summary.parquet path, those that
-    hold the step stages' summary alone included (theirs does not exist; config.published_results)."""
+    """Every published machine's summary.parquet path, as the report loads them: those holding the
+    step stages' summary alone included (config.published_results)."""
     return [str(p) for p in published_results(first=PUBLISHED_ANSWER)]
 
 
