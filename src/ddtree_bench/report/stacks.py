@@ -557,10 +557,9 @@ def chain_figure(machine, path: Path) -> str:
 
     from ddtree_bench.report.figures import colour, finish, panels  # noqa: PLC0415
 
-    per_profile = {
-        p: tree_or_chain(stack_table(machine.step, p), run_spread(stack_table(machine.step, p)))
-        for p in catalog.ACCEPTANCE_PROFILES
-    }
+    tables = {p: stack_table(machine.step, p) for p in catalog.ACCEPTANCE_PROFILES}
+    rel = run_spread(tables[catalog.PAPER_PROFILE])  # the runs' spread: the same under every profile's tau
+    per_profile = {p: tree_or_chain(table, rel) for p, table in tables.items()}
     prefixes = sorted({int(p) for t in per_profile.values() if not t.empty for p in t["prefix"]})
     fig, axes = panels(len(per_profile), len(prefixes), height=2.8)
     lines = {

@@ -138,6 +138,11 @@ def _turns(torch, entries, warmup: int, repeats: int) -> dict:
     return samples
 
 
+def run_prefix(run: int) -> str:
+    """The timings' prefix of a repeated run (``run2:`` ...); none for the first."""
+    return "" if run == 1 else f"run{run}:"
+
+
 def _rows(base, samples: dict, prefix: str, **fields) -> list[dict]:
     return [
         {
@@ -178,7 +183,7 @@ def _ready(torch, runner, base, budget: int, prefix: str) -> tuple[list, list[di
 
 def _checked_rows(torch, runner, job, base, budget: int, run: int, samples: dict) -> list[dict]:
     """Each timed stack's rows: its samples with its check, note and launches, and the estimates."""
-    prefix = "" if run == 1 else f"run{run}:"
+    prefix = run_prefix(run)
     out = []
     for stack in [s for s in runner.stacks if s.name in samples]:
         mine = lambda t, s=stack.name: base(s, budget, t)  # noqa: E731
@@ -208,7 +213,7 @@ def tree_rows(weights, job, kernels, base, budget: int, run: int) -> list[dict]:
     from ddtree_bench.k26.target import weights_bytes  # noqa: PLC0415
 
     names, stacks = list(job.stacks["stacks"]), job.stacks
-    prefix = "" if run == 1 else f"run{run}:"
+    prefix = run_prefix(run)
     reason = _fits(torch, job, budget, weights_bytes(weights.shape, weights.moe_impl))
     if reason is not None:
         return [unavailable_row(base(n, budget, prefix + "wall"), reason) for n in names]
@@ -246,7 +251,7 @@ def chain_rows(weights, job, base, block: int, run: int) -> list[dict]:
     from ddtree_bench.k26.target import weights_bytes  # noqa: PLC0415
 
     budget = block - 1
-    prefix = "" if run == 1 else f"run{run}:"
+    prefix = run_prefix(run)
     mine = lambda t: base(catalog.CHAIN, budget, t)  # noqa: E731
     reason = _fits(torch, job, budget, weights_bytes(weights.shape, weights.moe_impl), chain=True)
     if reason is not None:
