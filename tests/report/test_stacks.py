@@ -157,3 +157,21 @@ def test_the_section_names_profile_gpu_and_depth():
     assert "Tree or chain? tau: paper" in text and "NVIDIA H100" in text
     assert "k2.6-reported" in text and "L = 15" in text
     assert "Verify-attention launches a layer" in text and "sglang-fa3: 6" in text
+
+
+def test_the_build_probes_show_what_the_part_pays_over_the_in_situ_path():
+    rows = _rows()
+    assert stacks.build_probe_table(rows).empty  # no probe ran: no table, no section
+    probes = [
+        _row("sglang-fa3", 16, DEPTH, "build-gc-off", 0.0038),
+        _row("sglang-fa3", 16, DEPTH, "build-in-situ", 0.0010, p10_s=0.0009, p90_s=0.0012),
+    ]
+    table = stacks.build_probe_table(pd.concat([rows, pd.DataFrame(probes)], ignore_index=True))
+    assert list(table["N"]) == [16]  # only where the probes ran
+    row = table.iloc[0]
+    assert row["the in-situ path"] == "1,000 µs (900 µs-1,200 µs)"
+    assert row["the part over the in-situ path"] == "3,000 µs"  # part-build 4 ms - in-situ 1 ms
+    from ddtree_bench.report.render import _md_section  # noqa: PLC0415
+
+    section = stacks.report_section([_machine("h100", pd.concat([rows, pd.DataFrame(probes)]))], [])
+    assert "sglang-fa3's build part, three ways" in "\n".join(_md_section(section, 2, None))

@@ -29,10 +29,10 @@ from ddtree_bench.stages.build import run_benchmark
 from ddtree_bench.stages.insitu import (
     IN_SITU,
     VERIFY_FIELDS,
-    _torch_measure,
     pad_request_torch,
     run_insitu_benchmark,
     torch_cuda_reason,
+    torch_measure,
     unavailable_like,
 )
 from ddtree_bench.stages.timing_job import TimingJob
@@ -124,7 +124,7 @@ def test_torch_path_builds_pads_and_hands_back_the_verify_tensors(topk_inputs, n
     else:
         obj = get_builder("reference")
     keep = []
-    measure, fetch, device_bytes = _torch_measure(obj, name, lp, ids, budget, keep, device="cpu")
+    measure, fetch, device_bytes = torch_measure(obj, name, lp, ids, budget, keep, device="cpu")
     assert measure() > 0 and measure() > 0
     expected = get_builder("reference").build(lp, ids, budget)
     for field, value in zip(VERIFY_FIELDS, fetch(), strict=True):

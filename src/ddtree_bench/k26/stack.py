@@ -121,6 +121,7 @@ class StackRound(RoundRunner):
         reason = builder.unavailable_reason()
         if reason is not None:
             raise RuntimeError(reason)
+        self.sglang_builder = builder
         self.sglang_function, self.sglang_pad, extra = sglang_call(builder)
         workspace = extra.get("workspace")
         # one workspace a request, as the fork's worker keeps them (the outputs live in it)

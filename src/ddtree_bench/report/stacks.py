@@ -819,6 +819,55 @@ def terms_line(table: pd.DataFrame, best: pd.DataFrame) -> str | None:
     )
 
 
+#: SGLang's build part, and the same build timed two more ways in the same turns (``stages.stacks``).
+BUILD_PROBES = {
+    "part-build": "the round's build part",
+    "build-gc-off": "the same, collector off",
+    "build-in-situ": "the in-situ path",
+}
+
+
+def build_probe_table(step: pd.DataFrame) -> pd.DataFrame:
+    """Per (batch, prefix, budget) of SGLang's own round: the build part and its probes (median, p10-p90)
+    and what the part pays over the in-situ path; empty where no probe ran."""
+    rows = _ok(step)
+    if rows.empty:
+        return pd.DataFrame()
+    rows = rows[(rows["impl"] == BASE) & rows["timing"].isin(BUILD_PROBES)]
+    if not (rows["timing"] == "build-in-situ").any():
+        return pd.DataFrame()
+    keys = ["batch", "prefix", "budget"]
+    wide = {
+        v: rows.pivot_table(index=keys, columns="timing", values=v) for v in ("median_s", "p10_s", "p90_s")
+    }
+    out = []
+    for (batch, prefix, budget), medians in wide["median_s"].iterrows():
+        if pd.isna(medians.get("build-in-situ")):
+            continue  # a configuration the probes did not run at
+        row = {"B": int(batch), "S": int(prefix), "N": int(budget)}
+        for timing, label in BUILD_PROBES.items():
+            if pd.isna(medians.get(timing)):
+                row[label] = "-"
+                continue
+            p10, p90 = (wide[v].loc[(batch, prefix, budget), timing] for v in ("p10_s", "p90_s"))
+            row[label] = f"{fmt_us(medians[timing])} ({fmt_us(p10)}-{fmt_us(p90)})"
+        extra = medians.get("part-build", np.nan) - medians.get("build-in-situ", np.nan)
+        row["the part over the in-situ path"] = "-" if pd.isna(extra) else fmt_us(extra)
+        out.append(row)
+    return pd.DataFrame(out)
+
+
+BUILD_PROBE_TEXT = (
+    "SGLang's build part against the tree-build stage's in-situ timing of the same function: in the same "
+    "turns as the round, the part is timed again with Python's collector off, and the in-situ path (the "
+    "whole batch's top-K copied to pageable host memory at once, SGLang's function and pad per request, one "
+    "copy to the device per field) runs on the round's own top-K. Each starts with the device idle, as the "
+    "part does. The part's excess over the in-situ path is what the fork's per-request work costs: per "
+    "request two blocking copies inside the function, five copies from pageable memory and the small "
+    "kernels around them."
+)
+
+
 def report_section(machines, figures, published_answer: str | None = None) -> Section:
     """The section on the machine with the current stack rounds (``machine_with_stacks``): per acceptance
     profile, tree or chain and what SGLang's round gains from each kernel; how it was measured; the
@@ -930,4 +979,16 @@ def _tables(machine, table: pd.DataFrame, rel: float) -> list:
             Table(display_table(table), collapsed=True, summary="each round, its parts and estimated terms")
         ),
         Section("Stack rounds that could not run").add(Table(unavailable(machine.step), collapsed=True)),
+        *_build_probes(machine),
+    ]
+
+
+def _build_probes(machine) -> list:
+    probes = build_probe_table(machine.step)
+    if probes.empty:
+        return []
+    return [
+        Section(f"{BASE}'s build part, three ways").add(
+            Text(BUILD_PROBE_TEXT), Table(probes, collapsed=True, summary="the build part and its probes")
+        )
     ]

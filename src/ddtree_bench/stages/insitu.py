@@ -145,7 +145,7 @@ def pad_request_torch(torch, result, budget: int, pad_function=None):
     return visibility, next_token, next_sibling, padded_tokens, padded_depths
 
 
-def _torch_measure(obj, name: str, lp: np.ndarray, ids: np.ndarray, budget: int, keep: list, device="cuda"):
+def torch_measure(obj, name: str, lp: np.ndarray, ids: np.ndarray, budget: int, keep: list, device="cuda"):
     """The measured call of ``sglang``/``reference`` (module docstring), a fetch of what the last call left
     on the device, and the device memory it holds (``device="cpu"``: the same steps without a GPU: tests)."""
     import torch  # noqa: PLC0415
@@ -269,7 +269,7 @@ def run_insitu_benchmark(job) -> pd.DataFrame:
     base["threads"] = obj.info().get("threads", 1)
     keep: list = []
     if name in TORCH_BUILDERS:
-        measure, fetch, device_bytes = _torch_measure(obj, name, lp, ids, budget, keep)
+        measure, fetch, device_bytes = torch_measure(obj, name, lp, ids, budget, keep)
     else:
         measure, fetch, device_bytes = _pinned_measure(obj, lp, ids, budget, keep)
     samples = samples_without_gc(policy, measure)

@@ -138,6 +138,35 @@ def _turns(torch, entries, warmup: int, repeats: int) -> dict:
     return samples
 
 
+def build_probes(runner, stack) -> dict:
+    """For SGLang's own round (``catalog.SGLANG_ROUND``), its build part timed two more ways in the same
+    turns, to show where the part's time goes against the tree-build stage's in-situ timing of SGLang's
+    function (``stages.insitu``): ``build-gc-off``, the same part with Python's collector off during the
+    call; ``build-in-situ``, the in-situ path on this round's top-K (pageable copies of the whole batch to the
+    host, the function and its pad per request, one copy to the device per field, one synchronisation).
+    Each starts, as the part does, with the device idle. No probes for the other stacks."""
+    if stack.name != catalog.SGLANG_ROUND or getattr(runner, "sglang_builder", None) is None:
+        return {}
+    import gc  # noqa: PLC0415
+
+    from ddtree_bench.stages.insitu import torch_measure  # noqa: PLC0415
+
+    lp = runner.drafter.top_log_probs.float().cpu().numpy()
+    ids = runner.drafter.top_token_ids.cpu().numpy()
+    measure, _fetch, _bytes = torch_measure(runner.sglang_builder, catalog.SGLANG, lp, ids, runner.budget, [])
+
+    def gc_off():
+        enabled = gc.isenabled()
+        gc.disable()
+        try:
+            runner.build_sglang(for_our_accept=False)
+        finally:
+            if enabled:
+                gc.enable()
+
+    return {"build-gc-off": gc_off, "build-in-situ": measure}
+
+
 def run_prefix(run: int) -> str:
     """The timings' prefix of a repeated run (``run2:`` ...); none for the first."""
     return "" if run == 1 else f"run{run}:"
@@ -233,7 +262,10 @@ def tree_rows(weights, job, kernels, base, budget: int, run: int) -> list[dict]:
         reason = describe_error(exc)
         return [unavailable_row(base(n, budget, prefix + "wall"), reason, "failed") for n in names]
     ready, out = _ready(torch, runner, base, budget, prefix)
-    entries = [(s.name, lambda s=s, r=runner: r.run_stack(s), runner.parts_of(s), {}) for s in ready]
+    entries = [
+        (s.name, lambda s=s, r=runner: r.run_stack(s), runner.parts_of(s), build_probes(runner, s))
+        for s in ready
+    ]
     t0 = time.perf_counter()
     samples = _turns(torch, entries, stacks["warmup"], stacks["repeats"])
     for name in samples:
