@@ -165,12 +165,14 @@ def test_the_build_probes_show_what_the_part_pays_over_the_in_situ_path():
     probes = [
         _row("sglang-fa3", 16, DEPTH, "build-gc-off", 0.0038),
         _row("sglang-fa3", 16, DEPTH, "build-in-situ", 0.0010, p10_s=0.0009, p90_s=0.0012),
+        _row("sglang-fa3", 16, DEPTH, "build-in-situ-back-to-back", 0.0004),
     ]
     table = stacks.build_probe_table(pd.concat([rows, pd.DataFrame(probes)], ignore_index=True))
     assert list(table["N"]) == [16]  # only where the probes ran
     row = table.iloc[0]
-    assert row["the in-situ path"] == "1,000 µs (900 µs-1,200 µs)"
-    assert row["the part over the in-situ path"] == "3,000 µs"  # part-build 4 ms - in-situ 1 ms
+    assert row["the in-situ path, after the draft"] == "1,000 µs (900 µs-1,200 µs)"
+    assert row["per-request work (part - in-situ)"] == "3,000 µs"  # part-build 4 ms - in-situ 1 ms
+    assert row["wake-up (after the draft - back to back)"] == "600 µs"
     from ddtree_bench.report.render import _md_section  # noqa: PLC0415
 
     section = stacks.report_section([_machine("h100", pd.concat([rows, pd.DataFrame(probes)]))], [])

@@ -296,8 +296,11 @@ class Fa3Attention:
             self.describe += "; tree rows gathered per query into a contiguous buffer (no paged KV: 1 launch)"
 
     def refresh(self) -> None:
-        """The round's metadata (``Fa3TreeMetadata``), eagerly, as the fork runs it before the replay."""
+        """The round's metadata (``Fa3TreeMetadata``), eagerly, as the fork runs it before the replay; with
+        it, once a round, the visible slots the gather reads, ``width`` a query, contiguous."""
         self.metadata.refresh()
+        shared = self._shared
+        shared["slots"].view(-1, shared["width"]).copy_(self.metadata.expand_page_table[:, : shared["width"]])
 
     def prepare(self, q, kv, prefix_lengths, mask: VerifyMask, out, width: int):
         """One layer's call on its cache ``kv``. The metadata and the scratch buffers are shared by every
@@ -312,17 +315,18 @@ class Fa3Attention:
         if getattr(self, "_key", None) != key:
             device = q.device
             self.metadata = Fa3TreeMetadata(mask, used, device)
-            self.metadata.refresh()
-            tokens = batch * nodes
+            tokens, width = batch * nodes, min(int(width), nodes)
             self._key = key
             self._shared = {
-                "width": min(int(width), nodes),
+                "width": width,
+                "slots": torch.empty(tokens * width, dtype=torch.int32, device=device),
                 "cu_seqlens_q": torch.arange(0, tokens + 1, nodes, dtype=torch.int32, device=device),
                 "cu_seqlens_q_expand": torch.arange(tokens + 1, dtype=torch.int32, device=device),
                 "gathered": torch.empty(
                     (tokens, min(int(width), nodes), 1, HEAD_DIM), dtype=kv.dtype, device=device
                 ),
             }
+            self.refresh()
         return _PreparedFa3(self, self._shared, q, kv, out)
 
 
@@ -331,6 +335,9 @@ class _PreparedFa3:
     the tree pass, the two LSEs transposed to [T, H] (``softmax_lse.T.contiguous()``), the merge."""
 
     def __init__(self, attention: Fa3Attention, shared: dict, q, kv, out):
+        import torch  # noqa: PLC0415
+
+        self.torch = torch
         batch, nodes, heads, _ = q.shape
         used = kv.shape[1]
         self.attention, self.shared, self.meta = attention, shared, attention.metadata
@@ -345,7 +352,7 @@ class _PreparedFa3:
     def launch(self, stream=None) -> None:
         del stream  # torch's current stream
         fn, meta, shared = self.attention.fn, self.meta, self.shared
-        gathered, width = shared["gathered"], shared["width"]
+        torch, gathered = self.torch, shared["gathered"]
         o, lse, *_ = fn(
             q=self.q_rope,
             k_cache=self.k_cache,
@@ -359,8 +366,7 @@ class _PreparedFa3:
             num_splits=0,
             return_softmax_lse=True,
         )
-        slots = meta.expand_page_table[:, :width].reshape(-1)
-        gathered.view(-1, HEAD_DIM).copy_(self.kv_flat.index_select(0, slots))
+        torch.index_select(self.kv_flat, 0, shared["slots"], out=gathered.view(-1, HEAD_DIM))  # one launch
         o_expand, lse_expand, *_ = fn(
             q=self.q_rope,
             k_cache=gathered[..., VALUE_DIM:],

@@ -823,7 +823,8 @@ def terms_line(table: pd.DataFrame, best: pd.DataFrame) -> str | None:
 BUILD_PROBES = {
     "part-build": "the round's build part",
     "build-gc-off": "the same, collector off",
-    "build-in-situ": "the in-situ path",
+    "build-in-situ": "the in-situ path, after the draft",
+    "build-in-situ-back-to-back": "the in-situ path, back to back",
 }
 
 
@@ -852,19 +853,23 @@ def build_probe_table(step: pd.DataFrame) -> pd.DataFrame:
             p10, p90 = (wide[v].loc[(batch, prefix, budget), timing] for v in ("p10_s", "p90_s"))
             row[label] = f"{fmt_us(medians[timing])} ({fmt_us(p10)}-{fmt_us(p90)})"
         extra = medians.get("part-build", np.nan) - medians.get("build-in-situ", np.nan)
-        row["the part over the in-situ path"] = "-" if pd.isna(extra) else fmt_us(extra)
+        wake = medians.get("build-in-situ", np.nan) - medians.get("build-in-situ-back-to-back", np.nan)
+        row["per-request work (part - in-situ)"] = "-" if pd.isna(extra) else fmt_us(extra)
+        row["wake-up (after the draft - back to back)"] = "-" if pd.isna(wake) else fmt_us(wake)
         out.append(row)
     return pd.DataFrame(out)
 
 
 BUILD_PROBE_TEXT = (
-    "SGLang's build part against the tree-build stage's in-situ timing of the same function: in the same "
-    "turns as the round, the part is timed again with Python's collector off, and the in-situ path (the "
-    "whole batch's top-K copied to pageable host memory at once, SGLang's function and pad per request, one "
-    "copy to the device per field) runs on the round's own top-K. Each starts with the device idle, as the "
-    "part does. The part's excess over the in-situ path is what the fork's per-request work costs: per "
-    "request two blocking copies inside the function, five copies from pageable memory and the small "
-    "kernels around them."
+    "SGLang's build part against the tree-build stage's in-situ timing of the same function, in the same "
+    "turns as the round: the part again with Python's collector off; the in-situ path (the whole batch's "
+    "top-K copied to pageable host memory at once, SGLang's function and pad per request, one copy to the "
+    "device per field) on the round's own top-K, once after the draft part as the build part runs, once "
+    "right after another call of it, as the tree-build stage times its calls. The part's excess over the "
+    "in-situ path after the draft is what the fork's per-request work costs (per request two blocking "
+    "copies inside the function, five copies from pageable memory and the small kernels around them); the "
+    "in-situ path after the draft over back to back is the host's wake-up after waiting on the GPU, which "
+    "a round pays and the tree-build stage's loop does not."
 )
 
 

@@ -16,6 +16,9 @@ bandwidth and latency; their note says they are estimates. ``launches`` is the s
 launches per layer (kernels, copies, fills: the profiler's count); ``correct`` whether the last round's
 accepted paths equal the CPU walk.
 
+SGLang's own round also times its build three more ways in the same turns (``build_probes``: the collector
+off, the in-situ path after the draft and back to back), to show where the build part's time goes.
+
 ``repeat_budgets`` are run again, ``repeat_runs - 1`` more times, each in a fresh round (buffers, graphs and
 captures made anew on the same weights); their timings carry ``run<k>:`` (``run2:wall``, ...).
 """
@@ -115,8 +118,8 @@ def _progress(name: str, budget: int, samples: dict, spent: float) -> None:
 def _turns(torch, entries, warmup: int, repeats: int) -> dict:
     """The entries take turns round by round: ``warmup`` untimed turns, then ``repeats`` timed ones. An
     entry is ``(name, whole, parts, extra)``: ``whole()`` one round (returns when done), ``parts`` the
-    round's parts by name, ``extra`` more whole-round timings by name. ``{name: {timing: [(phase, rep,
-    seconds)]}}``."""
+    round's parts by name, ``extra`` more timings by name (a call's seconds: what it returns where it times
+    itself, else its wall). ``{name: {timing: [(phase, rep, seconds)]}}``."""
     samples = {name: {} for name, *_ in entries}
     for turn in range(warmup + repeats):
         phase, rep = ("warmup", turn) if turn < warmup else ("timed", turn - warmup)
@@ -124,8 +127,9 @@ def _turns(torch, entries, warmup: int, repeats: int) -> dict:
             mine = samples[name]
             for timing, fn in (("wall", whole), *extra.items()):
                 t0 = CLOCK()
-                fn()
-                mine.setdefault(timing, []).append((phase, rep, (CLOCK() - t0) / 1e9))
+                own = fn()
+                seconds = own if isinstance(own, float) else (CLOCK() - t0) / 1e9
+                mine.setdefault(timing, []).append((phase, rep, seconds))
             total = 0.0
             for part, fn in parts.items():
                 t0 = CLOCK()
@@ -139,32 +143,59 @@ def _turns(torch, entries, warmup: int, repeats: int) -> dict:
 
 
 def build_probes(runner, stack) -> dict:
-    """For SGLang's own round (``catalog.SGLANG_ROUND``), its build part timed two more ways in the same
-    turns, to show where the part's time goes against the tree-build stage's in-situ timing of SGLang's
-    function (``stages.insitu``): ``build-gc-off``, the same part with Python's collector off during the
-    call; ``build-in-situ``, the in-situ path on this round's top-K (pageable copies of the whole batch to the
-    host, the function and its pad per request, one copy to the device per field, one synchronisation).
-    Each starts, as the part does, with the device idle. No probes for the other stacks."""
+    """For SGLang's own round (``catalog.SGLANG_ROUND``), its build timed three more ways in the same turns,
+    to show where the part's time goes against the tree-build stage's in-situ timing of SGLang's function
+    (``stages.insitu``). Each times itself (its float):
+
+    - ``build-gc-off``: the build part as the part runs (after SGLang's draft part, waited for), Python's
+      collector off;
+    - ``build-in-situ``: the in-situ path on this round's top-K (the whole batch copied to pageable host
+      memory, the function and its pad per request, one copy to the device per field, one synchronisation),
+      also after the draft part;
+    - ``build-in-situ-back-to-back``: the same path right after another call of it, as the tree-build stage
+      times its calls (the host already awake, nothing waited for before it).
+
+    No probes for the other stacks."""
     if stack.name != catalog.SGLANG_ROUND or getattr(runner, "sglang_builder", None) is None:
         return {}
     import gc  # noqa: PLC0415
 
     from ddtree_bench.stages.insitu import torch_measure  # noqa: PLC0415
 
+    torch = runner.torch
     lp = runner.drafter.top_log_probs.float().cpu().numpy()
     ids = runner.drafter.top_token_ids.cpu().numpy()
     measure, _fetch, _bytes = torch_measure(runner.sglang_builder, catalog.SGLANG, lp, ids, runner.budget, [])
+    draft = runner.parts_of(stack)["draft"]
 
-    def gc_off():
+    def after_draft(fn) -> float:
+        draft()
+        torch.cuda.current_stream().synchronize()
+        return fn()
+
+    def build() -> float:
+        t0 = CLOCK()
+        runner.build_sglang(for_our_accept=False)
+        return (CLOCK() - t0) / 1e9
+
+    def gc_off() -> float:
         enabled = gc.isenabled()
         gc.disable()
         try:
-            runner.build_sglang(for_our_accept=False)
+            return after_draft(build)
         finally:
             if enabled:
                 gc.enable()
 
-    return {"build-gc-off": gc_off, "build-in-situ": measure}
+    def back_to_back() -> float:
+        measure()
+        return measure()
+
+    return {
+        "build-gc-off": gc_off,
+        "build-in-situ": lambda: after_draft(measure),
+        "build-in-situ-back-to-back": back_to_back,
+    }
 
 
 def run_prefix(run: int) -> str:
