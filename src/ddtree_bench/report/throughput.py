@@ -225,7 +225,7 @@ def _step_terms(machines, machine, published_answer: str | None) -> tuple:
     """The step rows ``machine``'s round is modelled on: its own where it measured the verify attention,
     else a donor's (``_donor``) without its whole rounds; ``(step, donor or None, the note that says
     so)``."""
-    if _measured_verify(machine.step):
+    if has_step_stages(machine):
         return machine.step, None, ""
     donor = _donor(machines, machine, published_answer)
     if donor is None:
@@ -244,7 +244,7 @@ def _step_terms(machines, machine, published_answer: str | None) -> tuple:
 def _donor(machines, machine, published_answer: str | None):
     """The machine whose step terms ``machine`` borrows: ``published_answer``'s where it measured them, else
     the first other one (in the order given) that did; None where none did."""
-    others = [m for m in machines if m is not machine and _measured_verify(m.step)]
+    others = [m for m in machines if m is not machine and has_step_stages(m)]
     named = named_machine(others, published_answer)
     return named or (others[0] if others else None)
 
@@ -291,8 +291,10 @@ def _profiles(machine, profiles, index: int) -> list[str]:
     return recorded or [catalog.PAPER_PROFILE]
 
 
-def _measured_verify(step: pd.DataFrame) -> bool:
-    """Whether a step summary holds measured verify attention (rows saying why it did not run: no)."""
+def has_step_stages(machine) -> bool:
+    """Whether a machine measured the step stages its round is modelled on: verify attention or the forward
+    (rows saying why they did not run: no)."""
+    step = machine.step
     if step is None or step.empty or not {"stage", "status"} <= set(step.columns):
         return False
     return bool((step["stage"].isin(["verify-attention", "forward"]) & (step["status"] == "ok")).any())
