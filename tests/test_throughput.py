@@ -19,7 +19,7 @@ from workflow_copy import ROOT
 from ddtree_bench.config import check_config
 from ddtree_bench.k26 import estimates as arithmetic
 from ddtree_bench.report import FIGURE_NAMES, ReportFiles, load_machines, render_report
-from ddtree_bench.report.throughput import TARGET, budget_targets, sections
+from ddtree_bench.report.throughput import TARGET, budget_targets, has_step_stages, no_model_note, sections
 from ddtree_bench.settings import Settings
 from ddtree_bench.summary.step import summarize_steps
 from ddtree_bench.throughput import (
@@ -641,24 +641,31 @@ def test_a_configured_distribution_the_machine_lacks_is_named_not_substituted_si
     assert found[1].missing == "no tree-build rows of the recorded trees on this machine"
 
 
-def test_section_on_a_cpu_only_run_says_it_needs_the_step_stages(tmp_path):
+def test_a_cpu_only_run_has_no_modelled_tokens_per_second_only_the_note_saying_why(tmp_path):
     ours = write_machine(tmp_path / "m", "laptop")
     out = tmp_path / "r"
     render_report(summary=ours, files=ReportFiles.in_folder(out), step_enabled=False)
     markdown = (out / "summary.md").read_text()
     section = markdown[markdown.index("### Which budget?\n") : markdown.index("## Environment")]
-    assert "#### laptop: uniform trees, tau: paper (DDTree paper, Qwen3-8B) (L = 16)" in section
-    assert "_no data: needs the step stages (measured verify attention): step stages off" in section
-    assert "| B | builder |" not in section
+    section = section[: section.index("\n### ", 5)]  # up to the next section of the detail tables
+    assert (
+        "_laptop (this run) has no GPU step stages (step stages off (step.enabled: false in the "
+        "configuration)), so it has no modelled K2.6 tokens/s of its own. No machine here measured them: "
+        "the step stages run on a CUDA GPU (step.enabled: true)._"
+    ) in section
+    assert "#### laptop" not in section and "| B | builder |" not in section and "| laptop" not in section
     target = next(line for line in markdown.splitlines() if TARGET in line)
-    assert "| no data |" in target
+    assert "| no data | no modelled tokens/s: no GPU step stages (step stages off" in target
     page = (out / "index.html").read_text()
     assert page.count("data:image/png;base64,") == len(FIGURE_NAMES)
-    results = budget_targets(sections(load_machines(ours), {}, None), load_machines(ours))
+    machines = load_machines(ours)
+    assert sections(machines, {}, None) == []  # no section to model, none to draw a panel of
+    results = budget_targets([], machines)
     assert [r[3] for r in results] == ["no data"]
+    assert results[0][4] == "no modelled tokens/s: no GPU step stages (no step_summary.parquet)"
 
 
-def test_a_machine_without_step_stages_borrows_a_published_machines_verify_and_names_it(tmp_path):
+def test_a_machine_without_step_stages_has_no_section_and_leaves_a_published_machines_as_they_are(tmp_path):
     # a CPU machine's own builds and trees (the published CPU builders' rows, relabelled), no step stages
     summary = pd.read_parquet(PUBLISHED / "summary.parquet")
     summary = summary[summary["builder"] != "gpu"].assign(machine="laptop")
@@ -672,27 +679,35 @@ def test_a_machine_without_step_stages_borrows_a_published_machines_verify_and_n
         folder / "summary.parquet", folder / "tree_shape.parquet", published=[PUBLISHED / "summary.parquet"]
     )
     assert machines[0].step.empty and not machines[1].step.empty
+    alone = sections(machines[1:], {}, None, distributions=["drafter"], depth=16)
+    assert alone and all(s.machine == "h200" and not s.missing for s in alone)
     # with no step summary, and with one whose rows only say why the stages could not run here
     for step in (
         machines[0].step,
         summarize_steps(unavailable_stage_frame("attention", "no GPU", machine="laptop")),
     ):
         machines[0].step = step
+        assert not has_step_stages(machines[0]) and has_step_stages(machines[1])
         found = sections(machines, {}, None, distributions=["drafter"], depth=16)
-        laptop = next(s for s in found if s.machine == "laptop")
-        assert laptop.result is not None and not laptop.missing
-        assert (
-            "Verify attention, tree accept and the rest of the round's terms measured on h200" in laptop.note
-        )
-        assert "tree builds and tau are laptop's" in laptop.note
-        assert set(laptop.best["builder"]) == {"sglang", "reference", "native", "native-mt"}
-        # its reason is its own rows' (never "they need a GPU"); its rounds are sums, never h200's run rounds
+        # no section of laptop's: its builds are never set beside another machine's terms
+        assert [s.machine for s in found] == ["h200"] * len(alone)
+        # the published machine's sections are those it has alone: its own rows, its own rounds
+        for mine, own in zip(found, alone, strict=True):
+            assert (mine.heading(), mine.note, mine.profile) == (own.heading(), own.note, own.profile)
+            pd.testing.assert_frame_equal(mine.result.table, own.result.table)
+            pd.testing.assert_frame_equal(mine.best, own.best)
+        assert (found[0].result.table["round_from"] != "sum of the terms").any()
+        # the note says why laptop has none, in its own rows' words (never "they need a GPU")
         why = "no step_summary.parquet" if step.empty else "its step stages did not run: no GPU"
-        assert f"laptop has no step stages ({why})" in laptop.note and laptop.donor == "h200"
-        assert (laptop.result.table["round_from"] == "sum of the terms").all()
-        # the published machine keeps its own measurements: nothing borrowed from a machine without them
-        h200 = next(s for s in found if s.machine == "h200")
-        assert "measured on" not in h200.note
+        note = no_model_note(machines, found)
+        assert note == (
+            f"laptop (this run) has no GPU step stages ({why}), so it has no modelled K2.6 tokens/s of its "
+            "own. The sections below model only the machines that measured them, each on its own rows: h200 "
+            "(published)."
+        )
+        targets = {r[0]: r for r in budget_targets(found, machines)}
+        assert targets["laptop"][3:] == ("no data", f"no modelled tokens/s: no GPU step stages ({why})")
+        assert targets["h200"][3] == "met"
 
 
 # ----------------------------------------------------------------------------------------------- config

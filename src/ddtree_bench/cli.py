@@ -328,6 +328,13 @@ def cmd_budget(args) -> int:
         raise ValueError(f"{args.results}: no summary.parquet there (a results/<machine>/ folder has one)")
     check_results_folder(args.results)
     machine = load_machine(summary)
+    if not throughput_report.has_step_stages(machine):
+        raise ValueError(
+            f"{args.results}: no modelled tokens/s: it has no GPU step stages "
+            f"({throughput_report.no_step_reason(machine)}); the workflow's step stages (step.enabled: "
+            "true) measure verify attention and accept on a CUDA GPU only, so run it on a GPU machine, or "
+            "model a published GPU machine's folder, e.g. `ddtree-bench budget results/published/h200`"
+        )
     if args.distribution is not None:
         present = _ok_values(machine.summary, "distribution")
         if args.distribution not in present:
@@ -344,7 +351,7 @@ def cmd_budget(args) -> int:
         if section.note and section.result is not None:
             lines.append(section.note + "\n")
         if section.missing:
-            lines.append(f"no data: {section.missing}. {_budget_needs(machine, args.results)}\n")
+            lines.append(f"no data: {section.missing}.\n")
             continue
         lines.append(
             f"Where each term comes from (what-if bandwidth {section.result.bandwidth}):\n\n"
@@ -366,20 +373,6 @@ def _ok_values(summary, column: str) -> list:
     rows = summary[summary["status"] == "ok"] if "status" in summary else summary
     values = [v.item() if hasattr(v, "item") else v for v in rows[column].dropna()]
     return list(dict.fromkeys(values))
-
-
-def _budget_needs(machine, folder) -> str:
-    """What the model lacks on a results folder without step data, and what would produce it."""
-    step = machine.step
-    reasons = []
-    if step is not None and not step.empty and "status_reason" in step:
-        reasons = list(dict.fromkeys(str(r) for r in step["status_reason"].dropna()))
-    why = f" (its step rows say: {reasons[0]})" if reasons else ""
-    return (
-        f"{folder} lacks measured verify attention and tree accept{why}; the workflow's step stages "
-        "(step.enabled: true) measure them, on a CUDA GPU only: run it on a GPU machine, or model a "
-        "published GPU machine's folder, e.g. `ddtree-bench budget results/published/h200`"
-    )
 
 
 def _results_folder(folder: Path, option: str = "--results") -> Path:

@@ -63,3 +63,20 @@ def test_each_stack_configuration_has_one_tokens_per_second_on_the_page(page):
         row = next(line for line in block.splitlines() if line.startswith(f"| {budget} |"))
         cells = [c.strip() for c in row.strip("|").split("|")]
         assert cells[columns.index("ours")] == value, (batch, prefix, budget)
+
+
+def test_a_machine_without_step_stages_has_no_modelled_tokens_per_second_on_the_page(page):
+    """h200-sglang and h200-sglang-regime ran no step stages: the "Which budget?" section says so once and
+    models only the machines that measured them, each on its own rows."""
+    start = page.index("### Which budget?\n")
+    which = page[start : page.index("\n### ", start + 5)]
+    assert (
+        "h200-sglang (published) and h200-sglang-regime (published) have no GPU step stages (no "
+        "step_summary.parquet; the step stages were off in that run), so they have no modelled K2.6 tokens/s "
+        "of their own." in which
+    )
+    headings = [line for line in which.splitlines() if line.startswith("#### ")]
+    assert headings and not [h for h in headings if h.startswith("#### h200-sglang")]
+    for line in page.splitlines():
+        if "h200-sglang" in line and "tokens/s" in line:
+            assert "no modelled" in line, line

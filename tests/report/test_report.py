@@ -736,9 +736,83 @@ def test_a_cpu_only_report_opens_with_the_named_published_answer_then_what_this_
     assert "| B | N | SGLang's function | reference (ours, Python) | native (C++, 1 thread) |" in adds
     body = page[page.index("</h1>") + len("</h1>") :]
     assert body.lstrip().startswith("<p class='banner'>This machine (laptop) has no GPU rows")
-    # a published GPU run whose step stages were off is said to be so, not to need a GPU
-    assert "h200-sglang has no step stages (no step_summary.parquet; the step stages were off" in markdown
+    # the machines without step stages are named, each with its own rows' reason (never "they need a GPU"),
+    # and none of them has a modelled section of its own: only h200, which measured them, has one
+    which = markdown[markdown.index("### Which budget?\n") : markdown.index("### Builders and timings")]
+    assert (
+        "_laptop (this run) has no GPU step stages (step stages off (step.enabled: false in the "
+        "configuration)), so it has no modelled K2.6 tokens/s of its own. h200-sglang-regime (published) and "
+        "h200-sglang (published) have no GPU step stages (no step_summary.parquet; the step stages were off "
+        "in that run), so they have no modelled K2.6 tokens/s of their own. The sections below model only "
+        "the machines that measured them, each on its own rows: h200 (published)._"
+    ) in which
+    assert {line.split(":")[0] for line in which.splitlines() if line.startswith("#### ")} == {"#### h200"}
     assert "(they need a GPU)" not in markdown
+
+
+def _h200_sections(markdown: str) -> str:
+    """The "Which budget?" sections of h200 in a page: from its first heading to the next other heading."""
+    lines = markdown[markdown.index("#### h200: ") :].splitlines()
+    others = (
+        i for i, line in enumerate(lines) if line.startswith("#") and not line.startswith("#### h200: ")
+    )
+    end = next(others, len(lines))
+    return "\n".join(lines[:end]).rstrip()
+
+
+def test_a_cpu_machine_beside_a_published_one_has_no_modelled_tokens_per_second_on_the_page(tmp_path):
+    """A CPU-only machine (the published H200's CPU builder rows and trees, relabelled; no step stages)
+    beside the published h200: nowhere on the page a modelled tokens/s of the CPU machine (no section, no
+    table row, no target, no figure panel), one note saying why, and h200's sections as the published page
+    has them."""
+    from ddtree_bench.report.figures import collect_figures  # noqa: PLC0415
+
+    folder = tmp_path / "laptop"
+    folder.mkdir()
+    summary = pd.read_parquet(PUBLISHED_H200 / "summary.parquet")
+    summary[summary["builder"] != "gpu"].assign(machine="laptop").to_parquet(folder / "summary.parquet")
+    shapes = pd.read_parquet(PUBLISHED_H200 / "tree_shape.parquet").assign(machine="laptop")
+    shapes.to_parquet(folder / "tree_shape.parquet")
+    environment = json.loads((PUBLISHED_H200 / "environment.json").read_text())
+    environment.update(machine="laptop", gpu_name=None)
+    (folder / "environment.json").write_text(json.dumps(environment))
+    out = tmp_path / "r"
+    with collect_figures() as figures:
+        render_report(
+            summary=folder / "summary.parquet",
+            published=[PUBLISHED_H200 / "summary.parquet"],
+            files=ReportFiles.in_folder(out),
+            distribution="drafter",
+        )
+        titles = {name: [ax.get_title() for ax in fig.axes] for name, fig in figures}
+    markdown = (out / "summary.md").read_text()
+    which = markdown[markdown.index("### Which budget?\n") : markdown.index("### Builders and timings")]
+    assert (
+        "_laptop (this run) has no GPU step stages (no step_summary.parquet), so it has no modelled K2.6 "
+        "tokens/s of its own. The sections below model only the machines that measured them, each on its "
+        "own rows: h200 (published)._"
+    ) in which
+    # no section, no table row of laptop's: the section's every heading is h200's
+    assert "#### laptop" not in which and "| laptop" not in which
+    assert {line.split(":")[0] for line in which.splitlines() if line.startswith("#### ")} == {"#### h200"}
+    # h200's sections exactly as the published page gives them (its own rows, whoever is beside it)
+    page = (PUBLISHED_H200 / "report.md").read_text()
+    assert _h200_sections(which) == _h200_sections(page) and _h200_sections(page).count("#### h200: ") == 2
+    # no figure panel of laptop's in the modelled figures, h200's there
+    for name in ("which_budget", "round_parts"):
+        assert titles[name] and not any("laptop" in t for t in titles[name]), (name, titles[name])
+        assert any(t.startswith("h200, drafter trees") for t in titles[name]), name
+    # the goal of the model: no data for laptop, saying why; h200's met
+    target = [
+        line for line in markdown.splitlines() if "the report names the best budget per builder" in line
+    ]
+    laptop = next(line for line in target if line.startswith("| laptop |"))
+    assert "| no data | no modelled tokens/s: no GPU step stages (no step_summary.parquet) |" in laptop
+    assert "| met |" in next(line for line in target if line.startswith("| h200 |"))
+    # anywhere on the page, a line of laptop's with tokens/s says it has none
+    for line in markdown.splitlines():
+        if "laptop" in line and "tokens/s" in line:
+            assert "no modelled" in line, line
 
 
 def test_the_answer_is_the_named_published_machine_whatever_the_folders_order(tmp_path):
@@ -755,30 +829,32 @@ def test_the_answer_is_the_named_published_machine_whatever_the_folders_order(tm
     for order in itertools.permutations(folders):
         machines = load_machines(ours, published=list(order))
         settings = {m.label: step_settings(m, 61) for m in machines}
-        found = throughput_report.sections(machines, settings, None, published_answer="h200")
+        found = throughput_report.sections(machines, settings, None)
         out = answer_module.answer(machines, {}, settings, found, published_answer="h200")
         assert out.machine == "h200", [p.parent.name for p in order]
         assert "the published h200's" in banner(machines, out)
         assert stacks_report.machine_with_stacks(machines).label == "h200"
-    # another name chooses another machine: h200-sglang answers where it is named
+    # another name chooses another machine: h200-sglang, named, has no step stages, so no modelled round
+    # and no answer of its own; it says so, and never answers with h200's terms or h200 by order
     machines = load_machines(ours, published=folders)
     settings = {m.label: step_settings(m, 61) for m in machines}
-    found = throughput_report.sections(machines, settings, None, published_answer="h200-sglang")
+    found = throughput_report.sections(machines, settings, None)
+    assert {s.machine for s in found} == {"h200"}
     out = answer_module.answer(machines, {}, settings, found, published_answer="h200-sglang")
-    assert out.machine == "h200-sglang"
-    # and says what its rows are: no in-situ rows, no step stages of its own, no round run whole
-    intro = out.intro()
-    assert "in-situ median per call" not in intro and "median per call: kernel (CUDA events) for gpu" in intro
-    assert "Rounds: all 55 the sum of their terms (none run whole on a GPU)" in intro
-    assert "every term but the build (and tau) measured on h200, as h200-sglang has no step stages" in intro
+    assert out.machine is None and not out.tables and not out.verdict
+    assert out.missing == (
+        "neither laptop nor the published answer's machine (h200-sglang) has GPU builder rows with a "
+        "modelled round or a step breakdown"
+    )
     # a name among none of them: no answer, saying why (never another machine by order)
     out = answer_module.answer(machines, {}, settings, found, published_answer="h100")
     assert out.machine is None and "(h100, config published_answer) is not among" in out.missing
 
 
-def test_a_borrowed_round_is_the_sum_of_its_terms_never_the_donors_run_round():
-    """A published GPU run without step stages (h200-sglang) models its rounds with h200's measured terms
-    and its own builds: never h200's whole rounds, which hold h200's builds; the rounds' S is h200's."""
+def test_a_published_gpu_run_without_step_stages_has_no_modelled_rounds():
+    """A published GPU run whose step stages were off (h200-sglang) has no section: its builds are never set
+    beside h200's measured terms. h200's sections are its own whatever runs are beside it, its rounds run
+    on its GPU; h100 (step stages only, no tree builds) says it has no tree-build rows."""
     from ddtree_bench.report import throughput as throughput_report  # noqa: PLC0415
     from ddtree_bench.report.compose import step_settings  # noqa: PLC0415
 
@@ -787,15 +863,29 @@ def test_a_borrowed_round_is_the_sum_of_its_terms_never_the_donors_run_round():
         published=[PUBLISHED_SGLANG / "summary.parquet", PUBLISHED_H100 / "summary.parquet"],
     )
     settings = {m.label: step_settings(m, 61) for m in machines}
-    found = throughput_report.sections(machines, settings, None, published_answer="h200")
-    mine = next(s for s in found if s.machine == "h200-sglang" and s.result is not None)
-    assert mine.donor == "h200" and not mine.result.missing
-    assert (mine.result.table["round_from"] == "sum of the terms").all()
-    assert mine.result.verify.prefix == 4096
-    assert "(no step_summary.parquet; the step stages were off in that run)" in mine.note
-    assert throughput_report.run_round_lines(mine) == []
-    own = next(s for s in found if s.machine == "h200" and s.result is not None)
-    assert own.donor is None and (own.result.table["round_from"] != "sum of the terms").any()
+    found = throughput_report.sections(machines, settings, None)
+    assert [m.label for m in machines if not throughput_report.has_step_stages(m)] == ["h200-sglang"]
+    assert "h200-sglang" not in {s.machine for s in found}
+    alone = throughput_report.sections(machines[:1], settings, None)
+    own = [s for s in found if s.machine == "h200"]
+    assert len(own) == len(alone) and all(not s.missing for s in own)
+    for mine, by_itself in zip(own, alone, strict=True):
+        pd.testing.assert_frame_equal(mine.result.table, by_itself.result.table)
+    assert (own[0].result.table["round_from"] != "sum of the terms").any()
+    assert own[0].result.verify.prefix == 4096
+    (h100,) = [s for s in found if s.machine == "h100"]
+    assert h100.result is None and h100.missing == "no tree-build rows of the drafter trees on this machine"
+    assert throughput_report.no_model_note(machines, found) == (
+        "h200-sglang (published) has no GPU step stages (no step_summary.parquet; the step stages were off "
+        "in that run), so it has no modelled K2.6 tokens/s of its own. The sections below model only the "
+        "machines that measured them, each on its own rows: h200 (published), h100 (published)."
+    )
+    targets = {r[0]: r[3:] for r in throughput_report.budget_targets(found, machines)}
+    assert targets["h200-sglang"] == (
+        "no data",
+        "no modelled tokens/s: no GPU step stages (no step_summary.parquet; the step stages were off in that "
+        "run)",
+    )
 
 
 def test_a_report_of_this_machines_own_gpu_rows_has_no_banner(published_model):

@@ -262,13 +262,7 @@ def answer_from_round(section, setting: dict, summary: pd.DataFrame | None = Non
         if run.any()
         else f"Rounds: all {len(table)} the sum of their terms (none run whole on a GPU)"
     )
-    donor = getattr(section, "donor", None)
-    borrowed = (
-        f"; every term but the build (and tau) measured on {donor}, as {section.machine} has no step stages"
-        if donor
-        else ""
-    )
-    out.sources = f"{rounds}{borrowed}; communication {', '.join(comm)}. tau: {profile}."
+    out.sources = f"{rounds}; communication {', '.join(comm)}. tau: {profile}."
     kinds = sorted(set(table["build_from"].dropna()))
     if kinds and kinds != [IN_SITU_NAME]:
         out.builds = "median per call: " + ", ".join(

@@ -204,7 +204,6 @@ def compose_report(
         distributions=options.distributions,
         depth=options.depth,
         profiles=options.profiles,
-        published_answer=options.published_answer,
     )
     data = timings(machines)
     inputs = FigureInputs(
@@ -366,7 +365,7 @@ def _detail_section(machines, data, options, breakdowns, settings, budget_sectio
     )
     section.add(*step_report.report_sections(machines, breakdowns, settings))
     section.add(stage_rows.section(machines))
-    section.add(throughput_report.report_section(budget_sections, options.throughput_options))
+    section.add(throughput_report.report_section(budget_sections, machines, options.throughput_options))
     section.add(
         Section("Builders and timings that could not run").add(
             Table(unavailable_table(machines), collapsed=True)

@@ -4,8 +4,10 @@ builder, a panel per batch size), the best budget per builder, the GPU builder's
 (or over ``reference``, labelled as our stand-in) at each one's own best budget, and the model's assumptions.
 
 The section is shown on the configured first distribution and on ``recorded`` where configured. A machine
-without one of them says so and shows its own first distribution instead, named in the heading. Without
-measured step stages (no verify attention: a CPU-only run) the section says it needs them.
+without one of them says so and shows its own first distribution instead, named in the heading. A machine
+without measured step stages (no verify attention or forward: a CPU-only run) has no section and no
+modelled tokens/s anywhere: one note (``no_model_note``) says why, and the sections are the other machines'
+own, each modelled on its own measured rows only.
 """
 
 from __future__ import annotations
@@ -28,7 +30,6 @@ from ddtree_bench.report.figures import (
     panels,
 )
 from ddtree_bench.report.fmt import fmt_us
-from ddtree_bench.report.load import named_machine
 from ddtree_bench.report.names import BUILDER_LABELS, BUILDER_STYLES
 from ddtree_bench.throughput import (
     ASSUMPTIONS,
@@ -74,8 +75,6 @@ class BudgetSection:
     gains: pd.DataFrame = field(default_factory=pd.DataFrame)
     #: whose acceptance tau is (``catalog.ACCEPTANCE_PROFILES``)
     profile: str = catalog.PAPER_PROFILE
-    #: the machine whose step stages gave the round's terms but the build, where this one has none
-    donor: str | None = None
 
     @property
     def missing(self) -> str | None:
@@ -125,15 +124,13 @@ def sections(
     distributions: list[str] | None = None,
     depth: int | None = None,
     profiles: list[str] | None = None,
-    published_answer: str | None = None,
 ) -> list[BudgetSection]:
     """The model per machine on the configured first distribution and on ``recorded`` where configured
     (``distributions``: this run's configuration; default: the first machine's own), each machine's
     substitute named where it lacks one. ``settings``: per machine label, its step ``layers`` (and ``depth``);
-    ``options``: ``settings.Settings.throughput_options()`` (None: the defaults). A machine without
-    measured step stages borrows the step terms of ``published_answer``'s machine (else of the first other
-    machine, in the order given, that measured them); never its whole rounds, which hold that machine's
-    builds."""
+    ``options``: ``settings.Settings.throughput_options()`` (None: the defaults). Each machine is modelled on
+    its own step rows only: a machine without measured step stages (``has_step_stages``) has no section
+    (``no_model_note`` says why)."""
     options = options or {}
     if not machines:
         return []
@@ -144,26 +141,23 @@ def sections(
         dict.fromkeys(first_distributions[:1] + [d for d in first_distributions if d == "recorded"])
     )
     out = []
+    prefix = options.get("prefix_length")
     for index, machine in enumerate(machines):
+        if not has_step_stages(machine):
+            continue
         own_depth = _configured(machine, None)[1]
         layers = int(settings.get(machine.label, {}).get("layers") or 61)
         assumptions = RoundAssumptions.from_options(options, layers)
         machine_depth = (depth if index == 0 else None) or own_depth or first_depth or _first_depth(machine)
-        # a machine without step stages (no GPU) borrows the verify attention and accept of the first
-        # machine that measured them, named in the section: its own builds and trees, their round
-        step, donor, borrowed = _step_terms(machines, machine, published_answer)
-        # the donor's S: where its whole rounds were run (those rows are not borrowed)
-        prefix = options.get("prefix_length") or (None if donor is None else _round_prefix(donor.step))
         for distribution, shown, note in _shown_distributions(machine, wanted):
             if shown is None:
                 out.append(BudgetSection(machine.label, distribution, machine_depth, None, note))
                 continue
-            note = f"{note} {borrowed}".strip() if borrowed else note
             for profile in _profiles(machine, profiles, index):
                 acceptance = catalog.ACCEPTANCE_PROFILES[profile]
                 result = throughput(
                     machine.summary,
-                    step,
+                    machine.step,
                     machine.shapes,
                     assumptions,
                     distribution=shown,
@@ -171,10 +165,6 @@ def sections(
                     prefix=prefix,
                     tau_from=acceptance.distribution if acceptance.params is not None else None,
                 )
-                if result.missing and machine.step.empty:
-                    result.missing = (
-                        f"needs the step stages (measured verify attention): {machine.step_missing}"
-                    )
                 best = best_budgets(result.table)
                 out.append(
                     BudgetSection(
@@ -186,7 +176,6 @@ def sections(
                         best=best,
                         gains=gpu_gains(best),
                         profile=profile,
-                        donor=None if donor is None else donor.label,
                     )
                 )
     return out
@@ -221,54 +210,6 @@ def _shown_distributions(machine, wanted: list[str]) -> list[tuple[str, str | No
     return out
 
 
-def _step_terms(machines, machine, published_answer: str | None) -> tuple:
-    """The step rows ``machine``'s round is modelled on: its own where it measured the verify attention,
-    else a donor's (``_donor``) without its whole rounds; ``(step, donor or None, the note that says
-    so)``."""
-    if _measured_verify(machine.step):
-        return machine.step, None, ""
-    donor = _donor(machines, machine, published_answer)
-    if donor is None:
-        return machine.step, None, ""
-    label = machine.label
-    note = (
-        f"Verify attention, tree accept and the rest of the round's terms measured on "
-        f"{donor.label} ({donor.source}): {label} has no step stages "
-        f"({no_step_reason(machine)}); "
-        f"tree builds and tau are {label}'s, and every round is the sum of its terms (a "
-        f"round run whole on {donor.label} holds {donor.label}'s build)."
-    )
-    return borrowed_step(donor.step), donor, note
-
-
-def _donor(machines, machine, published_answer: str | None):
-    """The machine whose step terms ``machine`` borrows: ``published_answer``'s where it measured them, else
-    the first other one (in the order given) that did; None where none did."""
-    others = [m for m in machines if m is not machine and _measured_verify(m.step)]
-    named = named_machine(others, published_answer)
-    return named or (others[0] if others else None)
-
-
-#: The step stages whose rows hold a machine's own tree build (whole rounds): never borrowed.
-OWN_BUILD_STAGES = ("round", "stack")
-
-
-def borrowed_step(step: pd.DataFrame) -> pd.DataFrame:
-    """Another machine's step rows as a machine without step stages borrows them: every term of the round
-    but its whole rounds (``OWN_BUILD_STAGES``), which hold that machine's own builds."""
-    if step is None or step.empty or "stage" not in step:
-        return step
-    return step[~step["stage"].isin(OWN_BUILD_STAGES)]
-
-
-def _round_prefix(step: pd.DataFrame) -> int | None:
-    """The largest S at which ``step`` holds whole rounds run (the S its own model takes), or None."""
-    if step is None or step.empty or not {"stage", "status", "prefix"} <= set(step.columns):
-        return None
-    rows = step[step["stage"].isin(OWN_BUILD_STAGES[:1]) & (step["status"] == "ok")]["prefix"].dropna()
-    return int(rows.max()) if len(rows) else None
-
-
 def no_step_reason(machine) -> str:
     """Why a machine has no measured step stages, as its rows or files say (never a guess)."""
     step = machine.step
@@ -291,11 +232,45 @@ def _profiles(machine, profiles, index: int) -> list[str]:
     return recorded or [catalog.PAPER_PROFILE]
 
 
-def _measured_verify(step: pd.DataFrame) -> bool:
-    """Whether a step summary holds measured verify attention (rows saying why it did not run: no)."""
+def has_step_stages(machine) -> bool:
+    """Whether a machine measured the step stages its round is modelled on: verify attention or the forward
+    (rows saying why they did not run: no). Without them it has no modelled tokens/s."""
+    step = machine.step
     if step is None or step.empty or not {"stage", "status"} <= set(step.columns):
         return False
     return bool((step["stage"].isin(["verify-attention", "forward"]) & (step["status"] == "ok")).any())
+
+
+def no_model_note(machines, found: list[BudgetSection]) -> str:
+    """One note on the machines without measured step stages (``has_step_stages``): each has no modelled
+    tokens/s of its own, and why; the sections of ``found`` are the other machines' own. "" where every
+    machine measured them."""
+    by_reason: dict[str, list[str]] = {}
+    for machine in machines:
+        if not has_step_stages(machine):
+            by_reason.setdefault(no_step_reason(machine), []).append(f"{machine.label} ({machine.source})")
+    if not by_reason:
+        return ""
+    lines = []
+    for reason, names in by_reason.items():
+        if len(names) == 1:
+            subject, has, its = names[0], "has", "it has"
+        else:
+            subject, has, its = f"{', '.join(names[:-1])} and {names[-1]}", "have", "they have"
+        own = "its own" if len(names) == 1 else "their own"
+        lines.append(
+            f"{subject} {has} no GPU step stages ({reason}), so {its} no modelled K2.6 tokens/s of {own}."
+        )
+    shown = list(dict.fromkeys(s.machine for s in found))
+    names = [f"{m.label} ({m.source})" for m in machines if m.label in shown]
+    if names:
+        lines.append(
+            "The sections below model only the machines that measured them, each on its own rows: "
+            f"{', '.join(names)}."
+        )
+    else:
+        lines.append("No machine here measured them: the step stages run on a CUDA GPU (step.enabled: true).")
+    return " ".join(lines)
 
 
 def _first_depth(machine) -> int | None:
@@ -483,6 +458,10 @@ def budget_targets(found: list[BudgetSection], machines) -> list[tuple[str, str,
         label = machine.label
         mine = [s for s in found if s.machine == label]
         named = [s for s in mine if not s.best.empty]
+        if not has_step_stages(machine):
+            why = f"no modelled tokens/s: no GPU step stages ({no_step_reason(machine)})"
+            results.append((label, TARGET, TARGET_SOURCE, "no data", why))
+            continue
         if not named:
             why = "; ".join(f"{s.distribution}: {s.missing}" for s in mine if s.missing) or "no data"
             results.append((label, TARGET, TARGET_SOURCE, "no data", why))
@@ -710,14 +689,17 @@ def figure_round_parts_for_report(inputs, path) -> str:
 # ----------------------------------------------------------------------------------------------- the section
 
 
-def report_section(found: list[BudgetSection], options) -> Section:
-    """The section: the model, its assumptions, and per (machine, distribution) where each term comes from,
-    the best budget per builder, the GPU builder's gain and every modelled budget."""
+def report_section(found: list[BudgetSection], machines, options) -> Section:
+    """The section: the model, its assumptions, the note on the machines without step stages
+    (``no_model_note``), and per (machine, distribution) where each term comes from, the best budget per
+    builder, the GPU builder's gain and every modelled budget."""
+    note = no_model_note(machines, found)
     out = Section(TITLE).add(
         Text(INTRO),
         Text(model_line(options)),
         Text("**The model's assumptions:**"),
         Bullets(list(ASSUMPTIONS), ordered=True),
+        Text(note, "em") if note else None,
     )
     for section in found:
         part = Section(section.heading())
