@@ -177,3 +177,15 @@ def test_the_build_probes_show_what_the_part_pays_over_the_in_situ_path():
 
     section = stacks.report_section([_machine("h100", pd.concat([rows, pd.DataFrame(probes)]))], [])
     assert "sglang-fa3's build part, three ways" in "\n".join(_md_section(section, 2, None))
+
+
+def test_two_rounds_are_apart_beyond_both_widths_plus_the_spread_once():
+    def round_(tokens, p10, p90):
+        return {"tokens_per_s": tokens, "round_s": 1.0, "p10_s": p10, "p90_s": p90}
+
+    # 5% apart, no width: beyond a 4% spread, not beyond 6%
+    assert stacks.apart(round_(105.0, 1.0, 1.0), round_(100.0, 1.0, 1.0), 0.04)
+    assert not stacks.apart(round_(105.0, 1.0, 1.0), round_(100.0, 1.0, 1.0), 0.06)
+    # each round's own p10-p90 (1% and 2% of its median) adds to the spread
+    assert not stacks.apart(round_(105.0, 0.995, 1.005), round_(100.0, 0.99, 1.01), 0.025)
+    assert stacks.apart(round_(105.0, 0.995, 1.005), round_(100.0, 0.99, 1.01), 0.015)
