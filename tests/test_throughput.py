@@ -835,3 +835,17 @@ def test_the_moe_beside_a_measured_forward_is_the_forwards_own_kernel():
     assert costs.loc[8, "moe_impl"] == "triton-w4a16" and costs.loc[8, "moe_s"] == pytest.approx(33e-3)
     # without a forward the preferred MoE kernel (Marlin, as SGLang serves K2.6 on Hopper) stays
     assert costs.loc[64, "moe_impl"] == "marlin-w4a16" and costs.loc[64, "moe_s"] == pytest.approx(8e-3)
+
+
+def test_which_budget_names_a_forward_other_than_the_stack_rounds():
+    from ddtree_bench.report.load import Machine  # noqa: PLC0415
+    from ddtree_bench.report.throughput import forward_line  # noqa: PLC0415
+
+    def machine(impls):
+        step = pd.DataFrame({"stage": "forward", "status": "ok", "impl": impls})
+        return Machine("m", "published", pd.DataFrame(), pd.DataFrame(), {}, step)
+
+    line = forward_line(machine(["triton-w4a16"]))
+    assert "triton-w4a16 MoE kernel" in line and "marlin-w4a16" in line
+    assert forward_line(machine(["marlin-w4a16"])) is None  # the same forward as the stack rounds
+    assert forward_line(None) is None

@@ -335,6 +335,8 @@ ATTENTION_IMPLS = (
 
 #: The routed experts' kernels (``k26.moe``), preferred first: SGLang's Marlin and Triton W4A16, BF16.
 MOE_IMPLS = ("marlin-w4a16", "triton-w4a16", "bf16-grouped-mm")
+#: The MoE kernel SGLang runs K2.6's INT4 experts with on Hopper: the published stack rounds' forward.
+SGLANG_MOE = MOE_IMPLS[0]
 
 
 # ----------------------------------------------------------------------------------------- round stacks

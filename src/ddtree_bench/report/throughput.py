@@ -701,11 +701,15 @@ def report_section(found: list[BudgetSection], machines, options) -> Section:
         Bullets(list(ASSUMPTIONS), ordered=True),
         Text(note, "em") if note else None,
     )
+    by_label = {m.label: m for m in machines or ()}
     for section in found:
         part = Section(section.heading())
         out.add(part)
         if section.note and section.result is not None:
             part.add(Text(section.note, "em"))
+        forward = forward_line(by_label.get(section.machine))
+        if forward and section.result is not None:
+            part.add(Text(forward, "em"))
         if section.missing:
             part.add(Text(f"no data: {section.missing}", "em"))
             continue
@@ -727,6 +731,25 @@ def report_section(found: list[BudgetSection], machines, options) -> Section:
             Table(detail_table(section), collapsed=True),
         )
     return out
+
+
+def forward_line(machine) -> str | None:
+    """Which MoE kernel the machine's measured target forward ran, where it is not the stack rounds' (SGLang's
+    Marlin W4A16): the two sections' absolute tokens/s then differ by the forward (None where they agree or
+    no forward was measured)."""
+    step = None if machine is None else machine.step
+    if step is None or step.empty or not {"stage", "status", "impl"} <= set(step.columns):
+        return None
+    impls = sorted(set(step.loc[(step["stage"] == "forward") & (step["status"] == "ok"), "impl"].dropna()))
+    stacks_forward = catalog.SGLANG_MOE
+    if not impls or impls == [stacks_forward]:
+        return None
+    return (
+        f"The target's forward in these rounds is {machine.label}'s measured forward with the "
+        f"{', '.join(impls)} MoE kernel; the stack rounds of the first section run SGLang's {stacks_forward} "
+        "(what SGLang runs on Hopper), so their absolute tokens/s differ from these by the forward. The "
+        "budgets each section picks are its own."
+    )
 
 
 # ----------------------------------------------------------------------------------------------- profiles
