@@ -963,3 +963,30 @@ def test_this_machines_cpu_builders_against_reference_where_sglang_did_not_run(t
     assert list(table.columns) == ["B", "N", "reference (ours, Python)", "native (C++, 1 thread)"]
     assert len(table) == 4 and all("(50.0x" in cell for cell in table["native (C++, 1 thread)"])
     assert found["low"] == pytest.approx(50.0) and found["high"] == pytest.approx(50.0)
+
+
+def test_the_banner_names_whose_whole_rounds_the_first_section_holds(tmp_path):
+    """Beside the published h200 (the tree build's answer) and h100 (the current stack rounds), a machine
+    without GPU rows is told that the first section's rounds are h100's, measured on its GPU."""
+    from ddtree_bench.report import answer as answer_module  # noqa: PLC0415
+    from ddtree_bench.report import throughput as throughput_report  # noqa: PLC0415
+    from ddtree_bench.report.compose import banner, step_settings  # noqa: PLC0415
+
+    ours = write_machine(tmp_path / "results" / "laptop", "laptop")
+    machines = load_machines(
+        ours, published=[PUBLISHED_H200 / "summary.parquet", PUBLISHED_H100 / "summary.parquet"]
+    )
+    settings = {m.label: step_settings(m, 61) for m in machines}
+    found = throughput_report.sections(machines, settings, None)
+    out = answer_module.answer(machines, {}, settings, found, published_answer="h200")
+    line = banner(machines, out)
+    assert "the published h200's: measured on NVIDIA H200" in line
+    assert (
+        "the first section's whole rounds" in line and "the published h100's, measured on NVIDIA H100" in line
+    )
+    # without the h100 folder the stack rounds are h200's own: nothing more to say
+    alone = load_machines(ours, published=[PUBLISHED_H200 / "summary.parquet"])
+    settings = {m.label: step_settings(m, 61) for m in alone}
+    found = throughput_report.sections(alone, settings, None)
+    out = answer_module.answer(alone, {}, settings, found, published_answer="h200")
+    assert "first section" not in banner(alone, out)

@@ -175,6 +175,13 @@ def banner(machines: list[Machine], answer) -> str | None:
         if source == "published"
         else f"{answer.machine}'s ({source} results)"
     )
+    stacked = stacks_report.machine_with_stacks(machines)
+    if stacked is not None and stacked is not here and stacked.label != answer.machine:
+        stack_gpu = (stacked.environment or {}).get("gpu_name") or "that machine"
+        whose += (
+            f"; the first section's whole rounds (what the three kernels are worth, tree or chain) are the "
+            f"{stacked.source} {stacked.label}'s, measured on {stack_gpu}"
+        )
     return (
         f"This machine ({here.label}) has {why}, so the answers below are {whose}. What {here.label} "
         f'measured itself is in "{ADDS_TITLE}", the figures and the detail tables.'
