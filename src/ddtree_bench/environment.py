@@ -66,46 +66,38 @@ def cpu_count() -> int:
         return os.cpu_count() or 1
 
 
+def _nvidia_smi(query: str, fmt: str) -> str | None:
+    """The first line ``nvidia-smi --query-gpu=QUERY --format=FMT`` prints (the first GPU's), stripped; None
+    where there is no ``nvidia-smi``, it fails or prints nothing."""
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return None
+    try:
+        result = subprocess.run(
+            [smi, f"--query-gpu={query}", f"--format={fmt}"], capture_output=True, text=True, timeout=20
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    lines = [line.strip() for line in result.stdout.splitlines() if line.strip()]
+    return lines[0] if result.returncode == 0 and lines else None
+
+
 @functools.lru_cache(maxsize=1)
 def gpu_info() -> tuple[str | None, str | None]:
     """``(gpu name, driver version)`` of the first GPU ``nvidia-smi`` lists, or ``(None, None)``."""
-    smi = shutil.which("nvidia-smi")
-    if smi is None:
+    line = _nvidia_smi("name,driver_version", "csv,noheader")
+    if line is None:
         return None, None
-    try:
-        result = subprocess.run(
-            [smi, "--query-gpu=name,driver_version", "--format=csv,noheader"],
-            capture_output=True,
-            text=True,
-            timeout=20,
-        )
-    except (OSError, subprocess.SubprocessError):
-        return None, None
-    lines = [line for line in result.stdout.splitlines() if line.strip()]
-    if result.returncode != 0 or not lines:
-        return None, None
-    name, _, driver = lines[0].partition(",")
+    name, _, driver = line.partition(",")
     return name.strip() or None, driver.strip() or None
 
 
 @functools.lru_cache(maxsize=1)
 def gpu_memory_bytes() -> int | None:
     """The first GPU's memory in bytes as ``nvidia-smi`` lists it (None: no GPU, or it does not say)."""
-    smi = shutil.which("nvidia-smi")
-    if smi is None:
-        return None
+    line = _nvidia_smi("memory.total", "csv,noheader,nounits")
     try:
-        result = subprocess.run(
-            [smi, "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
-            capture_output=True,
-            text=True,
-            timeout=20,
-        )
-    except (OSError, subprocess.SubprocessError):
-        return None
-    lines = [line.strip() for line in result.stdout.splitlines() if line.strip()]
-    try:
-        mib = float(lines[0]) if result.returncode == 0 and lines else None
+        mib = float(line) if line is not None else None
     except ValueError:
         return None
     return int(mib * (1 << 20)) if mib and mib > 0 else None
