@@ -41,6 +41,9 @@ from ddtree_bench.report.step import (
     STEP_TARGETS,
     TARGET_BATCH1_STREAM,
     TARGET_COMPUTE_700,
+    TARGET_LIMIT_B1,
+    TARGET_LIMIT_B8,
+    TARGET_LIMIT_B64,
     TARGET_STREAM_85,
     TARGET_VS_FLASHMLA,
     TARGET_VS_SGLANG,
@@ -419,6 +422,42 @@ def test_the_batch1_target_is_the_read_streams_share_up_to_budget_64():
     assert met[0] == "met" and "min 60.0%" in met[1] and "over 2 configurations" in met[1]
     short = target_status(batch1_step(0.3))[TARGET_BATCH1_STREAM]
     assert short[0] == "not met" and "min 30.0%" in short[1] and "20.0% short" in short[1]
+
+
+def limit_step(*, stream_slow: float, flash_slow: float, tflops: float):
+    """The memory-limit goals' shapes (batch 1 at S = 32768, batch 8 at both prefixes, N = 8-32; batch 64 at
+    N = 16, S = 4096), with the read stream (batch 1) and FlashMLA (batch 8) taking ``*_slow`` times ours'
+    time, and shapes each goal leaves out: N = 64, and batch 1 at S = 4096."""
+    rows = peak_rows()
+    common = dict(tbps=1.0, tflops=tflops)
+    for budget in (8, 16, 32, 64):
+        for prefix in (4096, 32768):
+            rows += [dict(r, mask=TREE_MASK) for r in attention_rows("ours", budget, 1, prefix, **common)]
+            slow = stream_slow if prefix == 32768 and budget <= 32 else 0.01
+            rows += attention_rows("read-stream", budget, 1, prefix, slow=slow, **common)
+            rows += [dict(r, mask=TREE_MASK) for r in attention_rows("ours", budget, 8, prefix, **common)]
+            slow = flash_slow if budget <= 32 else 0.1
+            rows += [
+                dict(r, mask=CAUSAL_MASK)
+                for r in attention_rows(FLASHMLA, budget, 8, prefix, slow=slow, **common)
+            ]
+    rows += [dict(r, mask=TREE_MASK) for r in attention_rows("ours", 16, 64, 4096, **common)]
+    rows += [dict(r, mask=TREE_MASK) for r in attention_rows("ours", 8, 64, 4096, tbps=1.0, tflops=1.0)]
+    return summarize_steps(stage_frame(rows))
+
+
+def test_the_memory_limit_goals_read_their_own_shapes():
+    met = target_status(limit_step(stream_slow=0.6, flash_slow=1.2, tflops=650.0))
+    assert met[TARGET_LIMIT_B1][0] == "met" and "min 60.0%" in met[TARGET_LIMIT_B1][1]
+    assert "over 3 configurations" in met[TARGET_LIMIT_B1][1]  # N = 8, 16, 32 at S = 32768 only
+    assert met[TARGET_LIMIT_B8][0] == "met" and "min 1.20x" in met[TARGET_LIMIT_B8][1]
+    assert "over 6 configurations" in met[TARGET_LIMIT_B8][1]  # N = 64's 0.1x is not one of them
+    assert met[TARGET_LIMIT_B64][0] == "met" and "min 650 TFLOP/s" in met[TARGET_LIMIT_B64][1]
+    assert "over 1 configurations" in met[TARGET_LIMIT_B64][1]  # N = 8's 1 TFLOP/s is not it
+    short = target_status(limit_step(stream_slow=0.25, flash_slow=1.05, tflops=450.0))
+    assert short[TARGET_LIMIT_B1][0] == "not met" and "25.0% short" in short[TARGET_LIMIT_B1][1]
+    assert short[TARGET_LIMIT_B8][0] == "not met" and "0.10x short" in short[TARGET_LIMIT_B8][1]
+    assert short[TARGET_LIMIT_B64][0] == "not met" and "150 TFLOP/s short" in short[TARGET_LIMIT_B64][1]
 
 
 def test_attention_table_has_sglangs_fa3_beside_ours():

@@ -32,6 +32,7 @@ from ddtree_bench.cuda.loader import gpu_unavailable_reason
 from ddtree_bench.report import FIGURE_NAMES, ReportFiles, evaluate_targets, load_machines, render_report
 from ddtree_bench.report.step import (
     PEER_TARGETS,
+    STEP_TARGETS,
     TARGET_ACCEPT,
     TARGET_STREAM_85,
     accept_table,
@@ -278,7 +279,7 @@ def test_step_targets_no_data():
     status = target_status(summarize_steps(synthetic_step(flex=False)))
     assert status[TARGET_ACCEPT][0] != "no data"
     empty = step_targets(pd.DataFrame(), missing="no step_summary.parquet")
-    assert [s for _, _, s, _ in empty] == ["no data"] * 6  # accept here, 5 against the peers
+    assert [s for _, _, s, _ in empty] == ["no data"] * 9  # accept here, 8 against the peers
     assert all(m == "no step_summary.parquet" for *_, m in empty)
     only_small = summarize_steps(stage_frame(attention_rows("ours", 8, 1, 4096, tbps=5, tflops=5)))
     # S = 32768, B >= 8 is where it applies
@@ -393,7 +394,7 @@ def test_report_renders_without_any_step_data(tmp_path):
     assert page.count("data:image/png;base64,") == len(FIGURE_NAMES)
     machines = load_machines(ours)
     step = [r for r in evaluate_targets(machines) if r.source in ("tree accept", "verify attention")]
-    assert len(step) == 6 and {r.status for r in step} == {"no data"}
+    assert len(step) == len(STEP_TARGETS) + len(PEER_TARGETS) and {r.status for r in step} == {"no data"}
 
 
 def test_report_with_unavailable_step_rows(tmp_path):

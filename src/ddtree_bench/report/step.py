@@ -77,12 +77,28 @@ TARGET_BATCH1_STREAM = (
     f"verify attention (ours) within {BATCH1_STREAM_FACTOR:g}x the read stream (same run) at batch 1, "
     f"S = {BATCH1_STREAM_PREFIX}, every budget <= {BATCH1_STREAM_MAX_BUDGET}"
 )
+# Verify attention at the memory limit, where the round spends it (its best budgets, 8 to 32): the call's
+# bytes against the read stream at batch 1, FlashMLA at batch 8, the tensor cores at batch 64
+LIMIT_BUDGETS = (8, 16, 32)
+LIMIT_B1_PREFIX, LIMIT_B8_FLASHMLA, LIMIT_B64_TFLOPS = 32768, 1.15, 600.0
+TARGET_LIMIT_B1 = (
+    f"verify attention (ours) within {BATCH1_STREAM_FACTOR:g}x the read stream (same run) at batch 1, "
+    f"S = {LIMIT_B1_PREFIX}, N = 8, 16 and 32"
+)
+TARGET_LIMIT_B8 = (
+    f"verify attention (ours, tree mask) >= {LIMIT_B8_FLASHMLA:g}x FlashMLA at batch 8, N = 8 to 32, "
+    "S = 4096 and 32768"
+)
+TARGET_LIMIT_B64 = f"verify attention (ours) >= {LIMIT_B64_TFLOPS:g} TFLOP/s at batch 64, N = 16, S = 4096"
 PEER_TARGETS = (
     TARGET_VS_FLASHMLA,
     TARGET_COMPUTE_700,
     TARGET_STREAM_85,
     TARGET_VS_SGLANG,
     TARGET_BATCH1_STREAM,
+    TARGET_LIMIT_B1,
+    TARGET_LIMIT_B8,
+    TARGET_LIMIT_B64,
 )
 
 
@@ -646,6 +662,44 @@ def peer_targets(step: pd.DataFrame) -> list[tuple[str, str, str, str]]:
             f"no shape at batch 1, S = {BATCH1_STREAM_PREFIX}, N <= {BATCH1_STREAM_MAX_BUDGET} with both "
             "ours and the read stream",
             note="the read stream's time / ours (50% is 2x the stream)",
+        ),
+        *_memory_limit_targets(attention, ours, stream),
+    ]
+
+
+def _memory_limit_targets(attention: pd.DataFrame, ours: pd.DataFrame, stream: pd.DataFrame) -> list:
+    """The goals at the memory limit (``TARGET_LIMIT_*``), each on the shapes it names that this run has."""
+    at_budgets = ours[ours["budget"].isin(LIMIT_BUDGETS)]
+    batch1 = at_budgets[(at_budgets["batch"] == 1) & (at_budgets["prefix"] == LIMIT_B1_PREFIX)]
+    batch8 = at_budgets[(at_budgets["batch"] == 8) & at_budgets["prefix"].isin((4096, 32768))]
+    batch64 = ours[(ours["batch"] == 64) & (ours["budget"] == 16) & (ours["prefix"] == 4096)]
+    batch64 = batch64[batch64["median_tflops"].notna()]
+    return [
+        _minimum(
+            TARGET_LIMIT_B1,
+            _stream_share(batch1, stream),
+            "share",
+            100.0 / BATCH1_STREAM_FACTOR,
+            _percent,
+            f"no shape at batch 1, S = {LIMIT_B1_PREFIX}, N = 8-32 with both ours and the read stream",
+            note="the read stream's time / ours (50% is 2x the stream)",
+        ),
+        _minimum(
+            TARGET_LIMIT_B8,
+            _pairs_with(attention, batch8, catalog.FLASHMLA),
+            "ratio",
+            LIMIT_B8_FLASHMLA,
+            _times,
+            "no shape at batch 8, N = 8-32 where both ours and FlashMLA ran in this run",
+            note="FlashMLA's time / ours",
+        ),
+        _minimum(
+            TARGET_LIMIT_B64,
+            batch64,
+            "median_tflops",
+            LIMIT_B64_TFLOPS,
+            lambda v: f"{v:,.0f} TFLOP/s",
+            "no timing of ours at batch 64, N = 16, S = 4096",
         ),
     ]
 
