@@ -22,20 +22,14 @@ from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
-from gpu_inputs import topk_inputs
+from gpu_inputs import probe_call, stream_read_call
 
-from ddtree_bench.builders import get_builder
 from ddtree_bench.cuda import loader as cuda
 from ddtree_bench.ops.attention import (
-    HEAD_DIM,
-    VALUE_DIM,
     PreparedAttention,
     VerifyAttention,
-    attention_bytes,
 )
-from ddtree_bench.stages.attention import STREAM_BLOCKS_PER_SM, STREAM_NEVER, STREAM_THREADS
 from ddtree_bench.timing.gpu import EventTimer
-from ddtree_bench.tree import packed_visibility
 
 KERNELS = Path(__file__).resolve().parent.parent / "kernels" / "verify_attn"
 WIDE = "verify_attn_wgmma72.cuh"
@@ -96,7 +90,7 @@ def main(argv: list[str]) -> None:
 
     cases = argv or ["8x8x32768", "64x8x32768", "1x8x32768:16", "8x8x32768:8", "8x64x32768"]
     util = cp.RawModule(path=str(cuda.cached_fatbin(cuda.BENCH_UTIL_SOURCE)))
-    spin, stream_read = util.get_function("ddtree_spin_kernel"), util.get_function("ddtree_stream_read")
+    spin = util.get_function("ddtree_spin_kernel")
     sm_count = cp.cuda.runtime.getDeviceProperties(0)["multiProcessorCount"]
     timer = EventTimer(cp.cuda.get_current_stream(), spin)
 
@@ -110,27 +104,9 @@ def main(argv: list[str]) -> None:
         for case in cases:
             shape, _, forced = case.partition(":")
             batch, budget, prefix = (int(x) for x in shape.split("x"))
-            logits, ids = topk_inputs("peaked", batch, 16, budget, seed=1)
-            trees = get_builder("native").build(logits, ids, budget)
-            bits_host = packed_visibility(trees.visibility)
-            bits = torch.as_tensor(bits_host.view(np.int32), device="cuda")
+            q, kv, lengths, bits, out, nbytes = probe_call(batch, budget, prefix, HEADS)
             tokens = budget + 1
-            gen = torch.Generator(device="cuda").manual_seed(0)
-            q = torch.randn((batch, tokens, HEADS, HEAD_DIM), generator=gen, device="cuda").to(torch.bfloat16)
-            kv = torch.randn((batch, prefix + tokens, HEAD_DIM), generator=gen, device="cuda")
-            kv = kv.to(torch.bfloat16)
-            lengths = np.full(batch, prefix)
-            nbytes = attention_bytes(lengths, tokens, HEADS, bits_host.shape[-1])
-            out = torch.empty((batch, tokens, HEADS, VALUE_DIM), device="cuda", dtype=torch.bfloat16)
-            words = -(-int(nbytes) // 16)
-            buffer, sink = cp.ones(words * 4, cp.uint32), cp.zeros(1, cp.uint32)
-            t_stream = median_us(
-                lambda buffer=buffer, sink=sink, words=words: stream_read(
-                    (STREAM_BLOCKS_PER_SM * sm_count,),
-                    (STREAM_THREADS,),
-                    (buffer, np.int64(words), np.uint32(STREAM_NEVER), sink),
-                )
-            )
+            t_stream = median_us(stream_read_call(util, sm_count, nbytes))
             line = f"B={batch} N={budget} S={prefix}"
             for name, att in attention.items():
                 prepared = att.prepare(q, kv, lengths, bits, out)
@@ -158,7 +134,7 @@ def main(argv: list[str]) -> None:
                 t = median_us(prepared.launch)
                 line += f" | {name} {t:.1f} us ({nbytes / t / 1e6:.2f} TB/s)"
             print(line, flush=True)
-            del q, kv, out, buffer
+            del q, kv, out
             torch.cuda.empty_cache()
 
 

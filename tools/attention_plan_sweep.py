@@ -23,22 +23,16 @@ import math
 from dataclasses import replace
 
 import numpy as np
-from gpu_inputs import topk_inputs
+from gpu_inputs import probe_call, stream_read_call
 
-from ddtree_bench.builders import get_builder
 from ddtree_bench.cuda import loader as cuda
 from ddtree_bench.ops.attention import (
-    HEAD_DIM,
-    VALUE_DIM,
     WIDE_ROWS_PER_BLOCK,
     AttentionPlan,
     PreparedAttention,
     VerifyAttention,
-    attention_bytes,
 )
-from ddtree_bench.stages.attention import STREAM_BLOCKS_PER_SM, STREAM_NEVER, STREAM_THREADS
 from ddtree_bench.timing.gpu import EventTimer
-from ddtree_bench.tree import packed_visibility
 
 HEADS = 8
 KEYS_PER_TILE = 64  # both Hopper kernels' key tiles
@@ -97,7 +91,7 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
 
     util = cp.RawModule(path=str(cuda.cached_fatbin(cuda.BENCH_UTIL_SOURCE)))
-    spin, stream_read = util.get_function("ddtree_spin_kernel"), util.get_function("ddtree_stream_read")
+    spin = util.get_function("ddtree_spin_kernel")
     sm_count = cp.cuda.runtime.getDeviceProperties(0)["multiProcessorCount"]
     timer = EventTimer(cp.cuda.get_current_stream(), spin)
 
@@ -113,26 +107,9 @@ def main(argv=None) -> None:
     records = []
     for shape in args.shapes:
         batch, budget, prefix = (int(x) for x in shape.split("x"))
-        logits, ids = topk_inputs("peaked", batch, 16, budget, seed=1)
-        trees = get_builder("native").build(logits, ids, budget)
-        bits_host = packed_visibility(trees.visibility)
-        bits = torch.as_tensor(bits_host.view(np.int32), device="cuda")
+        q, kv, lengths, bits, out, nbytes = probe_call(batch, budget, prefix, HEADS)
         tokens = budget + 1
-        gen = torch.Generator(device="cuda").manual_seed(0)
-        q = torch.randn((batch, tokens, HEADS, HEAD_DIM), generator=gen, device="cuda").to(torch.bfloat16)
-        kv = torch.randn((batch, prefix + tokens, HEAD_DIM), generator=gen, device="cuda").to(torch.bfloat16)
-        lengths = np.full(batch, prefix)
-        nbytes = attention_bytes(lengths, tokens, HEADS, bits_host.shape[-1])
-        words = -(-int(nbytes) // 16)
-        buffer, sink = cp.ones(words * 4, cp.uint32), cp.zeros(1, cp.uint32)
-        t_stream = median_us(
-            lambda buffer=buffer, sink=sink, words=words: stream_read(
-                (STREAM_BLOCKS_PER_SM * sm_count,),
-                (STREAM_THREADS,),
-                (buffer, np.int64(words), np.uint32(STREAM_NEVER), sink),
-            )
-        )
-        out = torch.empty((batch, tokens, HEADS, VALUE_DIM), device="cuda", dtype=torch.bfloat16)
+        t_stream = median_us(stream_read_call(util, sm_count, nbytes))
         prepared = attention.prepare(q, kv, lengths, bits, out)
         plan = prepared.plan
         t_plan = median_us(prepared.launch)
@@ -173,7 +150,7 @@ def main(argv=None) -> None:
         records.append(
             dict(shape=shape, grid=f"plan: {describe(plan)}", us=t_plan, max_abs_vs_plan=0.0, plan=True)
         )
-        del q, kv, out, buffer, prepared
+        del q, kv, out, prepared
         torch.cuda.empty_cache()
     if args.json:
         with open(args.json, "w") as f:

@@ -101,3 +101,39 @@ def random_case(trees, heads, prefix, seed=0, pad=7):
         kv[b, int(prefix[b]) + q1 :] = float("nan")
     out = torch.full((batch, q1, heads, VALUE_DIM), float("nan"), device="cuda", dtype=torch.bfloat16)
     return q, kv, out
+
+
+def probe_call(batch: int, budget: int, prefix: int, heads: int = 8):
+    """One verify-attention call for the probes in tools/: peaked trees of depth 16 (the native builder),
+    every request at ``prefix``; ``(q, kv, lengths, bits, out, nbytes)`` with q, kv and out bf16 torch
+    tensors on the GPU, the packed mask bits as int32 and ``nbytes`` the call's bytes."""
+    import torch  # noqa: PLC0415
+
+    from ddtree_bench.builders import get_builder  # noqa: PLC0415
+    from ddtree_bench.ops.attention import HEAD_DIM, VALUE_DIM, attention_bytes  # noqa: PLC0415
+    from ddtree_bench.tree import packed_visibility  # noqa: PLC0415
+
+    logits, ids = topk_inputs("peaked", batch, 16, budget, seed=1)
+    bits_host = packed_visibility(get_builder("native").build(logits, ids, budget).visibility)
+    bits = torch.as_tensor(bits_host.view(np.int32), device="cuda")
+    tokens = budget + 1
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    q = torch.randn((batch, tokens, heads, HEAD_DIM), generator=gen, device="cuda").to(torch.bfloat16)
+    kv = torch.randn((batch, prefix + tokens, HEAD_DIM), generator=gen, device="cuda").to(torch.bfloat16)
+    lengths = np.full(batch, prefix)
+    out = torch.empty((batch, tokens, heads, VALUE_DIM), device="cuda", dtype=torch.bfloat16)
+    return q, kv, lengths, bits, out, attention_bytes(lengths, tokens, heads, bits_host.shape[-1])
+
+
+def stream_read_call(util, sm_count: int, nbytes: int):
+    """A callable that launches the read stream of ``nbytes`` (``ddtree_stream_read`` of the loaded
+    bench_util module ``util``, the attention stage's grid) on the current stream."""
+    import cupy as cp  # noqa: PLC0415
+
+    from ddtree_bench.stages.attention import STREAM_BLOCKS_PER_SM, STREAM_NEVER, STREAM_THREADS  # noqa: PLC0415
+
+    kernel = util.get_function("ddtree_stream_read")
+    words = -(-int(nbytes) // 16)
+    buffer, sink = cp.ones(words * 4, cp.uint32), cp.zeros(1, cp.uint32)
+    args = (buffer, np.int64(words), np.uint32(STREAM_NEVER), sink)
+    return lambda: kernel((STREAM_BLOCKS_PER_SM * sm_count,), (STREAM_THREADS,), args)
