@@ -1,10 +1,13 @@
-"""tools/: the attention ablation's patches still apply to the kernel they patch (CPU only)."""
+"""tools/ on the CPU: the attention ablation's patches still apply to the kernel they patch, the plan sweep's
+grids are ones the kernels run, and the step-run tools."""
 
 import importlib.util
 from pathlib import Path
 
 import pandas as pd
 import pytest
+
+from ddtree_bench.ops.attention import WIDE_OVERHEAD_TILES, AttentionShape, plan_attention
 
 TOOL = Path(__file__).resolve().parent.parent / "tools" / "attention_ablation.py"
 
@@ -45,6 +48,29 @@ def _tool(name: str):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+@pytest.mark.parametrize(
+    ("rows", "tiles", "batch"), [(72, 514, 1), (136, 514, 1), (264, 66, 8), (136, 66, 64)]
+)
+def test_the_plan_sweep_tries_only_grids_the_kernels_run(rows, tiles, batch):
+    sweep, sms = _tool("attention_plan_sweep"), 132
+    grids = sweep.candidates(rows, tiles, batch, sms, wide=True)
+    assert len(set(grids)) == len(grids)
+    for plan in grids:
+        blocks = plan.row_tiles * plan.splits * batch
+        assert plan.row_tiles == -(-rows // plan.rows_per_block) and blocks <= 2 * sms  # two waves at most
+        assert plan.splits * plan.tiles_per_split >= tiles > (plan.splits - 1) * plan.tiles_per_split
+        assert not plan.merged_in_kernel or blocks <= sms  # the merge waits for every split: all resident
+        assert plan.cluster == 1 or (plan.rows_per_block == 72 and plan.splits % 2 == 0)
+    assert {p.rows_per_block for p in grids} == {64, 72}
+    assert {p.rows_per_block for p in sweep.candidates(rows, tiles, batch, sms, wide=False)} == {64}
+    shape = AttentionShape(batch=batch, tokens=rows // 8, heads=8, kv_rows=tiles * 64, mask_words=1)
+    for rows_per_block, overhead in ((64, 8), (72, WIDE_OVERHEAD_TILES)):  # the plan's own grids among them
+        plan = plan_attention(shape, tiles * 64, sms, 64, overhead, rows_per_block)
+        grids = sweep.candidates(rows, tiles, batch, sms, wide=True, include=(plan.splits,))
+        tried = {(p.rows_per_block, p.splits, p.tiles_per_split) for p in grids}
+        assert (rows_per_block, plan.splits, plan.tiles_per_split) in tried
 
 
 def test_a_later_runs_step_rows_replace_the_same_configurations_and_keep_the_peaks(tmp_path):

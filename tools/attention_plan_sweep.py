@@ -56,20 +56,24 @@ def describe(plan: AttentionPlan) -> str:
     return text
 
 
-def candidates(rows: int, tiles: int, batch: int, sm_count: int, wide: bool) -> list[AttentionPlan]:
+def candidates(
+    rows: int, tiles: int, batch: int, sm_count: int, wide: bool, include: tuple[int, ...] = ()
+) -> list[AttentionPlan]:
     """The grids of at most two waves of blocks, no split empty, for both tile heights: every split count up
-    to 16, then about 12 % apart."""
-    counts = set(range(1, 17))
+    to 16, then about 12 % apart, and the counts in ``include`` (the plan's)."""
+    counts = set(range(1, 17)) | set(include)
     while max(counts) < tiles:
         counts.add(math.ceil(max(counts) * 1.12))
     plans = []
     for rows_per_block in (64, WIDE_ROWS_PER_BLOCK) if wide else (64,):
         row_tiles = -(-rows // rows_per_block)
+        seen = set()
         for wanted in sorted(c for c in counts if c <= tiles):
             per = -(-tiles // wanted)
-            splits = -(-tiles // per)
-            if splits != wanted or row_tiles * splits * batch > 2 * sm_count:
+            splits = -(-tiles // per)  # no empty split
+            if (splits, per) in seen or row_tiles * splits * batch > 2 * sm_count:
                 continue
+            seen.add((splits, per))
             base = AttentionPlan(row_tiles, splits, per, rows_per_block)
             plans.append(base)
             resident = row_tiles * splits * batch <= sm_count
@@ -116,7 +120,7 @@ def main(argv=None) -> None:
         expected = out.float().clone()
         tiles = math.ceil((prefix + tokens) / KEYS_PER_TILE)
         timed = []
-        for cand in candidates(tokens * HEADS, tiles, batch, sm_count, wide):
+        for cand in candidates(tokens * HEADS, tiles, batch, sm_count, wide, include=(plan.splits,)):
             try:
                 run = PreparedAttention(
                     kernels, prepared.shape, cand, prepared.views, prepared.prefix_lengths
