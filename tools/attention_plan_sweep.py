@@ -6,7 +6,7 @@ every other grid the kernels run: 64- and 72-row tiles, the split counts that ke
 blocks, the 72-row kernel's clusters of 2 splits and the merge in the kernel where every block is resident,
 on the same inputs (CUDA events queued behind a spin kernel, warm, medians). Each grid's output is checked
 against the plan's (within 2e-2; the plan's against float32 in tests/ops/test_attention.py). Results:
-docs/verify_attention.md, "The plan against every grid".
+docs/verify_attention.md, "At the memory limit".
 
     PYTHONPATH=src:tests/support python tools/attention_plan_sweep.py [--json OUT] [BxNxS ...]
 
