@@ -22,13 +22,14 @@ from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
-from gpu_inputs import probe_call, stream_read_call
+from gpu_inputs import probe_call
 
 from ddtree_bench.cuda import loader as cuda
 from ddtree_bench.ops.attention import (
     PreparedAttention,
     VerifyAttention,
 )
+from ddtree_bench.stages.attention import stream_read_launcher
 from ddtree_bench.timing.gpu import EventTimer
 
 KERNELS = Path(__file__).resolve().parent.parent / "kernels" / "verify_attn"
@@ -90,7 +91,7 @@ def main(argv: list[str]) -> None:
 
     cases = argv or ["8x8x32768", "64x8x32768", "1x8x32768:16", "8x8x32768:8", "8x64x32768"]
     util = cp.RawModule(path=str(cuda.cached_fatbin(cuda.BENCH_UTIL_SOURCE)))
-    spin = util.get_function("ddtree_spin_kernel")
+    spin, stream_read = util.get_function("ddtree_spin_kernel"), util.get_function("ddtree_stream_read")
     sm_count = cp.cuda.runtime.getDeviceProperties(0)["multiProcessorCount"]
     timer = EventTimer(cp.cuda.get_current_stream(), spin)
 
@@ -106,7 +107,7 @@ def main(argv: list[str]) -> None:
             batch, budget, prefix = (int(x) for x in shape.split("x"))
             q, kv, lengths, bits, out, nbytes = probe_call(batch, budget, prefix, HEADS)
             tokens = budget + 1
-            t_stream = median_us(stream_read_call(util, sm_count, nbytes))
+            t_stream = median_us(stream_read_launcher(stream_read, sm_count, nbytes)[0])
             line = f"B={batch} N={budget} S={prefix}"
             for name, att in attention.items():
                 prepared = att.prepare(q, kv, lengths, bits, out)

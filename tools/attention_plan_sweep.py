@@ -23,7 +23,7 @@ import math
 from dataclasses import replace
 
 import numpy as np
-from gpu_inputs import probe_call, stream_read_call
+from gpu_inputs import probe_call
 
 from ddtree_bench.cuda import loader as cuda
 from ddtree_bench.ops.attention import (
@@ -32,10 +32,10 @@ from ddtree_bench.ops.attention import (
     PreparedAttention,
     VerifyAttention,
 )
+from ddtree_bench.stages.attention import stream_read_launcher
 from ddtree_bench.timing.gpu import EventTimer
 
 HEADS = 8
-KEYS_PER_TILE = 64  # both Hopper kernels' key tiles
 DEFAULT_SHAPES = (
     [f"1x{n}x32768" for n in (8, 16, 32)]
     + [f"8x{n}x{s}" for s in (4096, 32768) for n in (8, 16, 32)]
@@ -95,7 +95,7 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
 
     util = cp.RawModule(path=str(cuda.cached_fatbin(cuda.BENCH_UTIL_SOURCE)))
-    spin = util.get_function("ddtree_spin_kernel")
+    spin, stream_read = util.get_function("ddtree_spin_kernel"), util.get_function("ddtree_stream_read")
     sm_count = cp.cuda.runtime.getDeviceProperties(0)["multiProcessorCount"]
     timer = EventTimer(cp.cuda.get_current_stream(), spin)
 
@@ -113,12 +113,12 @@ def main(argv=None) -> None:
         batch, budget, prefix = (int(x) for x in shape.split("x"))
         q, kv, lengths, bits, out, nbytes = probe_call(batch, budget, prefix, HEADS)
         tokens = budget + 1
-        t_stream = median_us(stream_read_call(util, sm_count, nbytes))
+        t_stream = median_us(stream_read_launcher(stream_read, sm_count, nbytes)[0])
         prepared = attention.prepare(q, kv, lengths, bits, out)
         plan = prepared.plan
         t_plan = median_us(prepared.launch)
         expected = out.float().clone()
-        tiles = math.ceil((prefix + tokens) / KEYS_PER_TILE)
+        tiles = math.ceil((prefix + tokens) / kernels.keys_per_tile)
         timed = []
         for cand in candidates(tokens * HEADS, tiles, batch, sm_count, wide, include=(plan.splits,)):
             try:

@@ -123,17 +123,3 @@ def probe_call(batch: int, budget: int, prefix: int, heads: int = 8):
     lengths = np.full(batch, prefix)
     out = torch.empty((batch, tokens, heads, VALUE_DIM), device="cuda", dtype=torch.bfloat16)
     return q, kv, lengths, bits, out, attention_bytes(lengths, tokens, heads, bits_host.shape[-1])
-
-
-def stream_read_call(util, sm_count: int, nbytes: int):
-    """A callable that launches the read stream of ``nbytes`` (``ddtree_stream_read`` of the loaded
-    bench_util module ``util``, the attention stage's grid) on the current stream."""
-    import cupy as cp  # noqa: PLC0415
-
-    from ddtree_bench.stages.attention import STREAM_BLOCKS_PER_SM, STREAM_NEVER, STREAM_THREADS  # noqa: PLC0415
-
-    kernel = util.get_function("ddtree_stream_read")
-    words = -(-int(nbytes) // 16)
-    buffer, sink = cp.ones(words * 4, cp.uint32), cp.zeros(1, cp.uint32)
-    args = (buffer, np.int64(words), np.uint32(STREAM_NEVER), sink)
-    return lambda: kernel((STREAM_BLOCKS_PER_SM * sm_count,), (STREAM_THREADS,), args)

@@ -78,6 +78,7 @@ IMPLS = ATTENTION_IMPLS  # ours, ours-mma, the peers (ops.attention_peers), read
 # to 2.4 GB on the H200 (scratch probe, 2026-12-01)
 STREAM_THREADS, STREAM_BLOCKS_PER_SM = 1024, 2
 STREAM_NEVER = 0x9E3779B9  # the kernel stores its fold only if it equals this; a buffer of ones folds to 0
+
 # our kernel's paths: "ours" is what VerifyAttention picks (wgmma on sm_90a, else mma.sync); "ours-mma" forces
 # the mma.sync kernel, to set the two side by side on a Hopper GPU
 OUR_PATHS = {OURS: "auto", OURS_MMA: "mma"}
@@ -104,6 +105,23 @@ def _check_args(budget, batch, heads, prefix, impls):
             f"verify attention benchmark: impls must be a non-empty subset of {list(IMPLS)}, "
             f"got {list(impls)}"
         )
+
+
+def stream_read_launcher(kernel, sm_count: int, nbytes: int, stream=None):
+    """``(call, grid)``: ``call()`` launches ``ddtree_stream_read`` (``kernel``) once over a buffer of
+    ``nbytes`` (allocated here, on the current CuPy stream) on ``stream`` (None: the current one), ``grid``
+    blocks."""
+    import cupy as cp  # noqa: PLC0415
+
+    words = -(-int(nbytes) // 16)
+    buffer, sink = cp.ones(words * 4, cp.uint32), cp.zeros(1, cp.uint32)
+    grid = STREAM_BLOCKS_PER_SM * sm_count
+    args = (buffer, np.int64(words), np.uint32(STREAM_NEVER), sink)
+
+    def call():
+        kernel((grid,), (STREAM_THREADS,), args, stream=stream)
+
+    return call, grid
 
 
 def backend_name(prepared) -> str:
@@ -360,21 +378,10 @@ class _Session:
         return self.references[mask]
 
     def _stream_call(self):
-        cp, stream = self.cp, self.stream
-        words = -(-int(self.problem.work["bytes"]) // 16)
-        with stream:
-            buffer = cp.ones(words * 4, cp.uint32)
-            sink = cp.zeros(1, cp.uint32)
-        grid = STREAM_BLOCKS_PER_SM * self.sm_count
-
-        def call(buffer=buffer, sink=sink, grid=grid, words=words):
-            self.stream_read(
-                (grid,),
-                (STREAM_THREADS,),
-                (buffer, np.int64(words), np.uint32(STREAM_NEVER), sink),
-                stream=stream,
+        with self.stream:
+            call, grid = stream_read_launcher(
+                self.stream_read, self.sm_count, self.problem.work["bytes"], self.stream
             )
-
         call()
         return call, None, f"one read of the call's bytes, {grid} blocks x {STREAM_THREADS} threads"
 
