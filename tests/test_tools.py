@@ -73,6 +73,29 @@ def test_the_plan_sweep_tries_only_grids_the_kernels_run(rows, tiles, batch):
         assert (rows_per_block, plan.splits, plan.tiles_per_split) in tried
 
 
+@pytest.mark.parametrize(("tiles", "most"), [(513, 44), (65, 16), (513, 1), (9, 40)])
+def test_the_multicast_probe_tries_split_counts_of_one_wave_down_to_one(tiles, most):
+    tool = _tool_from_tools("attention_multicast")
+    counts = tool.split_counts(tiles, most)
+    assert counts[-1] == 1 and len(set(counts)) == len(counts)
+    assert counts == sorted(counts, reverse=True) and counts[0] <= most
+    for splits in counts:  # no split empty
+        per = -(-tiles // splits)
+        assert (splits - 1) * per < tiles <= splits * per
+
+
+def _tool_from_tools(name: str):
+    """A tool that imports another tool by name, as ``python tools/NAME.py`` lets it."""
+    import sys  # noqa: PLC0415
+
+    tools = str(Path(__file__).resolve().parent.parent / "tools")
+    sys.path.insert(0, tools)
+    try:
+        return _tool(name)
+    finally:
+        sys.path.remove(tools)
+
+
 def test_a_later_runs_step_rows_replace_the_same_configurations_and_keep_the_peaks(tmp_path):
     from ddtree_bench.summary.step import aggregate_steps, summarize_steps  # noqa: PLC0415
     from ddtree_bench.timing.records import stage_frame  # noqa: PLC0415

@@ -47,6 +47,8 @@ TOLERANCE = 2e-2
 def describe(plan: AttentionPlan) -> str:
     kind = "seesaw" if plan.seesaw else f"{plan.rows_per_block}-row"
     text = f"{kind}, {plan.row_tiles} x {plan.splits} splits of {plan.tiles_per_split} tiles"
+    if plan.row_cluster > 1:
+        text += f", key tiles multicast to the {plan.row_cluster} row tiles"
     if plan.cluster > 1:
         text += f", clusters of {plan.cluster}"
     if plan.merged_in_kernel:

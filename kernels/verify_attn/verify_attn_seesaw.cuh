@@ -37,8 +37,9 @@
 #define VS_OFF_K (VS_TILE_BYTES)                         // two key tiles
 #define VS_OFF_P0 (3 * VS_TILE_BYTES)                    // P0, 8 KB
 #define VS_OFF_ROWS (VS_OFF_P0 + VS_BLOCK_BYTES)         // m[64], scale0[64], scale1[64], l[2][64] floats
-#define VS_OFF_BARS (VS_OFF_ROWS + 5 * 64 * 4)           // mbarriers [2 buffers][9 blocks]
-#define VS_OFF_BLK (VS_OFF_BARS + 2 * VS_DIM_BLOCKS * 8)  // VsBlock: the block's scalars
+#define VS_OFF_BARS (VS_OFF_ROWS + 5 * 64 * 4)           // mbarriers [2 buffers][9 blocks]: block landed
+#define VS_EMPTY_DELTA (2 * VS_DIM_BLOCKS * 8)            // + this: [2][9] block released by every CTA (clusters)
+#define VS_OFF_BLK (VS_OFF_BARS + 2 * VS_EMPTY_DELTA)      // VsBlock: the block's scalars
 #define VS_OFF_TREE (VS_OFF_BLK + 128)                    // the kept tree tiles' indices, 64 bytes
 #define VS_SMEM_BYTES (VS_OFF_TREE + 64)
 #define VS_M_INIT (-1e30f)
@@ -54,8 +55,15 @@
 #define VS_BAR_WG 5      // + warpgroup: its own threads (zeroed key rows)
 
 #if VW_ENABLED
-__device__ __forceinline__ void vs_mbar_init(unsigned bar) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(bar) : "memory");
+__device__ __forceinline__ void vs_mbar_init(unsigned bar, unsigned count = 1) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+// the same wait, acquiring what other CTAs of the cluster released before they arrived
+__device__ __forceinline__ void vs_mbar_wait_cluster(unsigned bar, unsigned parity) {
+    asm volatile(
+        "{\n.reg .pred p;\nVS_WAIT_CL:\nmbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%0], %1;\n@!p bra VS_WAIT_CL;\n}\n" ::"r"(bar),
+        "r"(parity)
+        : "memory");
 }
 __device__ __forceinline__ void vs_mbar_wait(unsigned bar, unsigned parity) {
     asm volatile(
@@ -76,6 +84,38 @@ template <int FIRST, int LAST>
 __device__ __forceinline__ void vs_load_blocks(unsigned tile, unsigned bars, const void* map, int row) {
 #pragma unroll
     for (int blk = FIRST; blk < LAST; ++blk) vs_tma_box(tile + blk * VS_BLOCK_BYTES, map, bars + 8 * blk, 64 * blk, row);
+}
+// The same in a cluster of MC blocks (the row tiles of one request and split: the same key tiles). Each
+// block of a tile lands in every CTA's buffer by one multicast copy, issued by its owner (CTA blk % MC) once
+// every CTA has released that block of the buffer (REUSE: not its first use; the owner's "released" mbarrier
+// counts MC arrivals, phase `parity`). Each CTA arms its own "landed" mbarrier for every block, before it
+// releases: no copy into it can start before that. Every CTA calls this at the same points of the loop, in
+// the same order, with all arrivals of a call before its waits: no cycle of waits.
+template <int FIRST, int LAST, int MC>
+__device__ __forceinline__ void vs_load(unsigned tile, unsigned bars, const void* map, int row, unsigned parity, bool reuse) {
+    if constexpr (MC == 1) {
+        vs_load_blocks<FIRST, LAST>(tile, bars, map, row);
+    } else {
+        const unsigned rank = vx_cluster_rank();
+#pragma unroll
+        for (int blk = FIRST; blk < LAST; ++blk) {
+            asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bars + 8 * blk), "n"(VS_BLOCK_BYTES) : "memory");
+            if (reuse)
+                asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(
+                                 vx_mapa(bars + 8 * blk + VS_EMPTY_DELTA, blk % MC))
+                             : "memory");
+        }
+#pragma unroll
+        for (int blk = FIRST; blk < LAST; ++blk) {
+            if (blk % MC != static_cast<int>(rank)) continue;
+            if (reuse) vs_mbar_wait_cluster(bars + 8 * blk + VS_EMPTY_DELTA, parity);
+            asm volatile(
+                "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1, {%2, %3}], [%4], %5;\n" ::"r"(
+                    tile + blk * VS_BLOCK_BYTES),
+                "l"(map), "r"(64 * blk), "r"(row), "r"(bars + 8 * blk), "h"(static_cast<unsigned short>((1u << MC) - 1))
+                : "memory");
+        }
+    }
 }
 
 __device__ __forceinline__ void wgmma_m64n256k16_ss_tb(float (&d)[128], uint64_t desc_a, uint64_t desc_b) {
@@ -321,7 +361,7 @@ __device__ __forceinline__ void vs_update_max(const float (&mx)[2], float (&m_ne
 
 // Warpgroup 0's part of the pair (t0, t0 + 1), t0 even (buffer 0; t0 + 1 in buffer 1). On entry s holds S of
 // t0 (raw, complete); on exit S of t0 + 2 if NEXT0. HAS1: tile t0 + 1 exists; NEXT0 / NEXT1: t0 + 2 / t0 + 3.
-template <bool HAS1, bool NEXT0, bool NEXT1>
+template <int MC, bool HAS1, bool NEXT0, bool NEXT1>
 __device__ __forceinline__ void vs_pair_wg0(int t0, float (&s)[32], float (&acc)[128], float (&l)[2]) {
     static_assert(HAS1 || !NEXT0, "vs_pair_wg0: a next pair needs this pair's second tile");
     unsigned p[16];
@@ -347,7 +387,7 @@ __device__ __forceinline__ void vs_pair_wg0(int t0, float (&s)[32], float (&acc)
     wgmma_keep_regs(p);
     vw_bar_sync(VS_BAR_SCALE1);                  // warpgroup 1: t1's max is in
     if (NEXT0 && (threadIdx.x & 127) == 0)  // dims 0-255 of buffer 0: nobody reads them now
-        vs_load_blocks<0, 4>(k0, vs_base() + VS_BARS0, vs_blk().map, row2);
+        vs_load<0, 4, MC>(k0, vs_base() + VS_BARS0, vs_blk().map, row2, parity_next ^ 1, true);
     float f1[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) f1[h] = vs_rowf(VS_SCALE1)[vs_row(h)];
@@ -376,8 +416,8 @@ __device__ __forceinline__ void vs_pair_wg0(int t0, float (&s)[32], float (&acc)
     if (NEXT1) {
         wgmma_wait<NEXT0 ? 4 : 0>();  // O_L += P1 V1_L done: buffer 1's dims 0-255 and P1 (its rope block) free
         if ((threadIdx.x & 127) == 0) {
-            vs_load_blocks<0, 4>(k1, vs_base() + VS_BARS1, vs_blk().map, row3);
-            vs_load_blocks<VS_DIM_BLOCKS - 1, VS_DIM_BLOCKS>(k1, vs_base() + VS_BARS1, vs_blk().map, row3);
+            vs_load<0, 4, MC>(k1, vs_base() + VS_BARS1, vs_blk().map, row3, parity_next ^ 1, true);
+            vs_load<VS_DIM_BLOCKS - 1, VS_DIM_BLOCKS, MC>(k1, vs_base() + VS_BARS1, vs_blk().map, row3, parity_next ^ 1, true);
         }
     }
     if (NEXT0) vs_issue_qk<4, VS_DIM_BLOCKS, false>(s, k0, vs_base() + VS_BARS0, parity_next);
@@ -387,7 +427,7 @@ __device__ __forceinline__ void vs_pair_wg0(int t0, float (&s)[32], float (&acc)
 }
 
 // Warpgroup 1's part of the pair. On entry s holds S of t0 + 1 if HAS1; on exit S of t0 + 3 if NEXT1.
-template <bool HAS1, bool NEXT0, bool NEXT1>
+template <int MC, bool HAS1, bool NEXT0, bool NEXT1>
 __device__ __forceinline__ void vs_pair_wg1(int t0, float (&s)[32], float (&acc)[128], float (&l)[2]) {
     static_assert(HAS1 || !NEXT0, "vs_pair_wg1: a next pair needs this pair's second tile");
     unsigned p[16];
@@ -433,12 +473,12 @@ __device__ __forceinline__ void vs_pair_wg1(int t0, float (&s)[32], float (&acc)
     if (NEXT1) {
         wgmma_wait<1>();  // O_R += P1 V1_R done: buffer 1's dims 256-511 free
         if ((threadIdx.x & 127) == 0)
-            vs_load_blocks<4, VS_DIM_BLOCKS - 1>(k1, vs_base() + VS_BARS1, vs_blk().map, row3);
+            vs_load<4, VS_DIM_BLOCKS - 1, MC>(k1, vs_base() + VS_BARS1, vs_blk().map, row3, parity_next ^ 1, true);
     }
     if (NEXT0) {
         wgmma_wait<0>();  // O_R += P0 V0_R done: buffer 0's dims 256-575 free
         if ((threadIdx.x & 127) == 0)
-            vs_load_blocks<4, VS_DIM_BLOCKS>(k0, vs_base() + VS_BARS0, vs_blk().map, row2);
+            vs_load<4, VS_DIM_BLOCKS, MC>(k0, vs_base() + VS_BARS0, vs_blk().map, row2, parity_next ^ 1, true);
     }
     if (NEXT1) {  // S of t0 + 3, in the order its blocks are loaded
         vs_issue_qk<4, VS_DIM_BLOCKS - 1, true>(s, k1, vs_base() + VS_BARS1, parity_next);
@@ -452,7 +492,11 @@ __device__ __forceinline__ void vs_pair_wg1(int t0, float (&s)[32], float (&acc)
 }
 #endif  // VW_ENABLED
 
-extern "C" __global__ void __launch_bounds__(VS_THREADS, 1) ddtree_verify_attn_seesaw(VA_KERNEL_PARAMS) {
+// The kernel's body. MC > 1: a cluster of MC blocks, the row tiles of one request (grid x = MC), that share
+// each key tile by multicast (vs_load): every tile leaves L2 once a request instead of once a row tile. No
+// tree tiles are skipped there (every CTA of a cluster walks the same tiles).
+template <int MC>
+__device__ __forceinline__ void vs_attention(VA_KERNEL_PARAMS) {
 #if VW_ENABLED
     if (smem_addr(vs_smem) & 1023) __trap();  // the swizzle atoms need it; there is no room to realign
     const int b = blockIdx.z, split = blockIdx.y;
@@ -466,7 +510,7 @@ extern "C" __global__ void __launch_bounds__(VS_THREADS, 1) ddtree_verify_attn_s
     const int kv_row0 = static_cast<int>(b * kv_rows) + keys.key_begin;
     // the split's tiles wholly in the tree (from first_tree on) may be skipped; the bitmap covers the last 64
     const int first_tree = min(keys.n_tiles, max(0, (prefix - keys.key_begin + VS_BN - 1) / VS_BN));
-    const int n_pre = VS_SKIP_TREE ? max(first_tree, keys.n_tiles - 64) : keys.n_tiles;
+    const int n_pre = VS_SKIP_TREE && MC == 1 ? max(first_tree, keys.n_tiles - 64) : keys.n_tiles;
 
     if (tid == 0) {
         VsBlock& k = vs_blk();
@@ -486,12 +530,17 @@ extern "C" __global__ void __launch_bounds__(VS_THREADS, 1) ddtree_verify_attn_s
         k.tree_tiles = 0;
         asm volatile("prefetch.tensormap [%0];\n" ::"l"(kv_map) : "memory");
         for (int i = 0; i < 2 * VS_DIM_BLOCKS; ++i) vs_mbar_init(vs_base() + VS_OFF_BARS + 8 * i);
+        if (MC > 1)
+            for (int i = 0; i < 2 * VS_DIM_BLOCKS; ++i) vs_mbar_init(vs_base() + VS_OFF_BARS + VS_EMPTY_DELTA + 8 * i, MC);
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
-    __syncthreads();
+    if constexpr (MC > 1)
+        vx_cluster_sync();  // every CTA's mbarriers are initialised before any copy signals them
+    else
+        __syncthreads();
     if (tid == 0) {  // the first two key tiles, where they are kept whatever the mask
-        if (n_pre > 0) vs_load_blocks<0, VS_DIM_BLOCKS>(vs_base() + VS_K0, vs_base() + VS_BARS0, kv_map, kv_row0);
-        if (n_pre > 1) vs_load_blocks<0, VS_DIM_BLOCKS>(vs_base() + VS_K1, vs_base() + VS_BARS1, kv_map, kv_row0 + VS_BN);
+        if (n_pre > 0) vs_load<0, VS_DIM_BLOCKS, MC>(vs_base() + VS_K0, vs_base() + VS_BARS0, kv_map, kv_row0, 0, false);
+        if (n_pre > 1) vs_load<0, VS_DIM_BLOCKS, MC>(vs_base() + VS_K1, vs_base() + VS_BARS1, kv_map, kv_row0 + VS_BN, 0, false);
     }
     // Q (rows past M zero-filled) by every thread; the row state
     const __nv_bfloat16* q_b = q + static_cast<long long>(b) * rows * VA_DIM;
@@ -545,14 +594,14 @@ extern "C" __global__ void __launch_bounds__(VS_THREADS, 1) ddtree_verify_attn_s
             wgmma_wait<0>();
             wgmma_fence_regs(s);
             int t0 = 0;
-            for (; t0 + 3 < n; t0 += 2) vs_pair_wg0<true, true, true>(t0, s, acc, l);
+            for (; t0 + 3 < n; t0 += 2) vs_pair_wg0<MC, true, true, true>(t0, s, acc, l);
             if (n - t0 == 3) {
-                vs_pair_wg0<true, true, false>(t0, s, acc, l);
-                vs_pair_wg0<false, false, false>(t0 + 2, s, acc, l);
+                vs_pair_wg0<MC, true, true, false>(t0, s, acc, l);
+                vs_pair_wg0<MC, false, false, false>(t0 + 2, s, acc, l);
             } else if (n - t0 == 2) {
-                vs_pair_wg0<true, false, false>(t0, s, acc, l);
+                vs_pair_wg0<MC, true, false, false>(t0, s, acc, l);
             } else {
-                vs_pair_wg0<false, false, false>(t0, s, acc, l);
+                vs_pair_wg0<MC, false, false, false>(t0, s, acc, l);
             }
         }
     } else if (n > 0) {
@@ -562,14 +611,14 @@ extern "C" __global__ void __launch_bounds__(VS_THREADS, 1) ddtree_verify_attn_s
             wgmma_fence_regs(s);
         }
         int t0 = 0;
-        for (; t0 + 3 < n; t0 += 2) vs_pair_wg1<true, true, true>(t0, s, acc, l);
+        for (; t0 + 3 < n; t0 += 2) vs_pair_wg1<MC, true, true, true>(t0, s, acc, l);
         if (n - t0 == 3) {
-            vs_pair_wg1<true, true, false>(t0, s, acc, l);
-            vs_pair_wg1<false, false, false>(t0 + 2, s, acc, l);
+            vs_pair_wg1<MC, true, true, false>(t0, s, acc, l);
+            vs_pair_wg1<MC, false, false, false>(t0 + 2, s, acc, l);
         } else if (n - t0 == 2) {
-            vs_pair_wg1<true, false, false>(t0, s, acc, l);
+            vs_pair_wg1<MC, true, false, false>(t0, s, acc, l);
         } else {
-            vs_pair_wg1<false, false, false>(t0, s, acc, l);
+            vs_pair_wg1<MC, false, false, false>(t0, s, acc, l);
         }
     }
 
@@ -606,8 +655,30 @@ extern "C" __global__ void __launch_bounds__(VS_THREADS, 1) ddtree_verify_attn_s
     if (splits > 1 && split_counters != nullptr)  // the splits merge here, no combine launch
         va_merge_splits(partial_out, partial_lse, out, split_counters, reinterpret_cast<float*>(vs_smem), batch, rows,
                         splits, row0, min(VS_BM, rows - row0), b, split, tid, VS_THREADS);
+    if constexpr (MC > 1) vx_cluster_sync();  // no CTA leaves while another may still signal its mbarriers
 #endif  // VW_ENABLED
 }
+
+extern "C" __global__ void __launch_bounds__(VS_THREADS, 1) ddtree_verify_attn_seesaw(VA_KERNEL_PARAMS) {
+    vs_attention<1>(VA_KERNEL_ARGS);
+}
+
+// Clusters of the row tiles of a request, key tiles multicast (grid (MC, splits, B); no in-kernel split
+// merge: a grid of clusters need not be resident at once)
+#define VS_MULTICAST(n)                                                                           \
+    extern "C" __global__ void VX_SPLIT_CLUSTER_X(n) __launch_bounds__(VS_THREADS, 1)             \
+        ddtree_verify_attn_seesaw_multicast##n(VA_KERNEL_PARAMS) {                                \
+        vs_attention<n>(VA_KERNEL_ARGS);                                                          \
+    }
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
+#define VX_SPLIT_CLUSTER_X(n) __cluster_dims__(n, 1, 1)
+#else
+#define VX_SPLIT_CLUSTER_X(n)
+#endif
+VS_MULTICAST(2)
+VS_MULTICAST(3)
+VS_MULTICAST(4)
+VS_MULTICAST(5)
 
 // info[0]: shared memory one block of ddtree_verify_attn_seesaw needs; info[1]: 1 where it is compiled in for
 // the running device (sm_90a code), else 0; info[2]: keys per key tile.

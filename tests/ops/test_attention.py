@@ -489,18 +489,22 @@ def test_the_seesaw_kernel_at_every_count_of_tiles_a_split(tiles_per_split, clim
     assert ((out.float() - out_previous.float()).abs() / ref.abs().clamp(min=1.0)).max().item() < 2e-2
 
 
-def run_on_seesaw(attn, q, kv, prefix, bits, out, budget, heads, tiles_per_split) -> AttentionPlan:
+def run_on_seesaw(
+    attn, q, kv, prefix, bits, out, budget, heads, tiles_per_split, multicast=False
+) -> AttentionPlan:
     """One call of the seesaw kernel with ``tiles_per_split`` key tiles a split (at most all of them), into
-    ``out``, synchronised; returns the plan it ran."""
+    ``out``, synchronised; returns the plan it ran. ``multicast``: a request's row tiles in one cluster."""
     kernels = attn.kernels
     base = attn.prepare(q, kv, np.array(prefix), bits, out)
     tiles = math.ceil((max(prefix) + budget + 1) / kernels.keys_per_tile)
     per = min(tiles_per_split, tiles)
+    row_tiles = math.ceil((budget + 1) * heads / 64)
     plan = AttentionPlan(
-        row_tiles=math.ceil((budget + 1) * heads / 64),
+        row_tiles=row_tiles,
         splits=math.ceil(tiles / per),
         tiles_per_split=per,
         seesaw=True,
+        row_cluster=row_tiles if multicast else 1,
     )
     PreparedAttention(kernels, base.shape, plan, base.views, base.prefix_lengths).launch()
     torch.cuda.synchronize()
@@ -525,6 +529,47 @@ def hidden_tree_tiles(visibility, heads, prefix, tiles_per_split, keys=64, rows=
                 if key0 >= s and not seen[key0 - s : min(key0 + keys, split_end) - s].any():
                     count += 1
     return count
+
+
+@needs_gpu
+@pytest.mark.parametrize("budget", [8, 16, 24, 32])
+@pytest.mark.parametrize("tiles_per_split", [1, 2, 3, 5, 1000])
+def test_the_seesaw_kernel_with_key_tiles_multicast_to_a_cluster_of_row_tiles(budget, tiles_per_split):
+    # Budgets 8 to 32 at 8 heads: 2 to 5 row tiles, one cluster a request and split. The same prefix lengths
+    # as above (NaN padding past every request's keys); one tile a split gives 17 splits of 5 requests, more
+    # clusters than fit the GPU at once. Against float32, and against the unclustered kernel on the same grid:
+    # the same tiles in the same order, so the same bits.
+    attn = attention_on_path("wgmma")
+    kernels = attn.kernels
+    batch, heads, prefix = 5, 8, [0, 61, 64, 200, 1000]
+    trees = tree_mask(batch, budget, seed=budget)
+    bits = torch.as_tensor(packed_visibility(trees.visibility).view(np.int32), device="cuda")
+    q, kv, out = random_case(trees, heads, prefix, seed=tiles_per_split)
+    plan = run_on_seesaw(attn, q, kv, prefix, bits, out, budget, heads, tiles_per_split, multicast=True)
+    assert plan.row_cluster == plan.row_tiles == math.ceil((budget + 1) * heads / 64)
+    ref = reference_attention(q, kv, prefix, trees.visibility)
+    assert not torch.isnan(out.float()).any(), "NaN in the output"
+    assert relative_error(out, ref) < 2e-2
+    alone = torch.full_like(out, float("nan"))
+    again = attn.prepare(q, kv, np.array(prefix), bits, alone)
+    PreparedAttention(
+        kernels, again.shape, replace(plan, row_cluster=1), again.views, again.prefix_lengths
+    ).launch()
+    torch.cuda.synchronize()
+    assert torch.equal(out, alone), float((out.float() - alone.float()).abs().max())
+
+
+def test_a_plan_of_multicast_row_clusters_is_checked():
+    ok = AttentionPlan(row_tiles=3, splits=4, tiles_per_split=9, seesaw=True, row_cluster=3)
+    assert ok.partials == 4
+    for bad in (
+        dict(row_tiles=3, seesaw=False, row_cluster=3),  # the seesaw kernel only
+        dict(row_tiles=4, seesaw=True, row_cluster=3),  # all of a request's row tiles
+        dict(row_tiles=6, seesaw=True, row_cluster=6),  # a size the kernels have
+        dict(row_tiles=3, seesaw=True, row_cluster=3, merged_in_kernel=True),  # clusters need not be resident
+    ):
+        with pytest.raises(ValueError, match="clusters of .* row tiles"):
+            AttentionPlan(splits=4, tiles_per_split=9, **bad)
 
 
 @needs_gpu
@@ -906,13 +951,14 @@ def test_stream_read_kernel_reads_every_word():
 
 
 def test_benchmark_backend_names_the_72_row_tiles():
-    def prepared(path, rows_per_block, cluster=1, merged=0, seesaw=False):
+    def prepared(path, rows_per_block, cluster=1, merged=0, seesaw=False, row_cluster=1):
         plan = SimpleNamespace(
             rows_per_block=rows_per_block,
             cluster=cluster,
             merged_in_kernel=merged > 0,
             splits=merged,
             seesaw=seesaw,
+            row_cluster=row_cluster,
         )
         return SimpleNamespace(kernels=SimpleNamespace(path=path), plan=plan)
 
@@ -921,6 +967,10 @@ def test_benchmark_backend_names_the_72_row_tiles():
     assert backend_name(prepared("wgmma", 64, merged=65)) == "wgmma path, 65 splits merged in the kernel"
     assert backend_name(prepared("wgmma", 64)) == "wgmma path"
     assert backend_name(prepared("wgmma", 64, seesaw=True)) == "wgmma path, seesaw"
+    assert (
+        backend_name(prepared("wgmma", 64, seesaw=True, row_cluster=3))
+        == "wgmma path, seesaw, key tiles multicast to clusters of 3 row tiles"
+    )
     assert (
         backend_name(prepared("wgmma", 64, merged=65, seesaw=True))
         == "wgmma path, seesaw, 65 splits merged in the kernel"

@@ -95,6 +95,10 @@ SEESAW_MIN_ROW_TILES, SEESAW_MIN_TILES = 9, 10
 #: S = 4096 and 270 against 189 µs at batch 8, budget 128 (a second wave): the fractions that pick the
 #: faster at each of these lie between 0.853 and 0.908.
 SEESAW_COST = 0.88
+#: Clusters of a request's row tiles in which the seesaw kernel's blocks share every key tile by TMA
+#: multicast (``ddtree_verify_attn_seesaw_multicastN``): requests of 2 to 5 row tiles of 64 (8 heads:
+#: budgets 8 to 39), all of a request's row tiles in one cluster.
+ROW_CLUSTER_SIZES = (2, 3, 4, 5)
 
 
 class AttentionUnavailable(RuntimeError):
@@ -232,12 +236,26 @@ class AttentionPlan:
     merged_in_kernel: bool = False
     #: 64-row tiles on the wgmma path: run by the seesaw kernel (``ddtree_verify_attn_seesaw``)
     seesaw: bool = False
+    #: seesaw only: a request's row tiles (all ``row_tiles`` of them) form one cluster whose blocks share each
+    #: key tile by multicast, so that it leaves L2 once a request and split (``ROW_CLUSTER_SIZES``)
+    row_cluster: int = 1
 
     def __post_init__(self):
         if self.seesaw and self.rows_per_block != ROWS_PER_BLOCK:
             raise ValueError(
                 f"verify attention plan: the seesaw kernel has {ROWS_PER_BLOCK}-row tiles, "
                 f"not {self.rows_per_block}"
+            )
+        if self.row_cluster != 1 and (
+            not self.seesaw
+            or self.row_cluster not in ROW_CLUSTER_SIZES
+            or self.row_tiles != self.row_cluster
+            or self.merged_in_kernel
+        ):
+            raise ValueError(
+                f"verify attention plan: clusters of {self.row_cluster} row tiles need the seesaw kernel, "
+                f"a size in {ROW_CLUSTER_SIZES} equal to the row tiles ({self.row_tiles}) and the combine "
+                "launch"
             )
         if self.merged_in_kernel and (self.partials < 2 or self.cluster != 1):
             raise ValueError(
@@ -383,6 +401,8 @@ class PreparedAttention:
         if p.rows_per_block == WIDE_ROWS_PER_BLOCK:
             kernel = k.attn_wide if p.cluster == 1 else k.attn_wide_clusters[p.cluster]
             smem = k.wide_smem_bytes
+        elif p.row_cluster > 1:
+            kernel, smem = k.attn_seesaw_multicast[p.row_cluster], k.seesaw_smem_bytes
         elif p.seesaw:
             kernel, smem = k.attn_seesaw, k.seesaw_smem_bytes
         else:
@@ -428,6 +448,9 @@ class AttentionKernels:
     #: takes it
     attn_seesaw: object = None
     seesaw_smem_bytes: int = 0
+    #: the seesaw kernel in clusters of a request's row tiles, key tiles multicast, by cluster size
+    #: (``ROW_CLUSTER_SIZES``)
+    attn_seesaw_multicast: dict = field(default_factory=dict)
 
     def plan(self, shape: AttentionShape, max_kv_len: int) -> AttentionPlan:
         """The call's grid: 64-row tiles, or, where the 72-row kernel is loaded and its tiles need fewer
@@ -489,6 +512,8 @@ def _set_shared_memory(chosen: dict, optin: int) -> None:
     chosen["attn"].max_dynamic_shared_size_bytes = smem
     if chosen.get("attn_seesaw") is not None:
         chosen["attn_seesaw"].max_dynamic_shared_size_bytes = seesaw_smem
+    for kernel in chosen.get("attn_seesaw_multicast", {}).values():
+        kernel.max_dynamic_shared_size_bytes = seesaw_smem
     wide = [chosen["attn_wide"]] if chosen.get("attn_wide") is not None else []
     for kernel in wide + list(chosen.get("attn_wide_clusters", {}).values()):
         kernel.max_dynamic_shared_size_bytes = wide_smem
@@ -611,6 +636,10 @@ class VerifyAttention:
                 )
             chosen["attn_seesaw"] = module.get_function("ddtree_verify_attn_seesaw")
             chosen["seesaw_smem_bytes"] = seesaw_smem
+            chosen["attn_seesaw_multicast"] = {
+                size: module.get_function(f"ddtree_verify_attn_seesaw_multicast{size}")
+                for size in ROW_CLUSTER_SIZES
+            }
         if self._wide_rows:
             wide_smem, wide_compiled, wide_rows = _kernel_info(module, "ddtree_verify_attn_wgmma72_info")
             if not wide_compiled or wide_rows != WIDE_ROWS_PER_BLOCK:

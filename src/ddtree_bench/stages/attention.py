@@ -126,8 +126,9 @@ def stream_read_launcher(kernel, sm_count: int, nbytes: int, stream=None):
 
 def backend_name(prepared) -> str:
     """How our kernel ran a call: its path, the 72-row tiles where the plan took that kernel (else, on the
-    wgmma path, "seesaw" for the 64-row seesaw kernel), the clusters
-    whose splits were merged on chip, and the splits merged in the kernel (no combine launch)."""
+    wgmma path, "seesaw" for the 64-row seesaw kernel, and its clusters of row tiles that share key tiles by
+    multicast), the clusters whose splits were merged on chip, and the splits merged in the kernel (no
+    combine launch)."""
     plan = prepared.plan
     name = f"{prepared.kernels.path} path"
     if plan.rows_per_block == WIDE_ROWS_PER_BLOCK:
@@ -136,6 +137,8 @@ def backend_name(prepared) -> str:
         name += f", {SMALL_ROWS_PER_BLOCK}-row tiles of {SMALL_KEYS_PER_TILE} keys"
     elif plan.seesaw:
         name += ", seesaw"
+        if plan.row_cluster > 1:
+            name += f", key tiles multicast to clusters of {plan.row_cluster} row tiles"
     if plan.cluster > 1:
         name += f", clusters of {plan.cluster} splits"
     if plan.merged_in_kernel:

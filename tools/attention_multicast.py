@@ -1,0 +1,177 @@
+"""Key tiles read once per request: the seesaw kernel with a request's row tiles in one cluster, each key
+tile multicast to all of them, against the same kernel unclustered on the same grid, on a GPU.
+
+For each shape and split count (64-row tiles; grids of at most one block an SM) it times, on the same inputs
+and taking turns call by call (CUDA events queued behind a spin kernel, warm, medians):
+- ``seesaw``: ``ddtree_verify_attn_seesaw``, each row tile reading every key tile of its split;
+- ``multicast``: ``ddtree_verify_attn_seesaw_multicastN``, the N row tiles of a request and split in one
+  cluster, each key tile leaving L2 once for all of them;
+- the plan's grid (``AttentionKernels.plan``) and the read stream of the call's bytes.
+Each output is checked against the plan's (within 2e-2), and the multicast's against the unclustered
+kernel's on the same grid (the same tiles in the same order: expected equal). It also prints how many
+clusters of each size fit the GPU at once (``cuOccupancyMaxActiveClusters``). Results:
+docs/verify_attention.md, "Key tiles read once per request".
+
+    PYTHONPATH=src:tests/support python tools/attention_multicast.py [--json OUT] [BxNxS ...]
+
+Needs an sm_90 GPU, CuPy, PyTorch and the tests' input helpers (tests/support/gpu_inputs.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import math
+from dataclasses import replace
+
+import numpy as np
+from attention_plan_sweep import DEFAULT_SHAPES, describe
+from gpu_inputs import probe_call
+
+from ddtree_bench.cuda import loader as cuda
+from ddtree_bench.ops.attention import (
+    ROW_CLUSTER_SIZES,
+    THREADS,
+    AttentionPlan,
+    PreparedAttention,
+    VerifyAttention,
+)
+from ddtree_bench.stages.attention import stream_read_launcher
+from ddtree_bench.timing.gpu import EventTimer
+
+HEADS = 8
+TOLERANCE = 2e-2
+
+
+class _LaunchConfig(ctypes.Structure):  # CUlaunchConfig
+    _fields_ = [
+        ("grid", ctypes.c_uint * 3),
+        ("block", ctypes.c_uint * 3),
+        ("shared_mem", ctypes.c_uint),
+        ("stream", ctypes.c_void_p),
+        ("attrs", ctypes.c_void_p),
+        ("num_attrs", ctypes.c_uint),
+    ]
+
+
+def max_active_clusters(function, cluster: int, smem: int) -> int:
+    """Clusters of ``function`` (its cluster size compiled in) resident on the GPU at once."""
+    fn = ctypes.CDLL("libcuda.so.1").cuOccupancyMaxActiveClusters
+    config = _LaunchConfig((cluster, 1, 1), (THREADS, 1, 1), smem, None, None, 0)
+    count = ctypes.c_int(0)
+    err = fn(ctypes.byref(count), ctypes.c_void_p(function.ptr), ctypes.byref(config))
+    if err:
+        raise RuntimeError(f"cuOccupancyMaxActiveClusters: CUDA driver error {err}")
+    return count.value
+
+
+def split_counts(tiles: int, most: int) -> list[int]:
+    """Split counts (no split empty) from ``most`` down, about 1.4x apart, to 1."""
+    counts, wanted = [], most
+    while wanted >= 1:
+        per = -(-tiles // wanted)
+        splits = -(-tiles // per)
+        if splits not in counts:
+            counts.append(splits)
+        wanted = min(wanted - 1, int(wanted / 1.4))
+    return counts
+
+
+def main(argv=None) -> None:
+    import cupy as cp  # noqa: PLC0415
+    import torch  # noqa: PLC0415
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", help="write every grid's time here")
+    parser.add_argument("--reps", type=int, default=21)
+    parser.add_argument("shapes", nargs="*", default=DEFAULT_SHAPES)
+    args = parser.parse_args(argv)
+
+    util = cp.RawModule(path=str(cuda.cached_fatbin(cuda.BENCH_UTIL_SOURCE)))
+    spin, stream_read = util.get_function("ddtree_spin_kernel"), util.get_function("ddtree_stream_read")
+    sm_count = cp.cuda.runtime.getDeviceProperties(0)["multiProcessorCount"]
+    timer = EventTimer(cp.cuda.get_current_stream(), spin)
+    attention = VerifyAttention(path="wgmma")
+    kernels = attention.kernels
+    resident = {
+        size: max_active_clusters(kernels.attn_seesaw_multicast[size], size, kernels.seesaw_smem_bytes)
+        for size in ROW_CLUSTER_SIZES
+    }
+    print(f"{torch.cuda.get_device_name()}, {sm_count} SMs", flush=True)
+    for size, clusters in resident.items():
+        print(f"  clusters of {size}: {clusters} resident at once ({clusters * size} blocks)", flush=True)
+
+    records = []
+    for shape in args.shapes:
+        batch, budget, prefix = (int(x) for x in shape.split("x"))
+        q, kv, lengths, bits, out, nbytes = probe_call(batch, budget, prefix, HEADS)
+        tokens = budget + 1
+        row_tiles = math.ceil(tokens * HEADS / 64)
+        if row_tiles not in ROW_CLUSTER_SIZES:
+            print(f"{shape}: {row_tiles} row tiles, no cluster of that size; skipped", flush=True)
+            continue
+        prepared = attention.prepare(q, kv, lengths, bits, out)
+        prepared.launch()
+        expected = out.float().clone()
+        tiles = math.ceil((prefix + tokens) / kernels.keys_per_tile)
+        most = min(sm_count, resident[row_tiles] * row_tiles) // (row_tiles * batch)
+        calls = {"read stream": stream_read_launcher(stream_read, sm_count, nbytes)[0]}
+        calls[f"plan: {describe(prepared.plan)}"] = prepared.launch
+        checks = {}
+        for splits in split_counts(tiles, max(1, most)):
+            per = -(-tiles // splits)
+            base = AttentionPlan(row_tiles, splits, per, seesaw=True)
+            outputs = {}
+            for name, plan in (("seesaw", base), ("multicast", replace(base, row_cluster=row_tiles))):
+                run = PreparedAttention(
+                    kernels, prepared.shape, plan, prepared.views, prepared.prefix_lengths
+                )
+                out.fill_(float("nan"))
+                run.launch()
+                outputs[name] = out.float().clone()
+                calls[f"{name}: {describe(plan)}"] = run.launch
+                checks[f"{name}: {describe(plan)}"] = float((outputs[name] - expected).abs().max())
+            checks[f"multicast: {describe(replace(base, row_cluster=row_tiles))}"] = max(
+                checks[f"multicast: {describe(replace(base, row_cluster=row_tiles))}"],
+                float((outputs["multicast"] - outputs["seesaw"]).abs().max()),
+            )
+        for fn in calls.values():
+            for _ in range(3):
+                fn()
+        samples = {name: [] for name in calls}
+        for _ in range(args.reps):  # taking turns: clock drift is shared alike
+            for name, fn in calls.items():
+                samples[name].append(timer(fn) * 1e6)
+        stream_us = float(np.median(samples["read stream"]))
+        print(f"B={batch} N={budget} S={prefix} ({row_tiles} row tiles, {tiles} key tiles):", flush=True)
+        for name, times in samples.items():
+            us = float(np.median(times))
+            error = checks.get(name)
+            flag = "" if error is None or error <= TOLERANCE else "  OUTPUT OFF"
+            print(
+                f"  {name:60s} {us:8.1f} us  p10 {np.percentile(times, 10):7.1f}  p90 "
+                f"{np.percentile(times, 90):7.1f}  {us / stream_us:5.2f}x stream"
+                + (f"  max abs {error:.2e}" if error is not None else "")
+                + flag,
+                flush=True,
+            )
+            records.append(
+                dict(
+                    shape=shape,
+                    grid=name,
+                    us=us,
+                    p10=float(np.percentile(times, 10)),
+                    p90=float(np.percentile(times, 90)),
+                    max_abs_vs_plan=error,
+                )
+            )
+        del q, kv, out, prepared
+        torch.cuda.empty_cache()
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(dict(resident_clusters=resident, records=records), f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
