@@ -20,7 +20,6 @@ Needs an sm_90 GPU, CuPy, PyTorch and the tests' input helpers (tests/support/gp
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
 import math
 from dataclasses import replace
@@ -30,6 +29,7 @@ from attention_plan_sweep import DEFAULT_SHAPES, describe
 from gpu_inputs import probe_call
 
 from ddtree_bench.cuda import loader as cuda
+from ddtree_bench.cuda.occupancy import max_active_clusters
 from ddtree_bench.ops.attention import (
     ROW_CLUSTER_SIZES,
     THREADS,
@@ -42,28 +42,6 @@ from ddtree_bench.timing.gpu import EventTimer
 
 HEADS = 8
 TOLERANCE = 2e-2
-
-
-class _LaunchConfig(ctypes.Structure):  # CUlaunchConfig
-    _fields_ = [
-        ("grid", ctypes.c_uint * 3),
-        ("block", ctypes.c_uint * 3),
-        ("shared_mem", ctypes.c_uint),
-        ("stream", ctypes.c_void_p),
-        ("attrs", ctypes.c_void_p),
-        ("num_attrs", ctypes.c_uint),
-    ]
-
-
-def max_active_clusters(function, cluster: int, smem: int) -> int:
-    """Clusters of ``function`` (its cluster size compiled in) resident on the GPU at once."""
-    fn = ctypes.CDLL("libcuda.so.1").cuOccupancyMaxActiveClusters
-    config = _LaunchConfig((cluster, 1, 1), (THREADS, 1, 1), smem, None, None, 0)
-    count = ctypes.c_int(0)
-    err = fn(ctypes.byref(count), ctypes.c_void_p(function.ptr), ctypes.byref(config))
-    if err:
-        raise RuntimeError(f"cuOccupancyMaxActiveClusters: CUDA driver error {err}")
-    return count.value
 
 
 def split_counts(tiles: int, most: int) -> list[int]:
@@ -95,7 +73,9 @@ def main(argv=None) -> None:
     attention = VerifyAttention(path="wgmma")
     kernels = attention.kernels
     resident = {
-        size: max_active_clusters(kernels.attn_seesaw_multicast[size], size, kernels.seesaw_smem_bytes)
+        size: max_active_clusters(
+            kernels.attn_seesaw_multicast[size], size, THREADS, kernels.seesaw_smem_bytes
+        )
         for size in ROW_CLUSTER_SIZES
     }
     print(f"{torch.cuda.get_device_name()}, {sm_count} SMs", flush=True)

@@ -559,6 +559,24 @@ def test_the_seesaw_kernel_with_key_tiles_multicast_to_a_cluster_of_row_tiles(bu
     assert torch.equal(out, alone), float((out.float() - alone.float()).abs().max())
 
 
+@needs_gpu
+def test_clusters_of_row_tiles_fit_the_gpu():
+    from ddtree_bench.cuda.occupancy import max_active_clusters  # noqa: PLC0415
+
+    kernels = attention_on_path("wgmma").kernels
+    assert set(kernels.attn_seesaw_multicast) == set(attention_module.ROW_CLUSTER_SIZES)
+    for size, function in kernels.attn_seesaw_multicast.items():
+        clusters = max_active_clusters(function, size, attention_module.THREADS, kernels.seesaw_smem_bytes)
+        assert 1 <= clusters and clusters * size <= kernels.sm_count, (size, clusters)
+
+
+def test_cluster_occupancy_refuses_an_impossible_launch():
+    from ddtree_bench.cuda.occupancy import max_active_clusters  # noqa: PLC0415
+
+    with pytest.raises(ValueError, match="cluster 0"):
+        max_active_clusters(object(), 0, 256, 1024)
+
+
 def test_a_plan_of_multicast_row_clusters_is_checked():
     ok = AttentionPlan(row_tiles=3, splits=4, tiles_per_split=9, seesaw=True, row_cluster=3)
     assert ok.partials == 4
