@@ -12,7 +12,15 @@ kernel's on the same grid (the same tiles in the same order: expected equal). It
 clusters of each size fit the GPU at once (``cuOccupancyMaxActiveClusters``). Results:
 docs/verify_attention.md, "Key tiles read once per request".
 
-    PYTHONPATH=src:tests/support python tools/attention_multicast.py [--json OUT] [BxNxS ...]
+    PYTHONPATH=src:tests/support python tools/attention_multicast.py [--json OUT] [--few] \
+        [--variant NAME=FATBIN ...] [BxNxS ...]
+
+Each ``--variant NAME=FATBIN`` adds the multicast kernels of another build of kernels/verify_attn, on the
+same grids and inputs. ``--build-ablations DIR`` (no GPU needed: nvcc) builds the two timing-only
+ablations there, sm_90a only (``VS_MC_ABLATION``; their outputs may be wrong and are only reported):
+``no-wait.fatbin``, the owner copies a block without waiting for the other CTAs to release it (the
+handshake off the loads' path), and ``own-copies.fatbin``, the clusters launched but every CTA copying its
+own tiles (no multicast, no handshake).
 
 Needs an sm_90 GPU, CuPy, PyTorch and the tests' input helpers (tests/support/gpu_inputs.py).
 """
@@ -22,7 +30,9 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import subprocess
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 from attention_plan_sweep import DEFAULT_SHAPES, describe
@@ -42,6 +52,19 @@ from ddtree_bench.timing.gpu import EventTimer
 
 HEADS = 8
 TOLERANCE = 2e-2
+ABLATIONS = {"no-wait": 1, "own-copies": 2}
+
+
+def build_ablations(folder: str) -> None:
+    """The ``VS_MC_ABLATION`` builds of kernels/verify_attn (sm_90a code only) into ``folder``."""
+    source = cuda.kernel_source("verify_attn")
+    flags = cuda.nvcc_flags(source, ("sm_90",), ptx=False)
+    Path(folder).mkdir(parents=True, exist_ok=True)
+    for name, value in ABLATIONS.items():
+        out = Path(folder) / f"{name}.fatbin"
+        cmd = [cuda.find_nvcc() or "nvcc", *flags, f"-DVS_MC_ABLATION={value}", "-o", str(out), str(source)]
+        subprocess.run(cmd, check=True)
+        print(out, flush=True)
 
 
 def split_counts(tiles: int, most: int) -> list[int]:
@@ -57,14 +80,26 @@ def split_counts(tiles: int, most: int) -> list[int]:
 
 
 def main(argv=None) -> None:
-    import cupy as cp  # noqa: PLC0415
-    import torch  # noqa: PLC0415
-
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", help="write every grid's time here")
     parser.add_argument("--reps", type=int, default=21)
+    parser.add_argument("--variant", action="append", default=[], metavar="NAME=FATBIN")
+    parser.add_argument("--build-ablations", metavar="DIR", help="build the ablations here and stop")
+    parser.add_argument("--few", action="store_true", help="only the most splits of one wave, and 1")
     parser.add_argument("shapes", nargs="*", default=DEFAULT_SHAPES)
     args = parser.parse_args(argv)
+    if args.build_ablations:
+        build_ablations(args.build_ablations)
+        return
+    import cupy as cp  # noqa: PLC0415
+    import torch  # noqa: PLC0415
+
+    variants = {}
+    for spec in args.variant:
+        name, sep, path = spec.partition("=")
+        if not sep or not name or not Path(path).is_file():
+            parser.error(f"--variant wants NAME=FATBIN with an existing file, got {spec!r}")
+        variants[name] = VerifyAttention(fatbin=path, path="wgmma").kernels
 
     util = cp.RawModule(path=str(cuda.cached_fatbin(cuda.BENCH_UTIL_SOURCE)))
     spin, stream_read = util.get_function("ddtree_spin_kernel"), util.get_function("ddtree_stream_read")
@@ -99,14 +134,16 @@ def main(argv=None) -> None:
         calls = {"read stream": stream_read_launcher(stream_read, sm_count, nbytes)[0]}
         calls[f"plan: {describe(prepared.plan)}"] = prepared.launch
         checks = {}
-        for splits in split_counts(tiles, max(1, most)):
+        counts = split_counts(tiles, max(1, most))
+        for splits in [counts[0], 1] if args.few and len(counts) > 1 else counts:
             per = -(-tiles // splits)
             base = AttentionPlan(row_tiles, splits, per, seesaw=True)
             outputs = {}
-            for name, plan in (("seesaw", base), ("multicast", replace(base, row_cluster=row_tiles))):
-                run = PreparedAttention(
-                    kernels, prepared.shape, plan, prepared.views, prepared.prefix_lengths
-                )
+            clustered = replace(base, row_cluster=row_tiles)
+            runs = [("seesaw", kernels, base), ("multicast", kernels, clustered)]
+            runs += [(f"multicast[{name}]", k, clustered) for name, k in variants.items()]
+            for name, owner, plan in runs:
+                run = PreparedAttention(owner, prepared.shape, plan, prepared.views, prepared.prefix_lengths)
                 out.fill_(float("nan"))
                 run.launch()
                 outputs[name] = out.float().clone()

@@ -91,9 +91,14 @@ __device__ __forceinline__ void vs_load_blocks(unsigned tile, unsigned bars, con
 // counts MC arrivals, phase `parity`). Each CTA arms its own "landed" mbarrier for every block, before it
 // releases: no copy into it can start before that. Every CTA calls this at the same points of the loop, in
 // the same order, with all arrivals of a call before its waits: no cycle of waits.
+#ifndef VS_MC_ABLATION
+#define VS_MC_ABLATION 0  // timing only (tools/attention_multicast.py --ablations): 1 copies without waiting for
+                          // the other CTAs to release a block (a race), 2 has every CTA copy its own tiles
+#endif
 template <int FIRST, int LAST, int MC>
 __device__ __forceinline__ void vs_load(unsigned tile, unsigned bars, const void* map, int row, unsigned parity, bool reuse) {
-    if constexpr (MC == 1) {
+    if (VS_MC_ABLATION == 1) reuse = false;
+    if constexpr (MC == 1 || VS_MC_ABLATION == 2) {
         vs_load_blocks<FIRST, LAST>(tile, bars, map, row);
     } else {
         const unsigned rank = vx_cluster_rank();

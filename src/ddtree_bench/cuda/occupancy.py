@@ -35,7 +35,8 @@ def max_active_clusters(function, cluster: int, threads: int, shared_mem: int) -
         raise ValueError(f"max_active_clusters: cluster {cluster}, {threads} threads, {shared_mem} bytes")
     config = _LaunchConfig((cluster, 1, 1), (threads, 1, 1), shared_mem, None, None, 0)
     count = ctypes.c_int(0)
-    err = _driver()(ctypes.byref(count), ctypes.c_void_p(function.ptr), ctypes.byref(config))
+    handle = function.kernel.ptr if hasattr(function, "kernel") else function.ptr  # RawKernel: its CUfunction
+    err = _driver()(ctypes.byref(count), ctypes.c_void_p(handle), ctypes.byref(config))
     if err:
         raise RuntimeError(f"cuOccupancyMaxActiveClusters: CUDA driver error {err}")
     return count.value
