@@ -26,7 +26,10 @@
 // all its tokens) are skipped: the prologue ORs each token's mask window of every such tile into a bitmap,
 // and the loop walks the kept tiles only (vs_tile maps the loop's tile index to the split's).
 // Shared memory: Q 72 KB, two key tiles 2 x 72 KB (buffer 1's rope block holds P1), P0 8 KB, row state 1 KB,
-// 18 mbarriers: 226 KB, one block per SM.
+// 36 mbarriers: 226 KB, one block per SM.
+// ddtree_verify_attn_seesaw_multicast2 to 5: the same body (vs_attention<MC>) in clusters of a request's row
+// tiles, each key tile copied once for all of them (vs_load). Measured 1.3-2.7x slower than the unclustered
+// kernel on the same grids (H100; docs/verify_attention.md): no plan takes them.
 
 #define VS_BM 64
 #define VS_BN 64
