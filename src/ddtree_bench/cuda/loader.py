@@ -97,14 +97,15 @@ def fatbin_toolchain(source: Path, archs=DEFAULT_ARCHS, ptx: bool = True) -> str
     return toolchain_key([find_nvcc() or "nvcc"], nvcc_flags(source, archs, ptx))
 
 
-def build_fatbin(source: Path, output: Path, archs=DEFAULT_ARCHS, ptx: bool = True) -> dict:
+def build_fatbin(source: Path, output: Path, archs=DEFAULT_ARCHS, ptx: bool = True, defines=()) -> dict:
     """Compile ``source`` to ``output`` (a fatbin) atomically; writes ``output + '.json'`` describing it.
-    Raises RuntimeError with nvcc's message when the compile fails."""
+    ``defines``: ``NAME=VALUE`` macros for a variant build (measurements; never cached). Raises RuntimeError
+    with nvcc's message when the compile fails."""
     source, output = Path(source), Path(output)
     nvcc = find_nvcc()
     if nvcc is None:
         raise RuntimeError("nvcc not found (set $NVCC or put CUDA's bin directory on PATH)")
-    flags = nvcc_flags(source, archs, ptx)
+    flags = [*nvcc_flags(source, archs, ptx), *(f"-D{d}" for d in defines)]
     with atomic_output(output) as tmp_out:
         cmd = [nvcc, *flags, "-o", str(tmp_out), str(source)]
         proc = subprocess.run(cmd, capture_output=True, text=True)

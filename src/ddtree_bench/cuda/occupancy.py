@@ -29,14 +29,13 @@ def _driver():
 
 def max_active_clusters(function, cluster: int, threads: int, shared_mem: int) -> int:
     """Clusters of ``cluster`` blocks of ``threads`` threads and ``shared_mem`` bytes of dynamic shared memory
-    of ``function`` (a ``cupy.RawModule`` function whose cluster size is compiled in) resident at once.
-    RuntimeError with the driver's code where it refuses."""
+    of ``function`` resident at once: a ``cupy.RawModule`` function (``.kernel.ptr`` its CUfunction) whose
+    cluster size is compiled in. RuntimeError with the driver's code where it refuses."""
     if cluster < 1 or threads < 1 or shared_mem < 0:
         raise ValueError(f"max_active_clusters: cluster {cluster}, {threads} threads, {shared_mem} bytes")
     config = _LaunchConfig((cluster, 1, 1), (threads, 1, 1), shared_mem, None, None, 0)
     count = ctypes.c_int(0)
-    handle = function.kernel.ptr if hasattr(function, "kernel") else function.ptr  # RawKernel: its CUfunction
-    err = _driver()(ctypes.byref(count), ctypes.c_void_p(handle), ctypes.byref(config))
+    err = _driver()(ctypes.byref(count), ctypes.c_void_p(function.kernel.ptr), ctypes.byref(config))
     if err:
         raise RuntimeError(f"cuOccupancyMaxActiveClusters: CUDA driver error {err}")
     return count.value
