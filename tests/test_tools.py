@@ -71,6 +71,11 @@ def test_the_plan_sweep_tries_only_grids_the_kernels_run(rows, tiles, batch):
         grids = sweep.candidates(rows, tiles, batch, sms, wide=True, include=(plan.splits,))
         tried = {(p.rows_per_block, p.splits, p.tiles_per_split) for p in grids}
         assert (rows_per_block, plan.splits, plan.tiles_per_split) in tried
+    for plan in grids:  # the numbers each record carries for fits: blocks, and the work spread evenly
+        fields = sweep.grid_fields(plan, batch, tiles)
+        assert fields["blocks"] == plan.row_tiles * plan.splits * batch
+        assert fields["tile_units"] == plan.row_tiles * batch * tiles
+        assert fields["tile_units"] <= fields["blocks"] * plan.tiles_per_split
 
 
 @pytest.mark.parametrize(("tiles", "most"), [(513, 44), (65, 16), (513, 1), (9, 40)])

@@ -58,6 +58,22 @@ def describe(plan: AttentionPlan) -> str:
     return text
 
 
+def grid_fields(plan: AttentionPlan, batch: int, tiles: int) -> dict:
+    """The grid's shape as numbers, for fits over the records: blocks, and the key tiles of the longest
+    block against the shape's key tiles spread evenly over the blocks."""
+    blocks = plan.row_tiles * plan.splits * batch
+    return dict(
+        rows_per_block=plan.rows_per_block,
+        row_tiles=plan.row_tiles,
+        splits=plan.splits,
+        tiles_per_split=plan.tiles_per_split,
+        cluster=plan.cluster,
+        merged_in_kernel=plan.merged_in_kernel,
+        blocks=blocks,
+        tile_units=plan.row_tiles * batch * tiles,
+    )
+
+
 def candidates(
     rows: int, tiles: int, batch: int, sm_count: int, wide: bool, include: tuple[int, ...] = ()
 ) -> list[AttentionPlan]:
@@ -140,7 +156,14 @@ def main(argv=None) -> None:
             t = median_us(run.launch)
             timed.append((t, cand, error))
             records.append(
-                dict(shape=shape, grid=describe(cand), us=t, max_abs_vs_plan=error, plan=cand == plan)
+                dict(
+                    shape=shape,
+                    grid=describe(cand),
+                    us=t,
+                    max_abs_vs_plan=error,
+                    plan=cand == plan,
+                    **grid_fields(cand, batch, tiles),
+                )
             )
         ok = [(t, c, e) for t, c, e in timed if e <= TOLERANCE]
         best_t, best, _ = min(ok, key=lambda x: x[0])
@@ -154,7 +177,14 @@ def main(argv=None) -> None:
         )
         records.append(dict(shape=shape, grid="read stream", us=t_stream, max_abs_vs_plan=None, plan=False))
         records.append(
-            dict(shape=shape, grid=f"plan: {describe(plan)}", us=t_plan, max_abs_vs_plan=0.0, plan=True)
+            dict(
+                shape=shape,
+                grid=f"plan: {describe(plan)}",
+                us=t_plan,
+                max_abs_vs_plan=0.0,
+                plan=True,
+                **grid_fields(plan, batch, tiles),
+            )
         )
         del q, kv, out, prepared
         torch.cuda.empty_cache()
