@@ -454,7 +454,12 @@ def test_the_memory_limit_goals_read_their_own_shapes():
     assert "over 6 configurations" in met[TARGET_LIMIT_B8][1]  # N = 64's 0.1x is not one of them
     assert met[TARGET_LIMIT_B64][0] == "met" and "min 650 TFLOP/s" in met[TARGET_LIMIT_B64][1]
     assert "over 1 configurations" in met[TARGET_LIMIT_B64][1]  # N = 8's 1 TFLOP/s is not it
+    # what each goal's time asks: ours' FLOPs over 2x the stream's time, over FlashMLA's time / 1.15
+    assert "asks up to 542 TFLOP/s of useful math" in met[TARGET_LIMIT_B1][1]  # 650 / (2 x 0.6)
+    assert "asks up to 623 TFLOP/s" in met[TARGET_LIMIT_B8][1]  # 650 x 1.15 / 1.2
+    assert "the run's bf16 GEMM 800" in met[TARGET_LIMIT_B8][1]
     short = target_status(limit_step(stream_slow=0.25, flash_slow=1.05, tflops=450.0))
+    assert "asks up to 900 TFLOP/s" in short[TARGET_LIMIT_B1][1]  # more than the GEMM peak: the note says so
     assert short[TARGET_LIMIT_B1][0] == "not met" and "25.0% short" in short[TARGET_LIMIT_B1][1]
     assert short[TARGET_LIMIT_B8][0] == "not met" and "0.10x short" in short[TARGET_LIMIT_B8][1]
     assert short[TARGET_LIMIT_B64][0] == "not met" and "150 TFLOP/s short" in short[TARGET_LIMIT_B64][1]

@@ -674,24 +674,26 @@ def _memory_limit_targets(attention: pd.DataFrame, ours: pd.DataFrame, stream: p
     batch8 = at_budgets[(at_budgets["batch"] == 8) & at_budgets["prefix"].isin((4096, 32768))]
     batch64 = ours[(ours["batch"] == 64) & (ours["budget"] == 16) & (ours["prefix"] == 4096)]
     batch64 = batch64[batch64["median_tflops"].notna()]
+    b1, b8 = _stream_share(batch1, stream), _pairs_with(attention, batch8, catalog.FLASHMLA)
     return [
         _minimum(
             TARGET_LIMIT_B1,
-            _stream_share(batch1, stream),
+            b1,
             "share",
             100.0 / BATCH1_STREAM_FACTOR,
             _percent,
             f"no shape at batch 1, S = {LIMIT_B1_PREFIX}, N = 8-32 with both ours and the read stream",
-            note="the read stream's time / ours (50% is 2x the stream)",
+            note="the read stream's time / ours (50% is 2x the stream)"
+            + _asks(b1, BATCH1_STREAM_FACTOR * b1["median_s_stream"], ours),
         ),
         _minimum(
             TARGET_LIMIT_B8,
-            _pairs_with(attention, batch8, catalog.FLASHMLA),
+            b8,
             "ratio",
             LIMIT_B8_FLASHMLA,
             _times,
             "no shape at batch 8, N = 8-32 where both ours and FlashMLA ran in this run",
-            note="FlashMLA's time / ours",
+            note="FlashMLA's time / ours" + _asks(b8, b8["median_s_peer"] / LIMIT_B8_FLASHMLA, ours),
         ),
         _minimum(
             TARGET_LIMIT_B64,
@@ -702,6 +704,21 @@ def _memory_limit_targets(attention: pd.DataFrame, ours: pd.DataFrame, stream: p
             "no timing of ours at batch 64, N = 16, S = 4096",
         ),
     ]
+
+
+def _asks(sel: pd.DataFrame, goal_s, ours: pd.DataFrame) -> str:
+    """What a goal asks of the GPU, as a note: the rate of useful math (the call's FLOPs over the goal's time
+    ``goal_s``, a Series aligned with ``sel``) at the shape that asks the most, beside the run's bf16 GEMM
+    peak where it was measured; "" where ``sel`` has no rows or no FLOPs."""
+    if sel.empty:
+        return ""
+    rate = sel["flops"] / goal_s / 1e12
+    if rate.dropna().empty:
+        return ""
+    worst = sel.loc[rate.idxmax()]
+    text = f"; the goal's time asks up to {rate.max():,.0f} TFLOP/s of useful math ({_where(worst)})"
+    peak = ours["peak_gemm_tflops"].dropna() if "peak_gemm_tflops" in ours else pd.Series(dtype=float)
+    return text + (f", the run's bf16 GEMM {peak.iloc[0]:,.0f}" if len(peak) else "")
 
 
 def _times(value) -> str:
@@ -716,7 +733,7 @@ def _pairs_with(attention: pd.DataFrame, ours: pd.DataFrame, impl: str) -> pd.Da
     """Our timed rows beside ``impl``'s of the same shape (``_peer`` columns), with ``ratio``: its time over
     ours."""
     peer = attention[(attention["impl"] == impl) & attention["median_s"].notna()]
-    pairs = ours[ours["median_s"].notna()][_SHAPE_KEYS + ["median_s", "correct"]].merge(
+    pairs = ours[ours["median_s"].notna()][_SHAPE_KEYS + ["median_s", "correct", "flops"]].merge(
         peer[_SHAPE_KEYS + ["median_s", "correct"]], on=_SHAPE_KEYS, suffixes=("", "_peer")
     )
     return pairs.assign(ratio=pairs["median_s_peer"] / pairs["median_s"])
@@ -725,7 +742,7 @@ def _pairs_with(attention: pd.DataFrame, ours: pd.DataFrame, impl: str) -> pd.Da
 def _stream_share(ours: pd.DataFrame, stream: pd.DataFrame) -> pd.DataFrame:
     """Our timed rows beside the read stream's of the same shape, with ``share``: its time over ours, in
     %."""
-    sel = ours[ours["median_s"].notna()][_SHAPE_KEYS + ["median_s", "correct"]].merge(
+    sel = ours[ours["median_s"].notna()][_SHAPE_KEYS + ["median_s", "correct", "flops"]].merge(
         stream[_SHAPE_KEYS + ["median_s"]], on=_SHAPE_KEYS, suffixes=("", "_stream")
     )
     return sel.assign(share=100.0 * sel["median_s_stream"] / sel["median_s"])
