@@ -4,6 +4,7 @@ grids are ones the kernels run, and the step-run tools."""
 import importlib.util
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -176,3 +177,19 @@ def test_tree_paths_fit_recovers_the_cost_model_and_the_wide_crossover():
     assert tree_paths.fitted_costs(pd.DataFrame(slow_wide), 132, PATH_COSTS).wide_max_batch == 0
     with pytest.raises(ValueError, match="three"):
         tree_paths.fit_path([[1, 8, 3.0]], 132, quadratic=False)
+
+
+def test_the_timeline_tool_reads_each_blocks_phases_and_refuses_missing_marks():
+    tool = _tool("attention_timeline")
+    # two blocks (ns): prologue 2 / 4 µs, loop 10 / 20 µs, rows out 1 / 3 µs, merge 0 / 2 µs
+    marks = np.array([[1000, 3000, 13000, 14000, 14000], [2000, 6000, 26000, 29000, 31000]])
+    p = tool.phases(marks)
+    assert p["blocks"] == 2 and p["span_us"] == 30.0 and p["start_spread_us"] == 1.0
+    assert (p["prologue_us"], p["loop_us"], p["rows_out_us"], p["merge_us"]) == (3.0, 15.0, 2.0, 1.0)
+    assert p["block_us"] == 21.0 and 15.0 < p["loop_p90_us"] <= 20.0
+    with pytest.raises(ValueError, match="missing or out-of-order"):
+        tool.phases(np.array([[1000, 0, 0, 0, 0]]))  # a build without the hooks leaves zeros
+    with pytest.raises(ValueError, match="missing or out-of-order"):
+        tool.phases(np.array([[5000, 4000, 6000, 7000, 8000]]))
+    with pytest.raises(ValueError, match="expected"):
+        tool.phases(np.zeros((2, 4)))

@@ -506,6 +506,7 @@ __device__ __forceinline__ void vs_pair_wg1(int t0, float (&s)[32], float (&acc)
 template <int MC>
 __device__ __forceinline__ void vs_attention(VA_KERNEL_PARAMS) {
 #if VW_ENABLED
+    VX_MARK(0);
     if (smem_addr(vs_smem) & 1023) __trap();  // the swizzle atoms need it; there is no room to realign
     const int b = blockIdx.z, split = blockIdx.y;
     const int rows = tokens * heads;
@@ -581,6 +582,7 @@ __device__ __forceinline__ void vs_attention(VA_KERNEL_PARAMS) {
     cp_async_wait<0>();
     fence_proxy_async();
     __syncthreads();
+    VX_MARK(1);
     const uint64_t tree_tiles = vs_blk().tree_tiles;
     const int n = n_pre + __popcll(tree_tiles);
     if (tid < 64 && ((tree_tiles >> tid) & 1))  // the kept tree tiles in order
@@ -630,6 +632,7 @@ __device__ __forceinline__ void vs_attention(VA_KERNEL_PARAMS) {
         }
     }
 
+    VX_MARK(2);
     // ---- epilogue: the row sums of both warpgroups; each warpgroup writes its 256 dims of its rows
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -660,9 +663,11 @@ __device__ __forceinline__ void vs_attention(VA_KERNEL_PARAMS) {
             if (wg == 0 && (tid & 3) == 0) partial_lse[prow] = lt > 0.f ? vs_rowf(VS_M)[r] + log2f(lt) : -INFINITY;
         }
     }
+    VX_MARK(3);
     if (splits > 1 && split_counters != nullptr)  // the splits merge here, no combine launch
         va_merge_splits(partial_out, partial_lse, out, split_counters, reinterpret_cast<float*>(vs_smem), batch, rows,
                         splits, row0, min(VS_BM, rows - row0), b, split, tid, VS_THREADS);
+    VX_MARK(4);
     if constexpr (MC > 1) vx_cluster_sync();  // no CTA leaves while another may still signal its mbarriers
 #endif  // VW_ENABLED
 }

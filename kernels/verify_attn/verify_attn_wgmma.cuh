@@ -22,6 +22,22 @@
 // The mask, the scale (log2 domain), the -inf handling and the split outputs are those of ddtree_verify_attn.
 // 226 KB of shared memory, one block per SM.
 
+// Timeline (timing only, tools/attention_timeline.py builds it with -DVX_TIMELINE): thread 0 of each block
+// records %globaltimer at five points of the Hopper kernels (VX_MARK(0..4): start, prologue done, warpgroup
+// 0's loop done, rows written (the 72-row kernel: staged in shared memory), end), block (x, y, z) at
+// vx_timeline[5 * linear block index]. Compiled out by default.
+#ifdef VX_TIMELINE
+__device__ unsigned long long vx_timeline[16384 * 5];
+#define VX_MARK(i)                                                                                         \
+    if (threadIdx.x == 0) {                                                                                \
+        unsigned long long t;                                                                              \
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));                                              \
+        vx_timeline[((blockIdx.z * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x) * 5 + (i)] = t;        \
+    }
+#else
+#define VX_MARK(i)
+#endif
+
 #define VW_BM 64
 #define VW_BN 64
 #define VW_THREADS 256
@@ -195,6 +211,7 @@ __device__ __forceinline__ VwSplitKeys vw_split_keys(int prefix, int tokens, int
 
 extern "C" __global__ void __launch_bounds__(VW_THREADS, 1) ddtree_verify_attn_wgmma(VA_KERNEL_PARAMS) {
 #if VW_ENABLED
+    VX_MARK(0);
     extern __shared__ __align__(1024) unsigned char vw_smem_raw[];
     // 1024-byte alignment of the swizzle atoms (the dynamic window's start is not guaranteed to have it)
     unsigned char* smem = vw_smem_raw + ((1024 - (smem_addr(vw_smem_raw) & 1023)) & 1023);
@@ -245,6 +262,7 @@ extern "C" __global__ void __launch_bounds__(VW_THREADS, 1) ddtree_verify_attn_w
     cp_async_wait<0>();
     fence_proxy_async();
     __syncthreads();
+    VX_MARK(1);
 
     unsigned p[16];  // P of the current tile: A fragments {row lo keys +0, row hi +0, row lo +8, row hi +8} x 4
     if (wg == 0) {
@@ -417,6 +435,7 @@ extern "C" __global__ void __launch_bounds__(VW_THREADS, 1) ddtree_verify_attn_w
         }
     }
 
+    VX_MARK(2);
     // ---- epilogue: each warpgroup writes its 256 dims of the rows it holds
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -440,9 +459,11 @@ extern "C" __global__ void __launch_bounds__(VW_THREADS, 1) ddtree_verify_attn_w
             if (wg == 0 && (lane & 3) == 0) partial_lse[prow] = l > 0.f ? m_row[h] + log2f(l) : -INFINITY;
         }
     }
+    VX_MARK(3);
     if (splits > 1 && split_counters != nullptr)  // the splits merge here, no combine launch
         va_merge_splits(partial_out, partial_lse, out, split_counters, reinterpret_cast<float*>(smem), batch,
                         rows, splits, row0, min(VW_BM, rows - row0), b, split, tid, VW_THREADS);
+    VX_MARK(4);
 #endif  // VW_ENABLED
 }
 

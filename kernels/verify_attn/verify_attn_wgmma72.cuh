@@ -31,17 +31,6 @@
 // Named barriers as ddtree_verify_attn_wgmma's (key tile ready, key buffers free, P ready, P taken), plus two
 // of warpgroup 0 alone (the vote and the maxima exchange; P^T written) and two at the end.
 
-#ifdef VX_TIMELINE
-__device__ unsigned long long vx_timeline[16384 * 5];
-#define VX_MARK(i)                                                                                         \
-    if (threadIdx.x == 0) {                                                                                \
-        unsigned long long t;                                                                              \
-        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));                                              \
-        vx_timeline[((blockIdx.z * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x) * 5 + (i)] = t;        \
-    }
-#else
-#define VX_MARK(i)
-#endif
 #define VX_ROWS 72
 #define VX_J (VX_ROWS / 8)                               // 9 column groups of 8 a product
 #define VX_Q_BLOCK_BYTES (VX_ROWS * 128)                 // Q: one 64-dim block of 72 rows, 9216

@@ -451,6 +451,8 @@ class AttentionKernels:
     #: the seesaw kernel in clusters of a request's row tiles, key tiles multicast, by cluster size
     #: (``ROW_CLUSTER_SIZES``)
     attn_seesaw_multicast: dict = field(default_factory=dict)
+    #: the loaded module (its globals: the timeline build's ``vx_timeline``, tools/attention_timeline.py)
+    module: object = None
 
     def plan(self, shape: AttentionShape, max_kv_len: int) -> AttentionPlan:
         """The call's grid: 64-row tiles, or, where the 72-row kernel is loaded and its tiles need fewer
@@ -614,6 +616,7 @@ class VerifyAttention:
             fatbin=Path(fatbin),
             path=path,
             merge_in_kernel=self._merge_in_kernel,
+            module=module,
             **chosen,
         )
 
