@@ -8,13 +8,15 @@ warm, medians of 21, the variants taking turns call by call). TFLOP/s count the 
 pipeline does.
 
     PYTHONPATH=src:tests/support python tools/attention_compare.py [--trees KIND] [--baseline DIR ...] \
-        [BxNxS ...]
+        [--baseline-plan DIR ...] [BxNxS ...]
 
 --trees: the trees' inputs, "peaked" (default: confident early positions, deep chains) or "drafter" (the
 pipeline's drafter distribution, depth 16, as the step grid's trees).
 
 Each --baseline DIR adds the seesaw kernel built from another copy of kernels/verify_attn (e.g. an earlier
 revision's, from `git archive REV kernels/verify_attn`), on the same inputs: an A/B of a kernel change.
+Each --baseline-plan DIR adds the plan run by that copy's kernels (every kernel of the call, the combine
+included; the same plan): an A/B of a change to any of them.
 
 Needs an sm_90 GPU, nvcc, CuPy, PyTorch and the tests' input helpers (tests/support/gpu_inputs.py).
 """
@@ -72,11 +74,16 @@ def main(argv: list[str]) -> None:
         if len(argv) < 2 or argv[1] not in ("peaked", "drafter"):
             raise SystemExit("attention_compare: --trees takes peaked or drafter")
         trees_kind, argv = argv[1], argv[2:]
-    while argv[:1] == ["--baseline"]:
+    while argv[:1] in (["--baseline"], ["--baseline-plan"]):
         if len(argv) < 2 or not (Path(argv[1]) / "verify_attn.cu").is_file():
-            raise SystemExit("attention_compare: --baseline needs a folder with verify_attn.cu")
+            raise SystemExit(f"attention_compare: {argv[0]} needs a folder with verify_attn.cu")
         fatbin = cuda.cached_fatbin(Path(argv[1]) / "verify_attn.cu", ("sm_90",))
-        attention[f"seesaw-64 @ {argv[1]}"] = VerifyAttention(fatbin=fatbin, path="wgmma", wide_rows=False)
+        if argv[0] == "--baseline":
+            attention[f"seesaw-64 @ {argv[1]}"] = VerifyAttention(
+                fatbin=fatbin, path="wgmma", wide_rows=False
+            )
+        else:
+            attention[f"plan @ {argv[1]}"] = VerifyAttention(fatbin=fatbin, path="wgmma")
         argv = argv[2:]
 
     util = cp.RawModule(path=str(cuda.cached_fatbin(cuda.BENCH_UTIL_SOURCE)))

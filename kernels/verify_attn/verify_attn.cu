@@ -379,72 +379,117 @@ extern "C" __global__ void __launch_bounds__(VA_THREADS, 1) ddtree_verify_attn_s
 }
 
 // Merge the splits' partial outputs: out = sum_s 2^(lse_s - max) o_s / sum_s 2^(lse_s - max).
-// grid (M, B), VA_COMBINE_THREADS threads: warp w merges splits w, w + 8, ... of the row (lane l holds the
-// float4s l, l + 32, l + 64, l + 96 of its 512 dims: four independent loads a split), then the warps' sums are
-// added through shared memory. Many splits (tens at batch 1) are read by eight warps at once, not one after
-// the other by a single thread.
+// grid (ceil(M / rows_per_block), B), VA_COMBINE_THREADS threads; rows_per_block (1, 2, 4 or 8, the host's
+// choice from the split count) rows a block, 8 / rows_per_block warps a row. Warp w of a row merges splits
+// w, w + warps, ... (lane l holds the float4s l, l + 32, l + 64, l + 96 of the 512 dims), VA_COMBINE_UNROLL
+// splits at a time: their log-sum-exps and partial rows are all loaded before any is used (one memory
+// latency a group, not one a split), and folded into a running max, sum and weighted rows (online, as the
+// attention's softmax). The warps of a row then meet through shared memory. Few splits and many rows (batch
+// 8 to 64): one warp a row, eight rows a block; many splits and few rows (batch 1): eight warps a row.
 #define VA_COMBINE_THREADS 256
 #define VA_COMBINE_WARPS (VA_COMBINE_THREADS / 32)
+#define VA_COMBINE_UNROLL 4
 extern "C" __global__ void __launch_bounds__(VA_COMBINE_THREADS)
     ddtree_verify_attn_combine(const float* __restrict__ partial_out, const float* __restrict__ partial_lse,
-                               __nv_bfloat16* __restrict__ out, int batch, int rows, int splits) {
+                               __nv_bfloat16* __restrict__ out, int batch, int rows, int splits, int rows_per_block) {
     __shared__ float4 s_sum[VA_COMBINE_WARPS][VA_DV / 4];
-    __shared__ float s_weight[VA_COMBINE_WARPS];
-    const int row = blockIdx.x, b = blockIdx.y;
+    __shared__ float s_max[VA_COMBINE_WARPS], s_weight[VA_COMBINE_WARPS];
+    const int warps = VA_COMBINE_WARPS / rows_per_block;  // a row's warps
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int row = blockIdx.x * rows_per_block + warp / warps, b = blockIdx.y, first = warp % warps;
     const long long stride = static_cast<long long>(batch) * rows;  // between splits, in rows
     const long long base = static_cast<long long>(b) * rows + row;
-    float lse_max = -INFINITY;  // every warp computes it (the splits' lse are few and cached)
-    for (int s = lane; s < splits; s += 32) lse_max = fmaxf(lse_max, partial_lse[s * stride + base]);
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) lse_max = fmaxf(lse_max, __shfl_xor_sync(0xffffffffu, lse_max, o));
+    float m = -INFINITY, weight = 0.f;
     float4 sum[4];
 #pragma unroll
     for (int j = 0; j < 4; ++j) sum[j] = make_float4(0.f, 0.f, 0.f, 0.f);
-    float weight_sum = 0.f;
-    if (lse_max != -INFINITY) {
-        for (int s = warp; s < splits; s += VA_COMBINE_WARPS) {
-            const float lse = partial_lse[s * stride + base];
-            if (lse == -INFINITY) continue;
-            const float w = exp2f(lse - lse_max);
-            const float4* src = reinterpret_cast<const float4*>(partial_out + (s * stride + base) * VA_DV) + lane;
-            float4 o[4];
+    for (int s0 = first; row < rows && s0 < splits; s0 += VA_COMBINE_UNROLL * warps) {
+        float lse[VA_COMBINE_UNROLL];
+        float4 o[VA_COMBINE_UNROLL][4];
 #pragma unroll
-            for (int j = 0; j < 4; ++j) o[j] = src[32 * j];
+        for (int u = 0; u < VA_COMBINE_UNROLL; ++u) {
+            const int s = s0 + u * warps;
+            lse[u] = s < splits ? partial_lse[s * stride + base] : -INFINITY;
+            const float4* src = reinterpret_cast<const float4*>(partial_out + (s * stride + base) * VA_DV) + lane;
+#pragma unroll
+            for (int j = 0; j < 4; ++j) o[u][j] = s < splits ? src[32 * j] : make_float4(0.f, 0.f, 0.f, 0.f);
+        }
+        float m_new = m;
+#pragma unroll
+        for (int u = 0; u < VA_COMBINE_UNROLL; ++u) m_new = fmaxf(m_new, lse[u]);
+        if (m_new == -INFINITY) continue;  // only empty splits so far (sum 0, log-sum-exp -inf)
+        const float f = exp2f(m - m_new);  // 0 while m is -inf
+        weight *= f;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            sum[j].x *= f;
+            sum[j].y *= f;
+            sum[j].z *= f;
+            sum[j].w *= f;
+        }
+#pragma unroll
+        for (int u = 0; u < VA_COMBINE_UNROLL; ++u) {
+            if (lse[u] == -INFINITY) continue;  // an empty split's rows are never read into the sum
+            const float w = exp2f(lse[u] - m_new);
 #pragma unroll
             for (int j = 0; j < 4; ++j) {
-                sum[j].x += w * o[j].x;
-                sum[j].y += w * o[j].y;
-                sum[j].z += w * o[j].z;
-                sum[j].w += w * o[j].w;
+                sum[j].x += w * o[u][j].x;
+                sum[j].y += w * o[u][j].y;
+                sum[j].z += w * o[u][j].z;
+                sum[j].w += w * o[u][j].w;
             }
-            weight_sum += w;
+            weight += w;
         }
+        m = m_new;
+    }
+    if (warps == 1) {  // the warp holds its row
+        if (row >= rows) return;
+        const float inv = weight > 0.f ? 1.f / weight : 0.f;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            __nv_bfloat16* o = out + base * VA_DV + (32 * j + lane) * 4;
+            *reinterpret_cast<__nv_bfloat162*>(o) = __floats2bfloat162_rn(sum[j].x * inv, sum[j].y * inv);
+            *reinterpret_cast<__nv_bfloat162*>(o + 2) = __floats2bfloat162_rn(sum[j].z * inv, sum[j].w * inv);
+        }
+        return;
     }
 #pragma unroll
     for (int j = 0; j < 4; ++j) s_sum[warp][32 * j + lane] = sum[j];
-    if (lane == 0) s_weight[warp] = weight_sum;
-    __syncthreads();
-    if (threadIdx.x >= VA_DV / 4) return;
-    float4 total = make_float4(0.f, 0.f, 0.f, 0.f);
-    float weight = 0.f;
-#pragma unroll
-    for (int w = 0; w < VA_COMBINE_WARPS; ++w) {
-        const float4 x = s_sum[w][threadIdx.x];
-        total.x += x.x;
-        total.y += x.y;
-        total.z += x.z;
-        total.w += x.w;
-        weight += s_weight[w];
+    if (lane == 0) {
+        s_max[warp] = m;
+        s_weight[warp] = weight;
     }
-    const float inv = weight > 0.f ? 1.f / weight : 0.f;
-    __nv_bfloat16* o = out + base * VA_DV + threadIdx.x * 4;
-    *reinterpret_cast<__nv_bfloat162*>(o) = __floats2bfloat162_rn(total.x * inv, total.y * inv);
-    *reinterpret_cast<__nv_bfloat162*>(o + 2) = __floats2bfloat162_rn(total.z * inv, total.w * inv);
+    __syncthreads();
+    for (int i = threadIdx.x; i < rows_per_block * (VA_DV / 4); i += VA_COMBINE_THREADS) {
+        const int r = i / (VA_DV / 4), c = i % (VA_DV / 4), w0 = r * warps;
+        const int out_row = blockIdx.x * rows_per_block + r;
+        if (out_row >= rows) continue;
+        float mx = -INFINITY;
+        for (int w = 0; w < warps; ++w) mx = fmaxf(mx, s_max[w0 + w]);
+        float4 total = make_float4(0.f, 0.f, 0.f, 0.f);
+        float wsum = 0.f;
+        for (int w = 0; w < warps; ++w) {
+            if (s_max[w0 + w] == -INFINITY) continue;  // a warp whose splits were all empty
+            const float f = exp2f(s_max[w0 + w] - mx);
+            const float4 x = s_sum[w0 + w][c];
+            total.x += f * x.x;
+            total.y += f * x.y;
+            total.z += f * x.z;
+            total.w += f * x.w;
+            wsum += f * s_weight[w0 + w];
+        }
+        const float inv = wsum > 0.f ? 1.f / wsum : 0.f;
+        __nv_bfloat16* o = out + (static_cast<long long>(b) * rows + out_row) * VA_DV + c * 4;
+        *reinterpret_cast<__nv_bfloat162*>(o) = __floats2bfloat162_rn(total.x * inv, total.y * inv);
+        *reinterpret_cast<__nv_bfloat162*>(o + 2) = __floats2bfloat162_rn(total.z * inv, total.w * inv);
+    }
 }
 
-// threads of one block of ddtree_verify_attn_combine
-extern "C" __global__ void ddtree_verify_attn_combine_threads(int* threads) { *threads = VA_COMBINE_THREADS; }
+// info[0]: the combine's threads a block; info[1]: the most rows a block it merges (rows_per_block: 1, 2, 4, 8)
+extern "C" __global__ void ddtree_verify_attn_combine_threads(int* info) {
+    info[0] = VA_COMBINE_THREADS;
+    info[1] = VA_COMBINE_WARPS;
+}
 
 // Shared memory one block of ddtree_verify_attn needs (the loader sets the dynamic size from this).
 // info[0..2]: ddtree_verify_attn's bytes, rows a block, keys a tile; info[3..5]: ddtree_verify_attn_small's

@@ -19,6 +19,7 @@ from ddtree_bench.builders.gpu import DeviceTrees, GpuBuilder
 from ddtree_bench.cuda import loader as cuda
 from ddtree_bench.cuda.loader import BENCH_UTIL_SOURCE, cached_fatbin, gpu_unavailable_reason
 from ddtree_bench.ops.attention import (
+    COMBINE_UNROLL,
     HEAD_DIM,
     KERNEL_SOURCE,
     MIN_KEYS_PER_SPLIT,
@@ -33,6 +34,7 @@ from ddtree_bench.ops.attention import (
     attention_bytes,
     attention_flops,
     check_attention_inputs,
+    combine_rows_per_block,
     plan_attention,
     reference_attention,
     visible_keys,
@@ -813,6 +815,53 @@ def test_split_clusters_merge_on_chip_equal_the_reference_and_the_unclustered_ke
     assert not torch.isnan(outs[2]).any(), "a row the clusters did not write"
     assert_close(outs[2], reference_attention(q, kv, prefix, trees.visibility))
     assert_close(outs[2], outs[1])  # the same within rounding
+
+
+def test_the_combine_takes_one_warp_a_row_for_few_splits_and_eight_for_many():
+    rows = {splits: combine_rows_per_block(splits, 8) for splits in (2, 4, 5, 8, 9, 16, 17, 65, 129)}
+    assert rows == {2: 8, 4: 8, 5: 4, 8: 4, 9: 2, 16: 2, 17: 1, 65: 1, 129: 1}
+    assert combine_rows_per_block(3, 1) == 1 and combine_rows_per_block(3, 2) == 2  # a build's most
+    assert cuda.kernel_constant(cuda.kernel_source("verify_attn"), "VA_COMBINE_UNROLL") == COMBINE_UNROLL
+
+
+@needs_gpu
+@pytest.mark.parametrize(
+    ("batch", "tokens", "prefix", "splits"),
+    [
+        (2, 9, [100, 4000], 3),  # few splits: eight rows a block; request 0's later splits are empty
+        (2, 17, [300, 2000], 7),  # four rows a block; 136 rows, not a multiple of 8 (a part block)
+        (1, 33, [5000], 13),  # two rows a block
+        (2, 9, [64, 9000], 40),  # eight warps a row, ten loads of four splits a warp; empty splits
+    ],
+)
+def test_the_combine_merges_one_to_eight_rows_a_block_alike(batch, tokens, prefix, splits):
+    attn = VerifyAttention(path="auto")
+    try:
+        kernels = attn.kernels
+    except AttentionUnavailable as exc:
+        pytest.skip(str(exc))
+    assert kernels.combine_rows == 8
+    trees = tree_mask(batch, tokens - 1, seed=splits)
+    bits = torch.as_tensor(packed_visibility(trees.visibility).view(np.int32), device="cuda")
+    q, kv, out = random_case(trees, 8, prefix, seed=splits)
+    base = attn.prepare(q, kv, np.array(prefix), bits, out)
+    tiles = math.ceil((max(prefix) + tokens) / kernels.keys_per_tile)
+    per = math.ceil(tiles / splits)
+    row_tiles = math.ceil(tokens * 8 / kernels.rows_per_block)
+    plan = AttentionPlan(row_tiles, math.ceil(tiles / per), per, rows_per_block=kernels.rows_per_block)
+    outs = {}
+    for most in (1, 2, 4, 8):  # the build's most rows a block: the host takes fewer where it is lower
+        prepared = PreparedAttention(
+            replace(kernels, combine_rows=most), base.shape, plan, base.views, base.prefix_lengths
+        )
+        out.fill_(float("nan"))
+        prepared.launch()
+        torch.cuda.synchronize()
+        outs[combine_rows_per_block(plan.partials, most)] = out.float().clone()
+    assert_close(outs[1], reference_attention(q, kv, prefix, trees.visibility))
+    assert max(outs) == combine_rows_per_block(plan.partials, 8)
+    for got in outs.values():  # the same sums in another order: equal within a bf16 rounding
+        assert_close(got, outs[1], tol=1e-2)
 
 
 @needs_gpu

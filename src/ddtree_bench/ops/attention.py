@@ -343,6 +343,20 @@ def _as_cupy(array, name: str):
 ATTENTION_PATHS = ("auto", "wgmma", "mma", "mma-small")
 
 
+#: splits a combine warp loads at once (``VA_COMBINE_UNROLL`` in kernels/verify_attn/verify_attn.cu)
+COMBINE_UNROLL = 4
+
+
+def combine_rows_per_block(partials: int, most: int) -> int:
+    """Rows a block of the combine kernel merges (its 8 warps split between them): one warp a row while a
+    warp's share of the splits is one group of loads (``COMBINE_UNROLL``), twice the warps a row each time
+    the splits double past that, eight at most; never more rows than the build merges (``most``)."""
+    warps = 1
+    while warps < 8 and warps * COMBINE_UNROLL < partials:
+        warps *= 2
+    return max(1, min(most, 8 // warps))
+
+
 class PreparedAttention:
     """One validated call: device views, the plan and the split workspace. ``launch`` enqueues only."""
 
@@ -409,8 +423,9 @@ class PreparedAttention:
             kernel, smem = k.attn, k.smem_bytes
         kernel((p.row_tiles, p.splits, s.batch), (THREADS,), args, stream=stream, shared_mem=smem)
         if p.partials > 1 and not p.merged_in_kernel:
+            per_block = combine_rows_per_block(p.partials, k.combine_rows)
             k.combine(
-                (s.rows, s.batch),
+                (-(-s.rows // per_block), s.batch),
                 (k.combine_threads,),
                 (
                     self.partial_out,
@@ -419,6 +434,7 @@ class PreparedAttention:
                     np.int32(s.batch),
                     np.int32(s.rows),
                     np.int32(p.partials),
+                    np.int32(per_block),
                 ),
                 stream=stream,
             )
@@ -453,6 +469,8 @@ class AttentionKernels:
     attn_seesaw_multicast: dict = field(default_factory=dict)
     #: the loaded module (its globals: the timeline build's ``vx_timeline``, tools/attention_timeline.py)
     module: object = None
+    #: the most rows a block of the combine kernel merges (``combine_rows_per_block``; 1: one a block)
+    combine_rows: int = 1
 
     def plan(self, shape: AttentionShape, max_kv_len: int) -> AttentionPlan:
         """The call's grid: 64-row tiles, or, where the 72-row kernel is loaded and its tiles need fewer
@@ -610,6 +628,7 @@ class VerifyAttention:
         return AttentionKernels(
             combine=module.get_function("ddtree_verify_attn_combine"),
             combine_threads=int(probe.get()[0]),
+            combine_rows=max(1, int(probe.get()[1])),  # 0 from builds that merge one row a block
             sm_count=int(props["multiProcessorCount"]),
             runs=f"{cuda.fatbin_runs(Path(fatbin), cc)}, {path} path"
             + (f", {rows_per_block}-row tiles" if rows_per_block != ROWS_PER_BLOCK else ""),
