@@ -28,7 +28,6 @@ Needs an sm_90 GPU, CuPy, PyTorch and the tests' input helpers (tests/support/gp
 from __future__ import annotations
 
 import argparse
-import json
 import math
 from dataclasses import replace
 from pathlib import Path
@@ -39,6 +38,7 @@ from gpu_inputs import probe_call
 
 from ddtree_bench.cuda import loader as cuda
 from ddtree_bench.cuda.occupancy import max_active_clusters
+from ddtree_bench.io import write_json
 from ddtree_bench.ops.attention import (
     ROW_CLUSTER_SIZES,
     THREADS,
@@ -186,8 +186,7 @@ def main(argv=None) -> None:
         del q, kv, out, prepared
         torch.cuda.empty_cache()
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(dict(resident_clusters=resident, records=records), f, indent=1)
+        write_json(dict(resident_clusters=resident, records=records), args.json)
 
 
 if __name__ == "__main__":

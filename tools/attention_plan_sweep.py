@@ -18,7 +18,6 @@ Default shapes: the memory-limit goals' (batch 1 at S = 32768 and batch 8 at S =
 from __future__ import annotations
 
 import argparse
-import json
 import math
 from dataclasses import replace
 
@@ -26,6 +25,7 @@ import numpy as np
 from gpu_inputs import probe_call
 
 from ddtree_bench.cuda import loader as cuda
+from ddtree_bench.io import write_json
 from ddtree_bench.ops.attention import (
     WIDE_ROWS_PER_BLOCK,
     AttentionPlan,
@@ -189,8 +189,7 @@ def main(argv=None) -> None:
         del q, kv, out, prepared
         torch.cuda.empty_cache()
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(records, f, indent=1)
+        write_json(records, args.json)
 
 
 if __name__ == "__main__":

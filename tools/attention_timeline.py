@@ -20,12 +20,13 @@ Needs an sm_90 GPU, CuPy, PyTorch and the tests' input helpers (tests/support/gp
 from __future__ import annotations
 
 import argparse
-import json
 import math
 from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
+
+from ddtree_bench.io import write_json
 
 MARKS = ("start", "prologue", "loop", "rows out", "end")
 HEADS = 8
@@ -148,8 +149,7 @@ def main(argv=None) -> None:
         del q, kv, out, prepared
         torch.cuda.empty_cache()
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(records, f, indent=1)
+        write_json(records, args.json)
 
 
 if __name__ == "__main__":
