@@ -189,3 +189,15 @@ def test_two_rounds_are_apart_beyond_both_widths_plus_the_spread_once():
     # each round's own p10-p90 (1% and 2% of its median) adds to the spread
     assert not stacks.apart(round_(105.0, 0.995, 1.005), round_(100.0, 0.99, 1.01), 0.025)
     assert stacks.apart(round_(105.0, 0.995, 1.005), round_(100.0, 0.99, 1.01), 0.015)
+
+
+def test_the_launches_line_names_rows_of_the_older_gather_only_where_there_are_some():
+    """SGLang's layer made 11 launches with the earlier gather (three launches) and 9 with the current one:
+    the line says so only where some of the rows are the earlier code's."""
+    current = pd.DataFrame({"stack": [stacks.BASE, catalog.OURS], "launches": [9.0, 1.0]})
+    mixed = pd.DataFrame({"stack": [stacks.BASE, stacks.BASE, catalog.OURS], "launches": [9.0, 11.0, 1.0]})
+    assert "sglang-fa3: 9;" in stacks.launches_line(current)
+    assert "rows of" not in stacks.launches_line(current)
+    assert stacks.launches_line(current).endswith("(one launch).")
+    line = stacks.launches_line(mixed)
+    assert "sglang-fa3: 9-11;" in line and "three in rows of 11 launches" in line
